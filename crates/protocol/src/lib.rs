@@ -1,0 +1,16 @@
+//! Contracts shared by all Tessera crates.
+//!
+//! This crate has no heavy dependencies: the scheduler, the engine and the server agree
+//! on these types and nothing else. The scheduler plans a step ([`StepPlan`]), an
+//! [`Executor`] (the engine, or a fake in tests) runs it and returns [`StepOutput`].
+
+mod executor;
+mod sampling;
+mod step;
+
+pub use executor::{Executor, ExecutorError, KvCacheShape};
+pub use sampling::{FinishReason, SamplingParams, StopCondition};
+pub use step::{
+    NewSequence, SampledToken, ScheduledChunk, SeqId, StepOutput, StepPlan, TokenEvent,
+    TokenLogprobs,
+};

@@ -1,0 +1,102 @@
+//! How a sequence chooses its next token and when it stops.
+
+use serde::{Deserialize, Serialize};
+
+/// Parameters of the sampler for one sequence. Every field is honoured by the engine's
+/// sampler; values are validated by the server before they get here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0 means greedy (arg-max).
+    pub temperature: f32,
+    /// Keep the `k` most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Nucleus sampling: keep the smallest set whose probability reaches `top_p`; 1 disables.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` times the best one; 0 disables.
+    pub min_p: f32,
+    /// Fixed seed: the same seed and inputs give the same tokens.
+    pub seed: Option<u64>,
+    /// OpenAI presence penalty over generated tokens, in [-2, 2].
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty over generated tokens, in [-2, 2].
+    pub frequency_penalty: f32,
+    /// Multiplicative penalty over prompt and generated tokens (1 disables).
+    pub repetition_penalty: f32,
+    /// Additive bias per token id.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Return the chosen token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
+            logprobs: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding with every other option off.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// True when the arg-max is taken (temperature 0 or top-k 1).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+
+    /// True when any penalty needs the token history.
+    pub fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+}
+
+/// Token-level stop rules, checked by the scheduler after every sampled token.
+/// Stop *strings* are text-level and matched by the server after detokenizing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopCondition {
+    /// Upper bound on generated tokens.
+    pub max_tokens: usize,
+    /// Tokens that end the sequence (end-of-sequence ids and user stop ids).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past end-of-sequence tokens until `max_tokens`.
+    pub ignore_eos: bool,
+}
+
+/// Why a sequence ended, with OpenAI's names where they exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token or stop string was produced.
+    Stop,
+    /// `max_tokens` or the context length was reached.
+    Length,
+    /// The request was cancelled (client gone) or the server is shutting down.
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}

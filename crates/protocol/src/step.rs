@@ -1,0 +1,107 @@
+//! One step of the engine: what the scheduler asks for and what comes back.
+//!
+//! The plan is a *diff* against the executor's state: sequences appear once in
+//! `new_sequences` (with their sampling parameters), are scheduled chunk by chunk, and
+//! disappear through `finished`. Tokens are flattened across sequences so a step mixes
+//! prefill chunks and decodes in one forward pass.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sampling::{FinishReason, SamplingParams};
+
+/// Identifies a sequence for its whole life, across preemptions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SeqId(pub u64);
+
+impl std::fmt::Display for SeqId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "seq-{}", self.0)
+    }
+}
+
+/// A sequence the executor has not seen before.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewSequence {
+    pub id: SeqId,
+    pub sampling: SamplingParams,
+    /// Number of prompt tokens: tokens past it are generated (penalties count them).
+    pub prompt_len: usize,
+}
+
+/// Tokens of one sequence to run through the model in this step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledChunk {
+    pub id: SeqId,
+    /// Token ids at positions `start_pos .. start_pos + tokens.len()`.
+    pub tokens: Vec<u32>,
+    /// Tokens of this sequence already in the KV cache (`num_computed_tokens`). A
+    /// sequence recomputed after preemption starts again at 0.
+    pub start_pos: usize,
+    /// Physical KV block ids, in order; covers at least `start_pos + tokens.len()` tokens.
+    pub block_table: Vec<u32>,
+    /// Sample a next token after this chunk (false for all but the last prefill chunk).
+    pub sample: bool,
+}
+
+impl ScheduledChunk {
+    /// Length of the context after this chunk is computed.
+    pub fn end_pos(&self) -> usize {
+        self.start_pos + self.tokens.len()
+    }
+}
+
+/// What the executor must do in one step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepPlan {
+    pub new_sequences: Vec<NewSequence>,
+    pub scheduled: Vec<ScheduledChunk>,
+    /// Sequences that ended: the executor drops their per-sequence state.
+    pub finished: Vec<SeqId>,
+}
+
+impl StepPlan {
+    /// Tokens run through the model in this step.
+    pub fn num_tokens(&self) -> usize {
+        self.scheduled.iter().map(|c| c.tokens.len()).sum()
+    }
+}
+
+/// Log-probabilities of a sampled token and of the most likely alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// `(token, logprob)`, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A token sampled for one sequence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampledToken {
+    pub id: SeqId,
+    pub token: u32,
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// The result of a step: one sample per chunk with `sample == true`, in plan order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepOutput {
+    pub samples: Vec<SampledToken>,
+}
+
+/// What a request's receiver gets from the scheduler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TokenEvent {
+    /// A generated token.
+    Token {
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+    },
+    /// The sequence ended; no further events follow.
+    Finished {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    /// The engine failed; no further events follow.
+    Error(String),
+}

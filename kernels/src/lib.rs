@@ -1,0 +1,1 @@
+//! Hot kernels. CPU SIMD kernels for quantized formats arrive with the performance work.
