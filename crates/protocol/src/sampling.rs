@@ -100,3 +100,12 @@ impl FinishReason {
         }
     }
 }
+
+/// A generation the scheduler can run: a tokenized prompt and how to continue it.
+/// The server builds it only from a validated request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationRequest {
+    pub prompt_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopCondition,
+}

@@ -24,8 +24,10 @@ impl std::fmt::Display for SeqId {
 pub struct NewSequence {
     pub id: SeqId,
     pub sampling: SamplingParams,
-    /// Number of prompt tokens: tokens past it are generated (penalties count them).
-    pub prompt_len: usize,
+    /// The prompt. With prefix caching the first chunk may start past it, so the
+    /// executor learns the prompt here (repetition penalties read it); tokens it samples
+    /// later are appended to it.
+    pub prompt_ids: Vec<u32>,
 }
 
 /// Tokens of one sequence to run through the model in this step.
