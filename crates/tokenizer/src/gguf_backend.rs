@@ -1,0 +1,182 @@
+//! Builds a Hugging Face `tokenizers::Tokenizer` from a [`GgufVocab`].
+//!
+//! Only byte-level BPE (`tokenizer.ggml.model = gpt2`) is supported. The pipeline is the
+//! one a tokenizer.json for the same model would describe:
+//!
+//! 1. added tokens: control tokens (type 3) are special added tokens, user-defined tokens
+//!    (type 4) plain added tokens; both are matched in the input text before anything else
+//!    runs, so `<|im_start|>` written in a rendered chat prompt becomes its id;
+//! 2. pre-tokenizer: the split regexes llama.cpp uses for `tokenizer.ggml.pre`, applied in
+//!    order, each piece kept (`Isolated`), then the byte-to-unicode mapping of GPT-2;
+//! 3. model: BPE over the vocabulary and merges, no unknown token;
+//! 4. decoder: byte-level (unicode back to bytes).
+//!
+//! BOS/EOS insertion is not done here: [`crate::Tokenizer`] adds them from the GGUF flags.
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, DecoderWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use crate::error::{Result, TokenizerError};
+use crate::gguf_vocab::{GgufVocab, TokenType};
+
+/// GPT-2's split pattern (the one Hugging Face's `ByteLevel(use_regex=True)` applies).
+const GPT2_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// Llama 3's pattern: case-insensitive contractions, numbers in groups of up to three.
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen2's pattern: like Llama 3's, but every digit on its own.
+const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// One digit at a time: applied before GPT-2's pattern by the StarCoder family (SmolLM).
+const SINGLE_DIGIT_PATTERN: &str = r"\p{N}";
+
+/// How a named GGUF pre-tokenizer splits text before BPE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PreTokenizerSpec {
+    /// Regexes applied one after the other; every match and every gap becomes a piece.
+    pub(crate) patterns: Vec<&'static str>,
+    /// Look a whole piece up in the vocabulary before merging (Llama 3 tokenizer.json).
+    pub(crate) ignore_merges: bool,
+}
+
+impl PreTokenizerSpec {
+    /// The split rules for `tokenizer.ggml.pre`. A missing name means GPT-2's rules, as in
+    /// llama.cpp; an unknown name is an error rather than a silent guess, because a wrong
+    /// split changes the ids the model sees.
+    pub(crate) fn for_name(pre: Option<&str>) -> Result<Self> {
+        let (patterns, ignore_merges) = match pre.unwrap_or("default") {
+            "default" | "gpt2" | "gpt-2" | "mpt" | "olmo" | "jais" => (vec![GPT2_PATTERN], false),
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
+            | "minerva" => (vec![SINGLE_DIGIT_PATTERN, GPT2_PATTERN], false),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => {
+                (vec![LLAMA3_PATTERN], true)
+            }
+            "qwen2" | "qwen2.5" | "qwen-2.5" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => {
+                (vec![QWEN2_PATTERN], false)
+            }
+            other => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
+        };
+        Ok(PreTokenizerSpec {
+            patterns,
+            ignore_merges,
+        })
+    }
+}
+
+/// Builds the `tokenizers` pipeline for a byte-level BPE GGUF vocabulary.
+pub(crate) fn build_backend(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer> {
+    if vocab.model != "gpt2" {
+        return Err(TokenizerError::UnsupportedModel(vocab.model.clone()));
+    }
+    let spec = PreTokenizerSpec::for_name(vocab.pre.as_deref())?;
+
+    let mut token_ids = Vocab::default();
+    token_ids.reserve(vocab.tokens.len());
+    for (id, token) in vocab.tokens.iter().enumerate() {
+        let id = u32::try_from(id).map_err(|_| TokenizerError::InvalidMetadata {
+            key: "tokenizer.ggml.tokens".to_string(),
+            reason: "more than u32::MAX tokens".to_string(),
+        })?;
+        // On duplicate texts the last id wins, as in llama.cpp's and transformers' text
+        // lookups; earlier duplicates stay reachable by id only.
+        token_ids.insert(token.clone(), id);
+    }
+    let merges = parse_merges(&vocab.merges)?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(token_ids, merges)
+        .ignore_merges(spec.ignore_merges)
+        .build()
+        .map_err(|e| TokenizerError::Backend(format!("building BPE from GGUF vocab: {e}")))?;
+
+    let mut pre_tokenizers = Vec::with_capacity(spec.patterns.len() + 1);
+    for pattern in &spec.patterns {
+        let split = Split::new(
+            SplitPattern::Regex((*pattern).to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )?;
+        pre_tokenizers.push(PreTokenizerWrapper::Split(split));
+    }
+    pre_tokenizers.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+        false, false, false,
+    )));
+
+    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(
+        pre_tokenizers,
+    ))));
+    tokenizer.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())));
+
+    let mut special = Vec::new();
+    let mut user_defined = Vec::new();
+    for (id, token) in vocab.tokens.iter().enumerate() {
+        match vocab.token_type(id) {
+            TokenType::Control => special.push(AddedToken::from(token.clone(), true)),
+            TokenType::UserDefined => {
+                user_defined.push(AddedToken::from(token.clone(), false).normalized(false))
+            }
+            _ => {}
+        }
+    }
+    // Existing vocabulary entries keep their ids: the added vocabulary only records which
+    // texts to match before pre-tokenization.
+    tokenizer.add_special_tokens(special)?;
+    tokenizer.add_tokens(user_defined)?;
+    Ok(tokenizer)
+}
+
+/// Splits GGUF merges (`"left right"`) into pairs. The separator is the first space after
+/// the first byte, so a left part that is itself a space-like symbol stays intact.
+fn parse_merges(merges: &[String]) -> Result<Vec<(String, String)>> {
+    merges
+        .iter()
+        .enumerate()
+        .map(|(i, merge)| {
+            let split_at = merge
+                .char_indices()
+                .skip(1)
+                .find(|(_, c)| *c == ' ')
+                .map(|(pos, _)| pos);
+            match split_at {
+                Some(pos) => Ok((merge[..pos].to_string(), merge[pos + 1..].to_string())),
+                None => Err(TokenizerError::InvalidMetadata {
+                    key: "tokenizer.ggml.merges".to_string(),
+                    reason: format!("merge {i} `{merge}` has no space separator"),
+                }),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_split_on_first_inner_space() {
+        let merges = vec!["Ġ t".to_string(), "a b".to_string()];
+        let parsed = parse_merges(&merges).unwrap();
+        assert_eq!(parsed[0], ("Ġ".to_string(), "t".to_string()));
+        assert_eq!(parsed[1], ("a".to_string(), "b".to_string()));
+        assert!(parse_merges(&["ab".to_string()]).is_err());
+    }
+
+    #[test]
+    fn unknown_pre_tokenizer_is_an_error() {
+        assert!(PreTokenizerSpec::for_name(Some("no-such-pre")).is_err());
+        assert_eq!(
+            PreTokenizerSpec::for_name(Some("smollm")).unwrap().patterns,
+            vec![SINGLE_DIGIT_PATTERN, GPT2_PATTERN]
+        );
+        assert_eq!(
+            PreTokenizerSpec::for_name(None).unwrap().patterns,
+            vec![GPT2_PATTERN]
+        );
+    }
+}

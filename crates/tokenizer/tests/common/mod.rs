@@ -1,0 +1,130 @@
+//! Shared helpers of the integration tests: fixture paths, the GGUF reader (candle, a
+//! dev-dependency only) and its conversion into `MetaValue`, and cached tokenizers.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use candle_core::quantized::gguf_file;
+use serde_json::Value;
+use tessera_tokenizer::{GgufVocab, MetaValue, Tokenizer};
+
+pub const GGUF_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// `tests/fixtures/tokenizer` at the workspace root.
+pub fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer")
+}
+
+pub fn load_fixture(name: &str) -> Value {
+    let path = fixture_dir().join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The cache scripts/lib.sh uses: `$TESSERA_CACHE_DIR`, else `$XDG_CACHE_HOME/tessera`,
+/// else `~/.cache/tessera`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TESSERA_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("tessera");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/tessera")
+}
+
+/// The default model. Its tests never skip: without the file they fail and say how to
+/// get it.
+pub fn gguf_path() -> PathBuf {
+    let path = cache_dir().join("models").join(GGUF_NAME);
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/fetch-model first",
+        path.display()
+    );
+    path
+}
+
+/// candle's GGUF value as the tokenizer crate's `MetaValue` (what the engine does too).
+pub fn to_meta(value: &gguf_file::Value) -> MetaValue {
+    use gguf_file::Value as V;
+    match value {
+        V::U8(v) => MetaValue::Int(i64::from(*v)),
+        V::I8(v) => MetaValue::Int(i64::from(*v)),
+        V::U16(v) => MetaValue::Int(i64::from(*v)),
+        V::I16(v) => MetaValue::Int(i64::from(*v)),
+        V::U32(v) => MetaValue::Int(i64::from(*v)),
+        V::I32(v) => MetaValue::Int(i64::from(*v)),
+        V::U64(v) => MetaValue::Int(*v as i64),
+        V::I64(v) => MetaValue::Int(*v),
+        V::F32(v) => MetaValue::Float(f64::from(*v)),
+        V::F64(v) => MetaValue::Float(*v),
+        V::Bool(v) => MetaValue::Bool(*v),
+        V::String(v) => MetaValue::String(v.clone()),
+        V::Array(items) => MetaValue::Array(items.iter().map(to_meta).collect()),
+    }
+}
+
+pub fn smollm2_vocab() -> &'static GgufVocab {
+    static VOCAB: OnceLock<GgufVocab> = OnceLock::new();
+    VOCAB.get_or_init(|| {
+        let path = gguf_path();
+        let mut file = std::fs::File::open(&path).unwrap();
+        let content = gguf_file::Content::read(&mut file).unwrap();
+        GgufVocab::from_metadata(|key| content.metadata.get(key).map(to_meta)).unwrap()
+    })
+}
+
+/// SmolLM2's tokenizer built from the GGUF metadata.
+pub fn smollm2_gguf() -> Arc<Tokenizer> {
+    static TOKENIZER: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| Arc::new(Tokenizer::from_gguf(smollm2_vocab()).unwrap()))
+        .clone()
+}
+
+/// SmolLM2's tokenizer from the committed tokenizer.json (saved by transformers).
+pub fn smollm2_hf() -> Arc<Tokenizer> {
+    static TOKENIZER: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| {
+            Arc::new(Tokenizer::from_hf_dir(&fixture_dir().join("smollm2-hf")).unwrap())
+        })
+        .clone()
+}
+
+/// Both construction paths, named for assertion messages.
+pub fn smollm2_both() -> Vec<(&'static str, Arc<Tokenizer>)> {
+    vec![("gguf", smollm2_gguf()), ("tokenizer.json", smollm2_hf())]
+}
+
+/// The Qwen3 tokenizer fetched by `scripts/make-token-fixtures fetch`, if present.
+pub fn qwen3_dir() -> Option<PathBuf> {
+    let dir = cache_dir().join("tokenizers/qwen3");
+    if dir.join("tokenizer.json").is_file() && dir.join("tokenizer_config.json").is_file() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipping: {} has no Qwen3 tokenizer (run `scripts/make-token-fixtures fetch`)",
+            dir.display()
+        );
+        None
+    }
+}
+
+pub fn ids_of(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+pub fn cases(fixture: &Value) -> &Vec<Value> {
+    fixture["cases"].as_array().unwrap()
+}
