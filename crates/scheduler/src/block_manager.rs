@@ -1,0 +1,362 @@
+//! Per-sequence KV block tables over a [`BlockPool`], with prefix caching.
+//!
+//! The manager owns every block table, keyed by `SeqId`; a sequence never holds block
+//! ids itself. Freeing a sequence (`free`) is therefore the one way blocks go back, and
+//! the scheduler calls it on every path out of the running set (finish, abort, preempt,
+//! failure). Owning the tables here instead of RAII guards in each sequence avoids a
+//! shared `Rc<RefCell<BlockPool>>` back-reference while keeping one release path.
+//!
+//! Invariants:
+//! - each block's reference count equals the number of tables that hold it;
+//! - free blocks + blocks held by some table == total blocks;
+//! - a table holds block `i` for positions `[i * block_size, (i + 1) * block_size)`;
+//! - a block is shared only when it is full and its whole token prefix (its chain hash,
+//!   verified against the stored tokens) matches: partially filled blocks are private.
+
+use std::collections::HashMap;
+
+use tessera_protocol::SeqId;
+
+use crate::block_pool::{BlockHash, BlockId, BlockPool};
+
+/// Not enough free blocks; nothing was changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfBlocks {
+    pub needed: usize,
+    pub free: usize,
+}
+
+/// Full blocks found in the prefix cache for a token sequence, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixHit {
+    blocks: Vec<BlockId>,
+    hashes: Vec<BlockHash>,
+    block_size: usize,
+}
+
+impl PrefixHit {
+    /// Tokens whose KV is already computed.
+    pub fn num_tokens(&self) -> usize {
+        self.blocks.len() * self.block_size
+    }
+
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+}
+
+#[derive(Debug, Default)]
+struct SeqBlocks {
+    blocks: Vec<BlockId>,
+    /// Chain hashes of the first `hashes.len()` blocks, whose content is known to be
+    /// computed (registered in the prefix cache or found there).
+    hashes: Vec<BlockHash>,
+}
+
+/// The paged KV cache as the scheduler sees it.
+#[derive(Debug)]
+pub struct KvCacheManager {
+    pool: BlockPool,
+    block_size: usize,
+    prefix_caching: bool,
+    tables: HashMap<SeqId, SeqBlocks>,
+}
+
+impl KvCacheManager {
+    pub fn new(num_blocks: usize, block_size_tokens: usize, enable_prefix_caching: bool) -> Self {
+        Self {
+            pool: BlockPool::new(num_blocks),
+            block_size: block_size_tokens.max(1),
+            prefix_caching: enable_prefix_caching,
+            tables: HashMap::new(),
+        }
+    }
+
+    pub fn block_size_tokens(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.pool.num_blocks()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free()
+    }
+
+    pub fn num_used_blocks(&self) -> usize {
+        self.pool.num_blocks() - self.pool.num_free()
+    }
+
+    /// Fraction of blocks held by some sequence (cached-but-free blocks count as free).
+    pub fn usage(&self) -> f64 {
+        if self.pool.num_blocks() == 0 {
+            return 0.0;
+        }
+        self.num_used_blocks() as f64 / self.pool.num_blocks() as f64
+    }
+
+    pub fn ref_count(&self, block: BlockId) -> u32 {
+        self.pool.ref_count(block)
+    }
+
+    pub fn block_table(&self, seq: SeqId) -> Option<&[BlockId]> {
+        self.tables.get(&seq).map(|t| t.blocks.as_slice())
+    }
+
+    pub fn has_table(&self, seq: SeqId) -> bool {
+        self.tables.contains_key(&seq)
+    }
+
+    /// Blocks needed to hold `num_tokens` tokens.
+    pub fn blocks_for(&self, num_tokens: usize) -> usize {
+        num_tokens.div_ceil(self.block_size)
+    }
+
+    /// Longest cached prefix of `tokens`, in full blocks, leaving at least one token
+    /// uncomputed so the executor has logits to sample from. Read-only.
+    pub fn find_prefix(&self, tokens: &[u32]) -> PrefixHit {
+        let mut hit = PrefixHit {
+            block_size: self.block_size,
+            ..PrefixHit::default()
+        };
+        if !self.prefix_caching || tokens.is_empty() {
+            return hit;
+        }
+        let max_blocks = (tokens.len() - 1) / self.block_size;
+        let mut parent = None;
+        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
+            let hash = BlockHash::chain(parent, chunk);
+            let Some(id) = self.pool.lookup(hash, parent, chunk) else {
+                break;
+            };
+            hit.blocks.push(id);
+            hit.hashes.push(hash);
+            parent = Some(hash);
+        }
+        hit
+    }
+
+    /// Create `seq`'s table: share the `hit` blocks, then allocate fresh blocks until
+    /// `num_tokens` tokens fit. All or nothing. `hit` must come from `find_prefix` with no
+    /// pool change in between; a stale hit (a block evicted since) is dropped to the
+    /// prefix that is still valid, and the returned count says how many tokens are cached.
+    pub fn allocate(
+        &mut self,
+        seq: SeqId,
+        hit: &PrefixHit,
+        num_tokens: usize,
+    ) -> Result<usize, OutOfBlocks> {
+        if self.tables.contains_key(&seq) {
+            // Allocation for an existing table is `grow`; keep the table as it is.
+            return self.grow(seq, num_tokens).map(|()| 0);
+        }
+        let valid = hit
+            .blocks
+            .iter()
+            .zip(&hit.hashes)
+            .take_while(|(b, h)| self.pool.cached_hash(**b) == Some(**h))
+            .count();
+        let shared = &hit.blocks[..valid];
+        let needed = self.blocks_for(num_tokens).saturating_sub(shared.len());
+        // Shared blocks that sit in the free queue leave it, so they are not available
+        // for fresh allocation.
+        let revived = shared.iter().filter(|b| self.pool.is_free(**b)).count();
+        let free = self.pool.num_free() - revived;
+        if needed > free {
+            return Err(OutOfBlocks { needed, free });
+        }
+        let mut table = SeqBlocks {
+            blocks: Vec::with_capacity(shared.len() + needed),
+            hashes: hit.hashes[..valid].to_vec(),
+        };
+        for &b in shared {
+            self.pool.share(b);
+            table.blocks.push(b);
+        }
+        for _ in 0..needed {
+            // Cannot fail: `needed <= free` was checked and nothing ran in between.
+            if let Some(b) = self.pool.allocate() {
+                table.blocks.push(b);
+            }
+        }
+        self.tables.insert(seq, table);
+        Ok(valid * self.block_size)
+    }
+
+    /// Grow `seq`'s table so `num_tokens` tokens fit. All or nothing; a no-op when they
+    /// already fit. A sequence without a table gets a fresh one.
+    pub fn grow(&mut self, seq: SeqId, num_tokens: usize) -> Result<(), OutOfBlocks> {
+        let have = self.tables.get(&seq).map_or(0, |t| t.blocks.len());
+        let needed = self.blocks_for(num_tokens).saturating_sub(have);
+        let free = self.pool.num_free();
+        if needed > free {
+            return Err(OutOfBlocks { needed, free });
+        }
+        let table = self.tables.entry(seq).or_default();
+        for _ in 0..needed {
+            if let Some(b) = self.pool.allocate() {
+                table.blocks.push(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Record that the first `num_computed` of `tokens` are in `seq`'s KV: every full
+    /// block among them becomes a prefix-cache entry. Call only after the executor
+    /// finished the step that computed them, so a hit never points at KV in flight.
+    pub fn commit_computed(&mut self, seq: SeqId, tokens: &[u32], num_computed: usize) {
+        if !self.prefix_caching {
+            return;
+        }
+        let Some(table) = self.tables.get_mut(&seq) else {
+            return;
+        };
+        let full = (num_computed.min(tokens.len()) / self.block_size).min(table.blocks.len());
+        while table.hashes.len() < full {
+            let i = table.hashes.len();
+            let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            let parent = table.hashes.last().copied();
+            let hash = BlockHash::chain(parent, chunk);
+            self.pool.register(table.blocks[i], hash, parent, chunk);
+            table.hashes.push(hash);
+        }
+    }
+
+    /// Give `child` the first `num_tokens / block_size` full blocks of `parent`, shared
+    /// (for parallel sampling: a child continues the parent's prompt). Returns the number
+    /// of tokens shared, or `None` when `parent` has no table or `child` already has one.
+    pub fn fork(&mut self, parent: SeqId, child: SeqId, num_tokens: usize) -> Option<usize> {
+        if self.tables.contains_key(&child) {
+            return None;
+        }
+        let src = self.tables.get(&parent)?;
+        let n = (num_tokens / self.block_size).min(src.blocks.len());
+        let table = SeqBlocks {
+            blocks: src.blocks[..n].to_vec(),
+            hashes: src.hashes[..n.min(src.hashes.len())].to_vec(),
+        };
+        for &b in &table.blocks {
+            self.pool.share(b);
+        }
+        self.tables.insert(child, table);
+        Some(n * self.block_size)
+    }
+
+    /// Drop `seq`'s table and release its blocks, last block first so that the tail of a
+    /// prompt (least likely to be shared) is evicted before its head. Returns whether
+    /// the sequence had a table.
+    pub fn free(&mut self, seq: SeqId) -> bool {
+        let Some(table) = self.tables.remove(&seq) else {
+            return false;
+        };
+        for &b in table.blocks.iter().rev() {
+            self.pool.release(b);
+        }
+        true
+    }
+
+    /// Forget every cached prefix (after an executor failure the KV cannot be trusted).
+    pub fn reset_prefix_cache(&mut self) {
+        self.pool.reset_cache();
+        for t in self.tables.values_mut() {
+            t.hashes.clear();
+        }
+    }
+
+    /// Check the pool's invariants and that reference counts equal table membership.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.pool.check_invariants()?;
+        let mut holders = vec![0u32; self.pool.num_blocks()];
+        for (seq, t) in &self.tables {
+            for &b in &t.blocks {
+                let slot = holders
+                    .get_mut(b as usize)
+                    .ok_or(format!("{seq} holds out-of-range block {b}"))?;
+                *slot += 1;
+            }
+        }
+        for (b, &n) in holders.iter().enumerate() {
+            if self.pool.ref_count(b as BlockId) != n {
+                return Err(format!(
+                    "block {b}: ref_count {} but held by {n} tables",
+                    self.pool.ref_count(b as BlockId)
+                ));
+            }
+        }
+        let used = holders.iter().filter(|&&n| n > 0).count();
+        if used + self.pool.num_free() != self.pool.num_blocks() {
+            return Err(format!(
+                "{used} used + {} free != {} total",
+                self.pool.num_free(),
+                self.pool.num_blocks()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: SeqId = SeqId(1);
+    const B: SeqId = SeqId(2);
+
+    #[test]
+    fn prefix_hit_shares_full_blocks_and_leaves_one_token() {
+        let mut kv = KvCacheManager::new(8, 4, true);
+        let prompt: Vec<u32> = (0..12).collect();
+        assert_eq!(kv.allocate(A, &kv.find_prefix(&prompt), 12), Ok(0));
+        kv.commit_computed(A, &prompt, 12);
+        // Same 12 tokens: only 2 blocks may hit, so the last token is computed again.
+        let hit = kv.find_prefix(&prompt);
+        assert_eq!(hit.num_tokens(), 8);
+        assert_eq!(kv.allocate(B, &hit, 12), Ok(8));
+        let (ta, tb) = (kv.block_table(A), kv.block_table(B));
+        assert_eq!(ta.map(|t| &t[..2]), tb.map(|t| &t[..2]));
+        assert_ne!(ta.map(|t| t[2]), tb.map(|t| t[2]));
+        assert_eq!(kv.ref_count(hit.blocks()[0]), 2);
+        assert_eq!(kv.num_used_blocks(), 4);
+        assert_eq!(kv.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn out_of_blocks_changes_nothing() {
+        let mut kv = KvCacheManager::new(2, 4, true);
+        assert_eq!(
+            kv.allocate(A, &PrefixHit::default(), 9),
+            Err(OutOfBlocks { needed: 3, free: 2 })
+        );
+        assert!(!kv.has_table(A));
+        assert_eq!(kv.num_free_blocks(), 2);
+        assert_eq!(kv.grow(A, 8), Ok(()));
+        assert_eq!(kv.grow(A, 9), Err(OutOfBlocks { needed: 1, free: 0 }));
+        assert_eq!(kv.block_table(A).map(<[u32]>::len), Some(2));
+    }
+
+    #[test]
+    fn freed_prefix_is_revived_until_evicted() {
+        let mut kv = KvCacheManager::new(3, 2, true);
+        let p = [1, 2, 3, 4, 5];
+        assert_eq!(kv.allocate(A, &PrefixHit::default(), 5), Ok(0));
+        kv.commit_computed(A, &p, 5);
+        assert!(kv.free(A));
+        assert_eq!(kv.num_free_blocks(), 3);
+        assert_eq!(kv.find_prefix(&p).num_tokens(), 4);
+        // A different 6-token sequence needs all 3 blocks and evicts the cached ones.
+        assert_eq!(kv.allocate(B, &PrefixHit::default(), 6), Ok(0));
+        kv.free(B);
+        assert_eq!(kv.find_prefix(&p).num_tokens(), 0);
+        assert_eq!(kv.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn disabled_prefix_caching_never_hits() {
+        let mut kv = KvCacheManager::new(4, 2, false);
+        let p = [1, 2, 3];
+        assert_eq!(kv.allocate(A, &PrefixHit::default(), 3), Ok(0));
+        kv.commit_computed(A, &p, 3);
+        assert_eq!(kv.find_prefix(&p).num_tokens(), 0);
+    }
+}

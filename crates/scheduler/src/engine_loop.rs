@@ -1,0 +1,288 @@
+//! The engine loop: one thread that owns the [`Scheduler`] and the [`Executor`] and runs
+//! schedule → step → update while there is work, behind a cloneable [`SchedulerHandle`].
+//!
+//! - Idle, the thread blocks on its command channel (no polling sleeps); busy, it drains
+//!   commands without blocking between steps.
+//! - `submit` answers on the caller's thread: admission uses shared atomics, and only an
+//!   admitted request is sent to the loop.
+//! - Executor error (or an output that does not match the plan): every in-flight request
+//!   gets `TokenEvent::Error`, all blocks are freed, the prefix cache is dropped, and the
+//!   loop keeps serving. A step error is usually transient (one bad batch, a device
+//!   hiccup) and the executor is told to drop the failed sequences through `finished`,
+//!   so its state is consistent again; refusing all later traffic would turn one bad
+//!   batch into an outage. An executor *panic* is different: its state cannot be
+//!   trusted, so in-flight requests get `Error`, admission closes and the loop ends.
+//! - Shutdown (`shutdown()`, `join()`, or drop of the last handle): in-flight requests
+//!   get `Finished { reason: Abort }` and the thread exits; the last handle's drop joins it.
+//!   A request whose channel closes without `Finished` or `Error` (a submit racing
+//!   shutdown) must be treated as aborted by the server.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use tessera_protocol::{Executor, GenerationRequest, SeqId, TokenEvent};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::admission::{Admission, AdmittedRequest};
+use crate::config::SchedulerConfig;
+use crate::error::{AdmissionError, SchedulerError};
+use crate::metrics::{SchedulerMetrics, SharedMetrics};
+use crate::scheduler::Scheduler;
+
+enum Command {
+    Add(AdmittedRequest),
+    Shutdown,
+}
+
+/// Starts the engine loop thread.
+#[derive(Debug)]
+pub struct EngineLoop;
+
+impl EngineLoop {
+    /// Check `config` against the executor, then run the loop on a new thread.
+    pub fn spawn<E: Executor + 'static>(
+        config: SchedulerConfig,
+        executor: E,
+    ) -> Result<SchedulerHandle, SchedulerError> {
+        let cfg = config.resolve(executor.kv_cache_shape(), executor.max_context_tokens())?;
+        let admission = Admission::new(&cfg);
+        let scheduler = Scheduler::with_admission(cfg, Arc::clone(&admission));
+        let metrics = Arc::new(SharedMetrics::default());
+        metrics.publish(&scheduler.metrics());
+        let (commands, receiver) = channel();
+        let worker = Worker {
+            scheduler,
+            executor,
+            commands: receiver,
+            metrics: Arc::clone(&metrics),
+        };
+        let thread = std::thread::Builder::new()
+            .name("tessera-engine-loop".into())
+            .spawn(move || worker.run())
+            .map_err(|e| SchedulerError::InvalidConfig(format!("cannot spawn thread: {e}")))?;
+        Ok(SchedulerHandle {
+            inner: Arc::new(HandleInner {
+                commands,
+                admission,
+                metrics,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+}
+
+/// The server's way into the engine loop. Cheap to clone; `Send + Sync`.
+#[derive(Debug, Clone)]
+pub struct SchedulerHandle {
+    inner: Arc<HandleInner>,
+}
+
+#[derive(Debug)]
+struct HandleInner {
+    commands: Sender<Command>,
+    admission: Arc<Admission>,
+    metrics: Arc<SharedMetrics>,
+    /// Taken by whoever joins first (an explicit `join` or the last drop).
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Add(a) => write!(f, "Add({})", a.id),
+            Command::Shutdown => write!(f, "Shutdown"),
+        }
+    }
+}
+
+impl SchedulerHandle {
+    /// Admit a request (synchronously) and hand it to the loop. The receiver gets
+    /// `Token`s, then exactly one `Finished` or `Error`. Dropping it cancels the request.
+    pub fn submit(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<(SeqId, UnboundedReceiver<TokenEvent>), AdmissionError> {
+        let (admitted, receiver) = self.inner.admission.admit(request)?;
+        let id = admitted.id;
+        self.inner
+            .commands
+            .send(Command::Add(admitted))
+            .map_err(|_| AdmissionError::ShuttingDown)?;
+        Ok((id, receiver))
+    }
+
+    /// The latest metrics the loop published (after its last step).
+    pub fn metrics(&self) -> SchedulerMetrics {
+        self.inner.metrics.snapshot()
+    }
+
+    /// Requests admitted that have not started running yet (live, not per step).
+    pub fn num_queued(&self) -> usize {
+        self.inner.admission.num_waiting()
+    }
+
+    /// Stop accepting requests and ask the loop to abort in-flight ones and exit.
+    /// Returns at once; `join` waits.
+    pub fn shutdown(&self) {
+        self.inner.admission.close();
+        // An error means the loop has already exited.
+        let _ = self.inner.commands.send(Command::Shutdown);
+    }
+
+    /// Shut down and wait for the loop thread to exit.
+    pub fn join(&self) -> Result<(), SchedulerError> {
+        self.shutdown();
+        self.inner.join()
+    }
+}
+
+impl HandleInner {
+    fn join(&self) -> Result<(), SchedulerError> {
+        let thread = match self.thread.lock() {
+            Ok(mut guard) => guard.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        match thread {
+            Some(t) => t.join().map_err(|_| SchedulerError::LoopPanicked),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for HandleInner {
+    fn drop(&mut self) {
+        self.admission.close();
+        let _ = self.commands.send(Command::Shutdown);
+        if let Err(e) = self.join() {
+            tracing::error!("engine loop: {e}");
+        }
+    }
+}
+
+struct Worker<E> {
+    scheduler: Scheduler,
+    executor: E,
+    commands: Receiver<Command>,
+    metrics: Arc<SharedMetrics>,
+}
+
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl<E: Executor> Worker<E> {
+    fn run(mut self) {
+        // Consecutive plans that scheduled nothing while work remained. One can happen
+        // (every running sequence preempted itself); the next plan must then admit the
+        // queue head, because every block is free and admission guaranteed it fits. A
+        // longer run is a bug: fail loudly instead of spinning.
+        let mut empty_plans = 0u32;
+        loop {
+            if !self.scheduler.has_work() {
+                match self.commands.recv() {
+                    Ok(cmd) => {
+                        if self.apply(cmd) == Flow::Stop {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            if self.drain_commands() == Flow::Stop {
+                break;
+            }
+            let (flow, scheduled_any) = self.step();
+            if flow == Flow::Stop {
+                return;
+            }
+            if scheduled_any || !self.scheduler.has_work() {
+                empty_plans = 0;
+            } else {
+                empty_plans += 1;
+                if empty_plans > 2 {
+                    tracing::error!("scheduler made no progress; failing in-flight requests");
+                    self.scheduler
+                        .fail_all("internal error: the scheduler could not place any request");
+                }
+            }
+        }
+        // Requests that raced the shutdown get an answer too.
+        while let Ok(cmd) = self.commands.try_recv() {
+            if let Command::Add(a) = cmd {
+                self.scheduler.add(a);
+            }
+        }
+        self.scheduler.abort_all();
+        self.publish();
+    }
+
+    fn apply(&mut self, cmd: Command) -> Flow {
+        match cmd {
+            Command::Add(a) => {
+                self.scheduler.add(a);
+                Flow::Continue
+            }
+            Command::Shutdown => Flow::Stop,
+        }
+    }
+
+    fn drain_commands(&mut self) -> Flow {
+        loop {
+            match self.commands.try_recv() {
+                Ok(cmd) => {
+                    if self.apply(cmd) == Flow::Stop {
+                        return Flow::Stop;
+                    }
+                }
+                Err(TryRecvError::Empty) => return Flow::Continue,
+                Err(TryRecvError::Disconnected) => return Flow::Stop,
+            }
+        }
+    }
+
+    /// One schedule → execute → update round. Also returns whether the plan scheduled
+    /// any tokens.
+    fn step(&mut self) -> (Flow, bool) {
+        let plan = self.scheduler.schedule();
+        let scheduled_any = !plan.scheduled.is_empty();
+        if !scheduled_any && plan.finished.is_empty() {
+            self.publish();
+            return (Flow::Continue, false);
+        }
+        let start = Instant::now();
+        let executor = &mut self.executor;
+        let result = catch_unwind(AssertUnwindSafe(|| executor.step(&plan)));
+        self.scheduler.record_step_duration(start.elapsed());
+        let flow = match result {
+            Ok(Ok(output)) => {
+                if let Err(e) = self.scheduler.update(&output) {
+                    tracing::error!("{e}");
+                    self.scheduler.fail_all(&e.to_string());
+                }
+                Flow::Continue
+            }
+            Ok(Err(e)) => {
+                tracing::error!("executor step failed: {e}");
+                self.scheduler.fail_all(&e.to_string());
+                Flow::Continue
+            }
+            Err(_) => {
+                tracing::error!("executor panicked; engine loop stops");
+                self.scheduler.admission().close();
+                self.scheduler.fail_all("executor panicked");
+                Flow::Stop
+            }
+        };
+        self.publish();
+        (flow, scheduled_any)
+    }
+
+    fn publish(&self) {
+        self.metrics.publish(&self.scheduler.metrics());
+    }
+}

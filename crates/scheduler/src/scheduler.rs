@@ -1,0 +1,405 @@
+//! Token-budget scheduling: which sequences run in the next step, and what their
+//! sampled tokens mean afterwards.
+//!
+//! The scheduler owns every sequence. `schedule()` and `update()` alternate strictly:
+//! each plan is followed by `update` with the executor's output (or by `fail_all` when
+//! the executor failed). Each plan respects `max_batch_tokens` (tokens across all chunks)
+//! and `max_num_seqs` (running sequences).
+//!
+//! Order of work in `schedule()` (after vLLM v1):
+//! 1. sequences whose receiver is gone are aborted and their blocks freed;
+//! 2. running sequences, oldest first, get their remaining tokens (1 for a decode, a
+//!    chunk for one still prefilling) while budget lasts; when blocks run out the newest
+//!    running sequence is preempted (blocks freed, back to the front of the queue,
+//!    recomputed later) until the current one fits or is itself preempted;
+//! 3. if nothing was preempted, waiting sequences are admitted in FCFS order while budget,
+//!    `max_num_seqs` and free blocks allow. The head of the queue is never skipped, so no
+//!    request starves behind later ones. A prefix-cache hit starts the sequence at the
+//!    end of its cached full blocks.
+
+use std::collections::{HashMap, VecDeque};
+use std::mem;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_protocol::{
+    FinishReason, GenerationRequest, KvCacheShape, NewSequence, ScheduledChunk, SeqId, StepOutput,
+    StepPlan, TokenEvent,
+};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::admission::{Admission, AdmittedRequest};
+use crate::block_manager::KvCacheManager;
+use crate::config::{ResolvedConfig, SchedulerConfig};
+use crate::error::{AdmissionError, SchedulerError};
+use crate::metrics::SchedulerMetrics;
+use crate::sequence::Sequence;
+
+#[derive(Debug, Default)]
+struct Counters {
+    preemptions: u64,
+    steps: u64,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    prefix_queries: u64,
+    prefix_hits: u64,
+    last_step_duration: Duration,
+}
+
+/// Continuous batching over a paged KV cache. Single-threaded: the engine loop owns it.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: ResolvedConfig,
+    admission: Arc<Admission>,
+    kv: KvCacheManager,
+    seqs: HashMap<SeqId, Sequence>,
+    /// FCFS; preempted sequences go back to the front.
+    waiting: VecDeque<SeqId>,
+    /// In admission order, so the newest (the preemption victim) is last.
+    running: Vec<SeqId>,
+    /// Announced sequences that ended; listed in the next plan's `finished`.
+    pending_finished: Vec<SeqId>,
+    /// Chunks of the plan in flight, in plan order: `(id, sample)`.
+    in_flight: Vec<(SeqId, bool)>,
+    counters: Counters,
+}
+
+impl Scheduler {
+    /// A scheduler for an executor with this KV cache `shape` and context length.
+    pub fn new(
+        config: &SchedulerConfig,
+        shape: KvCacheShape,
+        max_context_tokens: usize,
+    ) -> Result<Self, SchedulerError> {
+        let cfg = config.resolve(shape, max_context_tokens)?;
+        let admission = Admission::new(&cfg);
+        Ok(Self::with_admission(cfg, admission))
+    }
+
+    /// A scheduler sharing `admission` with handles on other threads.
+    pub fn with_admission(cfg: ResolvedConfig, admission: Arc<Admission>) -> Self {
+        Self {
+            kv: KvCacheManager::new(
+                cfg.num_blocks,
+                cfg.block_size_tokens,
+                cfg.enable_prefix_caching,
+            ),
+            cfg,
+            admission,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pending_finished: Vec::new(),
+            in_flight: Vec::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn config(&self) -> &ResolvedConfig {
+        &self.cfg
+    }
+
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.admission
+    }
+
+    pub fn kv_cache(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// True while there is anything to plan: sequences to run or ends to report.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty() || !self.pending_finished.is_empty()
+    }
+
+    /// Admit a request and queue it (admission control, then `add`).
+    pub fn submit(
+        &mut self,
+        request: GenerationRequest,
+    ) -> Result<(SeqId, UnboundedReceiver<TokenEvent>), AdmissionError> {
+        let (admitted, receiver) = self.admission.admit(request)?;
+        let id = admitted.id;
+        self.add(admitted);
+        Ok((id, receiver))
+    }
+
+    /// Queue an admitted request at the back of the waiting queue.
+    pub fn add(&mut self, admitted: AdmittedRequest) {
+        let seq = Sequence::new(admitted);
+        self.waiting.push_back(seq.id);
+        self.seqs.insert(seq.id, seq);
+    }
+
+    /// Plan the next step. See the module docs for the order of work.
+    pub fn schedule(&mut self) -> StepPlan {
+        debug_assert!(
+            self.in_flight.is_empty(),
+            "schedule() twice without update()"
+        );
+        self.in_flight.clear();
+        self.abort_cancelled();
+        let mut plan = StepPlan {
+            finished: mem::take(&mut self.pending_finished),
+            ..StepPlan::default()
+        };
+        let mut budget = self.cfg.max_batch_tokens;
+        let preempted = self.schedule_running(&mut plan, &mut budget);
+        if !preempted {
+            self.schedule_waiting(&mut plan, &mut budget);
+        }
+        plan
+    }
+
+    /// Apply the executor's output for the plan in flight: append samples, check stops,
+    /// send events, and end finished sequences (their ids go into the next plan).
+    pub fn update(&mut self, output: &StepOutput) -> Result<(), SchedulerError> {
+        let chunks = mem::take(&mut self.in_flight);
+        let expected = chunks.iter().filter(|(_, s)| *s).map(|(id, _)| *id);
+        if !expected.eq(output.samples.iter().map(|s| s.id)) {
+            let want: Vec<_> = chunks
+                .iter()
+                .filter(|(_, s)| *s)
+                .map(|(id, _)| id)
+                .collect();
+            let got: Vec<_> = output.samples.iter().map(|s| s.id).collect();
+            return Err(SchedulerError::OutputMismatch(format!(
+                "expected samples for {want:?}, got {got:?}"
+            )));
+        }
+        // The step succeeded: the KV of every scheduled chunk now exists and its full
+        // blocks may be shared.
+        for (id, _) in &chunks {
+            if let Some(seq) = self.seqs.get(id) {
+                self.kv
+                    .commit_computed(*id, &seq.tokens, seq.num_computed_tokens);
+            }
+        }
+        for sample in &output.samples {
+            let Some(seq) = self.seqs.get_mut(&sample.id) else {
+                return Err(SchedulerError::UnknownSequence(sample.id));
+            };
+            seq.tokens.push(sample.token);
+            self.counters.generation_tokens += 1;
+            let delivered = seq.send(TokenEvent::Token {
+                token: sample.token,
+                logprobs: sample.logprobs.clone(),
+            });
+            if !delivered {
+                self.finish(sample.id, None);
+            } else if let Some(reason) = seq.stop_reason(self.cfg.max_model_len) {
+                self.finish(sample.id, Some(reason));
+            }
+        }
+        self.counters.steps += 1;
+        Ok(())
+    }
+
+    /// The executor failed: every in-flight request gets `TokenEvent::Error(message)`,
+    /// every block is freed and the prefix cache is forgotten (its KV may be garbage).
+    /// Announced sequences are listed in the next plan's `finished` so the executor
+    /// drops their state; the scheduler then serves new requests as usual.
+    pub fn fail_all(&mut self, message: &str) {
+        self.end_all(|_| TokenEvent::Error(message.to_string()));
+        self.kv.reset_prefix_cache();
+    }
+
+    /// Abort every sequence with `Finished { reason: Abort }` (shutdown).
+    pub fn abort_all(&mut self) {
+        self.end_all(|seq| seq.finished_event(FinishReason::Abort));
+    }
+
+    /// Record how long the last executor step took (for metrics).
+    pub fn record_step_duration(&mut self, duration: Duration) {
+        self.counters.last_step_duration = duration;
+    }
+
+    pub fn metrics(&self) -> SchedulerMetrics {
+        let c = &self.counters;
+        SchedulerMetrics {
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len(),
+            kv_usage_fraction: self.kv.usage(),
+            kv_blocks_in_use: self.kv.num_used_blocks(),
+            kv_blocks_total: self.kv.num_blocks(),
+            prefix_cache_queries_tokens: c.prefix_queries,
+            prefix_cache_hits_tokens: c.prefix_hits,
+            preemptions_total: c.preemptions,
+            steps_total: c.steps,
+            last_step_duration: c.last_step_duration,
+            prompt_tokens_total: c.prompt_tokens,
+            generation_tokens_total: c.generation_tokens,
+        }
+    }
+
+    /// Step 2 of `schedule`. Returns whether any sequence was preempted.
+    fn schedule_running(&mut self, plan: &mut StepPlan, budget: &mut usize) -> bool {
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let id = self.running[i];
+            let Some(seq) = self.seqs.get(&id) else {
+                // Unreachable by construction (running ids always have a sequence);
+                // dropping the id keeps the lists consistent if it ever happens.
+                self.running.remove(i);
+                continue;
+            };
+            let num_new = seq.num_uncomputed().min(*budget);
+            if num_new == 0 {
+                i += 1;
+                continue;
+            }
+            let target = seq.num_computed_tokens + num_new;
+            let mut fits = true;
+            while self.kv.grow(id, target).is_err() {
+                // Victims come from the end, at or after `i`: sequences already planned
+                // in this step are never preempted.
+                let Some(victim) = self.running.pop() else {
+                    fits = false;
+                    break;
+                };
+                self.preempt(victim);
+                preempted = true;
+                if victim == id {
+                    fits = false;
+                    break;
+                }
+            }
+            if !fits {
+                break;
+            }
+            self.push_chunk(plan, id, num_new);
+            *budget -= num_new;
+            i += 1;
+        }
+        preempted
+    }
+
+    /// Step 3 of `schedule`: FCFS admission from the waiting queue.
+    fn schedule_waiting(&mut self, plan: &mut StepPlan, budget: &mut usize) {
+        while *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let Some(seq) = self.seqs.get(&id) else {
+                self.waiting.pop_front();
+                continue;
+            };
+            let hit = self.kv.find_prefix(&seq.tokens);
+            // `find_prefix` leaves at least one token uncomputed, so `num_new >= 1`.
+            let num_new = (seq.num_tokens() - hit.num_tokens()).min(*budget);
+            let Ok(cached) = self.kv.allocate(id, &hit, hit.num_tokens() + num_new) else {
+                // The head does not fit yet: wait for blocks rather than let a smaller
+                // request overtake it.
+                break;
+            };
+            self.waiting.pop_front();
+            self.running.push(id);
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                continue;
+            };
+            seq.num_computed_tokens = cached;
+            seq.permit = None;
+            if self.cfg.enable_prefix_caching {
+                self.counters.prefix_queries += seq.num_tokens() as u64;
+                self.counters.prefix_hits += cached as u64;
+            }
+            if !seq.announced {
+                seq.announced = true;
+                self.counters.prompt_tokens += seq.prompt_len as u64;
+                plan.new_sequences.push(NewSequence {
+                    id,
+                    sampling: seq.sampling.clone(),
+                    prompt_ids: seq.tokens[..seq.prompt_len].to_vec(),
+                });
+            }
+            self.push_chunk(plan, id, num_new);
+            *budget -= num_new;
+        }
+    }
+
+    /// Plan `num_new` tokens of `id` starting at its computed count, and count them as
+    /// computed (the step either succeeds or `fail_all` discards everything).
+    fn push_chunk(&mut self, plan: &mut StepPlan, id: SeqId, num_new: usize) {
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let start_pos = seq.num_computed_tokens;
+        let end = start_pos + num_new;
+        let sample = end == seq.num_tokens();
+        seq.num_computed_tokens = end;
+        plan.scheduled.push(ScheduledChunk {
+            id,
+            tokens: seq.tokens[start_pos..end].to_vec(),
+            start_pos,
+            block_table: self
+                .kv
+                .block_table(id)
+                .map(<[u32]>::to_vec)
+                .unwrap_or_default(),
+            sample,
+        });
+        self.in_flight.push((id, sample));
+    }
+
+    /// Free a running sequence's blocks and queue it for recompute at the front.
+    fn preempt(&mut self, id: SeqId) {
+        self.kv.free(id);
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.num_computed_tokens = 0;
+        }
+        self.waiting.push_front(id);
+        self.counters.preemptions += 1;
+        tracing::debug!(seq = %id, "preempted: KV blocks exhausted");
+    }
+
+    fn abort_cancelled(&mut self) {
+        let cancelled: Vec<SeqId> = self
+            .seqs
+            .values()
+            .filter(|s| s.is_cancelled())
+            .map(|s| s.id)
+            .collect();
+        for id in cancelled {
+            tracing::debug!(seq = %id, "receiver dropped: aborting");
+            self.finish(id, None);
+        }
+    }
+
+    /// Remove a sequence for good: optional final event, blocks freed, and the executor
+    /// told (next plan) if it knows the sequence.
+    fn finish(&mut self, id: SeqId, reason: Option<FinishReason>) {
+        let Some(seq) = self.seqs.remove(&id) else {
+            return;
+        };
+        if let Some(reason) = reason {
+            seq.send(seq.finished_event(reason));
+        }
+        self.kv.free(id);
+        self.running.retain(|r| *r != id);
+        self.waiting.retain(|w| *w != id);
+        if seq.announced {
+            self.pending_finished.push(id);
+        }
+    }
+
+    fn end_all(&mut self, event: impl Fn(&Sequence) -> TokenEvent) {
+        for (id, seq) in self.seqs.drain() {
+            seq.send(event(&seq));
+            self.kv.free(id);
+            if seq.announced {
+                self.pending_finished.push(id);
+            }
+        }
+        self.running.clear();
+        self.waiting.clear();
+        self.in_flight.clear();
+    }
+}

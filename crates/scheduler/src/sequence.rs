@@ -1,0 +1,99 @@
+//! One generation as the scheduler tracks it.
+//!
+//! A sequence has `num_tokens` tokens (prompt + generated) of which the first
+//! `num_computed_tokens` are in its KV cache. There are no prefill/decode phases: the
+//! scheduler runs `num_tokens - num_computed_tokens` more tokens in chunks, and a chunk
+//! that reaches `num_tokens` samples the next token.
+
+use tessera_protocol::{FinishReason, SamplingParams, SeqId, StopCondition, TokenEvent};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::admission::{AdmittedRequest, QueuePermit};
+
+#[derive(Debug)]
+pub(crate) struct Sequence {
+    pub id: SeqId,
+    /// Prompt followed by generated tokens. Invariant: never longer than the admission
+    /// bound `prompt_len + stop.max_tokens`, which fits `max_model_len` and the cache.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose KV is in this sequence's blocks (or planned in the step in flight).
+    /// Reset to 0 on preemption.
+    pub num_computed_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: StopCondition,
+    pub sender: UnboundedSender<TokenEvent>,
+    /// The executor has seen this sequence in `new_sequences` and holds state for it
+    /// until it is listed in `finished`.
+    pub announced: bool,
+    /// Held while the request waits for its first step.
+    pub permit: Option<QueuePermit>,
+}
+
+impl Sequence {
+    pub fn new(admitted: AdmittedRequest) -> Self {
+        let AdmittedRequest {
+            id,
+            request,
+            sender,
+            permit,
+        } = admitted;
+        Self {
+            id,
+            prompt_len: request.prompt_ids.len(),
+            tokens: request.prompt_ids,
+            num_computed_tokens: 0,
+            sampling: request.sampling,
+            stop: request.stop,
+            sender,
+            announced: false,
+            permit: Some(permit),
+        }
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn num_output_tokens(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Tokens still to run through the model before the next sample.
+    pub fn num_uncomputed(&self) -> usize {
+        self.tokens.len().saturating_sub(self.num_computed_tokens)
+    }
+
+    /// The client dropped its receiver.
+    pub fn is_cancelled(&self) -> bool {
+        self.sender.is_closed()
+    }
+
+    /// Why the sequence must end after its latest token, if it must.
+    pub fn stop_reason(&self, max_model_len: usize) -> Option<FinishReason> {
+        let last = *self.tokens.last()?;
+        if self.num_output_tokens() > 0
+            && !self.stop.ignore_eos
+            && self.stop.stop_token_ids.contains(&last)
+        {
+            return Some(FinishReason::Stop);
+        }
+        if self.num_output_tokens() >= self.stop.max_tokens || self.num_tokens() >= max_model_len {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+
+    /// Send an event; false when the receiver is gone.
+    pub fn send(&self, event: TokenEvent) -> bool {
+        self.sender.send(event).is_ok()
+    }
+
+    pub fn finished_event(&self, reason: FinishReason) -> TokenEvent {
+        TokenEvent::Finished {
+            reason,
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.num_output_tokens(),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! A fake executor that checks the plan contract and makes tokens depend on the KV it
+//! reads back, so any block-table, prefix-sharing or preemption bug changes the output.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tessera_protocol::{
+    Executor, ExecutorError, GenerationRequest, KvCacheShape, SampledToken, SamplingParams,
+    StepOutput, StepPlan, StopCondition, TokenEvent,
+};
+use tessera_scheduler::Scheduler;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Decides whether a step fails (checked before it runs).
+pub type FailWhen = Box<dyn FnMut(&StepPlan) -> bool + Send>;
+
+pub struct FakeExecutor {
+    pub shape: KvCacheShape,
+    pub max_context: usize,
+    /// `kv[block][slot]`: the token whose KV was written there.
+    kv: Vec<Vec<Option<u32>>>,
+    known: HashSet<tessera_protocol::SeqId>,
+    pub plans: Arc<Mutex<Vec<StepPlan>>>,
+    pub fail_when: Option<FailWhen>,
+    pub step_delay: Duration,
+}
+
+impl FakeExecutor {
+    pub fn new(num_blocks: usize, block_size: usize, max_context: usize) -> Self {
+        Self {
+            shape: KvCacheShape {
+                num_blocks,
+                block_size_tokens: block_size,
+            },
+            max_context,
+            kv: vec![vec![None; block_size]; num_blocks],
+            known: HashSet::new(),
+            plans: Arc::new(Mutex::new(Vec::new())),
+            fail_when: None,
+            step_delay: Duration::ZERO,
+        }
+    }
+
+    fn violation(msg: String) -> ExecutorError {
+        ExecutorError {
+            rank: None,
+            message: format!("contract violation: {msg}"),
+        }
+    }
+}
+
+/// The next token given the whole context read back from the KV cache. Ids start at
+/// 1000 so tests can use small ids as stop tokens without hitting them by accident.
+pub fn next_token(context: &[u32]) -> u32 {
+    let mut h = DefaultHasher::new();
+    context.hash(&mut h);
+    1000 + (h.finish() % 1000) as u32
+}
+
+impl Executor for FakeExecutor {
+    fn step(&mut self, plan: &StepPlan) -> Result<StepOutput, ExecutorError> {
+        self.plans.lock().unwrap().push(plan.clone());
+        if !self.step_delay.is_zero() {
+            std::thread::sleep(self.step_delay);
+        }
+        for id in &plan.finished {
+            if !self.known.remove(id) {
+                return Err(Self::violation(format!(
+                    "finished {id} was never announced"
+                )));
+            }
+        }
+        for n in &plan.new_sequences {
+            if !self.known.insert(n.id) {
+                return Err(Self::violation(format!("{} announced twice", n.id)));
+            }
+        }
+        // A real executor registers new sequences before its forward pass can fail, so
+        // the failure is injected after the bookkeeping.
+        if let Some(fail) = self.fail_when.as_mut() {
+            if fail(plan) {
+                return Err(ExecutorError {
+                    rank: Some(1),
+                    message: "injected device failure".into(),
+                });
+            }
+        }
+        let bs = self.shape.block_size_tokens;
+        let mut samples = Vec::new();
+        for c in &plan.scheduled {
+            if !self.known.contains(&c.id) {
+                return Err(Self::violation(format!(
+                    "{} scheduled, not announced",
+                    c.id
+                )));
+            }
+            if c.block_table.len() * bs < c.end_pos() {
+                return Err(Self::violation(format!(
+                    "{}: table of {} blocks for {} tokens",
+                    c.id,
+                    c.block_table.len(),
+                    c.end_pos()
+                )));
+            }
+            for (k, &tok) in c.tokens.iter().enumerate() {
+                let pos = c.start_pos + k;
+                self.kv[c.block_table[pos / bs] as usize][pos % bs] = Some(tok);
+            }
+            if c.sample {
+                let mut context = Vec::with_capacity(c.end_pos());
+                for pos in 0..c.end_pos() {
+                    match self.kv[c.block_table[pos / bs] as usize][pos % bs] {
+                        Some(t) => context.push(t),
+                        None => {
+                            return Err(Self::violation(format!(
+                                "{}: position {pos} read before written",
+                                c.id
+                            )))
+                        }
+                    }
+                }
+                samples.push(SampledToken {
+                    id: c.id,
+                    token: next_token(&context),
+                    logprobs: None,
+                });
+            }
+        }
+        Ok(StepOutput { samples })
+    }
+
+    fn kv_cache_shape(&self) -> KvCacheShape {
+        self.shape
+    }
+
+    fn max_context_tokens(&self) -> usize {
+        self.max_context
+    }
+}
+
+pub fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt_ids: prompt,
+        sampling: SamplingParams::greedy(),
+        stop: StopCondition {
+            max_tokens,
+            stop_token_ids: vec![],
+            ignore_eos: false,
+        },
+    }
+}
+
+/// Prompt of `len` tokens derived from `seed` (ids below 1000).
+pub fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| (seed * 31 + i * 7) % 997).collect()
+}
+
+/// Run schedule → step → update until no work is left, checking the KV manager's
+/// invariants after every step. Returns the plans.
+pub fn run(s: &mut Scheduler, ex: &mut FakeExecutor) -> Vec<StepPlan> {
+    let mut plans = Vec::new();
+    for _ in 0..100_000 {
+        if !s.has_work() {
+            return plans;
+        }
+        let plan = s.schedule();
+        let out = ex.step(&plan).unwrap();
+        s.update(&out).unwrap();
+        s.kv_cache().check_invariants().unwrap();
+        plans.push(plan);
+    }
+    panic!("scheduler did not finish in 100000 steps");
+}
+
+/// Everything a receiver has buffered: tokens and the terminal event, if any.
+pub fn drain(rx: &mut UnboundedReceiver<TokenEvent>) -> (Vec<u32>, Option<TokenEvent>) {
+    let mut tokens = Vec::new();
+    let mut terminal = None;
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            TokenEvent::Token { token, .. } => {
+                assert!(terminal.is_none(), "token after terminal event");
+                tokens.push(token);
+            }
+            other => {
+                assert!(terminal.is_none(), "two terminal events");
+                terminal = Some(other);
+            }
+        }
+    }
+    (tokens, terminal)
+}
+
+/// What a correct run produces for `prompt`: greedy continuation by `next_token`.
+pub fn expected_tokens(prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut ctx = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = next_token(&ctx);
+        ctx.push(t);
+        out.push(t);
+    }
+    out
+}

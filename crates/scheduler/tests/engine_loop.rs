@@ -1,0 +1,232 @@
+//! The engine loop on its own thread, driven through `SchedulerHandle`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{expected_tokens, prompt, request, FakeExecutor};
+use tessera_protocol::{FinishReason, TokenEvent};
+use tessera_scheduler::{AdmissionError, EngineLoop, SchedulerConfig, SchedulerHandle};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+fn config() -> SchedulerConfig {
+    SchedulerConfig {
+        block_size_tokens: 4,
+        max_batch_tokens: 32,
+        max_num_seqs: 8,
+        ..SchedulerConfig::default()
+    }
+}
+
+/// Block until the terminal event; returns the tokens and it.
+fn collect(rx: &mut UnboundedReceiver<TokenEvent>) -> (Vec<u32>, Option<TokenEvent>) {
+    let mut tokens = Vec::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            TokenEvent::Token { token, .. } => tokens.push(token),
+            end => return (tokens, Some(end)),
+        }
+    }
+    (tokens, None)
+}
+
+#[test]
+fn requests_from_several_threads_complete_and_metrics_are_published() {
+    let ex = FakeExecutor::new(64, 4, 4096);
+    let handle = EngineLoop::spawn(config(), ex).unwrap();
+    let workers: Vec<_> = (0..4u32)
+        .map(|i| {
+            let h: SchedulerHandle = handle.clone();
+            std::thread::spawn(move || {
+                let p = prompt(i, 5 + i as usize * 3);
+                let (_, mut rx) = h.submit(request(p.clone(), 6)).unwrap();
+                let (tokens, end) = collect(&mut rx);
+                assert_eq!(tokens, expected_tokens(&p, 6));
+                assert_eq!(
+                    end,
+                    Some(TokenEvent::Finished {
+                        reason: FinishReason::Length,
+                        prompt_tokens: p.len(),
+                        completion_tokens: 6
+                    })
+                );
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    // Metrics are published after each step; the last step may still be in progress.
+    let mut m = handle.metrics();
+    for _ in 0..200 {
+        if m.generation_tokens_total == 24 && m.num_running == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        m = handle.metrics();
+    }
+    assert_eq!(m.generation_tokens_total, 24);
+    assert_eq!(m.prompt_tokens_total, (5 + 8 + 11 + 14) as u64);
+    assert_eq!(m.num_running, 0);
+    assert_eq!(m.kv_blocks_total, 64);
+    assert!(m.steps_total >= 6);
+    handle.join().unwrap();
+}
+
+#[test]
+fn executor_error_reaches_every_in_flight_request_and_the_loop_keeps_serving() {
+    let mut ex = FakeExecutor::new(1024, 4, 4096);
+    let failed = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&failed);
+    // Fail once, the first time both requests are in the same step.
+    ex.fail_when = Some(Box::new(move |plan| {
+        plan.scheduled.len() == 2 && !flag.swap(true, Ordering::SeqCst)
+    }));
+    ex.step_delay = Duration::from_millis(1);
+    let handle = EngineLoop::spawn(config(), ex).unwrap();
+    let (_, mut r1) = handle.submit(request(prompt(1, 5), 2000)).unwrap();
+    let (_, mut r2) = handle.submit(request(prompt(2, 5), 2000)).unwrap();
+    for rx in [&mut r1, &mut r2] {
+        let (_, end) = collect(rx);
+        assert_eq!(
+            end,
+            Some(TokenEvent::Error("rank 1: injected device failure".into()))
+        );
+    }
+    assert!(failed.load(Ordering::SeqCst));
+    let p = prompt(3, 7);
+    let (_, mut r3) = handle.submit(request(p.clone(), 5)).unwrap();
+    let (tokens, end) = collect(&mut r3);
+    assert_eq!(tokens, expected_tokens(&p, 5));
+    assert!(matches!(
+        end,
+        Some(TokenEvent::Finished {
+            reason: FinishReason::Length,
+            ..
+        })
+    ));
+    handle.join().unwrap();
+}
+
+#[test]
+fn shutdown_aborts_in_flight_and_refuses_new_requests() {
+    let mut ex = FakeExecutor::new(2048, 4, 8192);
+    ex.step_delay = Duration::from_millis(1);
+    let handle = EngineLoop::spawn(config(), ex).unwrap();
+    let (_, mut rx) = handle.submit(request(prompt(1, 5), 5000)).unwrap();
+    // Wait for the first token so the request is running.
+    assert!(matches!(rx.blocking_recv(), Some(TokenEvent::Token { .. })));
+    handle.join().unwrap();
+    let (tokens, end) = collect(&mut rx);
+    assert!(tokens.len() < 5000);
+    assert!(matches!(
+        end,
+        Some(TokenEvent::Finished {
+            reason: FinishReason::Abort,
+            prompt_tokens: 5,
+            ..
+        })
+    ));
+    assert_eq!(
+        handle.submit(request(prompt(2, 5), 5)).unwrap_err(),
+        AdmissionError::ShuttingDown
+    );
+}
+
+#[test]
+fn dropping_a_receiver_cancels_the_request_in_the_loop() {
+    let mut ex = FakeExecutor::new(2048, 4, 8192);
+    ex.step_delay = Duration::from_millis(1);
+    let plans = Arc::clone(&ex.plans);
+    let handle = EngineLoop::spawn(config(), ex).unwrap();
+    let (id, mut rx) = handle.submit(request(prompt(1, 5), 5000)).unwrap();
+    assert!(matches!(rx.blocking_recv(), Some(TokenEvent::Token { .. })));
+    drop(rx);
+    let mut done = false;
+    for _ in 0..400 {
+        if plans
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|p| p.finished.contains(&id))
+        {
+            done = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(done, "the aborted sequence is listed in `finished`");
+    std::thread::sleep(Duration::from_millis(20));
+    let m = handle.metrics();
+    assert_eq!((m.num_running, m.kv_blocks_in_use), (0, 0));
+}
+
+#[test]
+fn spawn_rejects_a_block_size_the_executor_does_not_use() {
+    let ex = FakeExecutor::new(64, 8, 4096);
+    let err = EngineLoop::spawn(config(), ex).unwrap_err();
+    assert!(err.to_string().contains("block_size_tokens is 4"), "{err}");
+}
+
+#[test]
+fn submit_answers_queue_full_without_waiting_for_the_loop() {
+    let mut ex = FakeExecutor::new(2048, 4, 8192);
+    ex.step_delay = Duration::from_millis(2);
+    let cfg = SchedulerConfig {
+        max_waiting: 1,
+        max_num_seqs: 1,
+        ..config()
+    };
+    let handle = EngineLoop::spawn(cfg, ex).unwrap();
+    let (_, mut running) = handle.submit(request(prompt(1, 5), 3000)).unwrap();
+    assert!(matches!(
+        running.blocking_recv(),
+        Some(TokenEvent::Token { .. })
+    ));
+    // One slot in the queue (max_num_seqs = 1 keeps it waiting), then refusal.
+    let (_, _waiting) = handle.submit(request(prompt(2, 5), 5)).unwrap();
+    let err = handle.submit(request(prompt(3, 5), 5)).unwrap_err();
+    assert_eq!(
+        err,
+        AdmissionError::QueueFull {
+            waiting: 1,
+            max_waiting: 1
+        }
+    );
+    assert!(err.to_string().contains("max_waiting = 1"));
+    assert_eq!(handle.num_queued(), 1);
+}
+
+#[test]
+fn one_token_requests_through_a_single_slot_all_complete() {
+    // Each step admits one request that finishes in that same step, so no sequence is
+    // running between steps while others still wait: this must not look like a stall.
+    let ex = FakeExecutor::new(64, 4, 4096);
+    let cfg = SchedulerConfig {
+        max_num_seqs: 1,
+        ..config()
+    };
+    let handle = EngineLoop::spawn(cfg, ex).unwrap();
+    let mut rxs: Vec<_> = (0..10u32)
+        .map(|i| {
+            let p = prompt(i, 3);
+            (p.clone(), handle.submit(request(p, 1)).unwrap().1)
+        })
+        .collect();
+    for (p, rx) in &mut rxs {
+        let (tokens, end) = collect(rx);
+        assert_eq!(tokens, expected_tokens(p, 1));
+        assert!(matches!(
+            end,
+            Some(TokenEvent::Finished {
+                reason: FinishReason::Length,
+                completion_tokens: 1,
+                ..
+            })
+        ));
+    }
+    handle.join().unwrap();
+}
