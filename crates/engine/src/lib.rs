@@ -1,1 +1,21 @@
-//! Engine.
+//! The Tessera engine: model loading (GGUF, safetensors), the llama family, tensor
+//! parallelism (shard plans, communicators, one worker thread per device), sampling.
+//! It implements the scheduler's `Executor`; it knows nothing of HTTP or scheduling.
+
+pub mod config;
+pub mod device;
+pub mod engine;
+pub mod error;
+pub mod generate;
+pub mod loader;
+pub mod model;
+pub mod sampler;
+pub mod tp;
+mod worker;
+
+pub use config::{ModelConfig, RopeStyle};
+pub use device::DeviceSpec;
+pub use engine::{Engine, EngineConfig};
+pub use error::{EngineError, Result};
+pub use generate::{generate, GenerateOptions};
+pub use worker::Fault;

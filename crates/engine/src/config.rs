@@ -1,0 +1,159 @@
+//! The shape of a llama-family model, read from GGUF metadata or a HF `config.json`.
+
+use serde::Deserialize;
+
+use crate::error::{EngineError, Result};
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(2i, 2i+1)`: llama GGUF files (their Q/K rows are permuted for it).
+    Interleaved,
+    /// Pairs `(i, i + d/2)`: Hugging Face checkpoints and qwen2 GGUF files.
+    Half,
+}
+
+/// Architecture hyper-parameters that the forward pass and the shard plan need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    pub max_position_embeddings: usize,
+    /// Attention Q/K/V projections carry a bias (qwen2).
+    pub attention_bias: bool,
+    /// The LM head reuses the token embedding.
+    pub tie_word_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Query heads that share one KV head.
+    pub fn group_size(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+
+    /// Checks the relations the forward pass relies on.
+    pub fn validate(&self) -> Result<()> {
+        let fail = |m: String| Err(EngineError::Config(m));
+        if self.num_layers == 0 || self.hidden_size == 0 || self.vocab_size == 0 {
+            return fail(format!(
+                "layers ({}), hidden size ({}) and vocabulary ({}) must be non-zero",
+                self.num_layers, self.hidden_size, self.vocab_size
+            ));
+        }
+        if self.num_heads == 0 || self.num_kv_heads == 0 {
+            return fail("attention head counts must be non-zero".into());
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return fail(format!(
+                "{} attention heads are not a multiple of {} KV heads",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+            return fail(format!("head dimension {} must be even", self.head_dim));
+        }
+        Ok(())
+    }
+}
+
+/// Architectures of the llama family, with the rope style of their GGUF files.
+pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
+    match arch {
+        "llama" | "mistral" => Ok(RopeStyle::Interleaved),
+        "qwen2" => Ok(RopeStyle::Half),
+        other => Err(EngineError::UnknownArchitecture(other.to_string())),
+    }
+}
+
+/// The fields of a Hugging Face `config.json` that Tessera reads.
+#[derive(Debug, Deserialize)]
+pub(crate) struct HfConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    #[serde(default)]
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "default_theta")]
+    rope_theta: f32,
+    #[serde(default = "default_max_pos")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    attention_bias: Option<bool>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_theta() -> f32 {
+    10_000.0
+}
+fn default_max_pos() -> usize {
+    4096
+}
+
+impl HfConfig {
+    pub(crate) fn into_model_config(self) -> Result<ModelConfig> {
+        let arch = self
+            .model_type
+            .clone()
+            .or_else(|| self.architectures.first().cloned())
+            .unwrap_or_default();
+        let (architecture, default_bias) = match arch.as_str() {
+            "llama" | "LlamaForCausalLM" => ("llama", false),
+            "mistral" | "MistralForCausalLM" => ("mistral", false),
+            "qwen2" | "Qwen2ForCausalLM" => ("qwen2", true),
+            other => return Err(EngineError::UnknownArchitecture(other.to_string())),
+        };
+        if let Some(scaling) = &self.rope_scaling {
+            if !scaling.is_null() {
+                return Err(EngineError::Config(format!(
+                    "rope_scaling {scaling} is not supported yet"
+                )));
+            }
+        }
+        let head_dim = self
+            .head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
+        let config = ModelConfig {
+            architecture: architecture.to_string(),
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: self.num_hidden_layers,
+            num_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
+            head_dim,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            rope_style: RopeStyle::Half,
+            max_position_embeddings: self.max_position_embeddings,
+            attention_bias: self.attention_bias.unwrap_or(default_bias),
+            tie_word_embeddings: self.tie_word_embeddings,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}

@@ -1,0 +1,337 @@
+//! The engine: loads a model into one shard per device, runs a worker thread per device,
+//! and implements the scheduler's [`Executor`] (the driver samples on the calling thread).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_protocol::{Executor, ExecutorError, KvCacheShape, SampledToken, SeqId, StepOutput, StepPlan};
+
+use crate::config::ModelConfig;
+use crate::device::DeviceSpec;
+use crate::error::{EngineError, Result};
+use crate::loader;
+use crate::model::{load_shards, Batch, KvCache};
+use crate::sampler::Sampler;
+use crate::tp::{AllReduceDtype, LocalComm, PlanOptions, ShardPlan};
+use crate::worker::{self, Fault, Job, WorkerHandle, WorkerState};
+
+/// How to build an engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model_path: PathBuf,
+    /// One entry per rank (`cpu:0,cpu:1`); its length is the tensor-parallel size.
+    pub devices: Vec<DeviceSpec>,
+    /// Relative share of each rank; equal when `None`.
+    pub tensor_split: Option<Vec<f64>>,
+    pub allreduce_dtype: AllReduceDtype,
+    pub block_size_tokens: usize,
+    /// KV cache budget per rank; the number of blocks follows from it.
+    pub kv_cache_bytes: usize,
+    /// Worker threads per rank; by default the machine's cores divided among the ranks.
+    pub threads_per_rank: Option<usize>,
+    /// A collective waiting longer than this for other ranks fails; a step taking longer
+    /// fails the engine.
+    pub step_timeout: Duration,
+}
+
+impl EngineConfig {
+    pub fn new(model_path: impl Into<PathBuf>) -> Self {
+        Self {
+            model_path: model_path.into(),
+            devices: vec![DeviceSpec::Cpu(0)],
+            tensor_split: None,
+            allreduce_dtype: AllReduceDtype::F32,
+            block_size_tokens: 16,
+            kv_cache_bytes: 256 << 20,
+            threads_per_rank: None,
+            step_timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// CPU ranks `cpu:0 .. cpu:n-1`.
+    pub fn with_cpu_ranks(mut self, n: usize) -> Self {
+        self.devices = (0..n).map(DeviceSpec::Cpu).collect();
+        self
+    }
+}
+
+struct SeqState {
+    sampler: Sampler,
+}
+
+/// A loaded model on its group of devices.
+pub struct Engine {
+    workers: Vec<WorkerHandle>,
+    config: ModelConfig,
+    plan: ShardPlan,
+    kv: KvCacheShape,
+    sequences: HashMap<SeqId, SeqState>,
+    step_timeout: Duration,
+    /// Set when a rank failed: the group's communicator is aborted and nothing more runs.
+    failed: Option<String>,
+}
+
+impl Engine {
+    pub fn load(cfg: &EngineConfig) -> Result<Engine> {
+        let started = Instant::now();
+        let world = cfg.devices.len();
+        tracing::info!("opening {}", cfg.model_path.display());
+        let source = loader::open(&cfg.model_path)?;
+        let config = source.config().clone();
+        tracing::info!(
+            "model: {} layers, hidden {}, {} heads / {} KV heads, vocabulary {}, context {}",
+            config.num_layers,
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.vocab_size,
+            config.max_position_embeddings
+        );
+        let input_block = row_parallel_block(source.as_ref())?;
+        let ratios = match &cfg.tensor_split {
+            Some(r) if r.len() != world => {
+                return Err(EngineError::Parallel(format!(
+                    "--tensor-split has {} ratios for {world} devices; give one ratio per device",
+                    r.len()
+                )))
+            }
+            Some(r) => r.clone(),
+            None => vec![1.0; world],
+        };
+        let plan = ShardPlan::new(&config, &PlanOptions { ratios, input_block })?;
+        for (rank, s) in plan.ranks.iter().enumerate() {
+            tracing::info!(
+                "rank {rank} ({}): query heads {:?}, KV heads {:?}, FFN columns {:?}, vocabulary {:?}",
+                cfg.devices[rank],
+                s.q_heads,
+                s.kv_heads,
+                s.ffn,
+                s.vocab
+            );
+        }
+        let devices = cfg
+            .devices
+            .iter()
+            .map(|d| d.open())
+            .collect::<Result<Vec<_>>>()?;
+        let shards = load_shards(source.as_ref(), &plan, &devices)?;
+        tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
+
+        let max_kv = plan.ranks.iter().map(|r| r.kv_heads.len()).max().unwrap_or(1);
+        let per_token = KvCache::bytes_per_token(config.num_layers, max_kv, config.head_dim);
+        let block_bytes = per_token * cfg.block_size_tokens;
+        let num_blocks = cfg.kv_cache_bytes / block_bytes.max(1);
+        if num_blocks == 0 {
+            return Err(EngineError::Config(format!(
+                "KV cache budget of {} bytes holds no block of {} tokens ({block_bytes} bytes); raise it",
+                cfg.kv_cache_bytes, cfg.block_size_tokens
+            )));
+        }
+        let kv = KvCacheShape {
+            num_blocks,
+            block_size_tokens: cfg.block_size_tokens,
+        };
+        tracing::info!(
+            "KV cache: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per rank)",
+            cfg.block_size_tokens,
+            kv.capacity_tokens(),
+            num_blocks * block_bytes >> 20
+        );
+        let threads = cfg.threads_per_rank.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+            (cores / world).max(1)
+        });
+        let comms = LocalComm::group(world, cfg.allreduce_dtype, cfg.step_timeout);
+        for d in &cfg.devices {
+            if !matches!(d, DeviceSpec::Cpu(_)) {
+                return Err(EngineError::Parallel(format!(
+                    "{d}: CUDA ranks need the paged-attention CUDA kernel, which this build does not have yet"
+                )));
+            }
+        }
+        let mut workers = Vec::with_capacity(world);
+        for (rank, (shard, comm)) in shards.into_iter().zip(comms).enumerate() {
+            let cache = KvCache::new(
+                config.num_layers,
+                num_blocks,
+                cfg.block_size_tokens,
+                shard.num_local_kv_heads(),
+                config.head_dim,
+            );
+            workers.push(worker::spawn(WorkerState {
+                rank,
+                shard,
+                cache,
+                comm: Box::new(comm),
+                threads,
+            })?);
+        }
+        tracing::info!(
+            "engine ready: {world} rank(s), {threads} thread(s) each, loaded in {:.2}s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(Engine {
+            workers,
+            config,
+            plan,
+            kv,
+            sequences: HashMap::new(),
+            step_timeout: cfg.step_timeout,
+            failed: None,
+        })
+    }
+
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn shard_plan(&self) -> &ShardPlan {
+        &self.plan
+    }
+
+    /// Test hook: the next step fails on `rank` in the given way.
+    pub fn inject_fault(&self, rank: usize, fault: Fault) -> Result<()> {
+        let w = self
+            .workers
+            .get(rank)
+            .ok_or_else(|| EngineError::Parallel(format!("no rank {rank}")))?;
+        w.jobs
+            .send(Job::Inject(fault))
+            .map_err(|_| EngineError::Rank { rank, message: "worker is gone".into() })
+    }
+
+    /// Runs the batch on every rank; returns rank 0's logits `[rows * vocab]`.
+    pub fn forward(&mut self, batch: Batch) -> Result<Vec<f32>> {
+        if let Some(reason) = &self.failed {
+            return Err(EngineError::Step(format!("engine failed earlier: {reason}")));
+        }
+        let batch = Arc::new(batch);
+        for w in &self.workers {
+            w.jobs.send(Job::Step(batch.clone())).map_err(|_| EngineError::Rank {
+                rank: w.rank,
+                message: "worker thread is gone".into(),
+            })?;
+        }
+        // Ranks waiting on a hung peer give up after `step_timeout` and name it; allow them a
+        // moment to say so before blaming whoever has not answered.
+        let deadline = Instant::now() + self.step_timeout + Duration::from_secs(1);
+        let mut logits = None;
+        let mut root_cause: Option<EngineError> = None;
+        let mut aborted: Option<EngineError> = None;
+        for w in &self.workers {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match w.results.recv_timeout(wait) {
+                Ok(Ok(Some(l))) => logits = Some(l),
+                Ok(Ok(None)) => {}
+                Ok(Err(e @ EngineError::CommAborted(_))) => {
+                    aborted.get_or_insert(EngineError::Rank { rank: w.rank, message: e.to_string() });
+                }
+                Ok(Err(e)) => {
+                    root_cause.get_or_insert(e);
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    root_cause.get_or_insert(EngineError::Rank {
+                        rank: w.rank,
+                        message: format!("did not finish the step within {:?}", self.step_timeout),
+                    });
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    root_cause.get_or_insert(EngineError::Rank {
+                        rank: w.rank,
+                        message: "worker thread exited".into(),
+                    });
+                }
+            }
+        }
+        if let Some(e) = root_cause.or(aborted) {
+            self.failed = Some(e.to_string());
+            tracing::error!("step failed: {e}");
+            return Err(e);
+        }
+        logits.ok_or_else(|| EngineError::Step("rank 0 returned no logits".into()))
+    }
+
+    fn run_step(&mut self, plan: &StepPlan) -> Result<StepOutput> {
+        for id in &plan.finished {
+            self.sequences.remove(id);
+        }
+        for new in &plan.new_sequences {
+            self.sequences.insert(
+                new.id,
+                SeqState {
+                    sampler: Sampler::new(new.sampling.clone(), &new.prompt_ids),
+                },
+            );
+        }
+        if plan.scheduled.is_empty() {
+            return Ok(StepOutput::default());
+        }
+        let batch = Batch::from_plan(plan, self.kv.block_size_tokens, self.kv.num_blocks, self.config.max_position_embeddings)?;
+        let mut logits = self.forward(batch)?;
+        let vocab = self.config.vocab_size;
+        let mut samples = Vec::new();
+        let sampled = plan.scheduled.iter().filter(|c| c.sample);
+        for (row, chunk) in sampled.enumerate() {
+            let state = self
+                .sequences
+                .get_mut(&chunk.id)
+                .ok_or_else(|| EngineError::Step(format!("{} was never announced", chunk.id)))?;
+            let row_logits = logits
+                .get_mut(row * vocab..(row + 1) * vocab)
+                .ok_or_else(|| EngineError::Step("fewer logit rows than samples".into()))?;
+            let (token, logprobs) = state.sampler.sample(row_logits);
+            samples.push(SampledToken { id: chunk.id, token, logprobs });
+        }
+        Ok(StepOutput { samples })
+    }
+}
+
+/// Quantization block of the row-parallel weights (their input dimension is split).
+fn row_parallel_block(source: &dyn loader::TensorSource) -> Result<usize> {
+    let mut block = 1;
+    for name in ["self_attn.o_proj.weight", "mlp.down_proj.weight"] {
+        block = block.max(source.matrix(&loader::layer_name(0, name))?.block_cols());
+    }
+    Ok(block)
+}
+
+impl Executor for Engine {
+    fn step(&mut self, plan: &StepPlan) -> Result<StepOutput, ExecutorError> {
+        self.run_step(plan).map_err(|e| ExecutorError {
+            rank: match &e {
+                EngineError::Rank { rank, .. } => Some(*rank),
+                _ => None,
+            },
+            message: e.to_string(),
+        })
+    }
+
+    fn kv_cache_shape(&self) -> KvCacheShape {
+        self.kv
+    }
+
+    fn max_context_tokens(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            // Closing the job channel ends the worker's loop.
+            let (dead_tx, _) = crossbeam_channel::unbounded();
+            drop(std::mem::replace(&mut w.jobs, dead_tx));
+        }
+        for w in &mut self.workers {
+            if let Some(t) = w.thread.take() {
+                if self.failed.is_some() {
+                    // A hung rank may never return; do not block shutdown on it.
+                    continue;
+                }
+                let _ = t.join();
+            }
+        }
+    }
+}

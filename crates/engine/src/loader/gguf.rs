@@ -1,0 +1,276 @@
+//! GGUF files: metadata to [`ModelConfig`], tensors by canonical name, raw blocks kept.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
+
+use crate::config::{gguf_rope_style, ModelConfig};
+use crate::error::{EngineError, Result};
+use crate::loader::{Embedding, Matrix, TensorSource};
+
+/// An open GGUF file. Tensor data is read on demand.
+pub struct GgufSource {
+    path: PathBuf,
+    file: File,
+    content: Content,
+    config: ModelConfig,
+}
+
+impl GgufSource {
+    pub fn open(path: &Path) -> Result<Self> {
+        let bad = |message: String| EngineError::BadFile {
+            path: path.to_path_buf(),
+            message,
+        };
+        let mut file = File::open(path).map_err(|e| bad(e.to_string()))?;
+        let content = Content::read(&mut file).map_err(|e| bad(format!("not a valid GGUF file: {e}")))?;
+        let file_len = file.metadata()?.len();
+        for (name, info) in &content.tensor_infos {
+            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size()
+                * info.ggml_dtype.type_size();
+            let end = content.tensor_data_offset + info.offset + bytes as u64;
+            if end > file_len {
+                return Err(bad(format!(
+                    "truncated: tensor '{name}' ends at byte {end} but the file has {file_len} bytes"
+                )));
+            }
+        }
+        let mut config = config_from_metadata(&content.metadata).map_err(|e| match e {
+            EngineError::Config(m) => bad(m),
+            other => other,
+        })?;
+        config.tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
+        if content.tensor_infos.contains_key("rope_freqs.weight") {
+            return Err(bad("rope frequency scaling (rope_freqs.weight) is not supported yet".into()));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            content,
+            config,
+        })
+    }
+
+    /// The file's metadata (tokenizer, chat template, ...).
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.content.metadata
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn raw(&self, gguf_name: &str, canonical: &str) -> Result<(GgmlDType, Vec<usize>, Vec<u8>)> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(gguf_name)
+            .ok_or_else(|| EngineError::MissingTensor(format!("{gguf_name} ({canonical})")))?;
+        let dtype = info.ggml_dtype;
+        check_supported(dtype, gguf_name)?;
+        let len = info.shape.elem_count() / dtype.block_size() * dtype.type_size();
+        let mut data = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut data, self.content.tensor_data_offset + info.offset)?;
+        Ok((dtype, info.shape.dims().to_vec(), data))
+    }
+}
+
+fn check_supported(dtype: GgmlDType, name: &str) -> Result<()> {
+    match dtype {
+        GgmlDType::F32
+        | GgmlDType::F16
+        | GgmlDType::BF16
+        | GgmlDType::Q4_0
+        | GgmlDType::Q4_1
+        | GgmlDType::Q5_0
+        | GgmlDType::Q5_1
+        | GgmlDType::Q8_0
+        | GgmlDType::Q2K
+        | GgmlDType::Q3K
+        | GgmlDType::Q4K
+        | GgmlDType::Q5K
+        | GgmlDType::Q6K => Ok(()),
+        other => Err(EngineError::UnsupportedQuantization {
+            name: name.to_string(),
+            dtype: format!("{other:?}"),
+        }),
+    }
+}
+
+/// Maps a canonical (Hugging Face) tensor name to its GGUF name.
+fn gguf_name(canonical: &str) -> Option<String> {
+    let fixed = match canonical {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(n) = fixed {
+        return Some(n.to_string());
+    }
+    let rest = canonical.strip_prefix("model.layers.")?;
+    let (layer, suffix) = rest.split_once('.')?;
+    let mapped = match suffix {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_proj.bias" => "attn_q.bias",
+        "self_attn.k_proj.bias" => "attn_k.bias",
+        "self_attn.v_proj.bias" => "attn_v.bias",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{mapped}"))
+}
+
+fn resolve(canonical: &str) -> Result<String> {
+    gguf_name(canonical).ok_or_else(|| EngineError::MissingTensor(canonical.to_string()))
+}
+
+impl TensorSource for GgufSource {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn matrix(&self, name: &str) -> Result<Matrix> {
+        let gname = resolve(name)?;
+        let (dtype, dims, data) = self.raw(&gname, name)?;
+        let [rows, cols] = dims[..] else {
+            return Err(EngineError::ShapeMismatch {
+                name: gname,
+                expected: vec![0, 0],
+                found: dims,
+            });
+        };
+        match dtype {
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                    dtype,
+                    &data,
+                    vec![rows, cols],
+                    &Device::Cpu,
+                )?;
+                Ok(Matrix::Dense {
+                    name: gname,
+                    weight: q.dequantize(&Device::Cpu)?,
+                })
+            }
+            _ => Ok(Matrix::Quantized {
+                name: gname,
+                dtype,
+                rows,
+                cols,
+                data: Arc::new(data),
+            }),
+        }
+    }
+
+    fn vector(&self, name: &str) -> Result<Tensor> {
+        let gname = resolve(name)?;
+        let (dtype, dims, data) = self.raw(&gname, name)?;
+        let q = candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
+        Ok(q.dequantize(&Device::Cpu)?.flatten_all()?)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        gguf_name(name).is_some_and(|g| self.content.tensor_infos.contains_key(&g))
+    }
+
+    fn embedding(&self) -> Result<Embedding> {
+        let name = "model.embed_tokens.weight";
+        let gname = resolve(name)?;
+        let (dtype, dims, data) = self.raw(&gname, name)?;
+        let q = candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
+        match dtype {
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                Ok(Embedding::Dense(q.dequantize(&Device::Cpu)?))
+            }
+            _ => Ok(Embedding::Quantized(Arc::new(q))),
+        }
+    }
+}
+
+fn meta<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<&'a Value> {
+    md.get(key)
+        .ok_or_else(|| EngineError::Config(format!("missing metadata key '{key}'")))
+}
+
+fn meta_usize(md: &HashMap<String, Value>, key: &str) -> Result<usize> {
+    let v = meta(md, key)?;
+    let n = v
+        .to_u64()
+        .or_else(|_| v.to_u32().map(u64::from))
+        .or_else(|_| v.to_i32().map(|x| x.max(0) as u64))
+        .map_err(|e| EngineError::Config(format!("metadata '{key}': {e}")))?;
+    Ok(n as usize)
+}
+
+fn meta_f32(md: &HashMap<String, Value>, key: &str) -> Result<f32> {
+    meta(md, key)?
+        .to_f32()
+        .map_err(|e| EngineError::Config(format!("metadata '{key}': {e}")))
+}
+
+fn config_from_metadata(md: &HashMap<String, Value>) -> Result<ModelConfig> {
+    let arch = meta(md, "general.architecture")?
+        .to_string()
+        .map_err(|e| EngineError::Config(e.to_string()))?
+        .clone();
+    let rope_style = gguf_rope_style(&arch)?;
+    let key = |k: &str| format!("{arch}.{k}");
+    let hidden = meta_usize(md, &key("embedding_length"))?;
+    let num_heads = meta_usize(md, &key("attention.head_count"))?;
+    let num_kv_heads = meta_usize(md, &key("attention.head_count_kv")).unwrap_or(num_heads);
+    let head_dim = meta_usize(md, &key("attention.key_length"))
+        .or_else(|_| meta_usize(md, &key("rope.dimension_count")))
+        .unwrap_or(hidden / num_heads.max(1));
+    let vocab_size = match meta_usize(md, &key("vocab_size")) {
+        Ok(v) => v,
+        Err(_) => match md.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(tokens)) => tokens.len(),
+            _ => return Err(EngineError::Config("vocabulary size unknown".into())),
+        },
+    };
+    let config = ModelConfig {
+        architecture: arch.clone(),
+        vocab_size,
+        hidden_size: hidden,
+        intermediate_size: meta_usize(md, &key("feed_forward_length"))?,
+        num_layers: meta_usize(md, &key("block_count"))?,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rms_norm_eps: f64::from(meta_f32(md, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5)),
+        rope_theta: meta_f32(md, &key("rope.freq_base")).unwrap_or(10_000.0),
+        rope_style,
+        max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
+        attention_bias: arch == "qwen2",
+        tie_word_embeddings: false,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gguf_name;
+
+    #[test]
+    fn canonical_names_map_to_gguf() {
+        assert_eq!(gguf_name("model.layers.12.self_attn.o_proj.weight").as_deref(), Some("blk.12.attn_output.weight"));
+        assert_eq!(gguf_name("lm_head.weight").as_deref(), Some("output.weight"));
+        assert_eq!(gguf_name("model.layers.x"), None);
+    }
+}

@@ -1,0 +1,93 @@
+//! Reading model files: GGUF (quantized) and Hugging Face safetensors folders.
+//!
+//! Both sources answer to canonical Hugging Face tensor names
+//! (`model.layers.3.self_attn.q_proj.weight`), so the model code is written once.
+
+mod gguf;
+mod matrix;
+mod safetensors;
+
+use std::path::Path;
+
+use candle_core::quantized::QTensor;
+use candle_core::{Device, Tensor};
+
+pub use gguf::GgufSource;
+pub use matrix::Matrix;
+pub use safetensors::SafetensorsSource;
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+
+/// Where the weights of a model come from.
+pub trait TensorSource: Send + Sync {
+    fn config(&self) -> &ModelConfig;
+    /// A whole 2-D weight by canonical name.
+    fn matrix(&self, name: &str) -> Result<Matrix>;
+    /// A 1-D tensor (norm weight, bias) as f32 on the CPU.
+    fn vector(&self, name: &str) -> Result<Tensor>;
+    fn contains(&self, name: &str) -> bool;
+    /// The token embedding table, kept in the file's representation.
+    fn embedding(&self) -> Result<Embedding>;
+}
+
+/// Token embedding lookup. Quantized tables dequantize only the rows looked up.
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    Quantized(std::sync::Arc<QTensor>),
+    Dense(Tensor),
+}
+
+impl Embedding {
+    /// Rows for `ids` (u32, shape `[n]`) as f32 `[n, hidden]`.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        match self {
+            Embedding::Quantized(q) => Ok(q.embedding(ids)?),
+            Embedding::Dense(w) => Ok(w.index_select(ids, 0)?),
+        }
+    }
+
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        match self {
+            Embedding::Quantized(q) => Ok(q.shape().dims2()?),
+            Embedding::Dense(w) => Ok(w.dims2()?),
+        }
+    }
+
+    /// The same table on another device.
+    pub fn to_device(&self, device: &Device) -> Result<Embedding> {
+        if device.is_cpu() {
+            return Ok(self.clone());
+        }
+        match self {
+            Embedding::Quantized(q) => {
+                let data = q.data()?;
+                let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                    q.dtype(),
+                    &data,
+                    q.shape().dims().to_vec(),
+                    device,
+                )?;
+                Ok(Embedding::Quantized(std::sync::Arc::new(q)))
+            }
+            Embedding::Dense(w) => Ok(Embedding::Dense(w.to_device(device)?)),
+        }
+    }
+}
+
+/// Opens a model: a `.gguf` file, or a folder with `config.json` and safetensors.
+pub fn open(path: &Path) -> Result<Box<dyn TensorSource>> {
+    if !path.exists() {
+        return Err(EngineError::MissingFile(path.to_path_buf()));
+    }
+    if path.is_dir() {
+        Ok(Box::new(SafetensorsSource::open(path)?))
+    } else {
+        Ok(Box::new(GgufSource::open(path)?))
+    }
+}
+
+/// Canonical names of one decoder layer's tensors.
+pub(crate) fn layer_name(layer: usize, suffix: &str) -> String {
+    format!("model.layers.{layer}.{suffix}")
+}

@@ -1,0 +1,117 @@
+//! Hugging Face folders: `config.json` plus `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json`. Weights in f32, f16 or bf16 are converted to f32.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::{HfConfig, ModelConfig};
+use crate::error::{EngineError, Result};
+use crate::loader::{Embedding, Matrix, TensorSource};
+
+pub struct SafetensorsSource {
+    files: MmapedSafetensors,
+    config: ModelConfig,
+}
+
+impl SafetensorsSource {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let bad = |message: String| EngineError::BadFile {
+            path: dir.to_path_buf(),
+            message,
+        };
+        let config_path = dir.join("config.json");
+        if !config_path.exists() {
+            return Err(EngineError::MissingFile(config_path));
+        }
+        let text = std::fs::read_to_string(&config_path)?;
+        let hf: HfConfig = serde_json::from_str(&text).map_err(|e| EngineError::BadFile {
+            path: config_path.clone(),
+            message: e.to_string(),
+        })?;
+        let config = hf.into_model_config()?;
+        let files = weight_files(dir)?;
+        if files.is_empty() {
+            return Err(bad(
+                "no weights: expected model.safetensors or model.safetensors.index.json".into(),
+            ));
+        }
+        for f in &files {
+            if !f.exists() {
+                return Err(EngineError::MissingFile(f.clone()));
+            }
+        }
+        // SAFETY: the files are mapped read-only; Tessera never writes them and expects
+        // them not to change while the model is loaded (the usual contract of mmap loaders).
+        let files = unsafe { MmapedSafetensors::multi(&files) }
+            .map_err(|e| bad(format!("cannot read safetensors: {e}")))?;
+        Ok(Self { files, config })
+    }
+
+    fn load(&self, name: &str) -> Result<Tensor> {
+        if self.files.get(name).is_err() {
+            return Err(EngineError::MissingTensor(name.to_string()));
+        }
+        Ok(self.files.load(name, &Device::Cpu)?.to_dtype(DType::F32)?)
+    }
+}
+
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if !index.exists() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(&index)?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::BadFile {
+        path: index.clone(),
+        message: e.to_string(),
+    })?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| EngineError::BadFile {
+            path: index.clone(),
+            message: "no 'weight_map' object".into(),
+        })?;
+    let names: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
+    Ok(names.into_iter().map(|n| dir.join(n)).collect())
+}
+
+impl TensorSource for SafetensorsSource {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn matrix(&self, name: &str) -> Result<Matrix> {
+        let weight = self.load(name)?;
+        if weight.rank() != 2 {
+            return Err(EngineError::ShapeMismatch {
+                name: name.to_string(),
+                expected: vec![0, 0],
+                found: weight.dims().to_vec(),
+            });
+        }
+        Ok(Matrix::Dense {
+            name: name.to_string(),
+            weight,
+        })
+    }
+
+    fn vector(&self, name: &str) -> Result<Tensor> {
+        Ok(self.load(name)?.flatten_all()?)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.files.get(name).is_ok()
+    }
+
+    fn embedding(&self) -> Result<Embedding> {
+        Ok(Embedding::Dense(self.load("model.embed_tokens.weight")?))
+    }
+}

@@ -1,0 +1,120 @@
+//! Linear layers of a shard: column-parallel (output features split, possibly several
+//! fused segments) and row-parallel (input features split, output is a partial sum).
+
+use candle_core::quantized::QMatMul;
+use candle_core::{Device, Module, Tensor};
+
+use crate::error::Result;
+use crate::loader::Matrix;
+use crate::tp::SplitState;
+
+/// `y = x Wᵀ (+ b)` over one shard of `W`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: QMatMul,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+
+    /// `x`: `[tokens, in]` → `[tokens, out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.weight.forward(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// A column-parallel layer over one or more fused segments (Q,K,V or gate,up). Fused into
+/// a single matmul when every segment has the same representation.
+#[derive(Debug, Clone)]
+pub struct ColumnParallel {
+    parts: Vec<Linear>,
+    /// Output width of each segment on this rank.
+    widths: Vec<usize>,
+}
+
+impl ColumnParallel {
+    /// Loads segment `i` from `names[i]` (whole `[out_i, in]` matrices) and keeps `rank`'s
+    /// rows of each according to `split` (one segment per name).
+    pub fn load(
+        matrices: &[Matrix],
+        biases: Option<&[Tensor]>,
+        split: &SplitState,
+        rank: usize,
+        device: &Device,
+        fused_name: &str,
+    ) -> Result<Self> {
+        let SplitState::Split { axis: 0, segments } = split else {
+            return Err(crate::error::EngineError::Parallel(format!("{fused_name}: column-parallel layers split axis 0")));
+        };
+        let mut shards = Vec::with_capacity(matrices.len());
+        let mut widths = Vec::with_capacity(matrices.len());
+        let mut bias_parts = Vec::new();
+        for (i, (m, seg)) in matrices.iter().zip(segments).enumerate() {
+            let range = seg.ranges[rank].clone();
+            widths.push(range.len());
+            if let Some(bs) = biases {
+                bias_parts.push(bs[i].narrow(0, range.start, range.len())?);
+            }
+            shards.push(m.select_rows(&[range])?);
+        }
+        let bias = if bias_parts.is_empty() {
+            None
+        } else {
+            Some(Tensor::cat(&bias_parts, 0)?.to_device(device)?)
+        };
+        let parts = match Matrix::concat_rows(&shards, fused_name)? {
+            Some(fused) => vec![Linear::new(fused.into_qmatmul(device)?, bias)],
+            None => {
+                let mut parts = Vec::with_capacity(shards.len());
+                let mut offset = 0;
+                for (shard, w) in shards.into_iter().zip(&widths) {
+                    let b = match &bias {
+                        Some(b) => Some(b.narrow(0, offset, *w)?),
+                        None => None,
+                    };
+                    offset += w;
+                    parts.push(Linear::new(shard.into_qmatmul(device)?, b));
+                }
+                parts
+            }
+        };
+        Ok(Self { parts, widths })
+    }
+
+    /// Outputs of each segment, `[tokens, width_i]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        if let [fused] = self.parts.as_slice() {
+            let y = fused.forward(x)?;
+            let mut outs = Vec::with_capacity(self.widths.len());
+            let mut offset = 0;
+            for w in &self.widths {
+                outs.push(y.narrow(1, offset, *w)?);
+                offset += w;
+            }
+            return Ok(outs);
+        }
+        self.parts.iter().map(|p| p.forward(x)).collect()
+    }
+
+    pub fn widths(&self) -> &[usize] {
+        &self.widths
+    }
+}
+
+/// A row-parallel layer: this rank's input columns; the output is a partial sum.
+pub fn row_parallel(matrix: &Matrix, split: &SplitState, rank: usize, device: &Device) -> Result<Linear> {
+    let SplitState::Split { axis: 1, .. } = split else {
+        return Err(crate::error::EngineError::Parallel(format!("{}: row-parallel layers split axis 1", matrix.name())));
+    };
+    let ranges = split.rank_ranges(rank).unwrap_or_default();
+    let range = ranges.first().cloned().unwrap_or(0..0);
+    Ok(Linear::new(matrix.select_cols(range)?.into_qmatmul(device)?, None))
+}
+

@@ -1,0 +1,221 @@
+//! The llama family (Llama, Mistral, SmolLM2, Qwen2) as one tensor-parallel shard.
+//!
+//! Per layer: RMSNorm → fused QKV (column-parallel) → RoPE → paged attention over this
+//! rank's heads → o_proj (row-parallel) → all-reduce → residual; RMSNorm → fused gate/up
+//! (column-parallel) → SiLU·up → down (row-parallel) → all-reduce → residual. The
+//! embedding is mirrored (a lookup is cheaper than any collective); the LM head is split
+//! by vocabulary and its logits are gathered.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::loader::{layer_name, Embedding, Matrix, TensorSource};
+use crate::model::batch::Batch;
+use crate::model::kv_cache::KvCache;
+use crate::model::linear::{row_parallel, ColumnParallel, Linear};
+use crate::model::paged_attention::{attend, write_kv, AttentionShape};
+use crate::model::rope::RopeTable;
+use crate::tp::{Communicator, RankShard, ShardPlan};
+
+#[derive(Debug)]
+struct Block {
+    attn_norm: Tensor,
+    qkv: ColumnParallel,
+    o_proj: Linear,
+    ffn_norm: Tensor,
+    gate_up: ColumnParallel,
+    down: Linear,
+}
+
+/// One rank's part of the model. Owned by that rank's worker thread.
+#[derive(Debug)]
+pub struct LlamaShard {
+    config: ModelConfig,
+    shard: RankShard,
+    embedding: Embedding,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: Linear,
+    rope: Arc<RopeTable>,
+    kv_of_q: Vec<usize>,
+    device: Device,
+}
+
+/// Loads every rank's shard, reading each tensor from the file once.
+pub fn load_shards(source: &dyn TensorSource, plan: &ShardPlan, devices: &[Device]) -> Result<Vec<LlamaShard>> {
+    let config = source.config().clone();
+    let world = plan.world_size;
+    if devices.len() != world {
+        return Err(EngineError::Parallel(format!("{} devices for {world} ranks", devices.len())));
+    }
+    let (h, hd) = (config.hidden_size, config.head_dim);
+    let started = Instant::now();
+    let embedding = source.embedding()?;
+    let (vocab, emb_h) = embedding.dims()?;
+    if (vocab, emb_h) != (config.vocab_size, h) {
+        return Err(EngineError::ShapeMismatch {
+            name: "model.embed_tokens.weight".into(),
+            expected: vec![config.vocab_size, h],
+            found: vec![vocab, emb_h],
+        });
+    }
+    let rope = Arc::new(RopeTable::new(hd, config.rope_theta, config.max_position_embeddings, config.rope_style));
+    let mut per_rank_blocks: Vec<Vec<Block>> = (0..world).map(|_| Vec::with_capacity(config.num_layers)).collect();
+    let (qkv_split, o_split, gu_split, down_split) = (plan.qkv(), plan.o_proj(), plan.gate_up(), plan.down());
+    for layer in 0..config.num_layers {
+        let name = |s: &str| layer_name(layer, s);
+        let mat = |s: &str, dims: (usize, usize)| -> Result<Matrix> {
+            let m = source.matrix(&name(s))?;
+            m.check_dims(dims)?;
+            Ok(m)
+        };
+        let qkv = [
+            mat("self_attn.q_proj.weight", (config.num_heads * hd, h))?,
+            mat("self_attn.k_proj.weight", (config.num_kv_heads * hd, h))?,
+            mat("self_attn.v_proj.weight", (config.num_kv_heads * hd, h))?,
+        ];
+        let qkv_bias = if config.attention_bias {
+            Some([
+                source.vector(&name("self_attn.q_proj.bias"))?,
+                source.vector(&name("self_attn.k_proj.bias"))?,
+                source.vector(&name("self_attn.v_proj.bias"))?,
+            ])
+        } else {
+            None
+        };
+        let o = mat("self_attn.o_proj.weight", (h, config.num_heads * hd))?;
+        let gate_up = [
+            mat("mlp.gate_proj.weight", (config.intermediate_size, h))?,
+            mat("mlp.up_proj.weight", (config.intermediate_size, h))?,
+        ];
+        let down = mat("mlp.down_proj.weight", (h, config.intermediate_size))?;
+        let attn_norm = source.vector(&name("input_layernorm.weight"))?;
+        let ffn_norm = source.vector(&name("post_attention_layernorm.weight"))?;
+        for (rank, dev) in devices.iter().enumerate() {
+            per_rank_blocks[rank].push(Block {
+                attn_norm: attn_norm.to_device(dev)?,
+                qkv: ColumnParallel::load(&qkv, qkv_bias.as_ref().map(|b| &b[..]), &qkv_split, rank, dev, "qkv")?,
+                o_proj: row_parallel(&o, &o_split, rank, dev)?,
+                ffn_norm: ffn_norm.to_device(dev)?,
+                gate_up: ColumnParallel::load(&gate_up, None, &gu_split, rank, dev, "gate_up")?,
+                down: row_parallel(&down, &down_split, rank, dev)?,
+            });
+        }
+        if (layer + 1) % 10 == 0 || layer + 1 == config.num_layers {
+            tracing::info!(
+                "loaded layer {}/{} ({:.2}s)",
+                layer + 1,
+                config.num_layers,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let norm = source.vector("model.norm.weight")?;
+    let head_name = if source.contains("lm_head.weight") && !config.tie_word_embeddings {
+        "lm_head.weight"
+    } else {
+        "model.embed_tokens.weight"
+    };
+    let head = source.matrix(head_name)?;
+    head.check_dims((config.vocab_size, h))?;
+    let head_split = plan.lm_head();
+    let mut shards = Vec::with_capacity(world);
+    for (rank, (blocks, dev)) in per_rank_blocks.into_iter().zip(devices).enumerate() {
+        let head_rows = head_split.rank_ranges(rank).unwrap_or_default();
+        let shard = plan.ranks[rank].clone();
+        shards.push(LlamaShard {
+            kv_of_q: shard.local_kv_of_q(config.group_size()),
+            config: config.clone(),
+            shard,
+            embedding: embedding.to_device(dev)?,
+            blocks,
+            norm: norm.to_device(dev)?,
+            lm_head: Linear::new(head.select_rows(&head_rows)?.into_qmatmul(dev)?, None),
+            rope: rope.clone(),
+            device: dev.clone(),
+        });
+    }
+    Ok(shards)
+}
+
+impl LlamaShard {
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn shard(&self) -> &RankShard {
+        &self.shard
+    }
+
+    pub fn num_local_kv_heads(&self) -> usize {
+        self.shard.kv_heads.len()
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.rope.max_positions()
+    }
+
+    /// Runs the batch through the model, writing its K/V into `cache`. Returns the logits
+    /// `[sample_rows, vocab]` of the rows the batch samples (identical on every rank).
+    pub fn forward(&self, batch: &Batch, cache: &mut KvCache, comm: &mut dyn Communicator) -> Result<Tensor> {
+        let n = batch.num_tokens();
+        let ids = Tensor::from_slice(&batch.token_ids, n, &self.device)?;
+        let mut x = self.embedding.forward(&ids)?.to_dtype(DType::F32)?;
+        let eps = self.config.rms_norm_eps as f32;
+        let hd = self.config.head_dim;
+        let nq = self.shard.q_heads.len();
+        let nkv = self.shard.kv_heads.len();
+        let shape = AttentionShape {
+            num_q_heads: nq,
+            head_dim: hd,
+            kv_of_q: &self.kv_of_q,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let mut layers = std::mem::take(&mut cache.layers);
+        let result = (|| -> Result<Tensor> {
+            for (block, layer_cache) in self.blocks.iter().zip(layers.iter_mut()) {
+                let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, eps)?;
+                let qkv = block.qkv.forward(&h)?;
+                let mut q = flat(&qkv[0])?;
+                let mut k = flat(&qkv[1])?;
+                let v = flat(&qkv[2])?;
+                for (t, &pos) in batch.positions.iter().enumerate() {
+                    self.rope.apply(&mut q[t * nq * hd..(t + 1) * nq * hd], pos);
+                    self.rope.apply(&mut k[t * nkv * hd..(t + 1) * nkv * hd], pos);
+                }
+                write_kv(layer_cache, cache, batch, &k, &v);
+                let attn = attend(layer_cache, cache, batch, &q, shape);
+                let attn = Tensor::from_vec(attn, (n, nq * hd), &self.device)?;
+                let o = comm.all_reduce_sum(&block.o_proj.forward(&attn)?)?;
+                x = (x + o)?;
+                let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, eps)?;
+                let gu = block.gate_up.forward(&h)?;
+                let act = (gu[0].silu()? * &gu[1])?;
+                let d = comm.all_reduce_sum(&block.down.forward(&act)?)?;
+                x = (x + d)?;
+            }
+            if batch.sample_rows.is_empty() {
+                return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, &self.device)?);
+            }
+            let rows = Tensor::from_slice(
+                &batch.sample_rows.iter().map(|r| *r as u32).collect::<Vec<_>>(),
+                batch.sample_rows.len(),
+                &self.device,
+            )?;
+            let last = x.index_select(&rows, 0)?;
+            let last = candle_nn::ops::rms_norm(&last, &self.norm, eps)?;
+            let logits = self.lm_head.forward(&last)?;
+            comm.all_gather(&logits, 1)
+        })();
+        cache.layers = layers;
+        result
+    }
+}
+
+fn flat(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.contiguous()?.flatten_all()?.to_vec1::<f32>()?)
+}

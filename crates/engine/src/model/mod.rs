@@ -1,0 +1,12 @@
+//! Models and the pieces of their forward pass.
+
+pub mod batch;
+pub mod kv_cache;
+pub mod linear;
+pub mod llama;
+pub mod paged_attention;
+pub mod rope;
+
+pub use batch::{Batch, BatchSeq};
+pub use kv_cache::KvCache;
+pub use llama::{load_shards, LlamaShard};

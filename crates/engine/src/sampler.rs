@@ -1,0 +1,226 @@
+//! Choosing the next token from logits: bias, penalties, greedy or temperature with
+//! top-k / top-p / min-p, and a per-sequence RNG so a fixed seed reproduces the output.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera_protocol::{SamplingParams, TokenLogprobs};
+
+/// Sampling state of one sequence, kept by the engine for the sequence's whole life
+/// (across preemptions), so seeded sampling does not depend on batching.
+#[derive(Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+    /// Prompt followed by every token sampled so far.
+    history: Vec<u32>,
+    prompt_len: usize,
+    /// Occurrences of each generated token (presence / frequency penalties).
+    counts: std::collections::HashMap<u32, u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        let rng = match params.seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_rng(&mut rand::rng()),
+        };
+        Self {
+            params,
+            rng,
+            history: prompt.to_vec(),
+            prompt_len: prompt.len(),
+            counts: Default::default(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Generated tokens so far.
+    pub fn generated(&self) -> &[u32] {
+        &self.history[self.prompt_len..]
+    }
+
+    /// Picks the next token from `logits` (modified in place) and records it.
+    pub fn sample(&mut self, logits: &mut [f32]) -> (u32, Option<TokenLogprobs>) {
+        self.adjust(logits);
+        let token = if self.params.is_greedy() {
+            argmax(logits)
+        } else {
+            self.draw(logits)
+        };
+        let logprobs = self.params.logprobs.map(|k| logprobs_of(logits, token, k));
+        self.history.push(token);
+        *self.counts.entry(token).or_default() += 1;
+        (token, logprobs)
+    }
+
+    /// Logit bias and penalties: the distribution the model's choice is made from.
+    fn adjust(&self, logits: &mut [f32]) {
+        for &(tok, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(tok as usize) {
+                *l += bias;
+            }
+        }
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            let mut seen = std::collections::HashSet::new();
+            for &tok in &self.history {
+                if seen.insert(tok) {
+                    if let Some(l) = logits.get_mut(tok as usize) {
+                        *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    }
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&tok, &count) in &self.counts {
+                if let Some(l) = logits.get_mut(tok as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * count as f32;
+                }
+            }
+        }
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let t = p.temperature.max(1e-5);
+        // Candidates sorted by logit (ties by id, so the order is deterministic).
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, l)| (i as u32, *l / t))
+            .collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 {
+            cand.truncate(p.top_k);
+        }
+        let Some(&(best, max)) = cand.first() else {
+            return argmax(logits);
+        };
+        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| (l - max).exp()).collect();
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= total);
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, pr) in probs.iter().enumerate() {
+                acc += pr;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p;
+            keep = keep.min(probs.iter().take_while(|pr| **pr >= floor).count().max(1));
+        }
+        let mass: f32 = probs[..keep].iter().sum();
+        let mut r = self.rng.random::<f32>() * mass;
+        for (i, pr) in probs[..keep].iter().enumerate() {
+            r -= pr;
+            if r <= 0.0 {
+                return cand[i].0;
+            }
+        }
+        cand.get(keep - 1).map(|c| c.0).unwrap_or(best)
+    }
+}
+
+/// Index of the largest logit; the lowest index wins ties.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, l) in logits.iter().enumerate() {
+        if *l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Log-softmax value of `token` and the `k` most likely tokens.
+fn logprobs_of(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
+    let lp = |t: u32| logits.get(t as usize).map(|l| l - lse).unwrap_or(f32::NEG_INFINITY);
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k);
+    if k > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let k = k.min(idx.len());
+        idx.select_nth_unstable_by(k.saturating_sub(1), |a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+        idx.truncate(k);
+        idx.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+        top = idx.into_iter().map(|t| (t, lp(t))).collect();
+    }
+    TokenLogprobs { logprob: lp(token), top }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        let mut s = Sampler::new(SamplingParams::greedy(), &[]);
+        assert_eq!(s.sample(&mut [0.1, 2.0, 2.0, -1.0]).0, 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_differs() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(params(|p| p.seed = Some(seed)), &[]);
+            (0..40).map(|_| s.sample(&mut logits.clone()).0).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn top_k_one_and_min_p_restrict_the_choice() {
+        let logits = vec![1.0, 3.0, 2.9, 0.0];
+        let mut s = Sampler::new(params(|p| { p.top_k = 2; p.seed = Some(1) }), &[]);
+        for _ in 0..50 {
+            assert!([1, 2].contains(&s.sample(&mut logits.clone()).0));
+        }
+        let mut s = Sampler::new(params(|p| { p.min_p = 0.95; p.seed = Some(1) }), &[]);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut logits.clone()).0, 1);
+        }
+        let mut s = Sampler::new(params(|p| { p.top_p = 0.01; p.seed = Some(3) }), &[]);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut logits.clone()).0, 1);
+        }
+    }
+
+    #[test]
+    fn bias_and_penalties_change_the_greedy_choice() {
+        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.logit_bias = vec![(0, 5.0)] }), &[]);
+        assert_eq!(s.sample(&mut [1.0, 3.0]).0, 0);
+        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.frequency_penalty = 2.0 }), &[]);
+        assert_eq!(s.sample(&mut [1.0, 2.0]).0, 1);
+        assert_eq!(s.sample(&mut [1.0, 2.0]).0, 0, "token 1 penalised once by 2.0");
+        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.repetition_penalty = 2.0 }), &[1]);
+        assert_eq!(s.sample(&mut [1.5, 2.0]).0, 0, "prompt token 1 divided by 2");
+    }
+
+    #[test]
+    fn logprobs_are_normalised_and_sorted() {
+        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.logprobs = Some(2) }), &[]);
+        let (tok, lp) = s.sample(&mut [0.0, 1.0, 2.0]);
+        let lp = lp.unwrap_or(TokenLogprobs { logprob: 0.0, top: vec![] });
+        assert_eq!(tok, 2);
+        let z: f32 = [0.0f32, 1.0, 2.0].iter().map(|x| x.exp()).sum();
+        assert!((lp.logprob - (2.0 - z.ln())).abs() < 1e-5);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 1]);
+    }
+}

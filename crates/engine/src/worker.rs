@@ -1,0 +1,133 @@
+//! One worker thread per device. Each owns its model shard, its KV cache slice, its
+//! communicator and its thread pool, receives batches over a channel and runs forward in
+//! lock step with the others. A worker that fails (error or panic) aborts the group's
+//! communicator so no other rank waits forever, and reports an error naming its rank.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::error::{EngineError, Result};
+use crate::model::{Batch, KvCache, LlamaShard};
+use crate::tp::Communicator;
+
+/// Logits of the sampled rows, `[rows, vocab]` row-major (rank 0 only).
+pub(crate) type StepResult = Result<Option<Vec<f32>>>;
+
+/// Test-only fault injection: make a rank fail in a chosen way on a chosen step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Error,
+    Panic,
+    Hang,
+}
+
+pub(crate) enum Job {
+    Step(Arc<Batch>),
+    #[allow(dead_code)]
+    Inject(Fault),
+}
+
+pub(crate) struct WorkerHandle {
+    pub rank: usize,
+    pub jobs: Sender<Job>,
+    pub results: Receiver<StepResult>,
+    pub thread: Option<JoinHandle<()>>,
+}
+
+pub(crate) struct WorkerState {
+    pub rank: usize,
+    pub shard: LlamaShard,
+    pub cache: KvCache,
+    pub comm: Box<dyn Communicator>,
+    pub threads: usize,
+}
+
+pub(crate) fn spawn(state: WorkerState) -> Result<WorkerHandle> {
+    let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
+    let (res_tx, res_rx) = crossbeam_channel::unbounded::<StepResult>();
+    let rank = state.rank;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(state.threads)
+        .thread_name(move |i| format!("tessera-rank{rank}-{i}"))
+        .build()
+        .map_err(|e| EngineError::Rank {
+            rank,
+            message: format!("cannot build thread pool: {e}"),
+        })?;
+    let thread = std::thread::Builder::new()
+        .name(format!("tessera-rank{rank}"))
+        .spawn(move || run(state, pool, job_rx, res_tx))
+        .map_err(|e| EngineError::Rank {
+            rank,
+            message: format!("cannot start worker thread: {e}"),
+        })?;
+    Ok(WorkerHandle {
+        rank,
+        jobs: job_tx,
+        results: res_rx,
+        thread: Some(thread),
+    })
+}
+
+fn run(mut st: WorkerState, pool: rayon::ThreadPool, jobs: Receiver<Job>, results: Sender<StepResult>) {
+    let rank = st.rank;
+    let mut fault = None;
+    while let Ok(job) = jobs.recv() {
+        let batch = match job {
+            Job::Step(b) => b,
+            Job::Inject(f) => {
+                fault = Some(f);
+                continue;
+            }
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            match fault.take() {
+                Some(Fault::Error) => return Err(EngineError::Step("injected fault".into())),
+                Some(Fault::Panic) => panic!("injected panic"),
+                Some(Fault::Hang) => {
+                    // Waits for the engine to shut down, like a stuck device would.
+                    let _ = jobs.recv();
+                    return Err(EngineError::Step("hung".into()));
+                }
+                None => {}
+            }
+            pool.install(|| st.shard.forward(&batch, &mut st.cache, st.comm.as_mut()))
+        }));
+        let result = match outcome {
+            Ok(Ok(logits)) => {
+                if rank == 0 {
+                    logits
+                        .flatten_all()
+                        .and_then(|t| t.to_vec1::<f32>())
+                        .map(Some)
+                        .map_err(EngineError::from)
+                } else {
+                    Ok(None)
+                }
+            }
+            Ok(Err(e)) => Err(e),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(EngineError::Step(format!("panicked: {msg}")))
+            }
+        };
+        let result = result.map_err(|e| match e {
+            EngineError::CommAborted(m) => EngineError::CommAborted(m),
+            other => {
+                let message = other.to_string();
+                st.comm.abort(&format!("rank {rank} failed: {message}"));
+                EngineError::Rank { rank, message }
+            }
+        });
+        if results.send(result).is_err() {
+            break;
+        }
+    }
+}
