@@ -26,12 +26,16 @@ impl std::str::FromStr for DeviceSpec {
         let s = s.trim();
         let (kind, ordinal) = s.split_once(':').unwrap_or((s, "0"));
         let ordinal: usize = ordinal.parse().map_err(|_| {
-            EngineError::Parallel(format!("device '{s}': the ordinal after ':' must be a number, as in cpu:0 or cuda:1"))
+            EngineError::Parallel(format!(
+                "device '{s}': the ordinal after ':' must be a number, as in cpu:0 or cuda:1"
+            ))
         })?;
         match kind {
             "cpu" => Ok(DeviceSpec::Cpu(ordinal)),
             "cuda" => Ok(DeviceSpec::Cuda(ordinal)),
-            _ => Err(EngineError::Parallel(format!("device '{s}': unknown kind '{kind}' (use cpu:N or cuda:N)"))),
+            _ => Err(EngineError::Parallel(format!(
+                "device '{s}': unknown kind '{kind}' (use cpu:N or cuda:N)"
+            ))),
         }
     }
 }
@@ -45,16 +49,23 @@ impl DeviceSpec {
             .map(str::parse)
             .collect::<Result<Vec<DeviceSpec>>>()?;
         if list.is_empty() {
-            return Err(EngineError::Parallel("empty device list; write e.g. cpu:0,cpu:1".into()));
+            return Err(EngineError::Parallel(
+                "empty device list; write e.g. cpu:0,cpu:1".into(),
+            ));
         }
         for (i, d) in list.iter().enumerate() {
             if list[..i].contains(d) {
                 return Err(EngineError::Parallel(format!("device {d} is listed twice")));
             }
         }
-        let cuda = list.iter().filter(|d| matches!(d, DeviceSpec::Cuda(_))).count();
+        let cuda = list
+            .iter()
+            .filter(|d| matches!(d, DeviceSpec::Cuda(_)))
+            .count();
         if cuda != 0 && cuda != list.len() {
-            return Err(EngineError::Parallel("mixing cpu and cuda ranks in one group is not supported".into()));
+            return Err(EngineError::Parallel(
+                "mixing cpu and cuda ranks in one group is not supported".into(),
+            ));
         }
         Ok(list)
     }
@@ -75,7 +86,10 @@ mod tests {
 
     #[test]
     fn parses_lists_and_rejects_bad_ones() -> Result<()> {
-        assert_eq!(DeviceSpec::parse_list("cpu:0, cpu:1")?, vec![DeviceSpec::Cpu(0), DeviceSpec::Cpu(1)]);
+        assert_eq!(
+            DeviceSpec::parse_list("cpu:0, cpu:1")?,
+            vec![DeviceSpec::Cpu(0), DeviceSpec::Cpu(1)]
+        );
         assert_eq!(DeviceSpec::parse_list("cuda")?, vec![DeviceSpec::Cuda(0)]);
         for bad in ["", "gpu:0", "cpu:x", "cpu:0,cpu:0", "cpu:0,cuda:0"] {
             assert!(DeviceSpec::parse_list(bad).is_err(), "{bad}");

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_protocol::{Executor, ExecutorError, KvCacheShape, SampledToken, SeqId, StepOutput, StepPlan};
+use tessera_protocol::{
+    Executor, ExecutorError, KvCacheShape, SampledToken, SeqId, StepOutput, StepPlan,
+};
 
 use crate::config::ModelConfig;
 use crate::device::DeviceSpec;
@@ -100,7 +102,13 @@ impl Engine {
             Some(r) => r.clone(),
             None => vec![1.0; world],
         };
-        let plan = ShardPlan::new(&config, &PlanOptions { ratios, input_block })?;
+        let plan = ShardPlan::new(
+            &config,
+            &PlanOptions {
+                ratios,
+                input_block,
+            },
+        )?;
         for (rank, s) in plan.ranks.iter().enumerate() {
             tracing::info!(
                 "rank {rank} ({}): query heads {:?}, KV heads {:?}, FFN columns {:?}, vocabulary {:?}",
@@ -119,7 +127,12 @@ impl Engine {
         let shards = load_shards(source.as_ref(), &plan, &devices)?;
         tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
 
-        let max_kv = plan.ranks.iter().map(|r| r.kv_heads.len()).max().unwrap_or(1);
+        let max_kv = plan
+            .ranks
+            .iter()
+            .map(|r| r.kv_heads.len())
+            .max()
+            .unwrap_or(1);
         let per_token = KvCache::bytes_per_token(config.num_layers, max_kv, config.head_dim);
         let block_bytes = per_token * cfg.block_size_tokens;
         let num_blocks = cfg.kv_cache_bytes / block_bytes.max(1);
@@ -140,7 +153,9 @@ impl Engine {
             num_blocks * block_bytes >> 20
         );
         let threads = cfg.threads_per_rank.unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
             (cores / world).max(1)
         });
         let comms = LocalComm::group(world, cfg.allreduce_dtype, cfg.step_timeout);
@@ -199,20 +214,27 @@ impl Engine {
             .ok_or_else(|| EngineError::Parallel(format!("no rank {rank}")))?;
         w.jobs
             .send(Job::Inject(fault))
-            .map_err(|_| EngineError::Rank { rank, message: "worker is gone".into() })
+            .map_err(|_| EngineError::Rank {
+                rank,
+                message: "worker is gone".into(),
+            })
     }
 
     /// Runs the batch on every rank; returns rank 0's logits `[rows * vocab]`.
     pub fn forward(&mut self, batch: Batch) -> Result<Vec<f32>> {
         if let Some(reason) = &self.failed {
-            return Err(EngineError::Step(format!("engine failed earlier: {reason}")));
+            return Err(EngineError::Step(format!(
+                "engine failed earlier: {reason}"
+            )));
         }
         let batch = Arc::new(batch);
         for w in &self.workers {
-            w.jobs.send(Job::Step(batch.clone())).map_err(|_| EngineError::Rank {
-                rank: w.rank,
-                message: "worker thread is gone".into(),
-            })?;
+            w.jobs
+                .send(Job::Step(batch.clone()))
+                .map_err(|_| EngineError::Rank {
+                    rank: w.rank,
+                    message: "worker thread is gone".into(),
+                })?;
         }
         // Ranks waiting on a hung peer give up after `step_timeout` and name it; allow them a
         // moment to say so before blaming whoever has not answered.
@@ -226,7 +248,10 @@ impl Engine {
                 Ok(Ok(Some(l))) => logits = Some(l),
                 Ok(Ok(None)) => {}
                 Ok(Err(e @ EngineError::CommAborted(_))) => {
-                    aborted.get_or_insert(EngineError::Rank { rank: w.rank, message: e.to_string() });
+                    aborted.get_or_insert(EngineError::Rank {
+                        rank: w.rank,
+                        message: e.to_string(),
+                    });
                 }
                 Ok(Err(e)) => {
                     root_cause.get_or_insert(e);
@@ -268,7 +293,12 @@ impl Engine {
         if plan.scheduled.is_empty() {
             return Ok(StepOutput::default());
         }
-        let batch = Batch::from_plan(plan, self.kv.block_size_tokens, self.kv.num_blocks, self.config.max_position_embeddings)?;
+        let batch = Batch::from_plan(
+            plan,
+            self.kv.block_size_tokens,
+            self.kv.num_blocks,
+            self.config.max_position_embeddings,
+        )?;
         let mut logits = self.forward(batch)?;
         let vocab = self.config.vocab_size;
         let mut samples = Vec::new();
@@ -282,7 +312,11 @@ impl Engine {
                 .get_mut(row * vocab..(row + 1) * vocab)
                 .ok_or_else(|| EngineError::Step("fewer logit rows than samples".into()))?;
             let (token, logprobs) = state.sampler.sample(row_logits);
-            samples.push(SampledToken { id: chunk.id, token, logprobs });
+            samples.push(SampledToken {
+                id: chunk.id,
+                token,
+                logprobs,
+            });
         }
         Ok(StepOutput { samples })
     }

@@ -2,7 +2,9 @@
 //! blocks of the sequence are simply `0, 1, 2, ...`. Used by `tessera generate` and by
 //! the reference tests.
 
-use tessera_protocol::{Executor, ExecutorError, NewSequence, SamplingParams, ScheduledChunk, SeqId, StepPlan};
+use tessera_protocol::{
+    Executor, ExecutorError, NewSequence, SamplingParams, ScheduledChunk, SeqId, StepPlan,
+};
 
 /// Options of [`generate`].
 #[derive(Debug, Clone)]
@@ -22,7 +24,10 @@ pub fn generate(
     opts: &GenerateOptions,
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>, ExecutorError> {
-    let fail = |m: String| ExecutorError { rank: None, message: m };
+    let fail = |m: String| ExecutorError {
+        rank: None,
+        message: m,
+    };
     if prompt.is_empty() {
         return Err(fail("empty prompt".into()));
     }
@@ -39,8 +44,16 @@ pub fn generate(
     }
     let id = SeqId(0);
     let blocks: Vec<u32> = (0..total.div_ceil(shape.block_size_tokens) as u32).collect();
-    let mut new_sequences = vec![NewSequence { id, sampling: opts.sampling.clone(), prompt_ids: prompt.to_vec() }];
-    let chunk = if opts.prefill_chunk == 0 { prompt.len() } else { opts.prefill_chunk };
+    let mut new_sequences = vec![NewSequence {
+        id,
+        sampling: opts.sampling.clone(),
+        prompt_ids: prompt.to_vec(),
+    }];
+    let chunk = if opts.prefill_chunk == 0 {
+        prompt.len()
+    } else {
+        opts.prefill_chunk
+    };
     let mut pos = 0;
     let mut pending: Vec<u32> = Vec::new();
     let mut out = Vec::new();
@@ -53,7 +66,13 @@ pub fn generate(
         let sample = pos + tokens.len() >= prompt.len();
         let plan = StepPlan {
             new_sequences: std::mem::take(&mut new_sequences),
-            scheduled: vec![ScheduledChunk { id, tokens: tokens.clone(), start_pos: pos, block_table: blocks.clone(), sample }],
+            scheduled: vec![ScheduledChunk {
+                id,
+                tokens: tokens.clone(),
+                start_pos: pos,
+                block_table: blocks.clone(),
+                sample,
+            }],
             finished: vec![],
         };
         let output = exec.step(&plan)?;
@@ -67,6 +86,9 @@ pub fn generate(
             pending = vec![s.token];
         }
     }
-    exec.step(&StepPlan { finished: vec![id], ..StepPlan::default() })?;
+    exec.step(&StepPlan {
+        finished: vec![id],
+        ..StepPlan::default()
+    })?;
     Ok(out)
 }

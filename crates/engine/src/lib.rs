@@ -18,4 +18,6 @@ pub use device::DeviceSpec;
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateOptions};
+pub use loader::load_tokenizer;
+pub use tessera_tokenizer::Tokenizer;
 pub use worker::Fault;

@@ -69,7 +69,11 @@ impl Sampler {
             for &tok in &self.history {
                 if seen.insert(tok) {
                     if let Some(l) = logits.get_mut(tok as usize) {
-                        *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                        *l = if *l > 0.0 {
+                            *l / p.repetition_penalty
+                        } else {
+                            *l * p.repetition_penalty
+                        };
                     }
                 }
             }
@@ -145,17 +149,33 @@ pub fn argmax(logits: &[f32]) -> u32 {
 fn logprobs_of(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
-    let lp = |t: u32| logits.get(t as usize).map(|l| l - lse).unwrap_or(f32::NEG_INFINITY);
+    let lp = |t: u32| {
+        logits
+            .get(t as usize)
+            .map(|l| l - lse)
+            .unwrap_or(f32::NEG_INFINITY)
+    };
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(k);
     if k > 0 {
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
         let k = k.min(idx.len());
-        idx.select_nth_unstable_by(k.saturating_sub(1), |a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+        idx.select_nth_unstable_by(k.saturating_sub(1), |a, b| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        });
         idx.truncate(k);
-        idx.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+        idx.sort_by(|a, b| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        });
         top = idx.into_iter().map(|t| (t, lp(t))).collect();
     }
-    TokenLogprobs { logprob: lp(token), top }
+    TokenLogprobs {
+        logprob: lp(token),
+        top,
+    }
 }
 
 #[cfg(test)]
@@ -179,7 +199,9 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
             let mut s = Sampler::new(params(|p| p.seed = Some(seed)), &[]);
-            (0..40).map(|_| s.sample(&mut logits.clone()).0).collect::<Vec<_>>()
+            (0..40)
+                .map(|_| s.sample(&mut logits.clone()).0)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
@@ -188,15 +210,33 @@ mod tests {
     #[test]
     fn top_k_one_and_min_p_restrict_the_choice() {
         let logits = vec![1.0, 3.0, 2.9, 0.0];
-        let mut s = Sampler::new(params(|p| { p.top_k = 2; p.seed = Some(1) }), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.top_k = 2;
+                p.seed = Some(1)
+            }),
+            &[],
+        );
         for _ in 0..50 {
             assert!([1, 2].contains(&s.sample(&mut logits.clone()).0));
         }
-        let mut s = Sampler::new(params(|p| { p.min_p = 0.95; p.seed = Some(1) }), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.min_p = 0.95;
+                p.seed = Some(1)
+            }),
+            &[],
+        );
         for _ in 0..50 {
             assert_eq!(s.sample(&mut logits.clone()).0, 1);
         }
-        let mut s = Sampler::new(params(|p| { p.top_p = 0.01; p.seed = Some(3) }), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.top_p = 0.01;
+                p.seed = Some(3)
+            }),
+            &[],
+        );
         for _ in 0..50 {
             assert_eq!(s.sample(&mut logits.clone()).0, 1);
         }
@@ -204,20 +244,55 @@ mod tests {
 
     #[test]
     fn bias_and_penalties_change_the_greedy_choice() {
-        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.logit_bias = vec![(0, 5.0)] }), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.logit_bias = vec![(0, 5.0)]
+            }),
+            &[],
+        );
         assert_eq!(s.sample(&mut [1.0, 3.0]).0, 0);
-        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.frequency_penalty = 2.0 }), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.frequency_penalty = 2.0
+            }),
+            &[],
+        );
         assert_eq!(s.sample(&mut [1.0, 2.0]).0, 1);
-        assert_eq!(s.sample(&mut [1.0, 2.0]).0, 0, "token 1 penalised once by 2.0");
-        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.repetition_penalty = 2.0 }), &[1]);
-        assert_eq!(s.sample(&mut [1.5, 2.0]).0, 0, "prompt token 1 divided by 2");
+        assert_eq!(
+            s.sample(&mut [1.0, 2.0]).0,
+            0,
+            "token 1 penalised once by 2.0"
+        );
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.repetition_penalty = 2.0
+            }),
+            &[1],
+        );
+        assert_eq!(
+            s.sample(&mut [1.5, 2.0]).0,
+            0,
+            "prompt token 1 divided by 2"
+        );
     }
 
     #[test]
     fn logprobs_are_normalised_and_sorted() {
-        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.logprobs = Some(2) }), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.logprobs = Some(2)
+            }),
+            &[],
+        );
         let (tok, lp) = s.sample(&mut [0.0, 1.0, 2.0]);
-        let lp = lp.unwrap_or(TokenLogprobs { logprob: 0.0, top: vec![] });
+        let lp = lp.unwrap_or(TokenLogprobs {
+            logprob: 0.0,
+            top: vec![],
+        });
         assert_eq!(tok, 2);
         let z: f32 = [0.0f32, 1.0, 2.0].iter().map(|x| x.exp()).sum();
         assert!((lp.logprob - (2.0 - z.ln())).abs() < 1e-5);

@@ -72,7 +72,12 @@ pub(crate) fn spawn(state: WorkerState) -> Result<WorkerHandle> {
     })
 }
 
-fn run(mut st: WorkerState, pool: rayon::ThreadPool, jobs: Receiver<Job>, results: Sender<StepResult>) {
+fn run(
+    mut st: WorkerState,
+    pool: rayon::ThreadPool,
+    jobs: Receiver<Job>,
+    results: Sender<StepResult>,
+) {
     let rank = st.rank;
     let mut fault = None;
     while let Ok(job) = jobs.recv() {

@@ -32,13 +32,21 @@ fn last_position_logits_match_transformers() {
     for p in fixture["prompts"].as_array().expect("prompts") {
         let name = p["name"].as_str().expect("name");
         let prompt = ids(&p["prompt_ids"]);
-        let want = read_f32(fixtures().join("smollm2").join(p["logits_file"].as_str().expect("file")));
+        let want = read_f32(
+            fixtures()
+                .join("smollm2")
+                .join(p["logits_file"].as_str().expect("file")),
+        );
         let got = last_logits(&mut engine, &prompt);
         assert_eq!(got.len(), want.len());
         let err = rel_l2(&got, &want);
         let (t_got, t_want) = (top_k(&got, 5), top_k(&want, 5));
         let overlap = t_got.iter().filter(|t| t_want.contains(t)).count();
-        let llama = read_f32(fixtures().join("smollm2/llamacpp_logits").join(format!("{name}.f32")));
+        let llama = read_f32(
+            fixtures()
+                .join("smollm2/llamacpp_logits")
+                .join(format!("{name}.f32")),
+        );
         let err_llama = rel_l2(&got, &llama);
         println!(
             "{name}: rel L2 {err:.4} (llama.cpp {err_llama:.4}), top1 {} vs {}, top5 overlap {overlap}",

@@ -29,7 +29,8 @@ impl GgufSource {
             message,
         };
         let mut file = File::open(path).map_err(|e| bad(e.to_string()))?;
-        let content = Content::read(&mut file).map_err(|e| bad(format!("not a valid GGUF file: {e}")))?;
+        let content =
+            Content::read(&mut file).map_err(|e| bad(format!("not a valid GGUF file: {e}")))?;
         let file_len = file.metadata()?.len();
         for (name, info) in &content.tensor_infos {
             let bytes = info.shape.elem_count() / info.ggml_dtype.block_size()
@@ -47,7 +48,9 @@ impl GgufSource {
         })?;
         config.tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
         if content.tensor_infos.contains_key("rope_freqs.weight") {
-            return Err(bad("rope frequency scaling (rope_freqs.weight) is not supported yet".into()));
+            return Err(bad(
+                "rope frequency scaling (rope_freqs.weight) is not supported yet".into(),
+            ));
         }
         Ok(Self {
             path: path.to_path_buf(),
@@ -180,7 +183,8 @@ impl TensorSource for GgufSource {
     fn vector(&self, name: &str) -> Result<Tensor> {
         let gname = resolve(name)?;
         let (dtype, dims, data) = self.raw(&gname, name)?;
-        let q = candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
+        let q =
+            candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
         Ok(q.dequantize(&Device::Cpu)?.flatten_all()?)
     }
 
@@ -192,7 +196,8 @@ impl TensorSource for GgufSource {
         let name = "model.embed_tokens.weight";
         let gname = resolve(name)?;
         let (dtype, dims, data) = self.raw(&gname, name)?;
-        let q = candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
+        let q =
+            candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
         match dtype {
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
                 Ok(Embedding::Dense(q.dequantize(&Device::Cpu)?))
@@ -252,7 +257,9 @@ fn config_from_metadata(md: &HashMap<String, Value>) -> Result<ModelConfig> {
         num_heads,
         num_kv_heads,
         head_dim,
-        rms_norm_eps: f64::from(meta_f32(md, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5)),
+        rms_norm_eps: f64::from(
+            meta_f32(md, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        ),
         rope_theta: meta_f32(md, &key("rope.freq_base")).unwrap_or(10_000.0),
         rope_style,
         max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
@@ -269,8 +276,14 @@ mod tests {
 
     #[test]
     fn canonical_names_map_to_gguf() {
-        assert_eq!(gguf_name("model.layers.12.self_attn.o_proj.weight").as_deref(), Some("blk.12.attn_output.weight"));
-        assert_eq!(gguf_name("lm_head.weight").as_deref(), Some("output.weight"));
+        assert_eq!(
+            gguf_name("model.layers.12.self_attn.o_proj.weight").as_deref(),
+            Some("blk.12.attn_output.weight")
+        );
+        assert_eq!(
+            gguf_name("lm_head.weight").as_deref(),
+            Some("output.weight")
+        );
         assert_eq!(gguf_name("model.layers.x"), None);
     }
 }

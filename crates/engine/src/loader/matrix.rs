@@ -72,9 +72,12 @@ impl Matrix {
             }
         }
         match self {
-            Matrix::Quantized { name, dtype, data, .. } => {
+            Matrix::Quantized {
+                name, dtype, data, ..
+            } => {
                 let row_bytes = cols / dtype.block_size() * dtype.type_size();
-                let mut out = Vec::with_capacity(ranges.iter().map(|r| r.len()).sum::<usize>() * row_bytes);
+                let mut out =
+                    Vec::with_capacity(ranges.iter().map(|r| r.len()).sum::<usize>() * row_bytes);
                 for r in ranges {
                     out.extend_from_slice(&data[r.start * row_bytes..r.end * row_bytes]);
                 }
@@ -118,7 +121,9 @@ impl Matrix {
             )));
         }
         match self {
-            Matrix::Quantized { name, dtype, data, .. } => {
+            Matrix::Quantized {
+                name, dtype, data, ..
+            } => {
                 let ts = dtype.type_size();
                 let row_bytes = cols / block * ts;
                 let (b0, b1) = (range.start / block * ts, range.end.div_ceil(block) * ts);
@@ -153,9 +158,13 @@ impl Matrix {
                 let mut rows = 0;
                 for p in parts {
                     match p {
-                        Matrix::Quantized { dtype: d, cols: c, rows: r, data: bytes, .. }
-                            if d == dtype && c == cols =>
-                        {
+                        Matrix::Quantized {
+                            dtype: d,
+                            cols: c,
+                            rows: r,
+                            data: bytes,
+                            ..
+                        } if d == dtype && c == cols => {
                             data.extend_from_slice(bytes);
                             rows += r;
                         }
@@ -189,7 +198,13 @@ impl Matrix {
     /// The matmul for this weight on `device`.
     pub fn into_qmatmul(self, device: &Device) -> Result<QMatMul> {
         match self {
-            Matrix::Quantized { dtype, rows, cols, data, .. } => {
+            Matrix::Quantized {
+                dtype,
+                rows,
+                cols,
+                data,
+                ..
+            } => {
                 let q = qtensor_from_ggml(dtype, &data, vec![rows, cols], device)?;
                 Ok(QMatMul::from_qtensor(q)?)
             }
@@ -210,16 +225,28 @@ mod tests {
         let data = q.data()?.to_vec();
         Ok((
             deq,
-            Matrix::Quantized { name: "w".into(), dtype, rows, cols, data: Arc::new(data) },
+            Matrix::Quantized {
+                name: "w".into(),
+                dtype,
+                rows,
+                cols,
+                data: Arc::new(data),
+            },
         ))
     }
 
     fn deq(m: Matrix) -> Result<Tensor> {
         match m {
-            Matrix::Quantized { dtype, rows, cols, data, .. } => {
-                Ok(qtensor_from_ggml(dtype, &data, vec![rows, cols], &Device::Cpu)?
-                    .dequantize(&Device::Cpu)?)
-            }
+            Matrix::Quantized {
+                dtype,
+                rows,
+                cols,
+                data,
+                ..
+            } => Ok(
+                qtensor_from_ggml(dtype, &data, vec![rows, cols], &Device::Cpu)?
+                    .dequantize(&Device::Cpu)?,
+            ),
             Matrix::Dense { weight, .. } => Ok(weight),
         }
     }

@@ -6,6 +6,7 @@
 mod gguf;
 mod matrix;
 mod safetensors;
+mod tokenizer;
 
 use std::path::Path;
 
@@ -15,6 +16,7 @@ use candle_core::{Device, Tensor};
 pub use gguf::GgufSource;
 pub use matrix::Matrix;
 pub use safetensors::SafetensorsSource;
+pub use tokenizer::load_tokenizer;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};

@@ -68,10 +68,11 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         return Ok(Vec::new());
     }
     let text = std::fs::read_to_string(&index)?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::BadFile {
-        path: index.clone(),
-        message: e.to_string(),
-    })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| EngineError::BadFile {
+            path: index.clone(),
+            message: e.to_string(),
+        })?;
     let map = json
         .get("weight_map")
         .and_then(|m| m.as_object())

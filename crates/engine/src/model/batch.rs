@@ -30,14 +30,22 @@ pub struct Batch {
 
 impl Batch {
     /// Flattens a plan, checking every block table against the cache.
-    pub fn from_plan(plan: &StepPlan, block_size: usize, num_blocks: usize, max_positions: usize) -> Result<Batch> {
+    pub fn from_plan(
+        plan: &StepPlan,
+        block_size: usize,
+        num_blocks: usize,
+        max_positions: usize,
+    ) -> Result<Batch> {
         let mut batch = Batch {
             block_size,
             ..Batch::default()
         };
         for chunk in &plan.scheduled {
             if chunk.tokens.is_empty() {
-                return Err(EngineError::Step(format!("{} scheduled with no tokens", chunk.id)));
+                return Err(EngineError::Step(format!(
+                    "{} scheduled with no tokens",
+                    chunk.id
+                )));
             }
             let end = chunk.end_pos();
             if end > max_positions {
@@ -54,7 +62,10 @@ impl Batch {
                     chunk.block_table.len()
                 )));
             }
-            if let Some(b) = chunk.block_table[..needed].iter().find(|b| **b as usize >= num_blocks) {
+            if let Some(b) = chunk.block_table[..needed]
+                .iter()
+                .find(|b| **b as usize >= num_blocks)
+            {
                 return Err(EngineError::Step(format!(
                     "{}: block {b} is outside the cache of {num_blocks} blocks",
                     chunk.id

@@ -22,7 +22,13 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+    pub fn new(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
         let len = num_blocks * block_size * num_kv_heads * head_dim;
         let layers = (0..num_layers)
             .map(|_| LayerCache {

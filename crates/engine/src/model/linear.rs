@@ -51,7 +51,9 @@ impl ColumnParallel {
         fused_name: &str,
     ) -> Result<Self> {
         let SplitState::Split { axis: 0, segments } = split else {
-            return Err(crate::error::EngineError::Parallel(format!("{fused_name}: column-parallel layers split axis 0")));
+            return Err(crate::error::EngineError::Parallel(format!(
+                "{fused_name}: column-parallel layers split axis 0"
+            )));
         };
         let mut shards = Vec::with_capacity(matrices.len());
         let mut widths = Vec::with_capacity(matrices.len());
@@ -109,12 +111,22 @@ impl ColumnParallel {
 }
 
 /// A row-parallel layer: this rank's input columns; the output is a partial sum.
-pub fn row_parallel(matrix: &Matrix, split: &SplitState, rank: usize, device: &Device) -> Result<Linear> {
+pub fn row_parallel(
+    matrix: &Matrix,
+    split: &SplitState,
+    rank: usize,
+    device: &Device,
+) -> Result<Linear> {
     let SplitState::Split { axis: 1, .. } = split else {
-        return Err(crate::error::EngineError::Parallel(format!("{}: row-parallel layers split axis 1", matrix.name())));
+        return Err(crate::error::EngineError::Parallel(format!(
+            "{}: row-parallel layers split axis 1",
+            matrix.name()
+        )));
     };
     let ranges = split.rank_ranges(rank).unwrap_or_default();
     let range = ranges.first().cloned().unwrap_or(0..0);
-    Ok(Linear::new(matrix.select_cols(range)?.into_qmatmul(device)?, None))
+    Ok(Linear::new(
+        matrix.select_cols(range)?.into_qmatmul(device)?,
+        None,
+    ))
 }
-

@@ -46,11 +46,18 @@ pub struct LlamaShard {
 }
 
 /// Loads every rank's shard, reading each tensor from the file once.
-pub fn load_shards(source: &dyn TensorSource, plan: &ShardPlan, devices: &[Device]) -> Result<Vec<LlamaShard>> {
+pub fn load_shards(
+    source: &dyn TensorSource,
+    plan: &ShardPlan,
+    devices: &[Device],
+) -> Result<Vec<LlamaShard>> {
     let config = source.config().clone();
     let world = plan.world_size;
     if devices.len() != world {
-        return Err(EngineError::Parallel(format!("{} devices for {world} ranks", devices.len())));
+        return Err(EngineError::Parallel(format!(
+            "{} devices for {world} ranks",
+            devices.len()
+        )));
     }
     let (h, hd) = (config.hidden_size, config.head_dim);
     let started = Instant::now();
@@ -63,9 +70,17 @@ pub fn load_shards(source: &dyn TensorSource, plan: &ShardPlan, devices: &[Devic
             found: vec![vocab, emb_h],
         });
     }
-    let rope = Arc::new(RopeTable::new(hd, config.rope_theta, config.max_position_embeddings, config.rope_style));
-    let mut per_rank_blocks: Vec<Vec<Block>> = (0..world).map(|_| Vec::with_capacity(config.num_layers)).collect();
-    let (qkv_split, o_split, gu_split, down_split) = (plan.qkv(), plan.o_proj(), plan.gate_up(), plan.down());
+    let rope = Arc::new(RopeTable::new(
+        hd,
+        config.rope_theta,
+        config.max_position_embeddings,
+        config.rope_style,
+    ));
+    let mut per_rank_blocks: Vec<Vec<Block>> = (0..world)
+        .map(|_| Vec::with_capacity(config.num_layers))
+        .collect();
+    let (qkv_split, o_split, gu_split, down_split) =
+        (plan.qkv(), plan.o_proj(), plan.gate_up(), plan.down());
     for layer in 0..config.num_layers {
         let name = |s: &str| layer_name(layer, s);
         let mat = |s: &str, dims: (usize, usize)| -> Result<Matrix> {
@@ -98,7 +113,14 @@ pub fn load_shards(source: &dyn TensorSource, plan: &ShardPlan, devices: &[Devic
         for (rank, dev) in devices.iter().enumerate() {
             per_rank_blocks[rank].push(Block {
                 attn_norm: attn_norm.to_device(dev)?,
-                qkv: ColumnParallel::load(&qkv, qkv_bias.as_ref().map(|b| &b[..]), &qkv_split, rank, dev, "qkv")?,
+                qkv: ColumnParallel::load(
+                    &qkv,
+                    qkv_bias.as_ref().map(|b| &b[..]),
+                    &qkv_split,
+                    rank,
+                    dev,
+                    "qkv",
+                )?,
                 o_proj: row_parallel(&o, &o_split, rank, dev)?,
                 ffn_norm: ffn_norm.to_device(dev)?,
                 gate_up: ColumnParallel::load(&gate_up, None, &gu_split, rank, dev, "gate_up")?,
@@ -161,7 +183,12 @@ impl LlamaShard {
 
     /// Runs the batch through the model, writing its K/V into `cache`. Returns the logits
     /// `[sample_rows, vocab]` of the rows the batch samples (identical on every rank).
-    pub fn forward(&self, batch: &Batch, cache: &mut KvCache, comm: &mut dyn Communicator) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        batch: &Batch,
+        cache: &mut KvCache,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
         let n = batch.num_tokens();
         let ids = Tensor::from_slice(&batch.token_ids, n, &self.device)?;
         let mut x = self.embedding.forward(&ids)?.to_dtype(DType::F32)?;
@@ -185,7 +212,8 @@ impl LlamaShard {
                 let v = flat(&qkv[2])?;
                 for (t, &pos) in batch.positions.iter().enumerate() {
                     self.rope.apply(&mut q[t * nq * hd..(t + 1) * nq * hd], pos);
-                    self.rope.apply(&mut k[t * nkv * hd..(t + 1) * nkv * hd], pos);
+                    self.rope
+                        .apply(&mut k[t * nkv * hd..(t + 1) * nkv * hd], pos);
                 }
                 write_kv(layer_cache, cache, batch, &k, &v);
                 let attn = attend(layer_cache, cache, batch, &q, shape);
@@ -199,10 +227,18 @@ impl LlamaShard {
                 x = (x + d)?;
             }
             if batch.sample_rows.is_empty() {
-                return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, &self.device)?);
+                return Ok(Tensor::zeros(
+                    (0, self.config.vocab_size),
+                    DType::F32,
+                    &self.device,
+                )?);
             }
             let rows = Tensor::from_slice(
-                &batch.sample_rows.iter().map(|r| *r as u32).collect::<Vec<_>>(),
+                &batch
+                    .sample_rows
+                    .iter()
+                    .map(|r| *r as u32)
+                    .collect::<Vec<_>>(),
                 batch.sample_rows.len(),
                 &self.device,
             )?;

@@ -32,7 +32,13 @@ pub struct AttentionShape<'a> {
 }
 
 /// `q`: `[tokens, num_q_heads * head_dim]` (rotated); returns the same shape.
-pub fn attend(layer: &LayerCache, cache: &KvCache, batch: &Batch, q: &[f32], shape: AttentionShape<'_>) -> Vec<f32> {
+pub fn attend(
+    layer: &LayerCache,
+    cache: &KvCache,
+    batch: &Batch,
+    q: &[f32],
+    shape: AttentionShape<'_>,
+) -> Vec<f32> {
     let hd = shape.head_dim;
     let row = shape.num_q_heads * hd;
     let mut out = vec![0f32; batch.num_tokens() * row];
@@ -41,16 +47,27 @@ pub fn attend(layer: &LayerCache, cache: &KvCache, batch: &Batch, q: &[f32], sha
     for (s, seq) in batch.seqs.iter().enumerate() {
         seq_of_token.extend(std::iter::repeat_n(s, seq.num_tokens));
     }
-    out.par_chunks_mut(row).enumerate().for_each(|(t, out_row)| {
-        let seq = &batch.seqs[seq_of_token[t]];
-        let context = batch.positions[t] + 1;
-        let mut scores = vec![0f32; context];
-        for h in 0..shape.num_q_heads {
-            let qh = &q[t * row + h * hd..t * row + (h + 1) * hd];
-            let kvh = shape.kv_of_q[h];
-            attend_one(layer, cache, &seq.block_table, kvh, qh, shape.scale, &mut scores, &mut out_row[h * hd..(h + 1) * hd]);
-        }
-    });
+    out.par_chunks_mut(row)
+        .enumerate()
+        .for_each(|(t, out_row)| {
+            let seq = &batch.seqs[seq_of_token[t]];
+            let context = batch.positions[t] + 1;
+            let mut scores = vec![0f32; context];
+            for h in 0..shape.num_q_heads {
+                let qh = &q[t * row + h * hd..t * row + (h + 1) * hd];
+                let kvh = shape.kv_of_q[h];
+                attend_one(
+                    layer,
+                    cache,
+                    &seq.block_table,
+                    kvh,
+                    qh,
+                    shape.scale,
+                    &mut scores,
+                    &mut out_row[h * hd..(h + 1) * hd],
+                );
+            }
+        });
     out
 }
 
@@ -117,11 +134,16 @@ mod tests {
 
     /// Reference: plain softmax attention over contiguous K/V.
     fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32) -> Vec<f32> {
-        let s: Vec<f32> = k.iter().map(|kk| q.iter().zip(kk).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+        let s: Vec<f32> = k
+            .iter()
+            .map(|kk| q.iter().zip(kk).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect();
         let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f32 = e.iter().sum();
-        (0..q.len()).map(|d| e.iter().zip(v).map(|(p, vv)| p * vv[d]).sum::<f32>() / z).collect()
+        (0..q.len())
+            .map(|d| e.iter().zip(v).map(|(p, vv)| p * vv[d]).sum::<f32>() / z)
+            .collect()
     }
 
     #[test]
@@ -131,14 +153,26 @@ mod tests {
         // A 10-token sequence stored in blocks 5, 1, 6 (out of order on purpose).
         let table = vec![5u32, 1, 6];
         let n = 10;
-        let val = |t: usize, h: usize, d: usize, w: f32| ((t * 31 + h * 7 + d * 3) as f32 * w).sin();
-        let k: Vec<f32> = (0..n).flat_map(|t| (0..nkv).flat_map(move |h| (0..hd).map(move |d| val(t, h, d, 0.37)))).collect();
-        let v: Vec<f32> = (0..n).flat_map(|t| (0..nkv).flat_map(move |h| (0..hd).map(move |d| val(t, h, d, 0.11)))).collect();
+        let val =
+            |t: usize, h: usize, d: usize, w: f32| ((t * 31 + h * 7 + d * 3) as f32 * w).sin();
+        let k: Vec<f32> = (0..n)
+            .flat_map(|t| (0..nkv).flat_map(move |h| (0..hd).map(move |d| val(t, h, d, 0.37))))
+            .collect();
+        let v: Vec<f32> = (0..n)
+            .flat_map(|t| (0..nkv).flat_map(move |h| (0..hd).map(move |d| val(t, h, d, 0.11))))
+            .collect();
         let batch = Batch {
             token_ids: vec![0; n],
             positions: (0..n).collect(),
-            slots: (0..n).map(|p| table[p / bs] as usize * bs + p % bs).collect(),
-            seqs: vec![BatchSeq { token_start: 0, num_tokens: n, start_pos: 0, block_table: table.clone() }],
+            slots: (0..n)
+                .map(|p| table[p / bs] as usize * bs + p % bs)
+                .collect(),
+            seqs: vec![BatchSeq {
+                token_start: 0,
+                num_tokens: n,
+                start_pos: 0,
+                block_table: table.clone(),
+            }],
             sample_rows: vec![n - 1],
             block_size: bs,
         };
@@ -147,12 +181,27 @@ mod tests {
         let nq = 4;
         let q: Vec<f32> = (0..n * nq * hd).map(|i| (i as f32 * 0.05).cos()).collect();
         let kv_of_q = [0, 0, 1, 1];
-        let out = attend(&layer[0], &cache, &batch, &q, AttentionShape { num_q_heads: nq, head_dim: hd, kv_of_q: &kv_of_q, scale: 0.35 });
+        let out = attend(
+            &layer[0],
+            &cache,
+            &batch,
+            &q,
+            AttentionShape {
+                num_q_heads: nq,
+                head_dim: hd,
+                kv_of_q: &kv_of_q,
+                scale: 0.35,
+            },
+        );
         for t in 0..n {
             for h in 0..nq {
                 let kvh = kv_of_q[h];
-                let ks: Vec<Vec<f32>> = (0..=t).map(|p| k[(p * nkv + kvh) * hd..(p * nkv + kvh + 1) * hd].to_vec()).collect();
-                let vs: Vec<Vec<f32>> = (0..=t).map(|p| v[(p * nkv + kvh) * hd..(p * nkv + kvh + 1) * hd].to_vec()).collect();
+                let ks: Vec<Vec<f32>> = (0..=t)
+                    .map(|p| k[(p * nkv + kvh) * hd..(p * nkv + kvh + 1) * hd].to_vec())
+                    .collect();
+                let vs: Vec<Vec<f32>> = (0..=t)
+                    .map(|p| v[(p * nkv + kvh) * hd..(p * nkv + kvh + 1) * hd].to_vec())
+                    .collect();
                 let want = reference(&q[(t * nq + h) * hd..(t * nq + h + 1) * hd], &ks, &vs, 0.35);
                 let got = &out[(t * nq + h) * hd..(t * nq + h + 1) * hd];
                 for (a, b) in got.iter().zip(&want) {

@@ -22,7 +22,9 @@ impl std::str::FromStr for AllReduceDtype {
         match s {
             "f32" => Ok(Self::F32),
             "bf16" => Ok(Self::Bf16),
-            other => Err(format!("unknown all-reduce dtype '{other}' (use f32 or bf16)")),
+            other => Err(format!(
+                "unknown all-reduce dtype '{other}' (use f32 or bf16)"
+            )),
         }
     }
 }

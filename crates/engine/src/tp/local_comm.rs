@@ -268,7 +268,10 @@ mod tests {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(EngineError::Step("panic".into()))))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(EngineError::Step("panic".into())))
+                })
                 .collect()
         })
     }
@@ -320,7 +323,10 @@ mod tests {
         for t in out {
             let v = t?.to_vec1::<f32>()?;
             assert_eq!(v[0], 3.0);
-            assert_eq!(v[1], half::bf16::from_f32(2.0 * half::bf16::from_f32(1.0 / 3.0).to_f32()).to_f32());
+            assert_eq!(
+                v[1],
+                half::bf16::from_f32(2.0 * half::bf16::from_f32(1.0 / 3.0).to_f32()).to_f32()
+            );
         }
         Ok(())
     }
@@ -329,7 +335,11 @@ mod tests {
     fn a_missing_rank_times_out_and_names_it() {
         let mut comms = LocalComm::group(2, AllReduceDtype::F32, Duration::from_millis(200));
         let start = Instant::now();
-        let err = comms[0].barrier().err().map(|e| e.to_string()).unwrap_or_default();
+        let err = comms[0]
+            .barrier()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("ranks [1]"), "{err}");
         assert!(start.elapsed() < Duration::from_secs(5));
         // Once aborted, the group stays failed.

@@ -2,8 +2,6 @@
 
 pub mod comm;
 pub mod local_comm;
-#[cfg(feature = "cuda")]
-pub mod nccl_comm;
 pub mod plan;
 pub mod split;
 

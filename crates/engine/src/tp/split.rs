@@ -141,13 +141,19 @@ mod tests {
             split_units(9, &[1.0; 4], 1, "t")?,
             vec![0..2, 2..5, 5..7, 7..9]
         );
-        assert_eq!(split_units(1536, &[3.0, 1.0], 32, "t")?, vec![0..1152, 1152..1536]);
+        assert_eq!(
+            split_units(1536, &[3.0, 1.0], 32, "t")?,
+            vec![0..1152, 1152..1536]
+        );
         Ok(())
     }
 
     #[test]
     fn remainder_goes_to_last_rank() -> Result<()> {
-        assert_eq!(split_units(100, &[1.0, 1.0], 32, "t")?, vec![0..64, 64..100]);
+        assert_eq!(
+            split_units(100, &[1.0, 1.0], 32, "t")?,
+            vec![0..64, 64..100]
+        );
         Ok(())
     }
 
@@ -178,8 +184,14 @@ mod tests {
         let s = SplitState::Split {
             axis: 0,
             segments: vec![
-                Segment { len: 6, ranges: vec![0..4, 4..6] },
-                Segment { len: 2, ranges: vec![0..1, 1..2] },
+                Segment {
+                    len: 6,
+                    ranges: vec![0..4, 4..6],
+                },
+                Segment {
+                    len: 2,
+                    ranges: vec![0..1, 1..2],
+                },
             ],
         };
         assert_eq!(s.rank_ranges(0), Some(vec![0..4, 6..7]));

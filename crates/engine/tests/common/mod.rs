@@ -19,14 +19,22 @@ pub fn smollm2_path() -> PathBuf {
     if let Ok(p) = std::env::var("TESSERA_TEST_MODEL") {
         return PathBuf::from(p);
     }
-    let cache = std::env::var("TESSERA_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|_| {
-        let base = std::env::var("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
-        base.join("tessera")
-    });
+    let cache = std::env::var("TESSERA_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            let base = std::env::var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| {
+                    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
+                });
+            base.join("tessera")
+        });
     let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "{} is missing: run scripts/fetch-model", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-model",
+        p.display()
+    );
     p
 }
 
@@ -53,7 +61,10 @@ pub fn floats(v: &Value) -> Vec<f32> {
 
 pub fn read_f32(path: PathBuf) -> Vec<f32> {
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 /// Relative L2 error of `a` against the reference `b`.

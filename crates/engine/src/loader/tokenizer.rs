@@ -1,0 +1,48 @@
+//! The tokenizer of a model: from the GGUF metadata, or the folder's `tokenizer.json`.
+
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use tessera_tokenizer::{GgufVocab, MetaValue, Tokenizer};
+
+use crate::error::{EngineError, Result};
+
+/// Loads the tokenizer (and chat template) that belongs to the model at `path`.
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let tok_err = |e: tessera_tokenizer::TokenizerError| EngineError::BadFile {
+        path: path.to_path_buf(),
+        message: format!("tokenizer: {e}"),
+    };
+    if !path.exists() {
+        return Err(EngineError::MissingFile(path.to_path_buf()));
+    }
+    if path.is_dir() {
+        return Tokenizer::from_hf_dir(path).map_err(tok_err);
+    }
+    let mut file = std::fs::File::open(path)?;
+    let content = Content::read(&mut file).map_err(|e| EngineError::BadFile {
+        path: path.to_path_buf(),
+        message: format!("not a valid GGUF file: {e}"),
+    })?;
+    let vocab =
+        GgufVocab::from_metadata(|key| content.metadata.get(key).map(to_meta)).map_err(tok_err)?;
+    Tokenizer::from_gguf(&vocab).map_err(tok_err)
+}
+
+fn to_meta(value: &Value) -> MetaValue {
+    match value {
+        Value::U8(v) => MetaValue::Int(i64::from(*v)),
+        Value::I8(v) => MetaValue::Int(i64::from(*v)),
+        Value::U16(v) => MetaValue::Int(i64::from(*v)),
+        Value::I16(v) => MetaValue::Int(i64::from(*v)),
+        Value::U32(v) => MetaValue::Int(i64::from(*v)),
+        Value::I32(v) => MetaValue::Int(i64::from(*v)),
+        Value::U64(v) => MetaValue::Int(i64::try_from(*v).unwrap_or(i64::MAX)),
+        Value::I64(v) => MetaValue::Int(*v),
+        Value::F32(v) => MetaValue::Float(f64::from(*v)),
+        Value::F64(v) => MetaValue::Float(*v),
+        Value::Bool(v) => MetaValue::Bool(*v),
+        Value::String(v) => MetaValue::String(v.clone()),
+        Value::Array(v) => MetaValue::Array(v.iter().map(to_meta).collect()),
+    }
+}

@@ -1,0 +1,117 @@
+//! `tessera generate`: one prompt, printed as it is generated.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tessera_engine::{generate, load_tokenizer, Engine, GenerateOptions};
+use tessera_protocol::SamplingParams;
+use tessera_tokenizer::{ChatMessage, ChatRenderRequest, IncrementalDecoder};
+
+use crate::model_args::ModelArgs;
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    /// The prompt text.
+    #[arg(long)]
+    pub prompt: String,
+
+    /// Treat the prompt as one user message rendered with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+
+    /// Seed of the sampler: the same seed gives the same text.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let started = Instant::now();
+    let cfg = args.model.engine_config()?;
+    eprintln!("[1/3] tokenizer: {}", cfg.model_path.display());
+    let tokenizer = Arc::new(load_tokenizer(&cfg.model_path)?);
+    let text = if args.chat {
+        let template = tokenizer
+            .chat_template()
+            .context("--chat needs the model's chat template")?;
+        template.render(&ChatRenderRequest {
+            messages: vec![ChatMessage::new("user", &args.prompt)],
+            add_generation_prompt: true,
+            tools: None,
+            kwargs: Default::default(),
+        })?
+    } else {
+        args.prompt.clone()
+    };
+    let prompt = tokenizer.encode(&text, true)?;
+    eprintln!("[2/3] weights ({} prompt tokens)", prompt.len());
+    let mut engine = Engine::load(&cfg)?;
+    eprintln!(
+        "[3/3] loaded in {:.2}s; generating",
+        started.elapsed().as_secs_f64()
+    );
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        seed: args.seed,
+        ..SamplingParams::default()
+    };
+    let opts = GenerateOptions {
+        max_tokens: args.max_tokens,
+        sampling,
+        stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+        prefill_chunk: 0,
+    };
+    let mut decoder = IncrementalDecoder::new(tokenizer.clone(), true);
+    let mut stdout = std::io::stdout().lock();
+    let gen_started = Instant::now();
+    let mut failure = None;
+    let tokens = generate(&mut engine, &prompt, &opts, |tok| {
+        if failure.is_some() {
+            return;
+        }
+        match decoder.push(tok) {
+            Ok(piece) => {
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            }
+            Err(e) => failure = Some(e),
+        }
+    })?;
+    if let Some(e) = failure {
+        return Err(e.into());
+    }
+    let tail = decoder.finish()?;
+    writeln!(stdout, "{tail}")?;
+    let secs = gen_started.elapsed().as_secs_f64();
+    eprintln!(
+        "{} tokens in {secs:.2}s ({:.1} tok/s)",
+        tokens.len(),
+        tokens.len() as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! Command-line options that choose the model and how it is spread over devices.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tessera_engine::tp::AllReduceDtype;
+use tessera_engine::{DeviceSpec, EngineConfig};
+
+/// File name of the default model in the cache that `scripts/fetch-model` fills.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A .gguf file or a Hugging Face folder (config.json + safetensors). Default: the
+    /// SmolLM2 model fetched by scripts/fetch-model.
+    #[arg(long, env = "TESSERA_MODEL")]
+    pub model: Option<PathBuf>,
+
+    /// Number of devices (ranks) the model is split over.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
+
+    /// Devices, one per rank, e.g. cpu:0,cpu:1 (default: cpu:0..cpu:N-1).
+    #[arg(long)]
+    pub devices: Option<String>,
+
+    /// Relative share of each device, e.g. 3,1 (default: equal).
+    #[arg(long, value_delimiter = ',')]
+    pub tensor_split: Option<Vec<f64>>,
+
+    /// Precision of the all-reduce between ranks: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub allreduce_dtype: AllReduceDtype,
+
+    /// KV cache budget per rank, in MiB.
+    #[arg(long, default_value_t = 256)]
+    pub kv_cache_memory_mib: usize,
+
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+
+    /// Worker threads per rank (default: the cores divided among the ranks).
+    #[arg(long)]
+    pub threads_per_rank: Option<usize>,
+
+    /// Seconds a step may take before the engine is declared failed.
+    #[arg(long, default_value_t = 120)]
+    pub step_timeout: u64,
+}
+
+impl ModelArgs {
+    /// The model path, falling back to the cached default model.
+    pub fn model_path(&self) -> Result<PathBuf> {
+        if let Some(p) = &self.model {
+            return Ok(p.clone());
+        }
+        let path = default_cache_dir().join("models").join(DEFAULT_MODEL_FILE);
+        if !path.exists() {
+            bail!(
+                "no --model given and the default model is not in the cache ({}); \
+                 run scripts/fetch-model to download it",
+                path.display()
+            );
+        }
+        Ok(path)
+    }
+
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        let devices = match &self.devices {
+            Some(list) => {
+                let d = DeviceSpec::parse_list(list)?;
+                if self.tensor_parallel_size != 1 && d.len() != self.tensor_parallel_size {
+                    bail!(
+                        "--devices lists {} devices but --tensor-parallel-size is {}; give one device per rank",
+                        d.len(),
+                        self.tensor_parallel_size
+                    );
+                }
+                d
+            }
+            None => {
+                if self.tensor_parallel_size == 0 {
+                    bail!("--tensor-parallel-size must be at least 1");
+                }
+                (0..self.tensor_parallel_size)
+                    .map(DeviceSpec::Cpu)
+                    .collect()
+            }
+        };
+        let mut cfg = EngineConfig::new(self.model_path().context("choosing the model")?);
+        cfg.devices = devices;
+        cfg.tensor_split = self.tensor_split.clone();
+        cfg.allreduce_dtype = self.allreduce_dtype;
+        cfg.kv_cache_bytes = self.kv_cache_memory_mib << 20;
+        cfg.block_size_tokens = self.block_size;
+        cfg.threads_per_rank = self.threads_per_rank;
+        cfg.step_timeout = Duration::from_secs(self.step_timeout.max(1));
+        Ok(cfg)
+    }
+}
+
+/// `$TESSERA_CACHE_DIR`, else `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera` (the
+/// same rule as scripts/lib.sh).
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TESSERA_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("tessera");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/".into());
+    PathBuf::from(home).join(".cache/tessera")
+}
