@@ -9,7 +9,10 @@ use std::sync::Arc;
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul};
 use candle_core::{Device, Tensor};
 
+use tessera_kernels::{QuantWeights, WeightFormat};
+
 use crate::error::{EngineError, Result};
+use crate::model::linear::LinearWeight;
 
 /// A 2-D weight with `rows` output features and `cols` input features.
 #[derive(Debug, Clone)]
@@ -195,7 +198,39 @@ impl Matrix {
         }
     }
 
-    /// The matmul for this weight on `device`.
+    /// The matmul for this weight on `device`: Tessera's kernels where it has them (CPU,
+    /// Q4_1 and Q8_0), candle's otherwise.
+    pub fn into_linear_weight(self, device: &Device) -> Result<LinearWeight> {
+        if let (
+            Matrix::Quantized {
+                dtype,
+                rows,
+                cols,
+                data,
+                name,
+            },
+            true,
+        ) = (&self, device.is_cpu())
+        {
+            let format = match dtype {
+                GgmlDType::Q4_1 => Some(WeightFormat::Q4_1),
+                GgmlDType::Q8_0 => Some(WeightFormat::Q8_0),
+                _ => None,
+            };
+            if let Some(format) = format {
+                let w = QuantWeights::from_ggml_bytes(format, *rows, *cols, data).map_err(|m| {
+                    EngineError::BadFile {
+                        path: name.into(),
+                        message: m,
+                    }
+                })?;
+                return Ok(LinearWeight::Kernel(Arc::new(w)));
+            }
+        }
+        Ok(LinearWeight::Candle(self.into_qmatmul(device)?))
+    }
+
+    /// candle's matmul for this weight on `device`.
     pub fn into_qmatmul(self, device: &Device) -> Result<QMatMul> {
         match self {
             Matrix::Quantized {

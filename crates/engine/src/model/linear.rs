@@ -1,28 +1,47 @@
 //! Linear layers of a shard: column-parallel (output features split, possibly several
 //! fused segments) and row-parallel (input features split, output is a partial sum).
 
+use std::sync::Arc;
+
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
+use tessera_kernels::QuantWeights;
 
 use crate::error::Result;
 use crate::loader::Matrix;
 use crate::tp::SplitState;
 
+/// The matmul behind a linear layer.
+#[derive(Debug, Clone)]
+pub enum LinearWeight {
+    /// candle's matmul (dense weights, and quantized formats without a kernel of ours).
+    Candle(QMatMul),
+    /// Tessera's CPU kernels (Q4_1, Q8_0), with ggml's activation quantization.
+    Kernel(Arc<QuantWeights>),
+}
+
 /// `y = x Wᵀ (+ b)` over one shard of `W`.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: QMatMul,
+    weight: LinearWeight,
     bias: Option<Tensor>,
 }
 
 impl Linear {
-    pub fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
+    pub fn new(weight: LinearWeight, bias: Option<Tensor>) -> Self {
         Self { weight, bias }
     }
 
     /// `x`: `[tokens, in]` → `[tokens, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
+        let y = match &self.weight {
+            LinearWeight::Candle(w) => w.forward(x)?,
+            LinearWeight::Kernel(w) => {
+                let (m, _) = x.dims2()?;
+                let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                Tensor::from_vec(w.matmul(&xs, m), (m, w.rows()), x.device())?
+            }
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -72,7 +91,7 @@ impl ColumnParallel {
             Some(Tensor::cat(&bias_parts, 0)?.to_device(device)?)
         };
         let parts = match Matrix::concat_rows(&shards, fused_name)? {
-            Some(fused) => vec![Linear::new(fused.into_qmatmul(device)?, bias)],
+            Some(fused) => vec![Linear::new(fused.into_linear_weight(device)?, bias)],
             None => {
                 let mut parts = Vec::with_capacity(shards.len());
                 let mut offset = 0;
@@ -82,7 +101,7 @@ impl ColumnParallel {
                         None => None,
                     };
                     offset += w;
-                    parts.push(Linear::new(shard.into_qmatmul(device)?, b));
+                    parts.push(Linear::new(shard.into_linear_weight(device)?, b));
                 }
                 parts
             }
@@ -126,7 +145,7 @@ pub fn row_parallel(
     let ranges = split.rank_ranges(rank).unwrap_or_default();
     let range = ranges.first().cloned().unwrap_or(0..0);
     Ok(Linear::new(
-        matrix.select_cols(range)?.into_qmatmul(device)?,
+        matrix.select_cols(range)?.into_linear_weight(device)?,
         None,
     ))
 }

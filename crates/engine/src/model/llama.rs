@@ -156,7 +156,7 @@ pub fn load_shards(
             embedding: embedding.to_device(dev)?,
             blocks,
             norm: norm.to_device(dev)?,
-            lm_head: Linear::new(head.select_rows(&head_rows)?.into_qmatmul(dev)?, None),
+            lm_head: Linear::new(head.select_rows(&head_rows)?.into_linear_weight(dev)?, None),
             rope: rope.clone(),
             device: dev.clone(),
         });
