@@ -92,8 +92,17 @@ pub(crate) struct HfConfig {
     head_dim: Option<usize>,
     #[serde(default = "default_eps")]
     rms_norm_eps: f64,
-    #[serde(default = "default_theta")]
-    rope_theta: f32,
+    #[serde(default)]
+    rope_theta: Option<f32>,
+    /// transformers 5 writes `{"rope_theta": .., "rope_type": ..}` here.
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    use_sliding_window: bool,
+    #[serde(default)]
+    mlp_bias: bool,
     #[serde(default = "default_max_pos")]
     max_position_embeddings: usize,
     #[serde(default)]
@@ -106,9 +115,6 @@ pub(crate) struct HfConfig {
 
 fn default_eps() -> f64 {
     1e-6
-}
-fn default_theta() -> f32 {
-    10_000.0
 }
 fn default_max_pos() -> usize {
     4096
@@ -134,6 +140,25 @@ impl HfConfig {
                 )));
             }
         }
+        let unsupported = |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
+        if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return unsupported(format!("hidden_act '{act}'"));
+        }
+        if self.use_sliding_window {
+            return unsupported("sliding-window attention (use_sliding_window)".into());
+        }
+        if self.mlp_bias {
+            return unsupported("mlp_bias".into());
+        }
+        let mut rope_theta = self.rope_theta.unwrap_or(10_000.0);
+        if let Some(params) = &self.rope_parameters {
+            if let Some(kind) = params.get("rope_type").and_then(|t| t.as_str()).filter(|t| *t != "default") {
+                return unsupported(format!("rope_type '{kind}'"));
+            }
+            if let Some(theta) = params.get("rope_theta").and_then(|t| t.as_f64()) {
+                rope_theta = theta as f32;
+            }
+        }
         let head_dim = self
             .head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
@@ -147,7 +172,7 @@ impl HfConfig {
             num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
             head_dim,
             rms_norm_eps: self.rms_norm_eps,
-            rope_theta: self.rope_theta,
+            rope_theta,
             rope_style: RopeStyle::Half,
             max_position_embeddings: self.max_position_embeddings,
             attention_bias: self.attention_bias.unwrap_or(default_bias),

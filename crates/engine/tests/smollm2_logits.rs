@@ -4,26 +4,7 @@
 mod common;
 
 use common::*;
-use tessera_engine::model::Batch;
 use tessera_engine::{Engine, EngineConfig};
-use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
-
-/// Last-position logits of `prompt` on a fresh engine.
-pub fn last_logits(engine: &mut Engine, prompt: &[u32]) -> Vec<f32> {
-    let plan = StepPlan {
-        new_sequences: vec![],
-        scheduled: vec![ScheduledChunk {
-            id: SeqId(1),
-            tokens: prompt.to_vec(),
-            start_pos: 0,
-            block_table: (0..prompt.len().div_ceil(16) as u32).collect(),
-            sample: true,
-        }],
-        finished: vec![],
-    };
-    let batch = Batch::from_plan(&plan, 16, 1024, 8192).expect("batch");
-    engine.forward(batch).expect("forward")
-}
 
 #[test]
 fn last_position_logits_match_transformers() {

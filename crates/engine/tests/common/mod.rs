@@ -4,6 +4,9 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
+use tessera_engine::model::Batch;
+use tessera_engine::Engine;
+use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -79,4 +82,22 @@ pub fn top_k(v: &[f32], k: usize) -> Vec<u32> {
     idx.sort_by(|a, b| v[*b as usize].total_cmp(&v[*a as usize]).then(a.cmp(b)));
     idx.truncate(k);
     idx
+}
+
+/// Last-position logits of `prompt`, computed in one step into blocks 0, 1, ...
+pub fn last_logits(engine: &mut Engine, prompt: &[u32]) -> Vec<f32> {
+    let plan = StepPlan {
+        new_sequences: vec![],
+        scheduled: vec![ScheduledChunk {
+            id: SeqId(1),
+            tokens: prompt.to_vec(),
+            start_pos: 0,
+            block_table: (0..prompt.len().div_ceil(16) as u32).collect(),
+            sample: true,
+        }],
+        finished: vec![],
+    };
+    let max_pos = engine.model_config().max_position_embeddings;
+    let batch = Batch::from_plan(&plan, 16, prompt.len().div_ceil(16), max_pos).expect("batch");
+    engine.forward(batch).expect("forward")
 }

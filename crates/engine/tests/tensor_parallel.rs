@@ -1,0 +1,141 @@
+//! Tensor parallelism on CPU ranks: every TP size gives the tokens and logits of TP=1.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tessera_engine::tp::AllReduceDtype;
+use tessera_engine::{generate, Engine, EngineConfig, Fault, GenerateOptions};
+use tessera_protocol::{Executor, SamplingParams};
+
+fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    greedy_until(engine, prompt, n, &[])
+}
+
+fn greedy_until(engine: &mut Engine, prompt: &[u32], n: usize, stop: &[u32]) -> Vec<u32> {
+    let opts = GenerateOptions {
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: stop.to_vec(),
+        prefill_chunk: 0,
+    };
+    generate(engine, prompt, &opts, |_| {}).expect("generate")
+}
+
+/// SmolLM2's `<|im_end|>`.
+const END_OF_TURN: u32 = 2;
+
+fn load(path: std::path::PathBuf, tp: usize, dtype: AllReduceDtype) -> Engine {
+    let mut cfg = EngineConfig::new(path).with_cpu_ranks(tp);
+    cfg.allreduce_dtype = dtype;
+    cfg.kv_cache_bytes = 32 << 20;
+    cfg.threads_per_rank = Some(1);
+    Engine::load(&cfg).expect("load")
+}
+
+/// SmolLM2 (9 query heads, 3 KV heads, Q4_1): TP=2 is 6+3 heads, TP=3 one KV group each,
+/// TP=4 splits query heads and replicates KV heads.
+///
+/// Bounds: row-parallel layers sum their partial products in another order than TP=1, and
+/// with Q4_1 weights the next layer quantizes its input to 8 bits, so a last-bit change can
+/// move a value across a rounding boundary; over 30 layers that noise reaches 2-4%
+/// relative L2 in the logits (measured: 0.019-0.034 with f32 all-reduce, bound 0.06; the same order
+/// as switching TP=1 between the AVX2 and scalar kernels). bf16 all-reduce adds its own
+/// rounding of every partial sum. The dense test below shows the TP arithmetic itself is
+/// exact to f32 rounding. Tokens are compared over whole chat answers (to the end of
+/// turn), which have no near ties; past the end of turn the model's greedy path is a
+/// string of near ties.
+#[test]
+fn smollm2_every_tp_size_matches_tp1() {
+    let fixture = read_json(fixtures().join("smollm2/greedy.json"));
+    let prompts: Vec<(String, Vec<u32>)> = fixture["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .filter(|p| p["kind"] == "chat")
+        .map(|p| (p["name"].as_str().unwrap_or("").to_string(), ids(&p["prompt_ids"])))
+        .collect();
+    let mut base = load(smollm2_path(), 1, AllReduceDtype::F32);
+    let reference: Vec<(Vec<u32>, Vec<f32>)> = prompts
+        .iter()
+        .map(|(_, p)| (greedy_until(&mut base, p, 32, &[END_OF_TURN]), last_logits(&mut base, p)))
+        .collect();
+    drop(base);
+    for (tokens, _) in &reference {
+        assert_eq!(tokens.last(), Some(&END_OF_TURN), "each answer ends its turn");
+    }
+    for (tp, dtype, bound) in [
+        (2, AllReduceDtype::F32, 0.06),
+        (3, AllReduceDtype::F32, 0.06),
+        (4, AllReduceDtype::F32, 0.06),
+        (2, AllReduceDtype::Bf16, 0.10),
+    ] {
+        let mut engine = load(smollm2_path(), tp, dtype);
+        for ((name, prompt), (want_tokens, want_logits)) in prompts.iter().zip(&reference) {
+            let logits = last_logits(&mut engine, prompt);
+            let err = rel_l2(&logits, want_logits);
+            let tokens = greedy_until(&mut engine, prompt, 32, &[END_OF_TURN]);
+            println!("tp={tp} {dtype:?} {name}: rel L2 {err:.4}, tokens equal: {}", &tokens == want_tokens);
+            assert!(err < bound, "tp={tp} {dtype:?} {name}: relative L2 {err} over {bound}");
+            // bf16 partial sums move logits by up to ~0.3, the margin of chat_system's first
+            // token: with bf16 only the France answer (margins ≥ 0.9) must stay identical.
+            if dtype == AllReduceDtype::F32 || name == "chat_france" {
+                assert_eq!(top_k(&logits, 1), top_k(want_logits, 1), "tp={tp} {name}: top-1");
+                assert_eq!(&tokens, want_tokens, "tp={tp} {dtype:?} {name}: greedy tokens");
+            }
+        }
+    }
+}
+
+/// A dense f32 model whose heads do not divide evenly: agreement near f32 rounding.
+#[test]
+fn dense_uneven_heads_every_tp_size_matches_tp1() {
+    let dir = fixtures().join("tiny-llama");
+    let reference = read_json(dir.join("reference.json"));
+    let case = &reference["cases"][2];
+    let prompt = ids(&case["input_ids"]);
+    let mut base = load(dir.clone(), 1, AllReduceDtype::F32);
+    let want = last_logits(&mut base, &prompt);
+    let want_tokens = greedy(&mut base, &prompt, 32);
+    for tp in [2, 3, 4] {
+        let mut engine = load(dir.clone(), tp, AllReduceDtype::F32);
+        let heads: Vec<usize> = engine.shard_plan().ranks.iter().map(|r| r.q_heads.len()).collect();
+        let got = last_logits(&mut engine, &prompt);
+        let err = rel_l2(&got, &want);
+        println!("tiny-llama tp={tp} heads {heads:?}: rel L2 {err:.2e}");
+        assert!(err < 1e-5, "tp={tp}: relative L2 {err}");
+        assert_eq!(greedy(&mut engine, &prompt, 32), want_tokens, "tp={tp}");
+    }
+}
+
+/// A rank that errors, panics or hangs fails the step with an error naming it, within a
+/// bounded time, and the engine refuses further steps instead of hanging.
+#[test]
+fn a_failing_rank_surfaces_as_an_error_naming_it() {
+    let dir = fixtures().join("tiny-llama");
+    for fault in [Fault::Error, Fault::Panic, Fault::Hang] {
+        let mut cfg = EngineConfig::new(&dir).with_cpu_ranks(3);
+        cfg.kv_cache_bytes = 8 << 20;
+        cfg.step_timeout = Duration::from_millis(500);
+        let mut engine = Engine::load(&cfg).expect("load");
+        assert_eq!(greedy(&mut engine, &[1, 2, 3], 2).len(), 2);
+        engine.inject_fault(1, fault).expect("inject");
+        let started = Instant::now();
+        let opts = GenerateOptions {
+            max_tokens: 2,
+            sampling: SamplingParams::greedy(),
+            stop_token_ids: vec![],
+            prefill_chunk: 0,
+        };
+        let err = generate(&mut engine, &[4, 5, 6], &opts, |_| {}).expect_err("the step must fail");
+        let took = started.elapsed();
+        println!("{fault:?}: {err} after {took:?}");
+        assert_eq!(err.rank, Some(1), "{fault:?}: {err}");
+        assert!(took < Duration::from_secs(5), "{fault:?} took {took:?}");
+        let again = engine.step(&Default::default());
+        assert!(again.is_ok(), "an empty plan runs nothing");
+        let err2 = generate(&mut engine, &[7], &opts, |_| {}).expect_err("engine stays failed");
+        assert!(err2.message.contains("failed earlier"), "{err2}");
+    }
+}

@@ -1,0 +1,47 @@
+//! Dense Hugging Face folders (random tiny models written by transformers) against
+//! transformers' own float32 logits: a sharded f32 llama with tied embeddings, and a
+//! bf16 qwen2 with QKV bias and an untied head.
+
+mod common;
+
+use common::*;
+use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
+use tessera_protocol::SamplingParams;
+
+fn check(model: &str, tp: usize, tolerance: f32) {
+    let dir = fixtures().join(model);
+    let reference = read_json(dir.join("reference.json"));
+    let mut engine = Engine::load(&EngineConfig::new(&dir).with_cpu_ranks(tp)).expect("load");
+    for case in reference["cases"].as_array().expect("cases") {
+        let prompt = ids(&case["input_ids"]);
+        let want = floats(&case["last_logits"]);
+        let got = last_logits(&mut engine, &prompt);
+        let max_abs = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let err = rel_l2(&got, &want);
+        println!("{model} tp={tp} len {}: rel L2 {err:.2e}, max |diff| {max_abs:.2e}", prompt.len());
+        assert!(err < tolerance, "{model} tp={tp}: relative L2 {err}");
+        let greedy_gap = case["greedy_min_top2_gap"].as_f64().unwrap_or(0.0) as f32;
+        if greedy_gap > 100.0 * tolerance {
+            let opts = GenerateOptions {
+                max_tokens: 16,
+                sampling: SamplingParams::greedy(),
+                stop_token_ids: vec![],
+                prefill_chunk: 7,
+            };
+            let got = generate(&mut engine, &prompt, &opts, |_| {}).expect("generate");
+            assert_eq!(got, ids(&case["greedy_ids"]), "{model} tp={tp}: greedy tokens");
+        }
+    }
+}
+
+/// f32 weights and f32 arithmetic: agreement near float32 rounding.
+#[test]
+fn tiny_llama_sharded_f32_matches_transformers() {
+    check("tiny-llama", 1, 1e-5);
+}
+
+/// bf16 weights are exact in f32, so the bound is the same.
+#[test]
+fn tiny_qwen2_bf16_matches_transformers() {
+    check("tiny-qwen2", 1, 1e-5);
+}
