@@ -140,7 +140,8 @@ impl HfConfig {
                 )));
             }
         }
-        let unsupported = |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
+        let unsupported =
+            |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
         if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
             return unsupported(format!("hidden_act '{act}'"));
         }
@@ -152,7 +153,11 @@ impl HfConfig {
         }
         let mut rope_theta = self.rope_theta.unwrap_or(10_000.0);
         if let Some(params) = &self.rope_parameters {
-            if let Some(kind) = params.get("rope_type").and_then(|t| t.as_str()).filter(|t| *t != "default") {
+            if let Some(kind) = params
+                .get("rope_type")
+                .and_then(|t| t.as_str())
+                .filter(|t| *t != "default")
+            {
                 return unsupported(format!("rope_type '{kind}'"));
             }
             if let Some(theta) = params.get("rope_theta").and_then(|t| t.as_f64()) {

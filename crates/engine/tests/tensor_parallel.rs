@@ -54,16 +54,30 @@ fn smollm2_every_tp_size_matches_tp1() {
         .expect("prompts")
         .iter()
         .filter(|p| p["kind"] == "chat")
-        .map(|p| (p["name"].as_str().unwrap_or("").to_string(), ids(&p["prompt_ids"])))
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("").to_string(),
+                ids(&p["prompt_ids"]),
+            )
+        })
         .collect();
     let mut base = load(smollm2_path(), 1, AllReduceDtype::F32);
     let reference: Vec<(Vec<u32>, Vec<f32>)> = prompts
         .iter()
-        .map(|(_, p)| (greedy_until(&mut base, p, 32, &[END_OF_TURN]), last_logits(&mut base, p)))
+        .map(|(_, p)| {
+            (
+                greedy_until(&mut base, p, 32, &[END_OF_TURN]),
+                last_logits(&mut base, p),
+            )
+        })
         .collect();
     drop(base);
     for (tokens, _) in &reference {
-        assert_eq!(tokens.last(), Some(&END_OF_TURN), "each answer ends its turn");
+        assert_eq!(
+            tokens.last(),
+            Some(&END_OF_TURN),
+            "each answer ends its turn"
+        );
     }
     for (tp, dtype, bound) in [
         (2, AllReduceDtype::F32, 0.06),
@@ -76,13 +90,26 @@ fn smollm2_every_tp_size_matches_tp1() {
             let logits = last_logits(&mut engine, prompt);
             let err = rel_l2(&logits, want_logits);
             let tokens = greedy_until(&mut engine, prompt, 32, &[END_OF_TURN]);
-            println!("tp={tp} {dtype:?} {name}: rel L2 {err:.4}, tokens equal: {}", &tokens == want_tokens);
-            assert!(err < bound, "tp={tp} {dtype:?} {name}: relative L2 {err} over {bound}");
+            println!(
+                "tp={tp} {dtype:?} {name}: rel L2 {err:.4}, tokens equal: {}",
+                &tokens == want_tokens
+            );
+            assert!(
+                err < bound,
+                "tp={tp} {dtype:?} {name}: relative L2 {err} over {bound}"
+            );
             // bf16 partial sums move logits by up to ~0.3, the margin of chat_system's first
             // token: with bf16 only the France answer (margins ≥ 0.9) must stay identical.
             if dtype == AllReduceDtype::F32 || name == "chat_france" {
-                assert_eq!(top_k(&logits, 1), top_k(want_logits, 1), "tp={tp} {name}: top-1");
-                assert_eq!(&tokens, want_tokens, "tp={tp} {dtype:?} {name}: greedy tokens");
+                assert_eq!(
+                    top_k(&logits, 1),
+                    top_k(want_logits, 1),
+                    "tp={tp} {name}: top-1"
+                );
+                assert_eq!(
+                    &tokens, want_tokens,
+                    "tp={tp} {dtype:?} {name}: greedy tokens"
+                );
             }
         }
     }
@@ -100,7 +127,12 @@ fn dense_uneven_heads_every_tp_size_matches_tp1() {
     let want_tokens = greedy(&mut base, &prompt, 32);
     for tp in [2, 3, 4] {
         let mut engine = load(dir.clone(), tp, AllReduceDtype::F32);
-        let heads: Vec<usize> = engine.shard_plan().ranks.iter().map(|r| r.q_heads.len()).collect();
+        let heads: Vec<usize> = engine
+            .shard_plan()
+            .ranks
+            .iter()
+            .map(|r| r.q_heads.len())
+            .collect();
         let got = last_logits(&mut engine, &prompt);
         let err = rel_l2(&got, &want);
         println!("tiny-llama tp={tp} heads {heads:?}: rel L2 {err:.2e}");

@@ -16,9 +16,16 @@ fn check(model: &str, tp: usize, tolerance: f32) {
         let prompt = ids(&case["input_ids"]);
         let want = floats(&case["last_logits"]);
         let got = last_logits(&mut engine, &prompt);
-        let max_abs = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let max_abs = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         let err = rel_l2(&got, &want);
-        println!("{model} tp={tp} len {}: rel L2 {err:.2e}, max |diff| {max_abs:.2e}", prompt.len());
+        println!(
+            "{model} tp={tp} len {}: rel L2 {err:.2e}, max |diff| {max_abs:.2e}",
+            prompt.len()
+        );
         assert!(err < tolerance, "{model} tp={tp}: relative L2 {err}");
         let greedy_gap = case["greedy_min_top2_gap"].as_f64().unwrap_or(0.0) as f32;
         if greedy_gap > 100.0 * tolerance {
@@ -29,7 +36,11 @@ fn check(model: &str, tp: usize, tolerance: f32) {
                 prefill_chunk: 7,
             };
             let got = generate(&mut engine, &prompt, &opts, |_| {}).expect("generate");
-            assert_eq!(got, ids(&case["greedy_ids"]), "{model} tp={tp}: greedy tokens");
+            assert_eq!(
+                got,
+                ids(&case["greedy_ids"]),
+                "{model} tp={tp}: greedy tokens"
+            );
         }
     }
 }

@@ -50,7 +50,9 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> Result<()> {
     let started = Instant::now();
     let cfg = args.model.engine_config()?;
-    eprintln!("[1/3] tokenizer: {}", cfg.model_path.display());
+    eprintln!("[1/3] weights: {}", cfg.model_path.display());
+    let mut engine = Engine::load(&cfg)?;
+    eprintln!("[2/3] tokenizer");
     let tokenizer = Arc::new(load_tokenizer(&cfg.model_path)?);
     let text = if args.chat {
         let template = tokenizer
@@ -66,11 +68,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         args.prompt.clone()
     };
     let prompt = tokenizer.encode(&text, true)?;
-    eprintln!("[2/3] weights ({} prompt tokens)", prompt.len());
-    let mut engine = Engine::load(&cfg)?;
     eprintln!(
-        "[3/3] loaded in {:.2}s; generating",
-        started.elapsed().as_secs_f64()
+        "[3/3] loaded in {:.2}s; generating from {} prompt tokens",
+        started.elapsed().as_secs_f64(),
+        prompt.len()
     );
     let sampling = SamplingParams {
         temperature: args.temperature,

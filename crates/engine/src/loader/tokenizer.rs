@@ -11,7 +11,7 @@ use crate::error::{EngineError, Result};
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     let tok_err = |e: tessera_tokenizer::TokenizerError| EngineError::BadFile {
         path: path.to_path_buf(),
-        message: format!("tokenizer: {e}"),
+        message: e.to_string(),
     };
     if !path.exists() {
         return Err(EngineError::MissingFile(path.to_path_buf()));

@@ -1,0 +1,152 @@
+//! `tessera generate` as a user runs it: the real binary, the default model.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run tessera")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+const FRANCE: &str = "What is the capital of France? Answer in one sentence.";
+
+#[test]
+fn chat_answers_the_capital_of_france() {
+    let out = tessera(&[
+        "generate",
+        "--chat",
+        "--prompt",
+        FRANCE,
+        "--temperature",
+        "0",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        "The capital of France is Paris."
+    );
+    let err = stderr(&out);
+    for stage in ["[1/3] weights", "[2/3] tokenizer", "[3/3] loaded in"] {
+        assert!(
+            err.contains(stage),
+            "missing progress line '{stage}' in {err}"
+        );
+    }
+}
+
+#[test]
+fn a_fixed_seed_reproduces_the_text() {
+    let run = |seed: &str| {
+        let out = tessera(&[
+            "generate",
+            "--prompt",
+            "Once upon a time",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "1.0",
+            "--seed",
+            seed,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let a = run("7");
+    assert_eq!(a, run("7"));
+    assert_ne!(a, run("8"));
+}
+
+#[test]
+fn tensor_parallel_generation_gives_the_same_answer() {
+    let out = tessera(&[
+        "generate",
+        "--chat",
+        "--prompt",
+        FRANCE,
+        "--temperature",
+        "0",
+        "--tensor-parallel-size",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        "The capital of France is Paris."
+    );
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tessera-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// One clear `error:` line naming the problem, a non-zero exit, never a panic.
+fn assert_clean_failure(model: &Path, expect: &str) {
+    let out = tessera(&[
+        "generate",
+        "--model",
+        &model.to_string_lossy(),
+        "--prompt",
+        "hi",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "must fail: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains(expect),
+        "'{}' does not say '{expect}'",
+        lines[0]
+    );
+}
+
+fn default_model() -> PathBuf {
+    if let Ok(p) = std::env::var("TESSERA_TEST_MODEL") {
+        return PathBuf::from(p);
+    }
+    let cache = std::env::var("TESSERA_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/tessera")
+        });
+    cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+#[test]
+fn bad_models_fail_with_one_clear_error() {
+    let bytes = std::fs::read(default_model()).expect("the default model (scripts/fetch-model)");
+
+    let dir = scratch("truncated");
+    let truncated = dir.join("model.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write");
+    assert_clean_failure(&truncated, "truncated");
+
+    let garbage = dir.join("garbage.gguf");
+    std::fs::write(&garbage, b"definitely not a model").expect("write");
+    assert_clean_failure(&garbage, "not a valid GGUF file");
+
+    assert_clean_failure(&dir.join("missing.gguf"), "not found");
+
+    let config = |arch: &str| {
+        format!(
+            r#"{{"model_type":"{arch}","vocab_size":8,"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2}}"#
+        )
+    };
+    let no_weights = scratch("no-weights");
+    std::fs::write(no_weights.join("config.json"), config("llama")).expect("write");
+    assert_clean_failure(&no_weights, "no weights");
+
+    let unknown = scratch("unknown-arch");
+    std::fs::write(unknown.join("config.json"), config("mamba")).expect("write");
+    assert_clean_failure(&unknown, "unsupported model architecture 'mamba'");
+}
