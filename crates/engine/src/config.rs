@@ -52,13 +52,13 @@ impl ModelConfig {
         if self.num_heads == 0 || self.num_kv_heads == 0 {
             return fail("attention head counts must be non-zero".into());
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return fail(format!(
                 "{} attention heads are not a multiple of {} KV heads",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return fail(format!("head dimension {} must be even", self.head_dim));
         }
         Ok(())

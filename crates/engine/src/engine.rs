@@ -150,7 +150,7 @@ impl Engine {
             "KV cache: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per rank)",
             cfg.block_size_tokens,
             kv.capacity_tokens(),
-            num_blocks * block_bytes >> 20
+            (num_blocks * block_bytes) >> 20
         );
         let threads = cfg.threads_per_rank.unwrap_or_else(|| {
             let cores = std::thread::available_parallelism()

@@ -40,7 +40,7 @@ impl QuantWeights {
         cols: usize,
         bytes: &[u8],
     ) -> Result<Self, String> {
-        if cols % QK != 0 {
+        if !cols.is_multiple_of(QK) {
             return Err(format!(
                 "{cols} columns are not a multiple of the {QK}-value block"
             ));

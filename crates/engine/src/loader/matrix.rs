@@ -117,7 +117,9 @@ impl Matrix {
                 self.name()
             )));
         }
-        if range.start % block != 0 || (range.end % block != 0 && range.end != cols) {
+        if !range.start.is_multiple_of(block)
+            || (!range.end.is_multiple_of(block) && range.end != cols)
+        {
             return Err(EngineError::Parallel(format!(
                 "column range {range:?} of '{}' does not fall on its {block}-column quantization blocks",
                 self.name()

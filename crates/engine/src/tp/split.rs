@@ -160,7 +160,11 @@ mod tests {
     #[test]
     fn too_many_ranks_is_rejected_with_the_fix() {
         let err = split_units(3, &[1.0; 4], 1, "KV groups");
-        let msg = format!("{}", err.err().map(|e| e.to_string()).unwrap_or_default());
+        let msg = err
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+            .to_string();
         assert!(msg.contains("at most 3 ranks"), "{msg}");
     }
 
