@@ -179,7 +179,7 @@ impl Engine {
                 rank,
                 shard,
                 cache,
-                comm: Box::new(comm),
+                endpoint: Box::new(comm),
                 threads,
             })?);
         }

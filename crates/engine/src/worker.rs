@@ -11,7 +11,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::error::{EngineError, Result};
 use crate::model::{Batch, KvCache, LlamaShard};
-use crate::tp::Communicator;
+use crate::tp::{Communicator, Endpoint};
 
 /// Logits of the sampled rows, `[rows, vocab]` row-major (rank 0 only).
 pub(crate) type StepResult = Result<Option<Vec<f32>>>;
@@ -41,7 +41,7 @@ pub(crate) struct WorkerState {
     pub rank: usize,
     pub shard: LlamaShard,
     pub cache: KvCache,
-    pub comm: Box<dyn Communicator>,
+    pub endpoint: Box<dyn Endpoint>,
     pub threads: usize,
 }
 
@@ -59,7 +59,10 @@ pub(crate) fn spawn(state: WorkerState) -> Result<WorkerHandle> {
         })?;
     let thread = std::thread::Builder::new()
         .name(format!("tessera-rank{rank}"))
-        .spawn(move || run(state, pool, job_rx, res_tx))
+        // The whole loop runs inside the rank's pool: the communicator is made and used on
+        // one pool thread (device communicators must not move between threads), and the
+        // kernels' parallel loops share that pool.
+        .spawn(move || pool.install(|| run(state, job_rx, res_tx)))
         .map_err(|e| EngineError::Rank {
             rank,
             message: format!("cannot start worker thread: {e}"),
@@ -72,13 +75,31 @@ pub(crate) fn spawn(state: WorkerState) -> Result<WorkerHandle> {
     })
 }
 
-fn run(
-    mut st: WorkerState,
-    pool: rayon::ThreadPool,
-    jobs: Receiver<Job>,
-    results: Sender<StepResult>,
-) {
+fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
     let rank = st.rank;
+    let WorkerState {
+        shard,
+        mut cache,
+        endpoint,
+        ..
+    } = st;
+    let mut comm: Box<dyn Communicator> = match endpoint.connect() {
+        Ok(c) => c,
+        Err(e) => {
+            // Fail every step: the engine reports this rank as the cause.
+            let message = format!("cannot join the tensor-parallel group: {e}");
+            while jobs.recv().is_ok() {
+                let failure = Err(EngineError::Rank {
+                    rank,
+                    message: message.clone(),
+                });
+                if results.send(failure).is_err() {
+                    break;
+                }
+            }
+            return;
+        }
+    };
     let mut fault = None;
     while let Ok(job) = jobs.recv() {
         let batch = match job {
@@ -99,7 +120,7 @@ fn run(
                 }
                 None => {}
             }
-            pool.install(|| st.shard.forward(&batch, &mut st.cache, st.comm.as_mut()))
+            shard.forward(&batch, &mut cache, comm.as_mut())
         }));
         let result = match outcome {
             Ok(Ok(logits)) => {
@@ -127,7 +148,7 @@ fn run(
             EngineError::CommAborted(m) => EngineError::CommAborted(m),
             other => {
                 let message = other.to_string();
-                st.comm.abort(&format!("rank {rank} failed: {message}"));
+                comm.abort(&format!("rank {rank} failed: {message}"));
                 EngineError::Rank { rank, message }
             }
         });

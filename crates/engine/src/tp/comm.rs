@@ -29,10 +29,18 @@ impl std::str::FromStr for AllReduceDtype {
     }
 }
 
+/// What a worker thread needs to join its group. Sent to the worker, which connects on
+/// its own thread: device communicators (NCCL) belong to the thread that made them and
+/// are never moved between threads.
+pub trait Endpoint: Send {
+    fn connect(self: Box<Self>) -> Result<Box<dyn Communicator>>;
+}
+
 /// One rank's endpoint in a group. Every rank of a group must call the same collectives
 /// in the same order; a rank that fails calls [`Communicator::abort`] so the others return
-/// an error instead of waiting forever.
-pub trait Communicator: Send {
+/// an error instead of waiting forever (NCCL cannot wake peers already inside a
+/// collective: there the engine's step timeout is the backstop).
+pub trait Communicator {
     fn rank(&self) -> usize;
     fn world_size(&self) -> usize;
     /// Element-wise sum over ranks; every rank gets the sum.
