@@ -1,7 +1,9 @@
 //! `tessera`: serve a model over the OpenAI API, or generate from the command line.
 
+mod api;
 mod generate_cmd;
 mod model_args;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +22,8 @@ struct Cli {
 enum Command {
     /// Generate a completion for one prompt and print it.
     Generate(generate_cmd::GenerateArgs),
+    /// Serve the model over the OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +37,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match cli.command {
         Command::Generate(args) => generate_cmd::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,134 @@
+//! `POST /v1/chat/completions` request body, as sent.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use tessera_tokenizer::{ChatMessage, MessageContent};
+
+use crate::api::generation_params::{
+    as_object, parse_fields, refuse_unsupported, GenerationParams, Route,
+};
+use crate::serve::error::ServerError;
+
+/// Chat-only fields; the shared ones are in [`GenerationParams`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatFields {
+    pub messages: Vec<ChatMessageIn>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u64>,
+}
+
+/// One message as sent.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    pub content: Option<Value>,
+    pub name: Option<String>,
+    pub tool_calls: Option<Value>,
+}
+
+/// A chat request whose fields parsed; values are checked by validation.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub params: GenerationParams,
+    pub chat: ChatFields,
+}
+
+impl ChatRequest {
+    pub fn parse(body: &Value) -> Result<Self, ServerError> {
+        let object = as_object(body)?;
+        refuse_unsupported(object, Route::Chat)?;
+        Ok(ChatRequest {
+            params: parse_fields(body)?,
+            chat: parse_fields(body)?,
+        })
+    }
+
+    /// The messages in the form the chat template takes; refuses roles and content part
+    /// types we cannot render.
+    pub fn template_messages(&self) -> Result<Vec<ChatMessage>, ServerError> {
+        template_messages(&self.chat.messages)
+    }
+}
+
+/// Messages as sent to the form the chat template takes; refuses roles and content part
+/// types we cannot render.
+pub fn template_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ServerError> {
+    if messages.is_empty() {
+        return Err(ServerError::invalid(
+            "messages",
+            "`messages` must hold at least one message",
+        ));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| convert_message(i, m))
+        .collect()
+}
+
+fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerError> {
+    if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+        return Err(ServerError::invalid(
+            format!("messages[{i}].role"),
+            format!(
+                "unsupported role `{}`: use system, user or assistant",
+                m.role
+            ),
+        ));
+    }
+    if m.tool_calls.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(ServerError::invalid(
+            format!("messages[{i}].tool_calls"),
+            "tool calls are not supported",
+        ));
+    }
+    let content = match &m.content {
+        None | Some(Value::Null) => {
+            return Err(ServerError::invalid(
+                format!("messages[{i}].content"),
+                "every message needs `content`",
+            ))
+        }
+        Some(Value::String(s)) => MessageContent::Text(s.clone()),
+        Some(Value::Array(parts)) => {
+            for (j, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str);
+                let text = part.get("text").and_then(Value::as_str);
+                match (kind, text) {
+                    (Some("text"), Some(_)) => {}
+                    (Some("text"), None) => {
+                        return Err(ServerError::invalid(
+                            format!("messages[{i}].content[{j}].text"),
+                            "a text part needs a string `text`",
+                        ))
+                    }
+                    (other, _) => {
+                        return Err(ServerError::invalid(
+                            format!("messages[{i}].content[{j}].type"),
+                            format!(
+                                "content part type `{}` is not supported: only \"text\"",
+                                other.unwrap_or("(missing)")
+                            ),
+                        ))
+                    }
+                }
+            }
+            MessageContent::Parts(parts.clone())
+        }
+        Some(_) => {
+            return Err(ServerError::invalid(
+                format!("messages[{i}].content"),
+                "`content` must be a string or a list of text parts",
+            ))
+        }
+    };
+    let mut extra = Map::new();
+    if let Some(name) = &m.name {
+        extra.insert("name".into(), Value::String(name.clone()));
+    }
+    Ok(ChatMessage {
+        role: m.role.clone(),
+        content: Some(content),
+        extra,
+    })
+}

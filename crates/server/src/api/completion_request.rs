@@ -1,0 +1,66 @@
+//! `POST /v1/completions` request body, as sent.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::api::generation_params::{
+    as_object, parse_fields, refuse_unsupported, GenerationParams, Route,
+};
+use crate::serve::error::ServerError;
+
+/// `prompt`: text, texts, token ids, or lists of token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// One prompt before tokenization.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// Completion-only fields; the shared ones are in [`GenerationParams`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionFields {
+    pub prompt: PromptField,
+    pub echo: Option<bool>,
+    /// Number of alternatives to return per token (0 returns only the chosen one).
+    pub logprobs: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    pub params: GenerationParams,
+    pub completion: CompletionFields,
+}
+
+impl CompletionRequest {
+    pub fn parse(body: &Value) -> Result<Self, ServerError> {
+        let object = as_object(body)?;
+        refuse_unsupported(object, Route::Completion)?;
+        Ok(CompletionRequest {
+            params: parse_fields(body)?,
+            completion: parse_fields(body)?,
+        })
+    }
+
+    /// The prompts, one choice group each.
+    pub fn prompts(&self) -> Result<Vec<PromptInput>, ServerError> {
+        let prompts = match &self.completion.prompt {
+            PromptField::Text(t) => vec![PromptInput::Text(t.clone())],
+            PromptField::Texts(ts) => ts.iter().cloned().map(PromptInput::Text).collect(),
+            PromptField::Ids(ids) => vec![PromptInput::Ids(ids.clone())],
+            PromptField::IdLists(lists) => lists.iter().cloned().map(PromptInput::Ids).collect(),
+        };
+        if prompts.is_empty() {
+            return Err(ServerError::invalid("prompt", "`prompt` must not be empty"));
+        }
+        Ok(prompts)
+    }
+}

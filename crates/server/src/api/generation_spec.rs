@@ -1,0 +1,188 @@
+//! Checks the shared generation fields and turns them into engine terms.
+
+use tessera_protocol::SamplingParams;
+
+use crate::api::generation_params::{GenerationParams, StopField};
+use crate::serve::error::ServerError;
+
+/// Most choices one request may ask for (`n` times the number of prompts).
+pub const MAX_CHOICES: usize = 64;
+/// Most alternatives per token in logprobs (OpenAI's limit for chat).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Most stop strings per request.
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// The shared fields, checked. The prompt-dependent limits are checked later.
+#[derive(Debug, Clone)]
+pub struct GenerationSpec {
+    pub model: String,
+    /// `max_completion_tokens`, else `max_tokens`; `None` means the route's default.
+    pub max_tokens: Option<usize>,
+    pub n: usize,
+    pub sampling: SamplingParams,
+    pub stop_strings: Vec<String>,
+    pub ignore_eos: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn check_range(param: &str, value: f64, lo: f64, hi: f64) -> Result<f32, ServerError> {
+    if !value.is_finite() || value < lo || value > hi {
+        return Err(ServerError::invalid(
+            param,
+            format!("`{param}` must be between {lo} and {hi}, got {value}"),
+        ));
+    }
+    Ok(value as f32)
+}
+
+impl GenerationSpec {
+    /// Check every shared field. `vocab_size` bounds `logit_bias` keys.
+    pub fn from_params(p: &GenerationParams, vocab_size: usize) -> Result<Self, ServerError> {
+        let max_tokens = match (p.max_completion_tokens, p.max_tokens) {
+            (Some(v), _) => Some(("max_completion_tokens", v)),
+            (None, Some(v)) => Some(("max_tokens", v)),
+            (None, None) => None,
+        };
+        let max_tokens = match max_tokens {
+            Some((param, 0)) => {
+                return Err(ServerError::invalid(
+                    param,
+                    format!("`{param}` must be at least 1"),
+                ))
+            }
+            Some((_, v)) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
+            None => None,
+        };
+        let n = usize::try_from(p.n.unwrap_or(1)).unwrap_or(usize::MAX);
+        if n == 0 || n > MAX_CHOICES {
+            return Err(ServerError::invalid(
+                "n",
+                format!("`n` must be between 1 and {MAX_CHOICES}, got {n}"),
+            ));
+        }
+        if let Some(best_of) = p.best_of {
+            if best_of != 1 && best_of != n as u64 {
+                return Err(ServerError::invalid(
+                    "best_of",
+                    "`best_of` other than 1 or `n` is not supported",
+                ));
+            }
+        }
+        let mut sampling = SamplingParams::default();
+        if let Some(t) = p.temperature {
+            sampling.temperature = check_range("temperature", t, 0.0, 2.0)?;
+        }
+        if let Some(v) = p.top_p {
+            sampling.top_p = check_range("top_p", v, 0.0, 1.0)?;
+            if sampling.top_p <= 0.0 {
+                return Err(ServerError::invalid("top_p", "`top_p` must be above 0"));
+            }
+        }
+        if let Some(k) = p.top_k {
+            sampling.top_k = match k {
+                -1 | 0 => 0,
+                k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+                k => {
+                    return Err(ServerError::invalid(
+                        "top_k",
+                        format!("`top_k` must be -1, 0 (disabled) or positive, got {k}"),
+                    ))
+                }
+            };
+        }
+        if let Some(v) = p.min_p {
+            sampling.min_p = check_range("min_p", v, 0.0, 1.0)?;
+        }
+        if let Some(v) = p.presence_penalty {
+            sampling.presence_penalty = check_range("presence_penalty", v, -2.0, 2.0)?;
+        }
+        if let Some(v) = p.frequency_penalty {
+            sampling.frequency_penalty = check_range("frequency_penalty", v, -2.0, 2.0)?;
+        }
+        if let Some(v) = p.repetition_penalty {
+            sampling.repetition_penalty = check_range("repetition_penalty", v, 0.0, 2.0)?;
+            if sampling.repetition_penalty <= 0.0 {
+                return Err(ServerError::invalid(
+                    "repetition_penalty",
+                    "`repetition_penalty` must be above 0",
+                ));
+            }
+        }
+        // A negative seed is a valid 64-bit pattern; keep its bits.
+        sampling.seed = p.seed.map(|s| s as u64);
+        if let Some(bias) = &p.logit_bias {
+            for (key, value) in bias {
+                let id: u32 = key.parse().map_err(|_| {
+                    ServerError::invalid(
+                        "logit_bias",
+                        format!("logit_bias key `{key}` is not a token id"),
+                    )
+                })?;
+                if id as usize >= vocab_size {
+                    return Err(ServerError::invalid(
+                        "logit_bias",
+                        format!(
+                            "logit_bias token id {id} is out of range (vocabulary size {vocab_size})"
+                        ),
+                    ));
+                }
+                let v = check_range("logit_bias", *value, -100.0, 100.0)?;
+                sampling.logit_bias.push((id, v));
+            }
+        }
+        let stop_strings = match &p.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        };
+        if stop_strings.len() > MAX_STOP_STRINGS {
+            return Err(ServerError::invalid(
+                "stop",
+                format!("at most {MAX_STOP_STRINGS} stop strings are allowed"),
+            ));
+        }
+        if stop_strings.iter().any(String::is_empty) {
+            return Err(ServerError::invalid(
+                "stop",
+                "stop strings must not be empty",
+            ));
+        }
+        let stream = p.stream.unwrap_or(false);
+        let include_usage = match &p.stream_options {
+            Some(o) if !stream => {
+                if o.include_usage.is_some() {
+                    return Err(ServerError::invalid(
+                        "stream_options",
+                        "`stream_options` is only allowed with `stream`: true",
+                    ));
+                }
+                false
+            }
+            Some(o) => o.include_usage.unwrap_or(false),
+            None => false,
+        };
+        Ok(GenerationSpec {
+            model: p.model.clone(),
+            max_tokens,
+            n,
+            sampling,
+            stop_strings,
+            ignore_eos: p.ignore_eos.unwrap_or(false),
+            stream,
+            include_usage,
+        })
+    }
+}
+
+/// Check a logprobs alternatives count.
+pub fn check_top_logprobs(param: &str, value: u64) -> Result<usize, ServerError> {
+    let v = usize::try_from(value).unwrap_or(usize::MAX);
+    if v > MAX_TOP_LOGPROBS {
+        return Err(ServerError::invalid(
+            param,
+            format!("`{param}` must be between 0 and {MAX_TOP_LOGPROBS}, got {value}"),
+        ));
+    }
+    Ok(v)
+}

@@ -1,0 +1,14 @@
+//! The OpenAI wire format: request bodies as sent, their validation into a
+//! [`valid_request::ValidRequest`], response bodies, and the OpenAPI document. Nothing
+//! here knows axum; the `serve` module does the HTTP.
+
+pub mod chat_request;
+pub mod completion_request;
+pub mod error_body;
+pub mod generation_params;
+pub mod generation_spec;
+pub mod models;
+pub mod openapi;
+pub mod response;
+pub mod tokenize;
+pub mod valid_request;

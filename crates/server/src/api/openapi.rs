@@ -1,0 +1,362 @@
+//! The OpenAPI 3.1 document of the server's routes, written by hand. A test checks that
+//! every route of the router appears here and that real responses carry the required
+//! fields declared by these schemas.
+
+use serde_json::{json, Value};
+
+fn reference(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{name}") })
+}
+
+fn json_response(description: &str, schema: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": reference(schema) } }
+    })
+}
+
+fn errors() -> Value {
+    json!({
+        "description": "An error in OpenAI's envelope (400, 401, 404, 405, 413, 415, 429, 500, 503)",
+        "content": { "application/json": { "schema": reference("ErrorResponse") } }
+    })
+}
+
+fn json_body(schema: &str) -> Value {
+    json!({
+        "required": true,
+        "content": { "application/json": { "schema": reference(schema) } }
+    })
+}
+
+fn generation_properties() -> Value {
+    json!({
+        "model": { "type": "string" },
+        "max_tokens": { "type": ["integer", "null"], "minimum": 1 },
+        "max_completion_tokens": { "type": ["integer", "null"], "minimum": 1 },
+        "temperature": { "type": ["number", "null"], "minimum": 0, "maximum": 2 },
+        "top_p": { "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1 },
+        "top_k": { "type": ["integer", "null"] },
+        "min_p": { "type": ["number", "null"], "minimum": 0, "maximum": 1 },
+        "n": { "type": ["integer", "null"], "minimum": 1 },
+        "stop": { "oneOf": [ { "type": "string" }, { "type": "array", "items": { "type": "string" } }, { "type": "null" } ] },
+        "seed": { "type": ["integer", "null"] },
+        "presence_penalty": { "type": ["number", "null"], "minimum": -2, "maximum": 2 },
+        "frequency_penalty": { "type": ["number", "null"], "minimum": -2, "maximum": 2 },
+        "repetition_penalty": { "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 2 },
+        "logit_bias": { "type": ["object", "null"], "additionalProperties": { "type": "number" } },
+        "user": { "type": ["string", "null"] },
+        "stream": { "type": ["boolean", "null"] },
+        "stream_options": { "type": ["object", "null"], "properties": { "include_usage": { "type": "boolean" } } },
+        "ignore_eos": { "type": ["boolean", "null"] },
+        "best_of": { "type": ["integer", "null"] }
+    })
+}
+
+fn with_properties(mut base: Value, extra: Value) -> Value {
+    if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    base
+}
+
+fn schemas() -> Value {
+    let usage = json!({
+        "type": "object",
+        "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+        "properties": {
+            "prompt_tokens": { "type": "integer" },
+            "completion_tokens": { "type": "integer" },
+            "total_tokens": { "type": "integer" }
+        }
+    });
+    let top_logprob = json!({
+        "type": "object",
+        "required": ["token", "logprob", "bytes"],
+        "properties": {
+            "token": { "type": "string" },
+            "logprob": { "type": "number" },
+            "bytes": { "type": "array", "items": { "type": "integer" } }
+        }
+    });
+    json!({
+        "ErrorResponse": {
+            "type": "object",
+            "required": ["error"],
+            "properties": { "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": { "type": "string" },
+                    "type": { "type": "string" },
+                    "param": { "type": ["string", "null"] },
+                    "code": { "type": ["string", "null"] }
+                }
+            } }
+        },
+        "Usage": usage,
+        "ChatMessage": {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": { "type": "string", "enum": ["system", "user", "assistant"] },
+                "content": { "oneOf": [
+                    { "type": "string" },
+                    { "type": "array", "items": { "type": "object", "required": ["type", "text"],
+                        "properties": { "type": { "const": "text" }, "text": { "type": "string" } } } }
+                ] },
+                "name": { "type": "string" }
+            }
+        },
+        "ChatCompletionRequest": {
+            "type": "object",
+            "required": ["model", "messages"],
+            "properties": with_properties(generation_properties(), json!({
+                "messages": { "type": "array", "items": reference("ChatMessage") },
+                "logprobs": { "type": ["boolean", "null"] },
+                "top_logprobs": { "type": ["integer", "null"], "minimum": 0, "maximum": 20 }
+            }))
+        },
+        "CompletionRequest": {
+            "type": "object",
+            "required": ["model", "prompt"],
+            "properties": with_properties(generation_properties(), json!({
+                "prompt": { "oneOf": [
+                    { "type": "string" },
+                    { "type": "array", "items": { "type": "string" } },
+                    { "type": "array", "items": { "type": "integer" } },
+                    { "type": "array", "items": { "type": "array", "items": { "type": "integer" } } }
+                ] },
+                "echo": { "type": ["boolean", "null"] },
+                "logprobs": { "type": ["integer", "null"], "minimum": 0, "maximum": 20 }
+            }))
+        },
+        "ChatTokenLogprob": {
+            "type": "object",
+            "required": ["token", "logprob", "bytes", "top_logprobs"],
+            "properties": {
+                "token": { "type": "string" },
+                "logprob": { "type": "number" },
+                "bytes": { "type": "array", "items": { "type": "integer" } },
+                "top_logprobs": { "type": "array", "items": top_logprob }
+            }
+        },
+        "ChatLogprobs": {
+            "type": ["object", "null"],
+            "required": ["content"],
+            "properties": { "content": { "type": "array", "items": reference("ChatTokenLogprob") } }
+        },
+        "ChatCompletion": {
+            "type": "object",
+            "required": ["id", "object", "created", "model", "choices", "usage"],
+            "properties": {
+                "id": { "type": "string" },
+                "object": { "const": "chat.completion" },
+                "created": { "type": "integer" },
+                "model": { "type": "string" },
+                "choices": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["index", "message", "logprobs", "finish_reason"],
+                    "properties": {
+                        "index": { "type": "integer" },
+                        "message": { "type": "object", "required": ["role", "content"],
+                            "properties": { "role": { "const": "assistant" }, "content": { "type": "string" } } },
+                        "logprobs": reference("ChatLogprobs"),
+                        "finish_reason": { "type": "string", "enum": ["stop", "length"] }
+                    }
+                } },
+                "usage": reference("Usage")
+            }
+        },
+        "ChatCompletionChunk": {
+            "type": "object",
+            "required": ["id", "object", "created", "model", "choices"],
+            "properties": {
+                "id": { "type": "string" },
+                "object": { "const": "chat.completion.chunk" },
+                "created": { "type": "integer" },
+                "model": { "type": "string" },
+                "choices": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["index", "delta", "finish_reason"],
+                    "properties": {
+                        "index": { "type": "integer" },
+                        "delta": { "type": "object", "properties": {
+                            "role": { "const": "assistant" }, "content": { "type": "string" } } },
+                        "logprobs": reference("ChatLogprobs"),
+                        "finish_reason": { "type": ["string", "null"] }
+                    }
+                } },
+                "usage": reference("Usage")
+            }
+        },
+        "CompletionLogprobs": {
+            "type": ["object", "null"],
+            "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+            "properties": {
+                "tokens": { "type": "array", "items": { "type": "string" } },
+                "token_logprobs": { "type": "array", "items": { "type": "number" } },
+                "top_logprobs": { "type": "array", "items": { "type": "object", "additionalProperties": { "type": "number" } } },
+                "text_offset": { "type": "array", "items": { "type": "integer" } }
+            }
+        },
+        "Completion": {
+            "description": "A text completion; also the shape of each streamed chunk (then `usage` is only in the last chunk, with `stream_options.include_usage`).",
+            "type": "object",
+            "required": ["id", "object", "created", "model", "choices"],
+            "properties": {
+                "id": { "type": "string" },
+                "object": { "const": "text_completion" },
+                "created": { "type": "integer" },
+                "model": { "type": "string" },
+                "choices": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["index", "text", "logprobs", "finish_reason"],
+                    "properties": {
+                        "index": { "type": "integer" },
+                        "text": { "type": "string" },
+                        "logprobs": reference("CompletionLogprobs"),
+                        "finish_reason": { "type": ["string", "null"] }
+                    }
+                } },
+                "usage": reference("Usage")
+            }
+        },
+        "Model": {
+            "type": "object",
+            "required": ["id", "object", "created", "owned_by", "max_model_len"],
+            "properties": {
+                "id": { "type": "string" },
+                "object": { "const": "model" },
+                "created": { "type": "integer" },
+                "owned_by": { "type": "string" },
+                "max_model_len": { "type": "integer" }
+            }
+        },
+        "ModelList": {
+            "type": "object",
+            "required": ["object", "data"],
+            "properties": {
+                "object": { "const": "list" },
+                "data": { "type": "array", "items": reference("Model") }
+            }
+        },
+        "TokenizeRequest": {
+            "type": "object",
+            "description": "Exactly one of `prompt` and `messages`.",
+            "properties": {
+                "model": { "type": "string" },
+                "prompt": { "type": "string" },
+                "messages": { "type": "array", "items": reference("ChatMessage") },
+                "add_special_tokens": { "type": "boolean" },
+                "add_generation_prompt": { "type": "boolean" },
+                "return_token_strs": { "type": "boolean" }
+            }
+        },
+        "TokenizeResponse": {
+            "type": "object",
+            "required": ["count", "max_model_len", "tokens"],
+            "properties": {
+                "count": { "type": "integer" },
+                "max_model_len": { "type": "integer" },
+                "tokens": { "type": "array", "items": { "type": "integer" } },
+                "token_strs": { "type": "array", "items": { "type": "string" } }
+            }
+        },
+        "DetokenizeRequest": {
+            "type": "object",
+            "required": ["tokens"],
+            "properties": {
+                "model": { "type": "string" },
+                "tokens": { "type": "array", "items": { "type": "integer" } }
+            }
+        },
+        "DetokenizeResponse": {
+            "type": "object",
+            "required": ["prompt"],
+            "properties": { "prompt": { "type": "string" } }
+        },
+        "Health": {
+            "type": "object",
+            "required": ["status"],
+            "properties": { "status": { "const": "ok" } }
+        }
+    })
+}
+
+/// The whole document.
+pub fn document() -> Value {
+    let stream_or_json = |json_schema: &str, chunk_schema: &str| {
+        json!({
+            "description": "The completion, or with `stream: true` server-sent events: `data: <chunk>` lines, then `data: [DONE]`",
+            "content": {
+                "application/json": { "schema": reference(json_schema) },
+                "text/event-stream": { "schema": reference(chunk_schema) }
+            }
+        })
+    };
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Tessera",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "OpenAI-compatible LLM inference server"
+        },
+        "components": {
+            "schemas": schemas(),
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
+        },
+        "security": [ { "bearer": [] } ],
+        "paths": {
+            "/v1/chat/completions": { "post": {
+                "operationId": "createChatCompletion",
+                "requestBody": json_body("ChatCompletionRequest"),
+                "responses": { "200": stream_or_json("ChatCompletion", "ChatCompletionChunk"), "default": errors() }
+            } },
+            "/v1/completions": { "post": {
+                "operationId": "createCompletion",
+                "requestBody": json_body("CompletionRequest"),
+                "responses": { "200": stream_or_json("Completion", "Completion"), "default": errors() }
+            } },
+            "/v1/models": { "get": {
+                "operationId": "listModels",
+                "responses": { "200": json_response("The served model", "ModelList"), "default": errors() }
+            } },
+            "/v1/models/{id}": { "get": {
+                "operationId": "retrieveModel",
+                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "string" } } ],
+                "responses": { "200": json_response("The model", "Model"), "default": errors() }
+            } },
+            "/tokenize": { "post": {
+                "operationId": "tokenize",
+                "requestBody": json_body("TokenizeRequest"),
+                "responses": { "200": json_response("Token ids", "TokenizeResponse"), "default": errors() }
+            } },
+            "/detokenize": { "post": {
+                "operationId": "detokenize",
+                "requestBody": json_body("DetokenizeRequest"),
+                "responses": { "200": json_response("Text", "DetokenizeResponse"), "default": errors() }
+            } },
+            "/metrics": { "get": {
+                "operationId": "metrics",
+                "responses": {
+                    "200": { "description": "Scheduler metrics, Prometheus text format",
+                             "content": { "text/plain": { "schema": { "type": "string" } } } },
+                    "default": errors()
+                }
+            } },
+            "/openapi.json": { "get": {
+                "operationId": "openapi",
+                "responses": { "200": { "description": "This document",
+                    "content": { "application/json": { "schema": { "type": "object" } } } } }
+            } },
+            "/health": { "get": {
+                "operationId": "health",
+                "security": [],
+                "responses": { "200": json_response("The server is up", "Health") }
+            } }
+        }
+    })
+}

@@ -1,0 +1,313 @@
+//! `ValidRequest`: the only form of a request the scheduler sees. It is made only by
+//! [`ValidRequest::chat`] and [`ValidRequest::completion`], which apply the chat
+//! template, tokenize on the blocking pool and check every limit.
+
+use std::sync::Arc;
+
+use tessera_protocol::{GenerationRequest, StopCondition};
+use tessera_tokenizer::{ChatRenderRequest, Tokenizer, TokenizerError};
+
+use crate::api::chat_request::ChatRequest;
+use crate::api::completion_request::{CompletionRequest, PromptInput};
+use crate::api::generation_spec::{check_top_logprobs, GenerationSpec, MAX_CHOICES};
+use crate::serve::error::ServerError;
+
+/// Default `max_tokens` of `/v1/completions`, as OpenAI's.
+pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
+
+/// What validation needs to know about the served model.
+#[derive(Debug, Clone)]
+pub struct ValidationContext {
+    pub tokenizer: Arc<Tokenizer>,
+    pub served_model_name: String,
+    /// Longest context (prompt + completion) in tokens.
+    pub max_model_len: usize,
+    /// Tokens the whole KV cache holds; a default `max_tokens` stays within it.
+    pub kv_capacity_tokens: usize,
+}
+
+/// A tokenized prompt and its completion budget.
+#[derive(Debug, Clone)]
+pub struct ValidPrompt {
+    pub ids: Vec<u32>,
+    /// The prompt text (for `echo`).
+    pub text: String,
+    pub max_tokens: usize,
+}
+
+/// How log-probabilities are returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogprobsShape {
+    /// `choices[].logprobs.content[...]`.
+    Chat { top: usize },
+    /// `choices[].logprobs{tokens, token_logprobs, top_logprobs, text_offset}`.
+    Completion { top: usize },
+}
+
+/// A request checked against the model: every field usable as is.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    prompts: Vec<ValidPrompt>,
+    spec: GenerationSpec,
+    stop_token_ids: Vec<u32>,
+    logprobs: Option<LogprobsShape>,
+    echo: bool,
+}
+
+/// One sequence to submit: its choice index and request.
+#[derive(Debug, Clone)]
+pub struct PlannedChoice {
+    pub index: usize,
+    pub prompt_index: usize,
+    pub request: GenerationRequest,
+}
+
+impl ValidRequest {
+    pub async fn chat(req: ChatRequest, ctx: &ValidationContext) -> Result<Self, ServerError> {
+        let spec = GenerationSpec::from_params(&req.params, ctx.tokenizer.vocab_size())?;
+        check_model(&spec.model, ctx)?;
+        let logprobs = match (req.chat.logprobs, req.chat.top_logprobs) {
+            (Some(true), top) => Some(LogprobsShape::Chat {
+                top: check_top_logprobs("top_logprobs", top.unwrap_or(0))?,
+            }),
+            (_, Some(_)) => {
+                return Err(ServerError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs`: true",
+                ))
+            }
+            _ => None,
+        };
+        let messages = req.template_messages()?;
+        let tokenizer = Arc::clone(&ctx.tokenizer);
+        let (text, ids) = blocking(move || {
+            let template = tokenizer.chat_template()?;
+            let text = template.render(&ChatRenderRequest {
+                messages,
+                add_generation_prompt: true,
+                tools: None,
+                kwargs: Default::default(),
+            })?;
+            let ids = tokenizer.encode(&text, false)?;
+            Ok((text, ids))
+        })
+        .await?
+        .map_err(|e| match e {
+            TokenizerError::NoChatTemplate => ServerError::invalid(
+                "messages",
+                "the model has no chat template; use /v1/completions",
+            ),
+            TokenizerError::Template(m) | TokenizerError::TemplateInput(m) => {
+                ServerError::invalid("messages", format!("the chat template failed: {m}"))
+            }
+            other => ServerError::from(other),
+        })?;
+        let prompt = budget(ids, text, spec.max_tokens, None, "messages", ctx)?;
+        Ok(Self::assemble(vec![prompt], spec, logprobs, false, ctx))
+    }
+
+    pub async fn completion(
+        req: CompletionRequest,
+        ctx: &ValidationContext,
+    ) -> Result<Self, ServerError> {
+        let spec = GenerationSpec::from_params(&req.params, ctx.tokenizer.vocab_size())?;
+        check_model(&spec.model, ctx)?;
+        let logprobs = match req.completion.logprobs {
+            Some(top) => Some(LogprobsShape::Completion {
+                top: check_top_logprobs("logprobs", top)?,
+            }),
+            None => None,
+        };
+        let echo = req.completion.echo.unwrap_or(false);
+        if echo && logprobs.is_some() {
+            return Err(ServerError::invalid(
+                "echo",
+                "`echo` with `logprobs` is not supported (prompt log-probabilities are not computed)",
+            ));
+        }
+        let inputs = req.prompts()?;
+        if inputs.len() * spec.n > MAX_CHOICES {
+            return Err(ServerError::invalid(
+                "n",
+                format!(
+                    "{} prompts times n = {} is more than {MAX_CHOICES} choices",
+                    inputs.len(),
+                    spec.n
+                ),
+            ));
+        }
+        let vocab = ctx.tokenizer.vocab_size();
+        for input in &inputs {
+            if let PromptInput::Ids(ids) = input {
+                if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+                    return Err(ServerError::invalid(
+                        "prompt",
+                        format!("token id {bad} is out of range (vocabulary size {vocab})"),
+                    ));
+                }
+            }
+        }
+        let tokenizer = Arc::clone(&ctx.tokenizer);
+        let tokenized = blocking(move || {
+            inputs
+                .into_iter()
+                .map(|p| match p {
+                    PromptInput::Text(text) => {
+                        let ids = tokenizer.encode(&text, true)?;
+                        Ok((text, ids))
+                    }
+                    PromptInput::Ids(ids) => Ok((tokenizer.decode(&ids, false)?, ids)),
+                })
+                .collect::<Result<Vec<_>, TokenizerError>>()
+        })
+        .await??;
+        let mut prompts = Vec::with_capacity(tokenized.len());
+        for (text, ids) in tokenized {
+            prompts.push(budget(
+                ids,
+                text,
+                spec.max_tokens,
+                Some(DEFAULT_COMPLETION_MAX_TOKENS),
+                "prompt",
+                ctx,
+            )?);
+        }
+        Ok(Self::assemble(prompts, spec, logprobs, echo, ctx))
+    }
+
+    fn assemble(
+        prompts: Vec<ValidPrompt>,
+        spec: GenerationSpec,
+        logprobs: Option<LogprobsShape>,
+        echo: bool,
+        ctx: &ValidationContext,
+    ) -> Self {
+        ValidRequest {
+            prompts,
+            spec,
+            stop_token_ids: ctx.tokenizer.eos_token_ids().to_vec(),
+            logprobs,
+            echo,
+        }
+    }
+
+    pub fn prompts(&self) -> &[ValidPrompt] {
+        &self.prompts
+    }
+    pub fn stop_strings(&self) -> &[String] {
+        &self.spec.stop_strings
+    }
+    pub fn stream(&self) -> bool {
+        self.spec.stream
+    }
+    pub fn include_usage(&self) -> bool {
+        self.spec.include_usage
+    }
+    pub fn logprobs(&self) -> Option<LogprobsShape> {
+        self.logprobs
+    }
+    pub fn echo(&self) -> bool {
+        self.echo
+    }
+    pub fn model(&self) -> &str {
+        &self.spec.model
+    }
+
+    /// One generation per choice: prompt `p`, sample `i` is choice `p * n + i`; with a
+    /// seed, sample `i` uses `seed + i` so the choices differ but are reproducible.
+    pub fn planned_choices(&self) -> Vec<PlannedChoice> {
+        let n = self.spec.n;
+        let mut out = Vec::with_capacity(self.prompts.len() * n);
+        for (p, prompt) in self.prompts.iter().enumerate() {
+            for i in 0..n {
+                let mut sampling = self.spec.sampling.clone();
+                sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+                sampling.logprobs = self.logprobs.map(|l| match l {
+                    LogprobsShape::Chat { top } | LogprobsShape::Completion { top } => top,
+                });
+                out.push(PlannedChoice {
+                    index: p * n + i,
+                    prompt_index: p,
+                    request: GenerationRequest {
+                        prompt_ids: prompt.ids.clone(),
+                        sampling,
+                        stop: StopCondition {
+                            max_tokens: prompt.max_tokens,
+                            stop_token_ids: self.stop_token_ids.clone(),
+                            ignore_eos: self.spec.ignore_eos,
+                        },
+                    },
+                });
+            }
+        }
+        out
+    }
+}
+
+fn check_model(model: &str, ctx: &ValidationContext) -> Result<(), ServerError> {
+    if model != ctx.served_model_name {
+        return Err(ServerError::ModelNotFound(model.to_string()));
+    }
+    Ok(())
+}
+
+/// Check the prompt against the context and settle `max_tokens` (default: `default`,
+/// else the rest of the context).
+fn budget(
+    ids: Vec<u32>,
+    text: String,
+    requested: Option<usize>,
+    default: Option<usize>,
+    prompt_param: &str,
+    ctx: &ValidationContext,
+) -> Result<ValidPrompt, ServerError> {
+    let limit = ctx.max_model_len;
+    let prompt_len = ids.len();
+    if prompt_len == 0 {
+        return Err(ServerError::invalid(
+            prompt_param,
+            "the prompt has no tokens",
+        ));
+    }
+    if prompt_len >= limit {
+        return Err(ServerError::invalid(
+            prompt_param,
+            format!(
+                "the prompt is {prompt_len} tokens but the model's context length is \
+                 {limit} tokens (it must leave room for at least one generated token)"
+            ),
+        ));
+    }
+    let room = limit - prompt_len;
+    let max_tokens = match requested {
+        Some(m) if m > room => {
+            return Err(ServerError::invalid(
+                "max_tokens",
+                format!(
+                    "the prompt is {prompt_len} tokens and max_tokens is {m}: together more \
+                     than the model's context length of {limit} tokens"
+                ),
+            ))
+        }
+        Some(m) => m,
+        // The default must fit the KV cache too, or the request could never run.
+        None => {
+            let fits = ctx.kv_capacity_tokens.saturating_sub(prompt_len).max(1);
+            default.map_or(room, |d| d.min(room)).min(fits)
+        }
+    };
+    Ok(ValidPrompt {
+        ids,
+        text,
+        max_tokens,
+    })
+}
+
+/// Run CPU-heavy work (templating, tokenizing) on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ServerError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ServerError::Internal(format!("blocking task failed: {e}")))
+}

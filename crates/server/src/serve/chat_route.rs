@@ -1,0 +1,147 @@
+//! `POST /v1/chat/completions`.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::api::chat_request::ChatRequest;
+use crate::api::response::{
+    AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
+    ChatLogprobs, TokenLogprob, Usage,
+};
+use crate::api::valid_request::ValidRequest;
+use crate::serve::error::ServerError;
+use crate::serve::generation::{collect_all, submit_all};
+use crate::serve::json_body::JsonBody;
+use crate::serve::state::{random_id, unix_now, AppState};
+use crate::serve::stream::{sse_response, to_json, ChunkFormat};
+
+pub async fn chat_completions(
+    State(app): State<AppState>,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ServerError> {
+    let req = ChatRequest::parse(&body)?;
+    if let Some(user) = &req.params.user {
+        // Informational only, as in OpenAI's API: it names the end user in logs.
+        tracing::debug!(user = %user, "request from end user");
+    }
+    let valid = ValidRequest::chat(req, &app.validation).await?;
+    let runs = submit_all(&app.scheduler, &app.validation.tokenizer, &valid)?;
+    let prompt_tokens: usize = valid.prompts().iter().map(|p| p.ids.len()).sum();
+    let id = format!("chatcmpl-{}", random_id());
+    let created = unix_now();
+    let model = valid.model().to_string();
+    let with_logprobs = valid.logprobs().is_some();
+    if valid.stream() {
+        let format = ChatFormat {
+            id,
+            created,
+            model,
+            with_logprobs,
+        };
+        return Ok(sse_response(
+            runs,
+            format,
+            prompt_tokens,
+            valid.include_usage(),
+        ));
+    }
+    let outputs = collect_all(runs).await?;
+    let completion_tokens = outputs.iter().map(|o| o.completion_tokens).sum();
+    let choices = outputs
+        .into_iter()
+        .map(|o| ChatChoice {
+            index: o.index,
+            message: AssistantMessage {
+                role: "assistant",
+                content: o.text,
+            },
+            logprobs: with_logprobs.then(|| ChatLogprobs::from_tokens(&o.logprobs)),
+            finish_reason: o.finish_reason,
+        })
+        .collect();
+    Ok(Json(ChatCompletion {
+        id,
+        object: "chat.completion",
+        created,
+        model,
+        choices,
+        usage: Usage::new(prompt_tokens, completion_tokens),
+    })
+    .into_response())
+}
+
+struct ChatFormat {
+    id: String,
+    created: u64,
+    model: String,
+    with_logprobs: bool,
+}
+
+impl ChatFormat {
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> String {
+        to_json(&ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        })
+    }
+}
+
+impl ChunkFormat for ChatFormat {
+    fn opening(&mut self, choices: &[(usize, usize)]) -> Vec<String> {
+        choices
+            .iter()
+            .map(|&(index, _)| {
+                self.chunk(
+                    vec![ChatChunkChoice {
+                        index,
+                        delta: ChatDelta {
+                            role: Some("assistant"),
+                            content: Some(String::new()),
+                        },
+                        logprobs: None,
+                        finish_reason: None,
+                    }],
+                    None,
+                )
+            })
+            .collect()
+    }
+
+    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> String {
+        self.chunk(
+            vec![ChatChunkChoice {
+                index,
+                delta: ChatDelta {
+                    role: None,
+                    content: Some(text),
+                },
+                logprobs: self
+                    .with_logprobs
+                    .then(|| ChatLogprobs::from_tokens(logprobs)),
+                finish_reason: None,
+            }],
+            None,
+        )
+    }
+
+    fn finish(&mut self, index: usize, reason: &'static str) -> String {
+        self.chunk(
+            vec![ChatChunkChoice {
+                index,
+                delta: ChatDelta::default(),
+                logprobs: None,
+                finish_reason: Some(reason),
+            }],
+            None,
+        )
+    }
+
+    fn usage(&mut self, usage: Usage) -> String {
+        self.chunk(Vec::new(), Some(usage))
+    }
+}

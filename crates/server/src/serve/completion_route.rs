@@ -1,0 +1,172 @@
+//! `POST /v1/completions`.
+
+use std::collections::HashMap;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::api::completion_request::CompletionRequest;
+use crate::api::response::{Completion, CompletionChoice, CompletionLogprobs, TokenLogprob, Usage};
+use crate::api::valid_request::ValidRequest;
+use crate::serve::error::ServerError;
+use crate::serve::generation::{collect_all, submit_all};
+use crate::serve::json_body::JsonBody;
+use crate::serve::state::{random_id, unix_now, AppState};
+use crate::serve::stream::{sse_response, to_json, ChunkFormat};
+
+pub async fn completions(
+    State(app): State<AppState>,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ServerError> {
+    let req = CompletionRequest::parse(&body)?;
+    if let Some(user) = &req.params.user {
+        // Informational only, as in OpenAI's API: it names the end user in logs.
+        tracing::debug!(user = %user, "request from end user");
+    }
+    let valid = ValidRequest::completion(req, &app.validation).await?;
+    let runs = submit_all(&app.scheduler, &app.validation.tokenizer, &valid)?;
+    let prompt_tokens: usize = valid.prompts().iter().map(|p| p.ids.len()).sum();
+    let echo_texts: Vec<String> = valid
+        .prompts()
+        .iter()
+        .map(|p| {
+            if valid.echo() {
+                p.text.clone()
+            } else {
+                String::new()
+            }
+        })
+        .collect();
+    let id = format!("cmpl-{}", random_id());
+    let created = unix_now();
+    let model = valid.model().to_string();
+    let with_logprobs = valid.logprobs().is_some();
+    if valid.stream() {
+        let format = CompletionFormat {
+            id,
+            created,
+            model,
+            with_logprobs,
+            echo_texts,
+            offsets: HashMap::new(),
+        };
+        return Ok(sse_response(
+            runs,
+            format,
+            prompt_tokens,
+            valid.include_usage(),
+        ));
+    }
+    let outputs = collect_all(runs).await?;
+    let completion_tokens = outputs.iter().map(|o| o.completion_tokens).sum();
+    let choices = outputs
+        .into_iter()
+        .map(|o| {
+            let echo = echo_texts.get(o.prompt_index).cloned().unwrap_or_default();
+            let logprobs = with_logprobs.then(|| {
+                let mut lp = CompletionLogprobs::default();
+                lp.extend(&o.logprobs, echo.chars().count());
+                lp
+            });
+            CompletionChoice {
+                index: o.index,
+                text: echo + &o.text,
+                logprobs,
+                finish_reason: Some(o.finish_reason),
+            }
+        })
+        .collect();
+    Ok(Json(Completion {
+        id,
+        object: "text_completion",
+        created,
+        model,
+        choices,
+        usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+    })
+    .into_response())
+}
+
+struct CompletionFormat {
+    id: String,
+    created: u64,
+    model: String,
+    with_logprobs: bool,
+    echo_texts: Vec<String>,
+    /// Character offset reached by each choice's text (for `text_offset`).
+    offsets: HashMap<usize, usize>,
+}
+
+impl CompletionFormat {
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
+        to_json(&Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        })
+    }
+}
+
+impl ChunkFormat for CompletionFormat {
+    fn opening(&mut self, choices: &[(usize, usize)]) -> Vec<String> {
+        let mut out = Vec::new();
+        for &(index, prompt_index) in choices {
+            let echo = self
+                .echo_texts
+                .get(prompt_index)
+                .cloned()
+                .unwrap_or_default();
+            self.offsets.insert(index, echo.chars().count());
+            if !echo.is_empty() {
+                out.push(self.chunk(
+                    vec![CompletionChoice {
+                        index,
+                        text: echo,
+                        logprobs: None,
+                        finish_reason: None,
+                    }],
+                    None,
+                ));
+            }
+        }
+        out
+    }
+
+    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> String {
+        let lp = self.with_logprobs.then(|| {
+            let mut lp = CompletionLogprobs::default();
+            let offset = self.offsets.get(&index).copied().unwrap_or(0);
+            self.offsets.insert(index, lp.extend(logprobs, offset));
+            lp
+        });
+        self.chunk(
+            vec![CompletionChoice {
+                index,
+                text,
+                logprobs: lp,
+                finish_reason: None,
+            }],
+            None,
+        )
+    }
+
+    fn finish(&mut self, index: usize, reason: &'static str) -> String {
+        self.chunk(
+            vec![CompletionChoice {
+                index,
+                text: String::new(),
+                logprobs: None,
+                finish_reason: Some(reason),
+            }],
+            None,
+        )
+    }
+
+    fn usage(&mut self, usage: Usage) -> String {
+        self.chunk(Vec::new(), Some(usage))
+    }
+}

@@ -1,0 +1,169 @@
+//! `ServerError`: every way a request can fail, and the one place that maps each to an
+//! HTTP status and an OpenAI error envelope.
+//!
+//! Internal details (engine messages, I/O errors) are logged here and never sent: a 500
+//! or 503 body carries a generic message only.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tessera_scheduler::AdmissionError;
+
+use crate::api::error_body::ErrorBody;
+
+/// Seconds a client is told to wait after a 429 or 503.
+const RETRY_AFTER_SECS: &str = "1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A parameter is missing, malformed, out of range or not supported (400).
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<String>,
+    },
+    /// The body is not JSON or not an object (400).
+    #[error("{0}")]
+    InvalidJson(String),
+    /// Keys are configured and the request has none or a wrong one (401).
+    #[error("missing or incorrect API key")]
+    Unauthorized,
+    /// The `model` field is not the served model (404).
+    #[error("the model `{0}` does not exist")]
+    ModelNotFound(String),
+    /// No route has this path (404).
+    #[error("no route for {method} {path}")]
+    RouteNotFound { method: String, path: String },
+    /// The route exists but not for this method (405).
+    #[error("method {method} is not allowed for {path}")]
+    MethodNotAllowed { method: String, path: String },
+    /// The body is larger than `--max-body-bytes` (413).
+    #[error("request body is larger than the limit of {limit_bytes} bytes")]
+    PayloadTooLarge { limit_bytes: usize },
+    /// The body is not `application/json` (415).
+    #[error("expected a body with Content-Type: application/json, got {0}")]
+    UnsupportedMediaType(String),
+    /// The scheduler refused the request at the door (429, 400 or 503).
+    #[error(transparent)]
+    Admission(#[from] AdmissionError),
+    /// The engine failed while running this request (503). The string is logged only.
+    #[error("the engine failed")]
+    EngineFailed(String),
+    /// A bug or I/O failure (500). The string is logged only.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ServerError {
+    /// A 400 that names the offending parameter.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        ServerError::InvalidRequest {
+            message: message.into(),
+            param: Some(param.into()),
+        }
+    }
+
+    /// HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ServerError::InvalidRequest { .. } | ServerError::InvalidJson(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            ServerError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ServerError::ModelNotFound(_) | ServerError::RouteNotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            ServerError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ServerError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ServerError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ServerError::Admission(a) => match a {
+                AdmissionError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+                AdmissionError::NeverFits { .. } | AdmissionError::Invalid(_) => {
+                    StatusCode::BAD_REQUEST
+                }
+                AdmissionError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            },
+            ServerError::EngineFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The OpenAI error envelope for this error (also sent as an SSE event mid-stream).
+    pub fn body(&self) -> ErrorBody {
+        let (kind, code) = match self {
+            ServerError::InvalidRequest { .. } | ServerError::InvalidJson(_) => {
+                ("invalid_request_error", None)
+            }
+            ServerError::Unauthorized => ("authentication_error", Some("invalid_api_key")),
+            ServerError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
+            ServerError::RouteNotFound { .. } => ("invalid_request_error", Some("not_found")),
+            ServerError::MethodNotAllowed { .. } => {
+                ("invalid_request_error", Some("method_not_allowed"))
+            }
+            ServerError::PayloadTooLarge { .. } => {
+                ("invalid_request_error", Some("payload_too_large"))
+            }
+            ServerError::UnsupportedMediaType(_) => {
+                ("invalid_request_error", Some("unsupported_media_type"))
+            }
+            ServerError::Admission(a) => match a {
+                AdmissionError::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
+                AdmissionError::NeverFits { .. } => {
+                    ("invalid_request_error", Some("context_length_exceeded"))
+                }
+                AdmissionError::Invalid(_) => ("invalid_request_error", None),
+                AdmissionError::ShuttingDown => ("server_error", Some("shutting_down")),
+            },
+            ServerError::EngineFailed(_) => ("server_error", Some("engine_failed")),
+            ServerError::Internal(_) => ("server_error", None),
+        };
+        let param = match self {
+            ServerError::InvalidRequest { param, .. } => param.clone(),
+            ServerError::ModelNotFound(_) => Some("model".to_string()),
+            ServerError::Admission(AdmissionError::NeverFits { .. }) => {
+                Some("max_tokens".to_string())
+            }
+            _ => None,
+        };
+        let message = match self {
+            ServerError::EngineFailed(_) => {
+                "the engine failed while running this request; retry later".to_string()
+            }
+            ServerError::Internal(_) => "internal server error".to_string(),
+            other => other.to_string(),
+        };
+        ErrorBody::new(message, kind, param, code.map(str::to_string))
+    }
+
+    /// Log what the client will not see.
+    pub fn log(&self) {
+        match self {
+            ServerError::EngineFailed(detail) => tracing::error!("engine failure: {detail}"),
+            ServerError::Internal(detail) => tracing::error!("internal error: {detail}"),
+            other => tracing::debug!("request refused ({}): {other}", other.status()),
+        }
+    }
+}
+
+impl IntoResponse for ServerError {
+    fn into_response(self) -> Response {
+        self.log();
+        let status = self.status();
+        let mut response = (status, axum::Json(self.body())).into_response();
+        if matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
+        response
+    }
+}
+
+impl From<tessera_tokenizer::TokenizerError> for ServerError {
+    fn from(e: tessera_tokenizer::TokenizerError) -> Self {
+        ServerError::Internal(format!("tokenizer: {e}"))
+    }
+}

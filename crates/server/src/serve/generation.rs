@@ -1,0 +1,231 @@
+//! Running the choices of a [`ValidRequest`]: submit every sequence before any response
+//! starts (so refusals are plain HTTP errors), then turn each sequence's token events
+//! into text deltas with incremental detokenizing and stop-string matching.
+//!
+//! Each [`ChoiceRun`] owns its scheduler receiver; dropping the run (a stop string hit,
+//! the client gone, another choice failed) drops the receiver and so cancels the
+//! sequence, whose KV blocks the scheduler frees in its next step.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use futures_util::future::try_join_all;
+use tessera_protocol::{FinishReason, TokenEvent, TokenLogprobs};
+use tessera_scheduler::{AdmissionError, SchedulerHandle};
+use tessera_tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::api::response::TokenLogprob;
+use crate::api::valid_request::ValidRequest;
+use crate::serve::error::ServerError;
+
+/// What a choice produced since the last event.
+#[derive(Debug)]
+pub enum ChoiceEvent {
+    Delta {
+        index: usize,
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Finished {
+        index: usize,
+        reason: &'static str,
+        completion_tokens: usize,
+    },
+    Failed(ServerError),
+}
+
+/// One submitted sequence and its detokenizing state.
+#[derive(Debug)]
+pub struct ChoiceRun {
+    pub index: usize,
+    pub prompt_index: usize,
+    /// `None` once the sequence ended (or was cancelled by a stop string).
+    receiver: Option<UnboundedReceiver<TokenEvent>>,
+    tokenizer: Arc<Tokenizer>,
+    decoder: IncrementalDecoder,
+    matcher: StopMatcher,
+    completion_tokens: usize,
+    pending_logprobs: Vec<TokenLogprob>,
+    queued: VecDeque<ChoiceEvent>,
+}
+
+/// Submit every choice of `req`. On a refusal the runs already submitted are dropped,
+/// which cancels them.
+pub fn submit_all(
+    scheduler: &SchedulerHandle,
+    tokenizer: &Arc<Tokenizer>,
+    req: &ValidRequest,
+) -> Result<Vec<ChoiceRun>, ServerError> {
+    let mut runs = Vec::new();
+    for planned in req.planned_choices() {
+        let (_, receiver) = scheduler.submit(planned.request)?;
+        runs.push(ChoiceRun {
+            index: planned.index,
+            prompt_index: planned.prompt_index,
+            receiver: Some(receiver),
+            tokenizer: Arc::clone(tokenizer),
+            decoder: IncrementalDecoder::new(Arc::clone(tokenizer), true),
+            matcher: StopMatcher::new(req.stop_strings().iter().cloned()),
+            completion_tokens: 0,
+            pending_logprobs: Vec::new(),
+            queued: VecDeque::new(),
+        });
+    }
+    Ok(runs)
+}
+
+impl ChoiceRun {
+    /// The next event, or `None` after `Finished` or `Failed`.
+    pub async fn next_event(&mut self) -> Option<ChoiceEvent> {
+        loop {
+            if let Some(event) = self.queued.pop_front() {
+                return Some(event);
+            }
+            let receiver = self.receiver.as_mut()?;
+            let event = receiver.recv().await;
+            if let Err(e) = self.apply(event) {
+                self.receiver = None;
+                self.queued.clear();
+                return Some(ChoiceEvent::Failed(e));
+            }
+        }
+    }
+
+    fn apply(&mut self, event: Option<TokenEvent>) -> Result<(), ServerError> {
+        match event {
+            Some(TokenEvent::Token { token, logprobs }) => {
+                self.completion_tokens += 1;
+                if let Some(lp) = logprobs {
+                    let entry = self.token_logprob(token, &lp)?;
+                    self.pending_logprobs.push(entry);
+                }
+                let piece = self.decoder.push(token)?;
+                let out = self.matcher.push(&piece);
+                self.queue_delta(out.text);
+                if out.stopped_by.is_some() {
+                    // Dropping the receiver cancels the sequence in the scheduler.
+                    self.receiver = None;
+                    self.queue_finish("stop");
+                }
+                Ok(())
+            }
+            Some(TokenEvent::Finished { reason, .. }) => {
+                self.receiver = None;
+                let tail = self.decoder.finish()?;
+                let out = self.matcher.push(&tail);
+                let mut text = out.text;
+                if out.stopped_by.is_none() {
+                    text.push_str(&self.matcher.finish());
+                }
+                self.queue_delta(text);
+                match reason {
+                    FinishReason::Stop => self.queue_finish("stop"),
+                    FinishReason::Length if out.stopped_by.is_some() => self.queue_finish("stop"),
+                    FinishReason::Length => self.queue_finish("length"),
+                    FinishReason::Abort => {
+                        return Err(ServerError::Admission(AdmissionError::ShuttingDown))
+                    }
+                }
+                Ok(())
+            }
+            Some(TokenEvent::Error(message)) => Err(ServerError::EngineFailed(message)),
+            // Closed without `Finished`: a submit that raced shutdown.
+            None => Err(ServerError::Admission(AdmissionError::ShuttingDown)),
+        }
+    }
+
+    fn queue_delta(&mut self, text: String) {
+        // Log-probabilities travel with the text they belong to; text held back by the
+        // stop matcher carries them later.
+        if text.is_empty() && self.receiver.is_some() {
+            return;
+        }
+        if text.is_empty() && self.pending_logprobs.is_empty() {
+            return;
+        }
+        self.queued.push_back(ChoiceEvent::Delta {
+            index: self.index,
+            text,
+            logprobs: std::mem::take(&mut self.pending_logprobs),
+        });
+    }
+
+    fn queue_finish(&mut self, reason: &'static str) {
+        if !self.pending_logprobs.is_empty() {
+            self.queue_delta(String::new());
+        }
+        self.queued.push_back(ChoiceEvent::Finished {
+            index: self.index,
+            reason,
+            completion_tokens: self.completion_tokens,
+        });
+    }
+
+    fn token_logprob(&self, token: u32, lp: &TokenLogprobs) -> Result<TokenLogprob, ServerError> {
+        let text = |id: u32| self.tokenizer.decode(&[id], false);
+        Ok(TokenLogprob {
+            token: text(token)?,
+            logprob: lp.logprob,
+            top: lp
+                .top
+                .iter()
+                .map(|&(id, logprob)| Ok((text(id)?, logprob)))
+                .collect::<Result<_, tessera_tokenizer::TokenizerError>>()?,
+        })
+    }
+}
+
+/// A whole choice, for non-streaming responses.
+#[derive(Debug)]
+pub struct ChoiceOutput {
+    pub index: usize,
+    pub prompt_index: usize,
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish_reason: &'static str,
+    pub completion_tokens: usize,
+}
+
+/// Run every choice to its end, concurrently. The first failure drops the others
+/// (cancelling them) and is returned.
+pub async fn collect_all(runs: Vec<ChoiceRun>) -> Result<Vec<ChoiceOutput>, ServerError> {
+    let mut outputs = try_join_all(runs.into_iter().map(collect_one)).await?;
+    outputs.sort_by_key(|o| o.index);
+    Ok(outputs)
+}
+
+async fn collect_one(mut run: ChoiceRun) -> Result<ChoiceOutput, ServerError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    while let Some(event) = run.next_event().await {
+        match event {
+            ChoiceEvent::Delta {
+                text: t,
+                logprobs: l,
+                ..
+            } => {
+                text.push_str(&t);
+                logprobs.extend(l);
+            }
+            ChoiceEvent::Finished {
+                reason,
+                completion_tokens,
+                ..
+            } => {
+                return Ok(ChoiceOutput {
+                    index: run.index,
+                    prompt_index: run.prompt_index,
+                    text,
+                    logprobs,
+                    finish_reason: reason,
+                    completion_tokens,
+                })
+            }
+            ChoiceEvent::Failed(e) => return Err(e),
+        }
+    }
+    Err(ServerError::Internal(
+        "a choice ended without finishing".into(),
+    ))
+}

@@ -1,0 +1,51 @@
+//! `JsonBody`: the request body as JSON, with OpenAI-shaped errors for a wrong content
+//! type (415), a body over the limit (413) and malformed JSON (400).
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use crate::serve::error::ServerError;
+use crate::serve::state::AppState;
+
+#[derive(Debug)]
+pub struct JsonBody(pub Value);
+
+impl FromRequest<AppState> for JsonBody {
+    type Rejection = ServerError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ServerError> {
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap_or("(not text)").to_string());
+        let is_json = content_type.as_deref().is_some_and(|ct| {
+            let mime = ct
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            mime == "application/json" || mime.ends_with("+json")
+        });
+        if !is_json {
+            return Err(ServerError::UnsupportedMediaType(
+                content_type.unwrap_or_else(|| "no Content-Type".to_string()),
+            ));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ServerError::PayloadTooLarge {
+                    limit_bytes: state.max_body_bytes,
+                }
+            } else {
+                ServerError::InvalidJson(format!("cannot read the body: {}", r.body_text()))
+            }
+        })?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ServerError::InvalidJson(format!("the body is not valid JSON: {e}")))
+    }
+}

@@ -1,0 +1,45 @@
+//! `AppState`: what every handler shares. Cheap to clone; no lock around the engine
+//! (the scheduler handle talks to the engine loop over a channel).
+
+use std::sync::Arc;
+
+use tessera_scheduler::SchedulerHandle;
+
+use crate::api::valid_request::ValidationContext;
+
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub scheduler: SchedulerHandle,
+    pub validation: Arc<ValidationContext>,
+    /// Accepted API keys; empty means no authentication.
+    pub api_keys: Arc<Vec<String>>,
+    pub max_body_bytes: usize,
+    /// Unix time the server started (the model's `created`).
+    pub started_unix: u64,
+}
+
+impl AppState {
+    pub fn model_name(&self) -> &str {
+        &self.validation.served_model_name
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A random id suffix for `chatcmpl-…` / `cmpl-…`.
+pub fn random_id() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..24)
+        .map(|_| {
+            let v: u8 = rng.random_range(0..36);
+            char::from_digit(u32::from(v), 36).unwrap_or('0')
+        })
+        .collect()
+}

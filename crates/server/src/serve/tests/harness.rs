@@ -1,0 +1,238 @@
+//! Test servers and HTTP helpers.
+
+use std::sync::{Arc, OnceLock};
+
+use clap::Parser;
+use reqwest::StatusCode;
+use serde_json::Value;
+use tessera_protocol::{Executor, ExecutorError, KvCacheShape, SampledToken, StepOutput, StepPlan};
+use tessera_scheduler::{EngineLoop, SchedulerConfig};
+
+use crate::api::valid_request::ValidationContext;
+use crate::serve::state::{unix_now, AppState};
+use crate::serve::{load_state, router, ServeArgs};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
+pub fn serve_args(extra: &[&str]) -> ServeArgs {
+    let mut argv = vec!["tessera", "--served-model-name", "smollm2"];
+    argv.extend_from_slice(extra);
+    Cli::try_parse_from(argv).expect("test args parse").args
+}
+
+/// A running server: its base URL and state.
+pub struct TestServer {
+    pub base: String,
+    pub state: AppState,
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+/// Serve `state` on 127.0.0.1:0 from a thread of its own, for the rest of the process.
+pub fn start(state: AppState, allowed_origins: &[String]) -> TestServer {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let app = router::build_router(state.clone(), allowed_origins);
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    let addr = rx.recv().unwrap();
+    TestServer {
+        base: format!("http://{addr}"),
+        state,
+    }
+}
+
+/// The real model, loaded once.
+pub fn model_state() -> &'static AppState {
+    static STATE: OnceLock<AppState> = OnceLock::new();
+    STATE.get_or_init(|| {
+        load_state(&serve_args(&[
+            "--kv-cache-memory-mib",
+            "64",
+            "--max-model-len",
+            "2048",
+        ]))
+        .expect("load the SmolLM2 model (run scripts/fetch-model)")
+    })
+}
+
+/// The shared real-model server without keys or CORS.
+pub fn model_server() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| start(model_state().clone(), &[]))
+}
+
+/// Real-model tests read the scheduler's metrics only under the write side, so nothing
+/// else runs on the shared scheduler meanwhile.
+pub static SCHEDULER_GATE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+pub async fn post(url: &str, body: &Value) -> (StatusCode, Value) {
+    let resp = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value)
+}
+
+pub async fn get(url: &str) -> (StatusCode, Value) {
+    let resp = reqwest::get(url).await.unwrap();
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value)
+}
+
+/// POST and read a whole SSE stream: the `data:` payloads in order.
+pub async fn post_sse(url: &str, body: &Value) -> (StatusCode, Vec<String>) {
+    let resp = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    (status, sse_data(&text))
+}
+
+pub fn sse_data(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter_map(|event| {
+            let data: Vec<&str> = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+                .collect();
+            (!data.is_empty()).then(|| data.join("\n"))
+        })
+        .collect()
+}
+
+/// Assert an OpenAI error envelope with this status and `param`.
+pub fn assert_error(status: StatusCode, body: &Value, want: u16, param: Option<&str>) {
+    assert_eq!(status.as_u16(), want, "{body}");
+    let error = &body["error"];
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(error["type"].is_string(), "{body}");
+    assert!(
+        error.get("code").is_some() && error.get("param").is_some(),
+        "{body}"
+    );
+    if let Some(p) = param {
+        assert_eq!(error["param"], p, "{body}");
+    }
+}
+
+/// A fake executor: every sampled token is `token`; step number `fail_at` (1-based)
+/// fails.
+pub struct FakeExecutor {
+    pub token: u32,
+    pub fail_at: Option<u64>,
+    pub steps: u64,
+    pub kv: KvCacheShape,
+}
+
+impl Executor for FakeExecutor {
+    fn step(&mut self, plan: &StepPlan) -> Result<StepOutput, ExecutorError> {
+        self.steps += 1;
+        if Some(self.steps) == self.fail_at {
+            return Err(ExecutorError {
+                rank: Some(0),
+                message: "SECRET-INTERNAL-DETAIL device fell over".into(),
+            });
+        }
+        Ok(StepOutput {
+            samples: plan
+                .scheduled
+                .iter()
+                .filter(|c| c.sample)
+                .map(|c| SampledToken {
+                    id: c.id,
+                    token: self.token,
+                    logprobs: None,
+                })
+                .collect(),
+        })
+    }
+    fn kv_cache_shape(&self) -> KvCacheShape {
+        self.kv
+    }
+    fn max_context_tokens(&self) -> usize {
+        1024
+    }
+}
+
+/// A server over a fake executor, with the real tokenizer.
+pub fn fake_server(fail_at: Option<u64>, num_blocks: usize, max_waiting: usize) -> TestServer {
+    let tokenizer = Arc::clone(&model_state().validation.tokenizer);
+    let token = tokenizer.encode(" hello", false).unwrap()[0];
+    let scheduler = EngineLoop::spawn(
+        SchedulerConfig {
+            max_waiting,
+            ..SchedulerConfig::default()
+        },
+        FakeExecutor {
+            token,
+            fail_at,
+            steps: 0,
+            kv: KvCacheShape {
+                num_blocks,
+                block_size_tokens: 16,
+            },
+        },
+    )
+    .unwrap();
+    let state = AppState {
+        scheduler,
+        validation: Arc::new(ValidationContext {
+            tokenizer,
+            served_model_name: "fake".into(),
+            max_model_len: 1024,
+            kv_capacity_tokens: num_blocks * 16,
+        }),
+        api_keys: Arc::new(Vec::new()),
+        max_body_bytes: 1 << 20,
+        started_unix: unix_now(),
+    };
+    start(state, &[])
+}
+
+/// The France question, greedy.
+pub fn france(extra: Value) -> Value {
+    let mut body = serde_json::json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
+        "temperature": 0,
+        "max_tokens": 16
+    });
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    body
+}

@@ -1,0 +1,11 @@
+//! HTTP tests of `tessera serve` over real sockets: the real SmolLM2 model behind the
+//! real scheduler (loaded once per test binary), and fake executors for failures the
+//! real engine cannot be made to produce on demand.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod fake_engine_tests;
+mod harness;
+mod model_tests;
+mod openapi_tests;
+mod validation_tests;

@@ -1,0 +1,358 @@
+//! Generation over the real model: exact greedy text, streaming, sampling parameters,
+//! logprobs, stop strings, n, and cancellation on client disconnect.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use super::harness::*;
+
+const FRANCE_ANSWER: &str = "The capital of France is Paris.";
+
+fn text(body: &Value, i: usize) -> String {
+    body["choices"][i]["message"]["content"]
+        .as_str()
+        .or_else(|| body["choices"][i]["text"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn chat_greedy_answers_exactly_with_usage() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let (status, body) = post(&s.url("/v1/chat/completions"), &france(json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(text(&body, 0), FRANCE_ANSWER);
+    assert_eq!(body["object"], "chat.completion");
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(body["model"], "smollm2");
+    assert_eq!(body["choices"][0]["index"], 0);
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    // The prompt is what /tokenize makes of the same messages.
+    let (_, tok) = post(
+        &s.url("/tokenize"),
+        &json!({"messages": france(json!({}))["messages"]}),
+    )
+    .await;
+    let u = &body["usage"];
+    assert_eq!(u["prompt_tokens"], tok["count"]);
+    let completion = u["completion_tokens"].as_u64().unwrap();
+    assert!((7..=9).contains(&completion), "{u}");
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + completion
+    );
+}
+
+#[tokio::test]
+async fn chat_stream_matches_non_stream_and_orders_chunks() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let (status, events) = post_sse(
+        &s.url("/v1/chat/completions"),
+        &france(json!({"stream": true, "stream_options": {"include_usage": true}})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(c["id"], chunks[0]["id"]);
+    }
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+    let content: String = chunks[..chunks.len() - 2]
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, FRANCE_ANSWER);
+    for c in &chunks[..chunks.len() - 2] {
+        assert!(c["choices"][0]["finish_reason"].is_null());
+    }
+    let (_, plain) = post(&s.url("/v1/chat/completions"), &france(json!({}))).await;
+    assert_eq!(usage["usage"], plain["usage"]);
+}
+
+#[tokio::test]
+async fn stop_string_cuts_text_in_both_modes() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let body = france(json!({"stop": [" Paris", "zzz"]}));
+    let (status, plain) = post(&s.url("/v1/chat/completions"), &body).await;
+    assert_eq!(status, 200, "{plain}");
+    assert_eq!(text(&plain, 0), "The capital of France is");
+    assert_eq!(plain["choices"][0]["finish_reason"], "stop");
+    // Tokens up to the one completing the stop string are counted, no more.
+    assert!(plain["usage"]["completion_tokens"].as_u64().unwrap() <= 7);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, events) = post_sse(&s.url("/v1/chat/completions"), &streamed).await;
+    let content: String = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| {
+            let v: Value = serde_json::from_str(e).unwrap();
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(content, "The capital of France is");
+}
+
+#[tokio::test]
+async fn max_tokens_ends_with_length() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    for key in ["max_tokens", "max_completion_tokens"] {
+        let mut body = france(json!({}));
+        body.as_object_mut().unwrap().remove("max_tokens");
+        body[key] = json!(3);
+        let (status, out) = post(&s.url("/v1/chat/completions"), &body).await;
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(out["choices"][0]["finish_reason"], "length");
+        assert_eq!(out["usage"]["completion_tokens"], 3);
+        assert_eq!(text(&out, 0), "The capital of");
+    }
+}
+
+#[tokio::test]
+async fn seeded_sampling_repeats_and_n_uses_seed_plus_index() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let url = s.url("/v1/chat/completions");
+    let sampled = |seed: u64, n: u64| {
+        france(json!({"temperature": 1.0, "seed": seed, "n": n, "max_tokens": 6, "user": "u-1"}))
+    };
+    let (_, a) = post(&url, &sampled(11, 1)).await;
+    let (_, b) = post(&url, &sampled(11, 1)).await;
+    assert_eq!(text(&a, 0), text(&b, 0));
+    let (status, two) = post(&url, &sampled(11, 2)).await;
+    assert_eq!(status, 200, "{two}");
+    assert_eq!(two["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(two["choices"][0]["index"], 0);
+    assert_eq!(two["choices"][1]["index"], 1);
+    assert_eq!(text(&two, 0), text(&a, 0));
+    let (_, c) = post(&url, &sampled(12, 1)).await;
+    assert_eq!(text(&two, 1), text(&c, 0));
+    assert!(two["usage"]["completion_tokens"].as_u64().unwrap() <= 12);
+}
+
+#[tokio::test]
+async fn sampling_filters_and_penalties_are_accepted() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let body = france(json!({
+        "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3,
+        "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1,
+        "max_tokens": 4, "response_format": {"type": "text"}, "tool_choice": "none",
+        "tools": [], "some_unknown_field": {"x": 1}, "best_of": 1
+    }));
+    let (status, out) = post(&s.url("/v1/chat/completions"), &body).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["usage"]["completion_tokens"], 4);
+}
+
+#[tokio::test]
+async fn logit_bias_forces_a_token() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let (_, tok) = post(
+        &s.url("/tokenize"),
+        &json!({"prompt": " banana", "add_special_tokens": false}),
+    )
+    .await;
+    let id = tok["tokens"][0].as_u64().unwrap();
+    let body = json!({
+        "model": "smollm2", "prompt": "The capital of France is", "max_tokens": 1,
+        "temperature": 0, "logit_bias": {id.to_string(): 100}
+    });
+    let (status, out) = post(&s.url("/v1/completions"), &body).await;
+    assert_eq!(status, 200, "{out}");
+    let (_, detok) = post(&s.url("/detokenize"), &json!({"tokens": [id]})).await;
+    assert_eq!(text(&out, 0), detok["prompt"].as_str().unwrap());
+}
+
+#[tokio::test]
+async fn chat_logprobs_have_openai_shape() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let (status, out) = post(
+        &s.url("/v1/chat/completions"),
+        &france(json!({"logprobs": true, "top_logprobs": 2, "max_tokens": 3})),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    let content = out["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 3);
+    let joined: String = content
+        .iter()
+        .map(|c| c["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(joined, text(&out, 0));
+    for entry in content {
+        let lp = entry["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0);
+        let bytes: Vec<u8> = serde_json::from_value(entry["bytes"].clone()).unwrap();
+        assert_eq!(bytes, entry["token"].as_str().unwrap().as_bytes());
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        // Greedy: the chosen token is the most likely one.
+        assert!((top[0]["logprob"].as_f64().unwrap() - lp).abs() < 1e-4);
+        assert!(top[0]["bytes"].is_array());
+    }
+    // Without logprobs the field is null.
+    let (_, plain) = post(
+        &s.url("/v1/chat/completions"),
+        &france(json!({"max_tokens": 1})),
+    )
+    .await;
+    assert!(plain["choices"][0]["logprobs"].is_null());
+}
+
+#[tokio::test]
+async fn completions_prompts_echo_logprobs_and_stream() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let url = s.url("/v1/completions");
+    let base = json!({"model": "smollm2", "prompt": "Paris is the capital of", "max_tokens": 3, "temperature": 0});
+    let (status, one) = post(&url, &base).await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["object"], "text_completion");
+    assert!(one["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(one["choices"][0]["finish_reason"], "length");
+    assert_eq!(one["usage"]["completion_tokens"], 3);
+    let greedy = text(&one, 0);
+
+    // A list of prompts: one choice per prompt, prompt tokens summed once each.
+    let mut many = base.clone();
+    many["prompt"] = json!(["Paris is the capital of", "Paris is the capital of"]);
+    let (_, two) = post(&url, &many).await;
+    assert_eq!(two["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(text(&two, 1), greedy);
+    assert_eq!(
+        two["usage"]["prompt_tokens"].as_u64().unwrap(),
+        2 * one["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+
+    // Token ids, and lists of token ids.
+    let (_, tok) = post(
+        &s.url("/tokenize"),
+        &json!({"prompt": "Paris is the capital of"}),
+    )
+    .await;
+    let mut ids = base.clone();
+    ids["prompt"] = tok["tokens"].clone();
+    let (_, by_ids) = post(&url, &ids).await;
+    assert_eq!(text(&by_ids, 0), greedy);
+    ids["prompt"] = json!([tok["tokens"].clone()]);
+    let (_, by_lists) = post(&url, &ids).await;
+    assert_eq!(text(&by_lists, 0), greedy);
+
+    // Echo.
+    let mut echo = base.clone();
+    echo["echo"] = json!(true);
+    let (_, echoed) = post(&url, &echo).await;
+    assert_eq!(text(&echoed, 0), format!("Paris is the capital of{greedy}"));
+
+    // Logprobs (int): tokens, token_logprobs, top_logprobs, text_offset.
+    let mut lp = base.clone();
+    lp["logprobs"] = json!(2);
+    let (_, with_lp) = post(&url, &lp).await;
+    let l = &with_lp["choices"][0]["logprobs"];
+    assert_eq!(l["tokens"].as_array().unwrap().len(), 3);
+    assert_eq!(l["token_logprobs"].as_array().unwrap().len(), 3);
+    assert_eq!(l["top_logprobs"][0].as_object().unwrap().len(), 2);
+    assert_eq!(l["text_offset"][0], 0);
+    let joined: String = l["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(joined, greedy);
+
+    // Streaming gives the same text, then usage, then [DONE].
+    let mut st = base.clone();
+    st["stream"] = json!(true);
+    st["stream_options"] = json!({"include_usage": true});
+    let (_, events) = post_sse(&url, &st).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, greedy);
+    assert_eq!(chunks.last().unwrap()["usage"], one["usage"]);
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+async fn wait_for_idle(state: &crate::serve::state::AppState) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = state.scheduler.metrics();
+        if m.num_running == 0 && m.num_waiting == 0 && m.kv_blocks_in_use == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "sequence not freed: {m:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn client_disconnect_mid_stream_frees_the_sequence() {
+    let _gate = SCHEDULER_GATE.write().await;
+    let s = model_server();
+    let body = france(json!({"stream": true, "max_tokens": 400, "ignore_eos": true}));
+    let resp = reqwest::Client::new()
+        .post(s.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    // Read until some generated text arrived, so the sequence is running.
+    let mut seen = String::new();
+    while !seen.contains("capital") {
+        let chunk = stream.next().await.unwrap().unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(s.state.scheduler.metrics().kv_blocks_in_use > 0);
+    drop(stream);
+    wait_for_idle(&s.state).await;
+}
+
+#[tokio::test]
+async fn client_disconnect_without_stream_frees_the_sequence() {
+    let _gate = SCHEDULER_GATE.write().await;
+    let s = model_server();
+    let body = france(json!({"max_tokens": 400, "ignore_eos": true}));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let result = client
+        .post(s.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await;
+    assert!(result.is_err(), "the request should time out on the client");
+    wait_for_idle(&s.state).await;
+}

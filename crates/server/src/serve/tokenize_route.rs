@@ -1,0 +1,113 @@
+//! `POST /tokenize` and `POST /detokenize`.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use tessera_tokenizer::{ChatRenderRequest, TokenizerError};
+
+use crate::api::chat_request::template_messages;
+use crate::api::generation_params::parse_fields;
+use crate::api::tokenize::{
+    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+};
+use crate::serve::error::ServerError;
+use crate::serve::json_body::JsonBody;
+use crate::serve::state::AppState;
+
+fn check_model(app: &AppState, model: &Option<String>) -> Result<(), ServerError> {
+    match model {
+        Some(m) if m != app.model_name() => Err(ServerError::ModelNotFound(m.clone())),
+        _ => Ok(()),
+    }
+}
+
+pub async fn tokenize(
+    State(app): State<AppState>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<TokenizeResponse>, ServerError> {
+    let req: TokenizeRequest = parse_fields(&body)?;
+    check_model(&app, &req.model)?;
+    let tokenizer = Arc::clone(&app.validation.tokenizer);
+    let return_strs = req.return_token_strs.unwrap_or(false);
+    let job = match (req.prompt, req.messages) {
+        (Some(prompt), None) => {
+            let special = req.add_special_tokens.unwrap_or(true);
+            Job::Prompt(prompt, special)
+        }
+        (None, Some(messages)) => Job::Chat(
+            template_messages(&messages)?,
+            req.add_generation_prompt.unwrap_or(true),
+            req.add_special_tokens.unwrap_or(false),
+        ),
+        _ => {
+            return Err(ServerError::invalid(
+                "prompt",
+                "give exactly one of `prompt` or `messages`",
+            ))
+        }
+    };
+    let tokens =
+        tokio::task::spawn_blocking(move || -> Result<(Vec<u32>, Vec<String>), TokenizerError> {
+            let ids = match job {
+                Job::Prompt(text, special) => tokenizer.encode(&text, special)?,
+                Job::Chat(messages, add_generation_prompt, special) => {
+                    let text = tokenizer.chat_template()?.render(&ChatRenderRequest {
+                        messages,
+                        add_generation_prompt,
+                        tools: None,
+                        kwargs: Default::default(),
+                    })?;
+                    tokenizer.encode(&text, special)?
+                }
+            };
+            let strs = if return_strs {
+                ids.iter()
+                    .map(|&id| tokenizer.id_to_token(id).unwrap_or_default())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            Ok((ids, strs))
+        })
+        .await
+        .map_err(|e| ServerError::Internal(format!("blocking task failed: {e}")))?
+        .map_err(|e| match e {
+            TokenizerError::NoChatTemplate
+            | TokenizerError::Template(_)
+            | TokenizerError::TemplateInput(_) => ServerError::invalid("messages", e.to_string()),
+            other => ServerError::from(other),
+        })?;
+    let (tokens, strs) = tokens;
+    Ok(Json(TokenizeResponse {
+        count: tokens.len(),
+        max_model_len: app.validation.max_model_len,
+        tokens,
+        token_strs: return_strs.then_some(strs),
+    }))
+}
+
+enum Job {
+    Prompt(String, bool),
+    Chat(Vec<tessera_tokenizer::ChatMessage>, bool, bool),
+}
+
+pub async fn detokenize(
+    State(app): State<AppState>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<DetokenizeResponse>, ServerError> {
+    let req: DetokenizeRequest = parse_fields(&body)?;
+    check_model(&app, &req.model)?;
+    let vocab = app.validation.tokenizer.vocab_size();
+    if let Some(bad) = req.tokens.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ServerError::invalid(
+            "tokens",
+            format!("token id {bad} is out of range (vocabulary size {vocab})"),
+        ));
+    }
+    let tokenizer = Arc::clone(&app.validation.tokenizer);
+    let prompt = tokio::task::spawn_blocking(move || tokenizer.decode(&req.tokens, false))
+        .await
+        .map_err(|e| ServerError::Internal(format!("blocking task failed: {e}")))??;
+    Ok(Json(DetokenizeResponse { prompt }))
+}

@@ -1,0 +1,68 @@
+"""Runs the curl examples of the README's HTTP API section, as written, against the
+server (only `http://localhost:8000` is replaced by the test server's address)."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+README = HERE.parent.parent / "README.md"
+
+
+def http_api_section() -> str:
+    text = README.read_text()
+    start = text.index("## HTTP API")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+
+
+def commands(block: str) -> list[str]:
+    """Split a block into commands: each starts at a line beginning with `curl`."""
+    out: list[str] = []
+    for line in block.splitlines(keepends=True):
+        if line.startswith("curl") or not out:
+            out.append(line)
+        else:
+            out[-1] += line
+    return [c for c in out if c.strip()]
+
+
+ALL = [c for b in bash_blocks(http_api_section()) for c in commands(b)]
+
+
+def test_every_route_has_an_example():
+    routes = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
+              "/detokenize", "/health", "/openapi.json"]
+    for route in routes:
+        assert any(route in c for c in ALL), f"no README curl example for {route}"
+
+
+@pytest.mark.parametrize("command", ALL, ids=[c.split()[2].rsplit("/", 1)[-1] for c in ALL])
+def test_curl_example(command, base_url):
+    cmd = command.replace("http://localhost:8000", base_url)
+    env = dict(os.environ)
+    result = subprocess.run(
+        ["bash", "-c", "set -euo pipefail; " + cmd.replace("curl -s", "curl -sf", 1)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    if "/metrics" in cmd:
+        assert "tessera_num_requests_running" in out
+    elif '"stream": true' in cmd:
+        events = [l[len("data: "):] for l in out.splitlines() if l.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["usage"]["completion_tokens"] > 0
+    else:
+        body = json.loads(out)
+        assert "error" not in body
+        if "/chat/completions" in cmd:
+            assert body["choices"][0]["message"]["content"] == "The capital of France is Paris."
