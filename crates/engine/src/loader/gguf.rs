@@ -287,3 +287,20 @@ mod tests {
         assert_eq!(gguf_name("model.layers.x"), None);
     }
 }
+
+#[cfg(test)]
+mod dtype_tests {
+    use super::*;
+
+    #[test]
+    fn activation_only_types_are_refused_by_name() {
+        let err = check_supported(GgmlDType::Q8_1, "blk.0.attn_q.weight")
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("tensor 'blk.0.attn_q.weight' uses quantization Q8_1, which Tessera does not support")
+        );
+        assert!(check_supported(GgmlDType::Q4_1, "w").is_ok());
+    }
+}
