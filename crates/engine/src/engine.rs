@@ -12,11 +12,13 @@ use tessera_protocol::{
 
 use crate::config::ModelConfig;
 use crate::device::DeviceSpec;
+use crate::device_map::LayerMap;
 use crate::error::{EngineError, Result};
 use crate::loader;
-use crate::model::{load_shards, Batch, KvCache};
+use crate::model::{Batch, KvCache};
+use crate::placement;
 use crate::sampler::Sampler;
-use crate::tp::{AllReduceDtype, LocalComm, PlanOptions, ShardPlan};
+use crate::tp::{AllReduceDtype, ShardPlan};
 use crate::worker::{self, Fault, Job, WorkerHandle, WorkerState};
 
 /// How to build an engine.
@@ -31,6 +33,9 @@ pub struct EngineConfig {
     pub block_size_tokens: usize,
     /// KV cache budget per rank; the number of blocks follows from it.
     pub kv_cache_bytes: usize,
+    /// Pipeline placement of whole layers (`--device-layers "0:16;1:14"`) instead of
+    /// tensor parallelism over `devices`.
+    pub device_layers: Option<LayerMap>,
     /// Worker threads per rank; by default the machine's cores divided among the ranks.
     pub threads_per_rank: Option<usize>,
     /// A collective waiting longer than this for other ranks fails; a step taking longer
@@ -47,6 +52,7 @@ impl EngineConfig {
             allreduce_dtype: AllReduceDtype::F32,
             block_size_tokens: 16,
             kv_cache_bytes: 256 << 20,
+            device_layers: None,
             threads_per_rank: None,
             step_timeout: Duration::from_secs(120),
         }
@@ -78,7 +84,6 @@ pub struct Engine {
 impl Engine {
     pub fn load(cfg: &EngineConfig) -> Result<Engine> {
         let started = Instant::now();
-        let world = cfg.devices.len();
         tracing::info!("opening {}", cfg.model_path.display());
         let source = loader::open(&cfg.model_path)?;
         let config = source.config().clone();
@@ -92,48 +97,33 @@ impl Engine {
             config.max_position_embeddings
         );
         let input_block = row_parallel_block(source.as_ref())?;
-        let ratios = match &cfg.tensor_split {
-            Some(r) if r.len() != world => {
+        for d in &cfg.devices {
+            if !matches!(d, DeviceSpec::Cpu(_)) {
                 return Err(EngineError::Parallel(format!(
-                    "--tensor-split has {} ratios for {world} devices; give one ratio per device",
-                    r.len()
-                )))
+                    "{d}: CUDA ranks need the paged-attention CUDA kernel, which this build does not have yet"
+                )));
             }
-            Some(r) => r.clone(),
-            None => vec![1.0; world],
-        };
-        let plan = ShardPlan::new(
-            &config,
-            &PlanOptions {
-                ratios,
-                input_block,
-            },
-        )?;
-        for (rank, s) in plan.ranks.iter().enumerate() {
-            tracing::info!(
-                "rank {rank} ({}): query heads {:?}, KV heads {:?}, FFN columns {:?}, vocabulary {:?}",
-                cfg.devices[rank],
-                s.q_heads,
-                s.kv_heads,
-                s.ffn,
-                s.vocab
-            );
         }
-        let devices = cfg
-            .devices
-            .iter()
-            .map(|d| d.open())
-            .collect::<Result<Vec<_>>>()?;
-        let shards = load_shards(source.as_ref(), &plan, &devices)?;
+        let placement = match &cfg.device_layers {
+            Some(map) => placement::pipeline(source.as_ref(), cfg, &config, input_block, map)?,
+            None => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
+        };
         tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
+        let world = placement.members.len();
 
-        let max_kv = plan
-            .ranks
+        // Every member holds the same blocks; the one with the most KV per token sizes them.
+        let per_token = placement
+            .members
             .iter()
-            .map(|r| r.kv_heads.len())
+            .map(|m| {
+                KvCache::bytes_per_token(
+                    m.layers.len(),
+                    m.shard.num_local_kv_heads(),
+                    config.head_dim,
+                )
+            })
             .max()
             .unwrap_or(1);
-        let per_token = KvCache::bytes_per_token(config.num_layers, max_kv, config.head_dim);
         let block_bytes = per_token * cfg.block_size_tokens;
         let num_blocks = cfg.kv_cache_bytes / block_bytes.max(1);
         if num_blocks == 0 {
@@ -147,7 +137,7 @@ impl Engine {
             block_size_tokens: cfg.block_size_tokens,
         };
         tracing::info!(
-            "KV cache: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per rank)",
+            "KV cache: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per device)",
             cfg.block_size_tokens,
             kv.capacity_tokens(),
             (num_blocks * block_bytes) >> 20
@@ -158,29 +148,25 @@ impl Engine {
                 .unwrap_or(1);
             (cores / world).max(1)
         });
-        let comms = LocalComm::group(world, cfg.allreduce_dtype, cfg.step_timeout);
-        for d in &cfg.devices {
-            if !matches!(d, DeviceSpec::Cpu(_)) {
-                return Err(EngineError::Parallel(format!(
-                    "{d}: CUDA ranks need the paged-attention CUDA kernel, which this build does not have yet"
-                )));
-            }
-        }
+        let plan = placement.plan;
         let mut workers = Vec::with_capacity(world);
-        for (rank, (shard, comm)) in shards.into_iter().zip(comms).enumerate() {
+        for (rank, m) in placement.members.into_iter().enumerate() {
             let cache = KvCache::new(
-                config.num_layers,
+                m.layers.len(),
                 num_blocks,
                 cfg.block_size_tokens,
-                shard.num_local_kv_heads(),
+                m.shard.num_local_kv_heads(),
                 config.head_dim,
             );
+            tracing::debug!("worker {rank} on {}", m.device);
             workers.push(worker::spawn(WorkerState {
                 rank,
-                shard,
+                shard: m.shard,
                 cache,
-                endpoint: Box::new(comm),
+                endpoint: m.endpoint,
                 threads,
+                links: m.links,
+                returns_logits: m.returns_logits,
             })?);
         }
         tracing::info!(

@@ -4,17 +4,20 @@
 
 pub mod config;
 pub mod device;
+pub mod device_map;
 pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod loader;
 pub mod model;
+mod placement;
 pub mod sampler;
 pub mod tp;
 mod worker;
 
 pub use config::{ModelConfig, RopeStyle};
 pub use device::DeviceSpec;
+pub use device_map::{LayerMap, Stage};
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateOptions};

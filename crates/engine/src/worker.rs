@@ -10,6 +10,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::error::{EngineError, Result};
+use candle_core::Tensor;
+
 use crate::model::{Batch, KvCache, LlamaShard};
 use crate::tp::{Communicator, Endpoint};
 
@@ -37,12 +39,61 @@ pub(crate) struct WorkerHandle {
     pub thread: Option<JoinHandle<()>>,
 }
 
+/// Hidden states handed from one pipeline stage to the next, or why they never came.
+pub(crate) type StageMsg = std::result::Result<Tensor, String>;
+
+/// A pipeline stage's neighbours. Tensor-parallel ranks have neither.
+#[derive(Default)]
+pub(crate) struct StageLinks {
+    /// Hidden states from the previous stage; the first stage embeds tokens instead.
+    pub prev: Option<Receiver<StageMsg>>,
+    /// Where this stage's output goes; the last stage applies the LM head instead.
+    pub next: Option<Sender<StageMsg>>,
+    /// Longest wait for the previous stage.
+    pub timeout: std::time::Duration,
+}
+
 pub(crate) struct WorkerState {
     pub rank: usize,
     pub shard: LlamaShard,
     pub cache: KvCache,
     pub endpoint: Box<dyn Endpoint>,
     pub threads: usize,
+    pub links: StageLinks,
+    /// This worker hands the step's logits to the engine (TP rank 0, or the last stage).
+    pub returns_logits: bool,
+}
+
+/// One step on one worker: the whole model, or this stage's part of it.
+fn step(
+    shard: &LlamaShard,
+    batch: &Batch,
+    cache: &mut KvCache,
+    comm: &mut dyn Communicator,
+    links: &StageLinks,
+) -> Result<Option<Tensor>> {
+    let x = match &links.prev {
+        None => shard.embed(batch)?,
+        Some(rx) => match rx.recv_timeout(links.timeout) {
+            Ok(Ok(x)) => x,
+            Ok(Err(upstream)) => return Err(EngineError::CommAborted(upstream)),
+            Err(_) => {
+                return Err(EngineError::CommAborted(format!(
+                    "no hidden states from the previous stage within {:?}",
+                    links.timeout
+                )))
+            }
+        },
+    };
+    let x = shard.layers(x, batch, cache, comm)?;
+    match &links.next {
+        Some(tx) => {
+            tx.send(Ok(x))
+                .map_err(|_| EngineError::CommAborted("the next stage is gone".into()))?;
+            Ok(None)
+        }
+        None => Ok(Some(shard.head(&x, batch, comm)?)),
+    }
 }
 
 pub(crate) fn spawn(state: WorkerState) -> Result<WorkerHandle> {
@@ -81,6 +132,8 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
         shard,
         mut cache,
         endpoint,
+        links,
+        returns_logits,
         ..
     } = st;
     let mut comm: Box<dyn Communicator> = match endpoint.connect() {
@@ -120,20 +173,15 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
                 }
                 None => {}
             }
-            shard.forward(&batch, &mut cache, comm.as_mut())
+            step(&shard, &batch, &mut cache, comm.as_mut(), &links)
         }));
         let result = match outcome {
-            Ok(Ok(logits)) => {
-                if rank == 0 {
-                    logits
-                        .flatten_all()
-                        .and_then(|t| t.to_vec1::<f32>())
-                        .map(Some)
-                        .map_err(EngineError::from)
-                } else {
-                    Ok(None)
-                }
-            }
+            Ok(Ok(Some(logits))) if returns_logits => logits
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .map(Some)
+                .map_err(EngineError::from),
+            Ok(Ok(_)) => Ok(None),
             Ok(Err(e)) => Err(e),
             Err(panic) => {
                 let msg = panic
@@ -149,6 +197,10 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
             other => {
                 let message = other.to_string();
                 comm.abort(&format!("rank {rank} failed: {message}"));
+                if let Some(next) = &links.next {
+                    // Release the next stage, which is waiting for this one's output.
+                    let _ = next.send(Err(format!("stage {rank} failed: {message}")));
+                }
                 EngineError::Rank { rank, message }
             }
         });

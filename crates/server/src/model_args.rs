@@ -30,6 +30,11 @@ pub struct ModelArgs {
     #[arg(long, value_delimiter = ',')]
     pub tensor_split: Option<Vec<f64>>,
 
+    /// Pipeline placement of whole layers instead of tensor parallelism, e.g. "0:16;1:14"
+    /// (ordinal:layers of the --devices; layers left over run on the host CPU).
+    #[arg(long)]
+    pub device_layers: Option<String>,
+
     /// Precision of the all-reduce between ranks: f32 or bf16.
     #[arg(long, default_value = "f32")]
     pub allreduce_dtype: AllReduceDtype,
@@ -93,6 +98,7 @@ impl ModelArgs {
         let mut cfg = EngineConfig::new(self.model_path().context("choosing the model")?);
         cfg.devices = devices;
         cfg.tensor_split = self.tensor_split.clone();
+        cfg.device_layers = self.device_layers.as_deref().map(str::parse).transpose()?;
         cfg.allreduce_dtype = self.allreduce_dtype;
         cfg.kv_cache_bytes = self.kv_cache_memory_mib << 20;
         cfg.block_size_tokens = self.block_size;

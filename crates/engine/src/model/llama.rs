@@ -45,11 +45,12 @@ pub struct LlamaShard {
     device: Device,
 }
 
-/// Loads every rank's shard, reading each tensor from the file once.
+/// Loads every rank's shard of the decoder `layers`, reading each tensor once.
 pub fn load_shards(
     source: &dyn TensorSource,
     plan: &ShardPlan,
     devices: &[Device],
+    layers: std::ops::Range<usize>,
 ) -> Result<Vec<LlamaShard>> {
     let config = source.config().clone();
     let world = plan.world_size;
@@ -77,11 +78,17 @@ pub fn load_shards(
         config.rope_style,
     ));
     let mut per_rank_blocks: Vec<Vec<Block>> = (0..world)
-        .map(|_| Vec::with_capacity(config.num_layers))
+        .map(|_| Vec::with_capacity(layers.len()))
         .collect();
     let (qkv_split, o_split, gu_split, down_split) =
         (plan.qkv(), plan.o_proj(), plan.gate_up(), plan.down());
-    for layer in 0..config.num_layers {
+    if layers.end > config.num_layers || layers.is_empty() {
+        return Err(EngineError::Parallel(format!(
+            "layers {layers:?} do not fit a model of {} layers",
+            config.num_layers
+        )));
+    }
+    for layer in layers.clone() {
         let name = |s: &str| layer_name(layer, s);
         let mat = |s: &str, dims: (usize, usize)| -> Result<Matrix> {
             let m = source.matrix(&name(s))?;
@@ -127,7 +134,7 @@ pub fn load_shards(
                 down: row_parallel(&down, &down_split, rank, dev)?,
             });
         }
-        if (layer + 1) % 10 == 0 || layer + 1 == config.num_layers {
+        if (layer + 1) % 10 == 0 || layer + 1 == layers.end {
             tracing::info!(
                 "loaded layer {}/{} ({:.2}s)",
                 layer + 1,
@@ -189,9 +196,26 @@ impl LlamaShard {
         cache: &mut KvCache,
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
+        let x = self.embed(batch)?;
+        let x = self.layers(x, batch, cache, comm)?;
+        self.head(&x, batch, comm)
+    }
+
+    /// Token embeddings of the batch, `[tokens, hidden]`.
+    pub fn embed(&self, batch: &Batch) -> Result<Tensor> {
+        let ids = Tensor::from_slice(&batch.token_ids, batch.num_tokens(), &self.device)?;
+        Ok(self.embedding.forward(&ids)?.to_dtype(DType::F32)?)
+    }
+
+    /// This shard's decoder layers over the hidden states `x`.
+    pub fn layers(
+        &self,
+        mut x: Tensor,
+        batch: &Batch,
+        cache: &mut KvCache,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
         let n = batch.num_tokens();
-        let ids = Tensor::from_slice(&batch.token_ids, n, &self.device)?;
-        let mut x = self.embedding.forward(&ids)?.to_dtype(DType::F32)?;
         let eps = self.config.rms_norm_eps as f32;
         let hd = self.config.head_dim;
         let nq = self.shard.q_heads.len();
@@ -219,36 +243,35 @@ impl LlamaShard {
                 let attn = attend(layer_cache, cache, batch, &q, shape);
                 let attn = Tensor::from_vec(attn, (n, nq * hd), &self.device)?;
                 let o = comm.all_reduce_sum(&block.o_proj.forward(&attn)?)?;
-                x = (x + o)?;
+                x = (&x + o)?;
                 let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, eps)?;
                 let gu = block.gate_up.forward(&h)?;
                 let act = (gu[0].silu()? * &gu[1])?;
                 let d = comm.all_reduce_sum(&block.down.forward(&act)?)?;
-                x = (x + d)?;
+                x = (&x + d)?;
             }
-            if batch.sample_rows.is_empty() {
-                return Ok(Tensor::zeros(
-                    (0, self.config.vocab_size),
-                    DType::F32,
-                    &self.device,
-                )?);
-            }
-            let rows = Tensor::from_slice(
-                &batch
-                    .sample_rows
-                    .iter()
-                    .map(|r| *r as u32)
-                    .collect::<Vec<_>>(),
-                batch.sample_rows.len(),
-                &self.device,
-            )?;
-            let last = x.index_select(&rows, 0)?;
-            let last = candle_nn::ops::rms_norm(&last, &self.norm, eps)?;
-            let logits = self.lm_head.forward(&last)?;
-            comm.all_gather(&logits, 1)
+            Ok(x)
         })();
         cache.layers = layers;
         result
+    }
+
+    /// Final norm and LM head over the sampled rows of `x`: logits `[rows, vocab]`.
+    pub fn head(&self, x: &Tensor, batch: &Batch, comm: &mut dyn Communicator) -> Result<Tensor> {
+        let eps = self.config.rms_norm_eps as f32;
+        if batch.sample_rows.is_empty() {
+            return Ok(Tensor::zeros(
+                (0, self.config.vocab_size),
+                DType::F32,
+                &self.device,
+            )?);
+        }
+        let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();
+        let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
+        let last = x.index_select(&rows, 0)?;
+        let last = candle_nn::ops::rms_norm(&last, &self.norm, eps)?;
+        let logits = self.lm_head.forward(&last)?;
+        comm.all_gather(&logits, 1)
     }
 }
 

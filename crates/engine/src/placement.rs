@@ -1,0 +1,149 @@
+//! How a loaded model is laid out on devices: tensor-parallel ranks (every rank holds a
+//! slice of every layer) or pipeline stages from a layer map (every stage holds whole
+//! layers). Either way the result is a list of members, each becoming one worker.
+
+use std::ops::Range;
+
+use crate::config::ModelConfig;
+use crate::device::DeviceSpec;
+use crate::device_map::{LayerMap, Stage};
+use crate::engine::EngineConfig;
+use crate::error::{EngineError, Result};
+use crate::loader::TensorSource;
+use crate::model::{load_shards, LlamaShard};
+use crate::tp::{Endpoint, LocalComm, PlanOptions, ShardPlan};
+use crate::worker::{StageLinks, StageMsg};
+
+/// One future worker.
+pub(crate) struct Member {
+    pub device: DeviceSpec,
+    pub shard: LlamaShard,
+    pub layers: Range<usize>,
+    pub endpoint: Box<dyn Endpoint>,
+    pub links: StageLinks,
+    pub returns_logits: bool,
+}
+
+pub(crate) struct Placement {
+    /// The tensor-parallel plan of each member (world size 1 for pipeline stages).
+    pub plan: ShardPlan,
+    pub members: Vec<Member>,
+}
+
+/// Tensor parallelism over `cfg.devices`, split by `cfg.tensor_split` ratios.
+pub(crate) fn tensor_parallel(
+    source: &dyn TensorSource,
+    cfg: &EngineConfig,
+    config: &ModelConfig,
+    input_block: usize,
+) -> Result<Placement> {
+    let world = cfg.devices.len();
+    let ratios = match &cfg.tensor_split {
+        Some(r) if r.len() != world => {
+            return Err(EngineError::Parallel(format!(
+                "--tensor-split has {} ratios for {world} devices; give one ratio per device",
+                r.len()
+            )))
+        }
+        Some(r) => r.clone(),
+        None => vec![1.0; world],
+    };
+    let plan = ShardPlan::new(
+        config,
+        &PlanOptions {
+            ratios,
+            input_block,
+        },
+    )?;
+    for (rank, s) in plan.ranks.iter().enumerate() {
+        tracing::info!(
+            "rank {rank} ({}): query heads {:?}, KV heads {:?}, FFN columns {:?}, vocabulary {:?}",
+            cfg.devices[rank],
+            s.q_heads,
+            s.kv_heads,
+            s.ffn,
+            s.vocab
+        );
+    }
+    let devices = cfg
+        .devices
+        .iter()
+        .map(|d| d.open())
+        .collect::<Result<Vec<_>>>()?;
+    let shards = load_shards(source, &plan, &devices, 0..config.num_layers)?;
+    let comms = LocalComm::group(world, cfg.allreduce_dtype, cfg.step_timeout);
+    let members = shards
+        .into_iter()
+        .zip(comms)
+        .enumerate()
+        .map(|(rank, (shard, comm))| Member {
+            device: cfg.devices[rank],
+            shard,
+            layers: 0..config.num_layers,
+            endpoint: Box::new(comm),
+            links: StageLinks::default(),
+            returns_logits: rank == 0,
+        })
+        .collect();
+    Ok(Placement { plan, members })
+}
+
+/// Pipeline stages from a layer map: whole layers per device, host layers last.
+pub(crate) fn pipeline(
+    source: &dyn TensorSource,
+    cfg: &EngineConfig,
+    config: &ModelConfig,
+    input_block: usize,
+    map: &LayerMap,
+) -> Result<Placement> {
+    if cfg.tensor_split.is_some() {
+        return Err(EngineError::Parallel(
+            "--tensor-split and --device-layers cannot be combined: a layer map places whole layers".into(),
+        ));
+    }
+    let stages: Vec<Stage> = map.stages(&cfg.devices, config.num_layers)?;
+    let plan = ShardPlan::new(config, &PlanOptions::equal(1, input_block))?;
+    let mut members = Vec::with_capacity(stages.len());
+    let mut prev: Option<crossbeam_channel::Receiver<StageMsg>> = None;
+    for (i, stage) in stages.iter().enumerate() {
+        tracing::info!(
+            "stage {i} ({}{}): layers {:?}",
+            stage.device,
+            if stage.host { ", host" } else { "" },
+            stage.layers
+        );
+        let device = stage.device.open()?;
+        let shard = load_shards(
+            source,
+            &plan,
+            std::slice::from_ref(&device),
+            stage.layers.clone(),
+        )?
+        .pop()
+        .ok_or_else(|| EngineError::Parallel("no shard was loaded".into()))?;
+        let last = i + 1 == stages.len();
+        let (next, next_prev) = if last {
+            (None, None)
+        } else {
+            let (tx, rx) = crossbeam_channel::bounded::<StageMsg>(1);
+            (Some(tx), Some(rx))
+        };
+        let comm = LocalComm::group(1, cfg.allreduce_dtype, cfg.step_timeout)
+            .pop()
+            .ok_or_else(|| EngineError::Parallel("no communicator".into()))?;
+        members.push(Member {
+            device: stage.device,
+            shard,
+            layers: stage.layers.clone(),
+            endpoint: Box::new(comm),
+            links: StageLinks {
+                prev: prev.take(),
+                next,
+                timeout: cfg.step_timeout,
+            },
+            returns_logits: last,
+        });
+        prev = next_prev;
+    }
+    Ok(Placement { plan, members })
+}

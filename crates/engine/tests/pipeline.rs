@@ -1,0 +1,103 @@
+//! Layer maps: whole layers on different devices (CPU ranks here), host layers last.
+//! Placing layers does not change the arithmetic, so results equal one device exactly.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tessera_engine::{
+    generate, DeviceSpec, Engine, EngineConfig, Fault, GenerateOptions, LayerMap,
+};
+use tessera_protocol::SamplingParams;
+
+fn engine(path: std::path::PathBuf, map: Option<&str>) -> Engine {
+    let mut cfg = EngineConfig::new(path).with_cpu_ranks(if map.is_some() { 2 } else { 1 });
+    cfg.kv_cache_bytes = 32 << 20;
+    cfg.device_layers = map.map(|m| m.parse::<LayerMap>().expect("layer map"));
+    Engine::load(&cfg).expect("load")
+}
+
+fn greedy(
+    engine: &mut Engine,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<u32>, tessera_protocol::ExecutorError> {
+    let opts = GenerateOptions {
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+        prefill_chunk: 5,
+    };
+    generate(engine, prompt, &opts, |_| {})
+}
+
+#[test]
+fn smollm2_layer_maps_equal_one_device_exactly() {
+    let prompt =
+        ids(&read_json(fixtures().join("smollm2/greedy.json"))["prompts"][4]["prompt_ids"]);
+    let mut one = engine(smollm2_path(), None);
+    let want_logits = last_logits(&mut one, &prompt);
+    let want = greedy(&mut one, &prompt, 16).expect("generate");
+    drop(one);
+    // Two device stages; one device stage plus host layers.
+    for map in ["0:16;1:14", "1:10"] {
+        let mut staged = engine(smollm2_path(), Some(map));
+        assert_eq!(
+            last_logits(&mut staged, &prompt),
+            want_logits,
+            "{map}: logits"
+        );
+        assert_eq!(
+            greedy(&mut staged, &prompt, 16).expect("generate"),
+            want,
+            "{map}: tokens"
+        );
+    }
+}
+
+#[test]
+fn bad_layer_maps_are_refused_with_the_fix() {
+    let dir = fixtures().join("tiny-llama");
+    let mut cfg = EngineConfig::new(&dir).with_cpu_ranks(2);
+    cfg.device_layers = Some("0:2;1:1".parse().expect("syntax is fine"));
+    let err = Engine::load(&cfg)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("the model has 2") && err.contains("at most 2"),
+        "{err}"
+    );
+    cfg.device_layers = Some("0:1;3:1".parse().expect("syntax is fine"));
+    cfg.devices = vec![DeviceSpec::Cpu(0), DeviceSpec::Cpu(1)];
+    let err = Engine::load(&cfg)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("ordinal 3 is not among the devices (cpu:0, cpu:1)"),
+        "{err}"
+    );
+}
+
+/// A stage that fails releases the stages after it: the step fails fast, naming it.
+#[test]
+fn a_failing_stage_surfaces_as_an_error_naming_it() {
+    for fault in [Fault::Error, Fault::Panic] {
+        let mut cfg = EngineConfig::new(fixtures().join("tiny-llama")).with_cpu_ranks(2);
+        cfg.kv_cache_bytes = 4 << 20;
+        cfg.step_timeout = Duration::from_secs(20);
+        cfg.device_layers = Some("0:1;1:1".parse().expect("map"));
+        let mut engine = Engine::load(&cfg).expect("load");
+        assert_eq!(greedy(&mut engine, &[1, 2, 3], 2).expect("runs").len(), 2);
+        engine.inject_fault(0, fault).expect("inject");
+        let started = Instant::now();
+        let err = greedy(&mut engine, &[4, 5, 6], 2).expect_err("must fail");
+        assert_eq!(err.rank, Some(0), "{fault:?}: {err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{fault:?} was not released promptly"
+        );
+    }
+}
