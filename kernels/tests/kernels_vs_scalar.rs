@@ -88,3 +88,39 @@ fn quantized_matmul_is_close_to_the_float_product() {
     }
     assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q4_1, 2, 30, &[]).is_err());
 }
+
+#[test]
+fn four_rows_at_once_equal_one_at_a_time_bit_for_bit() {
+    use tessera_kernels::cpu::dot::WeightBlock;
+    let mut r = rng();
+    let blocks = 18;
+    let acts: Vec<f32> = (0..blocks * QK)
+        .map(|_| r.random_range(-3.0..3.0))
+        .collect();
+    let rows: Vec<Vec<BlockQ4_1>> = (0..4)
+        .map(|_| BlockQ4_1::parse(&random_q4_1(&mut r, blocks)))
+        .collect();
+    let mut y = vec![BlockQ8_1::default(); blocks];
+    quantize_row_q8_1(&acts, &mut y);
+    let four = BlockQ4_1::dot4(isa(), [&rows[0], &rows[1], &rows[2], &rows[3]], &y);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(
+            four[i].to_bits(),
+            BlockQ4_1::dot(isa(), row, &y).to_bits(),
+            "q4_1 row {i}"
+        );
+    }
+    let rows: Vec<Vec<BlockQ8_0>> = (0..4)
+        .map(|_| BlockQ8_0::parse(&random_q8_0(&mut r, blocks)))
+        .collect();
+    let mut y = vec![BlockQ8_0::default(); blocks];
+    quantize_row_q8_0(&acts, &mut y);
+    let four = BlockQ8_0::dot4(isa(), [&rows[0], &rows[1], &rows[2], &rows[3]], &y);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(
+            four[i].to_bits(),
+            BlockQ8_0::dot(isa(), row, &y).to_bits(),
+            "q8_0 row {i}"
+        );
+    }
+}

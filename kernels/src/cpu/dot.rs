@@ -73,3 +73,52 @@ pub fn dot_q8_0_q8_0(isa: Isa, x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         _ => dot_q8_0_q8_0_scalar(x, y),
     }
 }
+
+/// A weight block format with its activation format and dot products.
+pub trait WeightBlock: Sync + Sized {
+    /// The block format activations are quantized to for this weight format.
+    type Act: Sync + Default + Clone;
+    fn quantize_row(xs: &[f32], out: &mut [Self::Act]);
+    fn dot(isa: Isa, x: &[Self], y: &[Self::Act]) -> f32;
+    /// Four rows at once; each result equals [`WeightBlock::dot`] of that row.
+    fn dot4(isa: Isa, x: [&[Self]; 4], y: &[Self::Act]) -> [f32; 4] {
+        std::array::from_fn(|r| Self::dot(isa, x[r], y))
+    }
+}
+
+impl WeightBlock for BlockQ4_1 {
+    type Act = BlockQ8_1;
+    fn quantize_row(xs: &[f32], out: &mut [BlockQ8_1]) {
+        crate::cpu::quantize::quantize_row_q8_1(xs, out);
+    }
+    fn dot(isa: Isa, x: &[Self], y: &[BlockQ8_1]) -> f32 {
+        dot_q4_1_q8_1(isa, x, y)
+    }
+    fn dot4(isa: Isa, x: [&[Self]; 4], y: &[BlockQ8_1]) -> [f32; 4] {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only returned after detecting AVX2 and FMA; callers
+            // pass rows as long as `y`.
+            Isa::Avx2 => unsafe { crate::cpu::x86::dot4_q4_1_q8_1_avx2(x, y) },
+            _ => std::array::from_fn(|r| dot_q4_1_q8_1_scalar(x[r], y)),
+        }
+    }
+}
+
+impl WeightBlock for BlockQ8_0 {
+    type Act = BlockQ8_0;
+    fn quantize_row(xs: &[f32], out: &mut [BlockQ8_0]) {
+        crate::cpu::quantize::quantize_row_q8_0(xs, out);
+    }
+    fn dot(isa: Isa, x: &[Self], y: &[BlockQ8_0]) -> f32 {
+        dot_q8_0_q8_0(isa, x, y)
+    }
+    fn dot4(isa: Isa, x: [&[Self]; 4], y: &[BlockQ8_0]) -> [f32; 4] {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as for Q4_1.
+            Isa::Avx2 => unsafe { crate::cpu::x86::dot4_q8_0_q8_0_avx2(x, y) },
+            _ => std::array::from_fn(|r| dot_q8_0_q8_0_scalar(x[r], y)),
+        }
+    }
+}

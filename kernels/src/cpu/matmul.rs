@@ -4,9 +4,8 @@
 
 use rayon::prelude::*;
 
-use crate::cpu::blocks::{BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
-use crate::cpu::dot::{dot_q4_1_q8_1, dot_q8_0_q8_0, isa};
-use crate::cpu::quantize::{quantize_row_q8_0, quantize_row_q8_1};
+use crate::cpu::blocks::{BlockQ4_1, BlockQ8_0, QK};
+use crate::cpu::dot::{isa, WeightBlock};
 
 /// GGML formats these kernels handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,48 +97,10 @@ impl QuantWeights {
     /// `x`: `[m, cols]` row-major; returns `[m, rows]`.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.cols, "activation shape");
-        let kb = self.cols / QK;
-        let isa = isa();
-        // Feature-major results ([rows, m]) so each task owns a contiguous slice.
-        let mut by_row = vec![0f32; self.rows * m];
-        match &self.blocks {
-            Blocks::Q4_1(w) => {
-                let mut xq = vec![BlockQ8_1::default(); m * kb];
-                for (row, xr) in xq.chunks_exact_mut(kb).zip(x.chunks_exact(self.cols)) {
-                    quantize_row_q8_1(xr, row);
-                }
-                by_row
-                    .par_chunks_mut(ROWS_PER_TASK * m)
-                    .enumerate()
-                    .for_each(|(task, out)| {
-                        for (i, o) in out.chunks_exact_mut(m).enumerate() {
-                            let r = task * ROWS_PER_TASK + i;
-                            let wr = &w[r * kb..(r + 1) * kb];
-                            for (t, v) in o.iter_mut().enumerate() {
-                                *v = dot_q4_1_q8_1(isa, wr, &xq[t * kb..(t + 1) * kb]);
-                            }
-                        }
-                    });
-            }
-            Blocks::Q8_0(w) => {
-                let mut xq = vec![BlockQ8_0::default(); m * kb];
-                for (row, xr) in xq.chunks_exact_mut(kb).zip(x.chunks_exact(self.cols)) {
-                    quantize_row_q8_0(xr, row);
-                }
-                by_row
-                    .par_chunks_mut(ROWS_PER_TASK * m)
-                    .enumerate()
-                    .for_each(|(task, out)| {
-                        for (i, o) in out.chunks_exact_mut(m).enumerate() {
-                            let r = task * ROWS_PER_TASK + i;
-                            let wr = &w[r * kb..(r + 1) * kb];
-                            for (t, v) in o.iter_mut().enumerate() {
-                                *v = dot_q8_0_q8_0(isa, wr, &xq[t * kb..(t + 1) * kb]);
-                            }
-                        }
-                    });
-            }
-        }
+        let by_row = match &self.blocks {
+            Blocks::Q4_1(w) => rows_times(w, x, m, self.rows, self.cols),
+            Blocks::Q8_0(w) => rows_times(w, x, m, self.rows, self.cols),
+        };
         if m == 1 {
             return by_row;
         }
@@ -151,4 +112,42 @@ impl QuantWeights {
         }
         out
     }
+}
+
+/// Every weight row times every (quantized) activation row, feature-major: `[rows, m]`,
+/// so each parallel task owns a contiguous slice. Rows go four at a time through
+/// [`WeightBlock::dot4`], which gives the same values as one at a time.
+fn rows_times<W: WeightBlock>(w: &[W], x: &[f32], m: usize, rows: usize, cols: usize) -> Vec<f32> {
+    let kb = cols / QK;
+    let isa = isa();
+    let mut xq = vec![W::Act::default(); m * kb];
+    for (row, xr) in xq.chunks_exact_mut(kb).zip(x.chunks_exact(cols)) {
+        W::quantize_row(xr, row);
+    }
+    let mut by_row = vec![0f32; rows * m];
+    by_row
+        .par_chunks_mut(ROWS_PER_TASK * m)
+        .enumerate()
+        .for_each(|(task, out)| {
+            let first = task * ROWS_PER_TASK;
+            let n = out.len() / m;
+            let row = |i: usize| &w[(first + i) * kb..(first + i + 1) * kb];
+            let mut i = 0;
+            while i + 4 <= n {
+                for t in 0..m {
+                    let y = &xq[t * kb..(t + 1) * kb];
+                    let d = W::dot4(isa, [row(i), row(i + 1), row(i + 2), row(i + 3)], y);
+                    for (j, v) in d.into_iter().enumerate() {
+                        out[(i + j) * m + t] = v;
+                    }
+                }
+                i += 4;
+            }
+            for i in i..n {
+                for t in 0..m {
+                    out[i * m + t] = W::dot(isa, row(i), &xq[t * kb..(t + 1) * kb]);
+                }
+            }
+        });
+    by_row
 }
