@@ -17,10 +17,18 @@ fn scales(xs: &[f32]) -> (f32, f32) {
     (round_f16(d), id)
 }
 
+/// Round half to even without a libm call: adding and subtracting 1.5·2²³ leaves the
+/// nearest integer under the default rounding mode, exactly, for |v| < 2²².
+#[inline(always)]
+fn round_even(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
+}
+
 fn quantize_into(xs: &[f32], id: f32, qs: &mut [i8; QK]) -> i32 {
     let mut sum = 0i32;
     for (q, x) in qs.iter_mut().zip(xs) {
-        *q = (x * id).round_ties_even() as i8;
+        *q = round_even(x * id) as i8;
         sum += i32::from(*q);
     }
     sum
@@ -66,6 +74,18 @@ mod tests {
                 assert!((f32::from(*q) * b.d - v).abs() <= b.d * 0.51, "{q} {v}");
             }
             assert_eq!(b.qs.iter().map(|q| q.unsigned_abs()).max(), Some(127));
+        }
+    }
+
+    #[test]
+    fn fast_rounding_equals_round_ties_even() {
+        let mut v = -130.0f32;
+        while v <= 130.0 {
+            assert_eq!(round_even(v), v.round_ties_even(), "{v}");
+            v += 0.03125;
+        }
+        for v in [0.5f32, 1.5, 2.5, -0.5, -2.5, 126.5, -127.49999, 0.49999997] {
+            assert_eq!(round_even(v), v.round_ties_even(), "{v}");
         }
     }
 
