@@ -9,12 +9,7 @@ use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
 use tessera_protocol::SamplingParams;
 
 fn model() -> PathBuf {
-    let cache = std::env::var("TESSERA_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/tessera")
-        });
-    cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    tessera_engine::default_model_path()
 }
 
 fn main() {

@@ -21,6 +21,6 @@ pub use device_map::{LayerMap, Stage};
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateOptions};
-pub use loader::load_tokenizer;
+pub use loader::{default_model_path, load_tokenizer};
 pub use tessera_tokenizer::Tokenizer;
 pub use worker::Fault;

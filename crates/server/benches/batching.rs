@@ -16,12 +16,7 @@ use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle};
 const OUTPUT_TOKENS: usize = 32;
 
 fn model() -> PathBuf {
-    let cache = std::env::var("TESSERA_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/tessera")
-        });
-    cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    tessera_engine::default_model_path()
 }
 
 fn spawn(enable_prefix_caching: bool) -> SchedulerHandle {

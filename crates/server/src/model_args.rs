@@ -8,9 +8,6 @@ use clap::Args;
 use tessera_engine::tp::AllReduceDtype;
 use tessera_engine::{DeviceSpec, EngineConfig};
 
-/// File name of the default model in the cache that `scripts/fetch-model` fills.
-pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
     /// A .gguf file or a Hugging Face folder (config.json + safetensors). Default: the
@@ -62,7 +59,7 @@ impl ModelArgs {
         if let Some(p) = &self.model {
             return Ok(p.clone());
         }
-        let path = default_cache_dir().join("models").join(DEFAULT_MODEL_FILE);
+        let path = tessera_engine::default_model_path();
         if !path.exists() {
             bail!(
                 "no --model given and the default model is not in the cache ({}); \
@@ -106,17 +103,4 @@ impl ModelArgs {
         cfg.step_timeout = Duration::from_secs(self.step_timeout.max(1));
         Ok(cfg)
     }
-}
-
-/// `$TESSERA_CACHE_DIR`, else `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera` (the
-/// same rule as scripts/lib.sh).
-pub fn default_cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("TESSERA_CACHE_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("tessera");
-    }
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/".into());
-    PathBuf::from(home).join(".cache/tessera")
 }

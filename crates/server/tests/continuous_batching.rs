@@ -11,15 +11,9 @@ use tessera_protocol::{
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle};
 
 fn model() -> PathBuf {
-    if let Ok(p) = std::env::var("TESSERA_TEST_MODEL") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var("TESSERA_CACHE_DIR")
+    std::env::var("TESSERA_TEST_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/tessera")
-        });
-    cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        .unwrap_or_else(|_| tessera_engine::default_model_path())
 }
 
 const MAX_TOKENS: usize = 12;

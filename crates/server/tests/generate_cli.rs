@@ -111,15 +111,9 @@ fn assert_clean_failure(model: &Path, expect: &str) {
 }
 
 fn default_model() -> PathBuf {
-    if let Ok(p) = std::env::var("TESSERA_TEST_MODEL") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var("TESSERA_CACHE_DIR")
+    std::env::var("TESSERA_TEST_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/tessera")
-        });
-    cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        .unwrap_or_else(|_| tessera_engine::default_model_path())
 }
 
 #[test]

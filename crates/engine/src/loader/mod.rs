@@ -3,6 +3,7 @@
 //! Both sources answer to canonical Hugging Face tensor names
 //! (`model.layers.3.self_attn.q_proj.weight`), so the model code is written once.
 
+mod cache;
 mod gguf;
 mod matrix;
 mod safetensors;
@@ -13,6 +14,7 @@ use std::path::Path;
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 
+pub use cache::{cache_dir, default_model_path, DEFAULT_MODEL_FILE};
 pub use gguf::GgufSource;
 pub use matrix::Matrix;
 pub use safetensors::SafetensorsSource;

@@ -13,8 +13,8 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use cudarc::driver::{CudaContext, CudaStream};
-use cudarc::nccl::safe::{Comm, Id, ReduceOp};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp};
 
 use crate::error::{EngineError, Result};
 use crate::tp::comm::{AllReduceDtype, Communicator, Endpoint};
@@ -112,41 +112,39 @@ impl NcclComm {
         Ok(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
     }
 
-    fn sum_f32(&self, data: &[f32]) -> Result<Vec<f32>> {
-        let send = self
-            .stream
+    fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        self.stream
             .clone_htod(data)
-            .map_err(|e| nccl_err("copy", e))?;
-        let mut recv = self
-            .stream
-            .alloc_zeros::<f32>(data.len())
-            .map_err(|e| nccl_err("alloc", e))?;
+            .map_err(|e| nccl_err("copy", e))
+    }
+
+    fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros::<T>(len)
+            .map_err(|e| nccl_err("alloc", e))
+    }
+
+    fn download<T: DeviceRepr>(&self, buf: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.stream.clone_dtoh(buf).map_err(|e| nccl_err("copy", e))
+    }
+
+    /// Element-wise sum over the group, staged through device buffers.
+    fn sum<T: NcclType + DeviceRepr + ValidAsZeroBits>(&self, data: &[T]) -> Result<Vec<T>> {
+        let send = self.upload(data)?;
+        let mut recv = self.zeros::<T>(data.len())?;
         self.comm
             .all_reduce(&send, &mut recv, &ReduceOp::Sum)
             .map_err(|e| nccl_err("all-reduce", e))?;
-        self.stream
-            .clone_dtoh(&recv)
-            .map_err(|e| nccl_err("copy", e))
+        self.download(&recv)
+    }
+
+    fn sum_f32(&self, data: &[f32]) -> Result<Vec<f32>> {
+        self.sum(data)
     }
 
     fn sum_bf16(&self, data: &[f32]) -> Result<Vec<f32>> {
         let half: Vec<half::bf16> = data.iter().map(|v| half::bf16::from_f32(*v)).collect();
-        let send = self
-            .stream
-            .clone_htod(&half)
-            .map_err(|e| nccl_err("copy", e))?;
-        let mut recv = self
-            .stream
-            .alloc_zeros::<half::bf16>(data.len())
-            .map_err(|e| nccl_err("alloc", e))?;
-        self.comm
-            .all_reduce(&send, &mut recv, &ReduceOp::Sum)
-            .map_err(|e| nccl_err("all-reduce", e))?;
-        let out = self
-            .stream
-            .clone_dtoh(&recv)
-            .map_err(|e| nccl_err("copy", e))?;
-        Ok(out.into_iter().map(|v| v.to_f32()).collect())
+        Ok(self.sum(&half)?.into_iter().map(|v| v.to_f32()).collect())
     }
 }
 
@@ -189,21 +187,12 @@ impl Communicator for NcclComm {
         };
         let moved = padded.transpose(0, dim)?.contiguous()?;
         let data = Self::host(&moved)?;
-        let send = self
-            .stream
-            .clone_htod(&data)
-            .map_err(|e| nccl_err("copy", e))?;
-        let mut recv = self
-            .stream
-            .alloc_zeros::<f32>(data.len() * self.world)
-            .map_err(|e| nccl_err("alloc", e))?;
+        let send = self.upload(&data)?;
+        let mut recv = self.zeros::<f32>(data.len() * self.world)?;
         self.comm
             .all_gather(&send, &mut recv)
             .map_err(|e| nccl_err("all-gather", e))?;
-        let all = self
-            .stream
-            .clone_dtoh(&recv)
-            .map_err(|e| nccl_err("copy", e))?;
+        let all = self.download(&recv)?;
         let mut shape = moved.dims().to_vec();
         let mut parts = Vec::with_capacity(self.world);
         for (r, chunk) in all
@@ -224,22 +213,13 @@ impl Communicator for NcclComm {
     fn broadcast(&mut self, x: &Tensor, root: usize) -> Result<Tensor> {
         self.check()?;
         let data = Self::host(x)?;
-        let send = self
-            .stream
-            .clone_htod(&data)
-            .map_err(|e| nccl_err("copy", e))?;
-        let mut recv = self
-            .stream
-            .alloc_zeros::<f32>(data.len())
-            .map_err(|e| nccl_err("alloc", e))?;
+        let send = self.upload(&data)?;
+        let mut recv = self.zeros::<f32>(data.len())?;
         let root_i32 = i32::try_from(root).map_err(|e| nccl_err("root", e))?;
         self.comm
             .broadcast(Some(&send), &mut recv, root_i32)
             .map_err(|e| nccl_err("broadcast", e))?;
-        let out = self
-            .stream
-            .clone_dtoh(&recv)
-            .map_err(|e| nccl_err("copy", e))?;
+        let out = self.download(&recv)?;
         Ok(Tensor::from_vec(out, x.shape(), &Device::Cpu)?.to_dtype(x.dtype())?)
     }
 

@@ -19,20 +19,9 @@ pub fn fixtures() -> PathBuf {
 /// The default model, as `scripts/fetch-model` places it. Tests fail (never skip) when it
 /// is missing: `scripts/test` fetches it first.
 pub fn smollm2_path() -> PathBuf {
-    if let Ok(p) = std::env::var("TESSERA_TEST_MODEL") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var("TESSERA_CACHE_DIR")
+    let p = std::env::var("TESSERA_TEST_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            let base = std::env::var("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|_| {
-                    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
-                });
-            base.join("tessera")
-        });
-    let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        .unwrap_or_else(|_| tessera_engine::default_model_path());
     assert!(
         p.exists(),
         "{} is missing: run scripts/fetch-model",
