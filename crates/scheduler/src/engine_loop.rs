@@ -29,6 +29,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::admission::{Admission, AdmittedRequest};
 use crate::config::SchedulerConfig;
 use crate::error::{AdmissionError, SchedulerError};
+use crate::loop_stats::{LoopHealth, LoopStats, StepDurations};
 use crate::metrics::{SchedulerMetrics, SharedMetrics};
 use crate::scheduler::Scheduler;
 
@@ -52,12 +53,14 @@ impl EngineLoop {
         let scheduler = Scheduler::with_admission(cfg, Arc::clone(&admission));
         let metrics = Arc::new(SharedMetrics::default());
         metrics.publish(&scheduler.metrics());
+        let stats = Arc::new(LoopStats::default());
         let (commands, receiver) = channel();
         let worker = Worker {
             scheduler,
             executor,
             commands: receiver,
             metrics: Arc::clone(&metrics),
+            stats: Arc::clone(&stats),
         };
         let thread = std::thread::Builder::new()
             .name("tessera-engine-loop".into())
@@ -68,6 +71,7 @@ impl EngineLoop {
                 commands,
                 admission,
                 metrics,
+                stats,
                 thread: Mutex::new(Some(thread)),
             }),
         })
@@ -85,6 +89,7 @@ struct HandleInner {
     commands: Sender<Command>,
     admission: Arc<Admission>,
     metrics: Arc<SharedMetrics>,
+    stats: Arc<LoopStats>,
     /// Taken by whoever joins first (an explicit `join` or the last drop).
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -122,6 +127,22 @@ impl SchedulerHandle {
     /// Requests admitted that have not started running yet (live, not per step).
     pub fn num_queued(&self) -> usize {
         self.inner.admission.num_waiting()
+    }
+
+    /// Whether the loop is running and its executor is succeeding (for readiness).
+    pub fn health(&self) -> LoopHealth {
+        self.inner.stats.health()
+    }
+
+    /// Every executor step's duration so far, as a histogram.
+    pub fn step_durations(&self) -> StepDurations {
+        self.inner.stats.step_durations()
+    }
+
+    /// Refuse new requests (`AdmissionError::ShuttingDown`) but keep running the ones
+    /// already admitted: the first half of a graceful drain. `shutdown` ends the rest.
+    pub fn close_admission(&self) {
+        self.inner.admission.close();
     }
 
     /// Stop accepting requests and ask the loop to abort in-flight ones and exit.
@@ -167,6 +188,7 @@ struct Worker<E> {
     executor: E,
     commands: Receiver<Command>,
     metrics: Arc<SharedMetrics>,
+    stats: Arc<LoopStats>,
 }
 
 #[derive(PartialEq, Eq)]
@@ -176,7 +198,20 @@ enum Flow {
 }
 
 impl<E: Executor> Worker<E> {
-    fn run(mut self) {
+    fn run(self) {
+        /// Marks the loop stopped however the thread ends, an unexpected panic included.
+        struct StoppedOnDrop(Arc<LoopStats>, bool);
+        impl Drop for StoppedOnDrop {
+            fn drop(&mut self) {
+                self.0.mark_stopped(self.1 || std::thread::panicking());
+            }
+        }
+        let mut guard = StoppedOnDrop(Arc::clone(&self.stats), false);
+        guard.1 = self.run_steps();
+    }
+
+    /// The loop proper; returns whether it stopped because the executor panicked.
+    fn run_steps(mut self) -> bool {
         // Consecutive plans that scheduled nothing while work remained. One can happen
         // (every running sequence preempted itself); the next plan must then admit the
         // queue head, because every block is free and admission guaranteed it fits. A
@@ -198,7 +233,7 @@ impl<E: Executor> Worker<E> {
             }
             let (flow, scheduled_any) = self.step();
             if flow == Flow::Stop {
-                return;
+                return true;
             }
             if scheduled_any || !self.scheduler.has_work() {
                 empty_plans = 0;
@@ -219,6 +254,7 @@ impl<E: Executor> Worker<E> {
         }
         self.scheduler.abort_all();
         self.publish();
+        false
     }
 
     fn apply(&mut self, cmd: Command) -> Flow {
@@ -257,7 +293,12 @@ impl<E: Executor> Worker<E> {
         let start = Instant::now();
         let executor = &mut self.executor;
         let result = catch_unwind(AssertUnwindSafe(|| executor.step(&plan)));
-        self.scheduler.record_step_duration(start.elapsed());
+        let elapsed = start.elapsed();
+        self.scheduler.record_step_duration(elapsed);
+        // Only steps that ran sequences say whether the executor works; a clean-up
+        // step (only `finished`) after a failure proves nothing either way.
+        let outcome = scheduled_any.then_some(matches!(&result, Ok(Ok(_))));
+        self.stats.record_step(elapsed, outcome);
         let flow = match result {
             Ok(Ok(output)) => {
                 if let Err(e) = self.scheduler.update(&output) {
@@ -273,6 +314,8 @@ impl<E: Executor> Worker<E> {
             }
             Err(_) => {
                 tracing::error!("executor panicked; engine loop stops");
+                // Before any request hears of it, so health checks agree with them.
+                self.stats.mark_stopped(true);
                 self.scheduler.admission().close();
                 self.scheduler.fail_all("executor panicked");
                 Flow::Stop
