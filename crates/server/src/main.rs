@@ -1,11 +1,12 @@
 //! `tessera`: serve a model over the OpenAI API, or generate from the command line.
 
 mod api;
+mod config_layers;
 mod generate_cmd;
 mod model_args;
 mod serve;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -14,8 +15,19 @@ use clap::{Parser, Subcommand};
     about = "An OpenAI-compatible LLM server with tensor parallelism"
 )]
 struct Cli {
+    /// Log line format: human-readable text, or one JSON object per line (with the
+    /// request id of the current request in `span`/`spans`). Filter with RUST_LOG.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "TESSERA_LOG_FORMAT")]
+    log_format: LogFormat,
+
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -27,14 +39,45 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let argv =
+        match config_layers::layered_argv(&Cli::command(), std::env::args_os().collect(), |k| {
+            std::env::var(k).ok()
+        }) {
+            Ok(argv) => argv,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        };
+    let matches = Cli::command().get_matches_from(argv);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Command::Serve(args) = &cli.command {
+        if args.print_config {
+            let cmd = Cli::command();
+            if let (Some(serve), Some(m)) = (
+                cmd.find_subcommand("serve"),
+                matches.subcommand_matches("serve"),
+            ) {
+                print!("{}", config_layers::render(serve, m));
+            }
+            return std::process::ExitCode::SUCCESS;
+        }
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal, not in container logs.
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
     let result = match cli.command {
         Command::Generate(args) => generate_cmd::run(args),
         Command::Serve(args) => serve::run(args),

@@ -282,7 +282,24 @@ fn schemas() -> Value {
             "type": "object",
             "required": ["status"],
             "properties": { "status": { "const": "ok" } }
+        },
+        "ProbeFailure": {
+            "type": "object",
+            "required": ["status", "reason"],
+            "properties": {
+                "status": { "const": "unavailable" },
+                "reason": { "type": "string",
+                            "enum": ["loading", "warming_up", "draining", "engine_stopped", "engine_failing"] }
+            }
         }
+    })
+}
+
+/// 200 `Health` or 503 `ProbeFailure`.
+fn probe_responses(ok: &str) -> Value {
+    json!({
+        "200": json_response(ok, "Health"),
+        "503": json_response("Not (yet) in this state; `reason` says why", "ProbeFailure")
     })
 }
 
@@ -354,8 +371,27 @@ pub fn document() -> Value {
             } },
             "/health": { "get": {
                 "operationId": "health",
+                "description": "Alias of /readyz.",
                 "security": [],
-                "responses": { "200": json_response("The server is up", "Health") }
+                "responses": probe_responses("Ready to serve requests")
+            } },
+            "/livez": { "get": {
+                "operationId": "livez",
+                "description": "Liveness: the process answers and its engine loop is not dead or failing step after step.",
+                "security": [],
+                "responses": probe_responses("Alive")
+            } },
+            "/readyz": { "get": {
+                "operationId": "readyz",
+                "description": "Readiness: model loaded, warm-up done, engine healthy, not draining.",
+                "security": [],
+                "responses": probe_responses("Ready to serve requests")
+            } },
+            "/startupz": { "get": {
+                "operationId": "startupz",
+                "description": "Start-up: model loaded and warm-up generation done.",
+                "security": [],
+                "responses": probe_responses("Started")
             } }
         }
     })

@@ -26,7 +26,7 @@ pub async fn chat_completions(
         tracing::debug!(user = %user, "request from end user");
     }
     let valid = ValidRequest::chat(req, &app.validation).await?;
-    let runs = submit_all(&app.scheduler, &app.validation.tokenizer, &valid)?;
+    let runs = submit_all(&app, &valid)?;
     let prompt_tokens: usize = valid.prompts().iter().map(|p| p.ids.len()).sum();
     let id = format!("chatcmpl-{}", random_id());
     let created = unix_now();

@@ -25,7 +25,7 @@ pub async fn completions(
         tracing::debug!(user = %user, "request from end user");
     }
     let valid = ValidRequest::completion(req, &app.validation).await?;
-    let runs = submit_all(&app.scheduler, &app.validation.tokenizer, &valid)?;
+    let runs = submit_all(&app, &valid)?;
     let prompt_tokens: usize = valid.prompts().iter().map(|p| p.ids.len()).sum();
     let echo_texts: Vec<String> = valid
         .prompts()

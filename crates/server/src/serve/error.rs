@@ -45,6 +45,9 @@ pub enum ServerError {
     /// The scheduler refused the request at the door (429, 400 or 503).
     #[error(transparent)]
     Admission(#[from] AdmissionError),
+    /// The server is loading or warming up the model (503).
+    #[error("the model is still loading; retry shortly")]
+    Starting,
     /// The engine failed while running this request (503). The string is logged only.
     #[error("the engine failed")]
     EngineFailed(String),
@@ -82,7 +85,7 @@ impl ServerError {
                 }
                 AdmissionError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             },
-            ServerError::EngineFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::EngineFailed(_) | ServerError::Starting => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -114,6 +117,7 @@ impl ServerError {
                 AdmissionError::ShuttingDown => ("server_error", Some("shutting_down")),
             },
             ServerError::EngineFailed(_) => ("server_error", Some("engine_failed")),
+            ServerError::Starting => ("server_error", Some("model_loading")),
             ServerError::Internal(_) => ("server_error", None),
         };
         let param = match self {

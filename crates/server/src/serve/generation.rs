@@ -8,16 +8,20 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures_util::future::try_join_all;
 use tessera_protocol::{FinishReason, TokenEvent, TokenLogprobs};
-use tessera_scheduler::{AdmissionError, SchedulerHandle};
+use tessera_scheduler::AdmissionError;
 use tessera_tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::api::response::TokenLogprob;
 use crate::api::valid_request::ValidRequest;
 use crate::serve::error::ServerError;
+use crate::serve::lifecycle::InFlightGuard;
+use crate::serve::metrics::ServerMetrics;
+use crate::serve::state::AppState;
 
 /// What a choice produced since the last event.
 #[derive(Debug)]
@@ -48,18 +52,51 @@ pub struct ChoiceRun {
     completion_tokens: usize,
     pending_logprobs: Vec<TokenLogprob>,
     queued: VecDeque<ChoiceEvent>,
+    timing: SeqTiming,
+}
+
+/// Latency bookkeeping for one sequence; also keeps it counted as in flight.
+#[derive(Debug)]
+struct SeqTiming {
+    metrics: Arc<ServerMetrics>,
+    submitted: Instant,
+    last_token: Option<Instant>,
+    _in_flight: InFlightGuard,
+}
+
+impl SeqTiming {
+    fn token(&mut self) {
+        let now = Instant::now();
+        match self.last_token {
+            None => self
+                .metrics
+                .time_to_first_token
+                .observe(now - self.submitted),
+            Some(last) => self.metrics.inter_token_latency.observe(now - last),
+        }
+        self.last_token = Some(now);
+    }
+
+    fn finished(&self) {
+        self.metrics
+            .e2e_request_latency
+            .observe(self.submitted.elapsed());
+    }
 }
 
 /// Submit every choice of `req`. On a refusal the runs already submitted are dropped,
 /// which cancels them.
-pub fn submit_all(
-    scheduler: &SchedulerHandle,
-    tokenizer: &Arc<Tokenizer>,
-    req: &ValidRequest,
-) -> Result<Vec<ChoiceRun>, ServerError> {
+pub fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, ServerError> {
+    let tokenizer = &app.validation.tokenizer;
     let mut runs = Vec::new();
     for planned in req.planned_choices() {
-        let (_, receiver) = scheduler.submit(planned.request)?;
+        let (_, receiver) = app.scheduler.submit(planned.request)?;
+        let timing = SeqTiming {
+            metrics: Arc::clone(&app.metrics),
+            submitted: Instant::now(),
+            last_token: None,
+            _in_flight: app.lifecycle.track_in_flight(),
+        };
         runs.push(ChoiceRun {
             index: planned.index,
             prompt_index: planned.prompt_index,
@@ -70,6 +107,7 @@ pub fn submit_all(
             completion_tokens: 0,
             pending_logprobs: Vec::new(),
             queued: VecDeque::new(),
+            timing,
         });
     }
     Ok(runs)
@@ -95,6 +133,7 @@ impl ChoiceRun {
     fn apply(&mut self, event: Option<TokenEvent>) -> Result<(), ServerError> {
         match event {
             Some(TokenEvent::Token { token, logprobs }) => {
+                self.timing.token();
                 self.completion_tokens += 1;
                 if let Some(lp) = logprobs {
                     let entry = self.token_logprob(token, &lp)?;
@@ -105,12 +144,14 @@ impl ChoiceRun {
                 self.queue_delta(out.text);
                 if out.stopped_by.is_some() {
                     // Dropping the receiver cancels the sequence in the scheduler.
+                    self.timing.finished();
                     self.receiver = None;
                     self.queue_finish("stop");
                 }
                 Ok(())
             }
             Some(TokenEvent::Finished { reason, .. }) => {
+                self.timing.finished();
                 self.receiver = None;
                 let tail = self.decoder.finish()?;
                 let out = self.matcher.push(&tail);

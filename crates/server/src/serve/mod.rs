@@ -1,8 +1,15 @@
-//! `tessera serve`: load the model, start the engine loop, then serve the OpenAI API.
+//! `tessera serve`: bind, load the model, warm it up, serve the OpenAI API, drain.
 //!
-//! Start-up order matters: the listener is bound only after the model is loaded, so a
-//! client that can connect can be served. Shutdown (Ctrl-C or SIGTERM) closes
-//! admission first so open streams end, then drains HTTP, then joins the engine loop.
+//! Start-up: the port is bound first so orchestrators can probe a loading server
+//! (`/livez` 200, `/startupz` and `/readyz` 503, every API route 503 `model_loading`);
+//! the model loads on the blocking pool, a warm-up generation runs through the real
+//! scheduler, and only then does the API router take over and readiness turn true.
+//!
+//! Shutdown (SIGTERM or Ctrl-C): readiness turns false and admission closes (new
+//! generations get 503 `shutting_down`) while the listener keeps answering probes and
+//! metrics; running sequences get up to `--shutdown-timeout` seconds to finish; the
+//! rest are aborted (their streams end with a `shutting_down` error event); then HTTP
+//! drains and the engine loop is joined. A clean drain exits 0.
 
 pub mod auth;
 pub mod chat_route;
@@ -11,6 +18,9 @@ pub mod error;
 pub mod generation;
 pub mod info_routes;
 pub mod json_body;
+pub mod lifecycle;
+pub mod metrics;
+pub mod request_context;
 pub mod router;
 pub mod state;
 pub mod stream;
@@ -20,17 +30,19 @@ pub mod tokenize_route;
 mod tests;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
 use tessera_engine::{load_tokenizer, Engine};
-use tessera_protocol::Executor;
+use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{EngineLoop, SchedulerConfig};
 
 use crate::api::valid_request::ValidationContext;
 use crate::model_args::ModelArgs;
+use crate::serve::lifecycle::Lifecycle;
+use crate::serve::metrics::ServerMetrics;
 use crate::serve::state::{unix_now, AppState};
 
 #[derive(Debug, Clone, Args)]
@@ -83,10 +95,26 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+
+    /// Seconds running requests get to finish after SIGTERM/Ctrl-C before they are
+    /// aborted.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_timeout: u64,
+
+    /// A TOML file of settings (keys are these flags' names with `_`, e.g.
+    /// `max_num_seqs`). Precedence: file < environment `TESSERA_<KEY>` < flags.
+    #[arg(long, env = "TESSERA_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+
+    /// Print the effective configuration (after file, environment and flags) as TOML
+    /// and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
-/// Load the tokenizer and the model and start the engine loop.
-pub fn load_state(args: &ServeArgs) -> Result<AppState> {
+/// Load the tokenizer and the model and start the engine loop. `lifecycle` moves to
+/// "warming up"; [`warm_up`] finishes start-up.
+pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppState> {
     let started = Instant::now();
     let cfg = args.model.engine_config()?;
     tracing::info!("[1/3] tokenizer: {}", cfg.model_path.display());
@@ -121,6 +149,7 @@ pub fn load_state(args: &ServeArgs) -> Result<AppState> {
         "[3/3] loaded `{served_model_name}` in {:.2}s (max_model_len {max_model_len})",
         started.elapsed().as_secs_f64()
     );
+    lifecycle.set_loaded(scheduler.clone());
     Ok(AppState {
         scheduler,
         validation: Arc::new(ValidationContext {
@@ -138,51 +167,162 @@ pub fn load_state(args: &ServeArgs) -> Result<AppState> {
         ),
         max_body_bytes: args.max_body_bytes,
         started_unix: unix_now(),
+        lifecycle,
+        metrics: Arc::new(ServerMetrics::default()),
     })
 }
 
+/// Tokens the warm-up generation asks for.
+const WARM_UP_TOKENS: usize = 4;
+
+/// Run a short greedy generation through the real scheduler (first-touch allocations,
+/// thread pools, caches), then mark the server started. Blocking.
+pub fn warm_up(state: &AppState) -> Result<()> {
+    let started = Instant::now();
+    let prompt_ids = state
+        .validation
+        .tokenizer
+        .encode("Hello", true)
+        .context("tokenizing the warm-up prompt")?;
+    let request = GenerationRequest {
+        prompt_ids,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        stop: StopCondition {
+            max_tokens: WARM_UP_TOKENS,
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+        },
+    };
+    let (_, mut events) = state
+        .scheduler
+        .submit(request)
+        .map_err(|e| anyhow::anyhow!("warm-up refused: {e}"))?;
+    let mut tokens = 0usize;
+    loop {
+        match events.blocking_recv() {
+            Some(TokenEvent::Token { .. }) => tokens += 1,
+            Some(TokenEvent::Finished { .. }) => break,
+            Some(TokenEvent::Error(e)) => anyhow::bail!("warm-up generation failed: {e}"),
+            None => anyhow::bail!("warm-up generation ended without finishing"),
+        }
+    }
+    tracing::info!(
+        "warm-up: {tokens} tokens in {:.3}s",
+        started.elapsed().as_secs_f64()
+    );
+    state.lifecycle.set_started();
+    Ok(())
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
-    let state = load_state(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("tessera-http")
         .build()
         .context("starting the async runtime")?;
-    let scheduler = state.scheduler.clone();
-    runtime.block_on(serve(state, &args))?;
-    scheduler
-        .join()
-        .map_err(|e| anyhow::anyhow!("engine loop: {e}"))?;
-    Ok(())
+    let result = runtime.block_on(serve(args));
+    // A signal during loading leaves the load running on the blocking pool; do not
+    // wait for it.
+    runtime.shutdown_background();
+    result
 }
 
-async fn serve(state: AppState, args: &ServeArgs) -> Result<()> {
-    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+fn listen_addr(args: &ServeArgs) -> Result<SocketAddr> {
+    format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| {
             format!(
                 "--host {} --port {} is not an address",
                 args.host, args.port
             )
-        })?;
+        })
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let addr = listen_addr(&args)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
     let local = listener.local_addr()?;
+    let lifecycle = Arc::new(Lifecycle::default());
+    let api = Arc::new(OnceLock::new());
+    let app = router::startup_router(Arc::clone(&lifecycle), Arc::clone(&api));
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_stopped.await;
+            })
+            .await
+    });
+    tracing::info!("listening on http://{local} (loading the model)");
+
+    let load = {
+        let args = args.clone();
+        let lifecycle = Arc::clone(&lifecycle);
+        tokio::task::spawn_blocking(move || {
+            let state = load_state(&args, lifecycle)?;
+            warm_up(&state)?;
+            Ok::<_, anyhow::Error>(state)
+        })
+    };
+    let state = tokio::select! {
+        loaded = load => loaded.context("the loading task")??,
+        _ = shutdown_signal() => {
+            tracing::info!("signal during start-up: exiting");
+            return Ok(());
+        }
+    };
     if !args.api_keys.is_empty() {
         tracing::info!("API keys required ({} configured)", state.api_keys.len());
     }
-    tracing::info!("listening on http://{local}");
+    let _ = api.set(router::build_router(state.clone(), &args.allowed_origins));
+    tracing::info!("ready on http://{local}");
+
+    shutdown_signal().await;
+    drain(&state, Duration::from_secs(args.shutdown_timeout)).await;
+    let _ = stop_http.send(());
+    match tokio::time::timeout(HTTP_DRAIN_LIMIT, http).await {
+        Ok(joined) => joined.context("the HTTP task")?.context("serving HTTP")?,
+        Err(_) => tracing::warn!("connections still open after the drain; closing them"),
+    }
     let scheduler = state.scheduler.clone();
-    let app = router::build_router(state, &args.allowed_origins);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down: refusing new requests, ending open streams");
-            scheduler.shutdown();
-        })
+    drop(state);
+    scheduler
+        .join()
+        .map_err(|e| anyhow::anyhow!("engine loop: {e}"))?;
+    tracing::info!("shut down cleanly");
+    Ok(())
+}
+
+/// How long HTTP connections get to flush after every sequence has ended.
+const HTTP_DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// Turn readiness off, refuse new work, give running sequences `timeout` to finish,
+/// then abort the rest.
+pub(crate) async fn drain(state: &AppState, timeout: Duration) {
+    state.lifecycle.set_draining();
+    state.scheduler.close_admission();
+    tracing::info!(
+        "shutting down: not ready, refusing new requests; {} sequences running, waiting up to {}s",
+        state.lifecycle.in_flight(),
+        timeout.as_secs()
+    );
+    if tokio::time::timeout(timeout, state.lifecycle.wait_idle())
         .await
-        .context("serving HTTP")
+        .is_err()
+    {
+        tracing::warn!(
+            "shutdown timeout: aborting {} sequences still running",
+            state.lifecycle.in_flight()
+        );
+    }
+    state.scheduler.shutdown();
+    // Aborted responses end once their last events are written.
+    let _ = tokio::time::timeout(HTTP_DRAIN_LIMIT, state.lifecycle.wait_idle()).await;
 }
 
 async fn shutdown_signal() {

@@ -1,15 +1,23 @@
 //! The route table and the layers around it. [`routes`] is the single list the router
 //! is built from, so tests can check it against the OpenAPI document.
 
-use axum::extract::DefaultBodyLimit;
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{header, HeaderValue, Method};
 use axum::middleware::from_fn_with_state;
+use axum::response::IntoResponse;
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
+use tower::ServiceExt;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+use crate::serve::error::ServerError;
+use crate::serve::lifecycle::{self, Lifecycle};
 use crate::serve::state::AppState;
-use crate::serve::{auth, chat_route, completion_route, info_routes, tokenize_route};
+use crate::serve::{
+    auth, chat_route, completion_route, info_routes, metrics, request_context, tokenize_route,
+};
 
 /// A route: method, path as the OpenAPI document writes it, and its handler.
 pub struct Route {
@@ -67,15 +75,43 @@ pub fn routes() -> Vec<Route> {
             false,
             post(tokenize_route::detokenize),
         ),
-        r(Method::GET, "/metrics", false, get(info_routes::metrics)),
+        r(Method::GET, "/metrics", false, get(metrics::metrics)),
         r(
             Method::GET,
             "/openapi.json",
             false,
             get(info_routes::openapi),
         ),
-        r(Method::GET, "/health", true, get(info_routes::health)),
+        r(Method::GET, "/health", true, get(lifecycle::readyz)),
+        r(Method::GET, "/livez", true, get(lifecycle::livez)),
+        r(Method::GET, "/readyz", true, get(lifecycle::readyz)),
+        r(Method::GET, "/startupz", true, get(lifecycle::startupz)),
     ]
+}
+
+/// The route template a path falls under, for metric labels (bounded cardinality:
+/// unknown paths are all `unmatched`).
+pub fn route_template(path: &str) -> &'static str {
+    const PATHS: &[&str] = &[
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/metrics",
+        "/openapi.json",
+        "/health",
+        "/livez",
+        "/readyz",
+        "/startupz",
+    ];
+    if let Some(p) = PATHS.iter().copied().find(|p| *p == path) {
+        return p;
+    }
+    match path.strip_prefix("/v1/models/") {
+        Some(id) if !id.is_empty() && !id.contains('/') => "/v1/models/{id}",
+        _ => "unmatched",
+    }
 }
 
 /// CORS: off unless origins are given; `*` allows any origin.
@@ -116,9 +152,35 @@ pub fn build_router(state: AppState, allowed_origins: &[String]) -> Router {
         .fallback(info_routes::not_found)
         .method_not_allowed_fallback(info_routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(from_fn_with_state(
+            state.clone(),
+            request_context::request_context,
+        ))
         .with_state(state);
     if let Some(cors) = cors_layer(allowed_origins) {
         router = router.layer(cors);
     }
     router
+}
+
+/// The router served from the moment the port is bound: the probes answer from
+/// `lifecycle`, and everything else goes to `app` once it is set (after loading and
+/// warm-up), or gets a 503 `model_loading` until then.
+pub fn startup_router(lifecycle: Arc<Lifecycle>, app: Arc<OnceLock<Router>>) -> Router {
+    let forward = tower::service_fn(move |req: Request| {
+        let app = app.get().cloned();
+        async move {
+            match app {
+                Some(router) => router.oneshot(req).await,
+                None => Ok(ServerError::Starting.into_response()),
+            }
+        }
+    });
+    Router::new()
+        .route("/livez", get(lifecycle::livez))
+        .route("/startupz", get(lifecycle::startupz))
+        .route("/readyz", get(lifecycle::readyz))
+        .route("/health", get(lifecycle::readyz))
+        .with_state(lifecycle)
+        .fallback_service(forward)
 }

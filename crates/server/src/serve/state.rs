@@ -6,6 +6,8 @@ use std::sync::Arc;
 use tessera_scheduler::SchedulerHandle;
 
 use crate::api::valid_request::ValidationContext;
+use crate::serve::lifecycle::Lifecycle;
+use crate::serve::metrics::ServerMetrics;
 
 #[derive(Debug, Clone)]
 pub struct AppState {
@@ -16,6 +18,10 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Unix time the server started (the model's `created`).
     pub started_unix: u64,
+    /// Start-up phase, drain flag and in-flight count, for probes and shutdown.
+    pub lifecycle: Arc<Lifecycle>,
+    /// Latencies and HTTP counts the server measures itself.
+    pub metrics: Arc<ServerMetrics>,
 }
 
 impl AppState {

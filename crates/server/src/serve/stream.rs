@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, BoxStream, SelectAll};
 use futures_util::StreamExt;
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::api::response::{TokenLogprob, Usage};
 use crate::serve::generation::{ChoiceEvent, ChoiceRun};
@@ -70,52 +71,58 @@ pub fn sse_response<F: ChunkFormat>(
         include_usage,
         done: false,
     };
-    let events = stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(event) = s.queued.pop_front() {
-                return Some((Ok::<Event, Infallible>(event), s));
-            }
-            if s.done {
-                return None;
-            }
-            match s.merged.next().await {
-                Some(ChoiceEvent::Delta {
-                    index,
-                    text,
-                    logprobs,
-                }) => {
-                    let data = s.format.delta(index, text, &logprobs);
-                    s.queued.push_back(Event::default().data(data));
+    // Log lines written while streaming carry the request's span (its request id).
+    let span = tracing::Span::current();
+    let events = stream::unfold(state, move |mut s| {
+        let span = span.clone();
+        async move {
+            loop {
+                if let Some(event) = s.queued.pop_front() {
+                    return Some((Ok::<Event, Infallible>(event), s));
                 }
-                Some(ChoiceEvent::Finished {
-                    index,
-                    reason,
-                    completion_tokens,
-                }) => {
-                    s.completion_tokens += completion_tokens;
-                    let data = s.format.finish(index, reason);
-                    s.queued.push_back(Event::default().data(data));
+                if s.done {
+                    return None;
                 }
-                Some(ChoiceEvent::Failed(e)) => {
-                    e.log();
-                    // Dropping the other choices cancels them.
-                    s.merged = SelectAll::new();
-                    s.queued
-                        .push_back(Event::default().data(to_json(&e.body())));
-                    s.queued.push_back(Event::default().data("[DONE]"));
-                    s.done = true;
-                }
-                None => {
-                    if s.include_usage {
-                        let usage = Usage::new(s.prompt_tokens, s.completion_tokens);
-                        let data = s.format.usage(usage);
+                match s.merged.next().await {
+                    Some(ChoiceEvent::Delta {
+                        index,
+                        text,
+                        logprobs,
+                    }) => {
+                        let data = s.format.delta(index, text, &logprobs);
                         s.queued.push_back(Event::default().data(data));
                     }
-                    s.queued.push_back(Event::default().data("[DONE]"));
-                    s.done = true;
+                    Some(ChoiceEvent::Finished {
+                        index,
+                        reason,
+                        completion_tokens,
+                    }) => {
+                        s.completion_tokens += completion_tokens;
+                        let data = s.format.finish(index, reason);
+                        s.queued.push_back(Event::default().data(data));
+                    }
+                    Some(ChoiceEvent::Failed(e)) => {
+                        e.log();
+                        // Dropping the other choices cancels them.
+                        s.merged = SelectAll::new();
+                        s.queued
+                            .push_back(Event::default().data(to_json(&e.body())));
+                        s.queued.push_back(Event::default().data("[DONE]"));
+                        s.done = true;
+                    }
+                    None => {
+                        if s.include_usage {
+                            let usage = Usage::new(s.prompt_tokens, s.completion_tokens);
+                            let data = s.format.usage(usage);
+                            s.queued.push_back(Event::default().data(data));
+                        }
+                        s.queued.push_back(Event::default().data("[DONE]"));
+                        s.done = true;
+                    }
                 }
             }
         }
+        .instrument(span)
     });
     Sse::new(events)
         .keep_alive(KeepAlive::default())

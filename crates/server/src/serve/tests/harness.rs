@@ -9,8 +9,10 @@ use tessera_protocol::{Executor, ExecutorError, KvCacheShape, SampledToken, Step
 use tessera_scheduler::{EngineLoop, SchedulerConfig};
 
 use crate::api::valid_request::ValidationContext;
+use crate::serve::lifecycle::Lifecycle;
+use crate::serve::metrics::ServerMetrics;
 use crate::serve::state::{unix_now, AppState};
-use crate::serve::{load_state, router, ServeArgs};
+use crate::serve::{load_state, router, warm_up, ServeArgs};
 
 #[derive(Parser)]
 struct Cli {
@@ -38,8 +40,16 @@ impl TestServer {
 
 /// Serve `state` on 127.0.0.1:0 from a thread of its own, for the rest of the process.
 pub fn start(state: AppState, allowed_origins: &[String]) -> TestServer {
-    let (tx, rx) = std::sync::mpsc::channel();
     let app = router::build_router(state.clone(), allowed_origins);
+    TestServer {
+        base: serve_router(app),
+        state,
+    }
+}
+
+/// Serve `app` on 127.0.0.1:0 from a thread of its own; its base URL.
+pub fn serve_router(app: axum::Router) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -52,24 +62,26 @@ pub fn start(state: AppState, allowed_origins: &[String]) -> TestServer {
             axum::serve(listener, app).await.unwrap();
         });
     });
-    let addr = rx.recv().unwrap();
-    TestServer {
-        base: format!("http://{addr}"),
-        state,
-    }
+    let addr: std::net::SocketAddr = rx.recv().unwrap();
+    format!("http://{addr}")
 }
 
 /// The real model, loaded once.
 pub fn model_state() -> &'static AppState {
     static STATE: OnceLock<AppState> = OnceLock::new();
     STATE.get_or_init(|| {
-        load_state(&serve_args(&[
-            "--kv-cache-memory-mib",
-            "64",
-            "--max-model-len",
-            "2048",
-        ]))
-        .expect("load the SmolLM2 model (run scripts/fetch-model)")
+        let state = load_state(
+            &serve_args(&["--kv-cache-memory-mib", "64", "--max-model-len", "2048"]),
+            Arc::new(Lifecycle::default()),
+        )
+        .expect("load the SmolLM2 model (run scripts/fetch-model)");
+        // Warm-up blocks on the scheduler's channel: not on a runtime thread.
+        let warm = state.clone();
+        std::thread::spawn(move || warm_up(&warm))
+            .join()
+            .unwrap()
+            .expect("warm-up generation");
+        state
     })
 }
 
@@ -148,10 +160,14 @@ pub fn assert_error(status: StatusCode, body: &Value, want: u16, param: Option<&
 }
 
 /// A fake executor: every sampled token is `token`; step number `fail_at` (1-based)
-/// fails.
+/// fails, and so does every step from `fail_from` on; step `panic_at` panics.
 pub struct FakeExecutor {
     pub token: u32,
     pub fail_at: Option<u64>,
+    pub fail_from: Option<u64>,
+    pub panic_at: Option<u64>,
+    /// Sleep this long in every step (a slow device).
+    pub step_delay: Option<std::time::Duration>,
     pub steps: u64,
     pub kv: KvCacheShape,
 }
@@ -159,7 +175,13 @@ pub struct FakeExecutor {
 impl Executor for FakeExecutor {
     fn step(&mut self, plan: &StepPlan) -> Result<StepOutput, ExecutorError> {
         self.steps += 1;
-        if Some(self.steps) == self.fail_at {
+        if let Some(d) = self.step_delay {
+            std::thread::sleep(d);
+        }
+        if Some(self.steps) == self.panic_at {
+            panic!("fake executor panics at step {}", self.steps);
+        }
+        if Some(self.steps) == self.fail_at || self.fail_from.is_some_and(|f| self.steps >= f) {
             return Err(ExecutorError {
                 rank: Some(0),
                 message: "SECRET-INTERNAL-DETAIL device fell over".into(),
@@ -188,24 +210,39 @@ impl Executor for FakeExecutor {
 
 /// A server over a fake executor, with the real tokenizer.
 pub fn fake_server(fail_at: Option<u64>, num_blocks: usize, max_waiting: usize) -> TestServer {
-    let tokenizer = Arc::clone(&model_state().validation.tokenizer);
-    let token = tokenizer.encode(" hello", false).unwrap()[0];
-    let scheduler = EngineLoop::spawn(
-        SchedulerConfig {
-            max_waiting,
-            ..SchedulerConfig::default()
-        },
+    fake_server_with(
         FakeExecutor {
-            token,
+            token: 0,
             fail_at,
+            fail_from: None,
+            panic_at: None,
+            step_delay: None,
             steps: 0,
             kv: KvCacheShape {
                 num_blocks,
                 block_size_tokens: 16,
             },
         },
+        max_waiting,
+    )
+}
+
+/// A started server over `executor` (its `token` replaced by " hello").
+pub fn fake_server_with(mut executor: FakeExecutor, max_waiting: usize) -> TestServer {
+    let num_blocks = executor.kv.num_blocks;
+    let tokenizer = Arc::clone(&model_state().validation.tokenizer);
+    executor.token = tokenizer.encode(" hello", false).unwrap()[0];
+    let scheduler = EngineLoop::spawn(
+        SchedulerConfig {
+            max_waiting,
+            ..SchedulerConfig::default()
+        },
+        executor,
     )
     .unwrap();
+    let lifecycle = Arc::new(Lifecycle::default());
+    lifecycle.set_loaded(scheduler.clone());
+    lifecycle.set_started();
     let state = AppState {
         scheduler,
         validation: Arc::new(ValidationContext {
@@ -217,6 +254,8 @@ pub fn fake_server(fail_at: Option<u64>, num_blocks: usize, max_waiting: usize) 
         api_keys: Arc::new(Vec::new()),
         max_body_bytes: 1 << 20,
         started_unix: unix_now(),
+        lifecycle,
+        metrics: Arc::new(ServerMetrics::default()),
     };
     start(state, &[])
 }

@@ -8,4 +8,5 @@ mod fake_engine_tests;
 mod harness;
 mod model_tests;
 mod openapi_tests;
+mod ops_tests;
 mod validation_tests;

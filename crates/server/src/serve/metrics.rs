@@ -1,0 +1,328 @@
+//! `/metrics` in the Prometheus text format (0.0.4). Scheduler state and token
+//! counters come from the engine loop's published snapshot; per-sequence latencies and
+//! HTTP counts are recorded here by the server. Names follow vLLM's where the meaning
+//! is the same (`vllm:*`, with a `model_name` label), so vLLM dashboards work; the
+//! rest are `tessera_*`.
+//!
+//! Latencies are measured where the server receives token events, per sequence (a
+//! request with `n` choices counts `n` times): time to first token from submit, the gap
+//! between consecutive tokens, and submit to the final event.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use crate::serve::state::AppState;
+
+const TTFT_BUCKETS_SECONDS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0,
+];
+const ITL_BUCKETS_SECONDS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+    10.0, 20.0,
+];
+const E2E_BUCKETS_SECONDS: &[f64] = &[
+    0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0,
+    960.0,
+];
+
+/// A histogram with fixed buckets: per-bucket counts (the last is `+Inf`) and the sum.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds_seconds: &'static [f64],
+    state: Mutex<HistogramState>,
+}
+
+#[derive(Debug, Clone)]
+struct HistogramState {
+    counts: Vec<u64>,
+    sum: f64,
+}
+
+impl Histogram {
+    fn new(bounds_seconds: &'static [f64]) -> Self {
+        Self {
+            bounds_seconds,
+            state: Mutex::new(HistogramState {
+                counts: vec![0; bounds_seconds.len() + 1],
+                sum: 0.0,
+            }),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let seconds = d.as_secs_f64();
+        let bucket = self
+            .bounds_seconds
+            .iter()
+            .position(|&b| seconds <= b)
+            .unwrap_or(self.bounds_seconds.len());
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.counts[bucket] += 1;
+        s.sum += seconds;
+    }
+
+    fn snapshot(&self) -> HistogramState {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// What the server itself measures. One per server, shared through [`AppState`].
+#[derive(Debug)]
+pub struct ServerMetrics {
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub e2e_request_latency: Histogram,
+    /// `(route, status)` → responses.
+    http_requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        Self {
+            time_to_first_token: Histogram::new(TTFT_BUCKETS_SECONDS),
+            inter_token_latency: Histogram::new(ITL_BUCKETS_SECONDS),
+            e2e_request_latency: Histogram::new(E2E_BUCKETS_SECONDS),
+            http_requests: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl ServerMetrics {
+    /// Count one response. `route` is a route template (bounded label values).
+    pub fn count_http(&self, route: &'static str, status: u16) {
+        let mut m = self.http_requests.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((route, status)).or_insert(0) += 1;
+    }
+}
+
+/// Label values escaped per the text format.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Writer {
+    text: String,
+    /// `model_name="…"`, on every `vllm:*` sample as vLLM does.
+    model_label: String,
+}
+
+impl Writer {
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, value: f64) {
+        if labels.is_empty() {
+            let _ = writeln!(self.text, "{name} {value}");
+        } else {
+            let _ = writeln!(self.text, "{name}{{{labels}}} {value}");
+        }
+    }
+
+    fn vllm(&mut self, name: &str, kind: &str, help: &str, value: f64) {
+        self.header(name, kind, help);
+        let labels = self.model_label.clone();
+        self.sample(name, &labels, value);
+    }
+
+    fn tessera(&mut self, name: &str, kind: &str, help: &str, value: f64) {
+        self.header(name, kind, help);
+        self.sample(name, "", value);
+    }
+
+    /// A histogram from per-bucket (not cumulative) counts.
+    fn histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &str,
+        bounds: &[f64],
+        counts: &[u64],
+        sum: f64,
+    ) {
+        self.header(name, "histogram", help);
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0u64;
+        for (i, count) in counts.iter().enumerate() {
+            cumulative += count;
+            let le = bounds
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+            let l = format!("{labels}{sep}le=\"{le}\"");
+            self.sample(&format!("{name}_bucket"), &l, cumulative as f64);
+        }
+        self.sample(&format!("{name}_sum"), labels, sum);
+        self.sample(&format!("{name}_count"), labels, cumulative as f64);
+    }
+
+    fn server_histogram(&mut self, name: &str, help: &str, h: &Histogram) {
+        let s = h.snapshot();
+        let labels = self.model_label.clone();
+        self.histogram(name, help, &labels, h.bounds_seconds, &s.counts, s.sum);
+    }
+}
+
+/// The whole exposition.
+pub fn render(app: &AppState) -> String {
+    let m = app.scheduler.metrics();
+    let mut w = Writer {
+        text: String::new(),
+        model_label: format!("model_name=\"{}\"", escape(app.model_name())),
+    };
+    w.vllm(
+        "vllm:num_requests_running",
+        "gauge",
+        "Sequences running in the engine.",
+        m.num_running as f64,
+    );
+    w.vllm(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Sequences waiting to start or restart (admitted, queued, preempted).",
+        (m.num_waiting + app.scheduler.num_queued()) as f64,
+    );
+    w.vllm(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV cache usage as a fraction of all blocks (1 = full).",
+        m.kv_usage_fraction,
+    );
+    w.vllm(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Prompt tokens of sequences that started.",
+        m.prompt_tokens_total as f64,
+    );
+    w.vllm(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        m.generation_tokens_total as f64,
+    );
+    w.vllm(
+        "vllm:num_preemptions_total",
+        "counter",
+        "Sequences preempted (KV blocks exhausted).",
+        m.preemptions_total as f64,
+    );
+    w.vllm(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        m.prefix_cache_queries_tokens as f64,
+    );
+    w.vllm(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prompt tokens found in the prefix cache.",
+        m.prefix_cache_hits_tokens as f64,
+    );
+    w.server_histogram(
+        "vllm:time_to_first_token_seconds",
+        "Seconds from submit to the first token, per sequence.",
+        &app.metrics.time_to_first_token,
+    );
+    w.server_histogram(
+        "vllm:inter_token_latency_seconds",
+        "Seconds between consecutive tokens of a sequence.",
+        &app.metrics.inter_token_latency,
+    );
+    w.server_histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Seconds from submit to the end of a sequence.",
+        &app.metrics.e2e_request_latency,
+    );
+
+    // Earlier names of the two gauges above, kept so existing dashboards and the
+    // README example keep working.
+    w.tessera(
+        "tessera_num_requests_running",
+        "gauge",
+        "Same as vllm:num_requests_running.",
+        m.num_running as f64,
+    );
+    w.tessera(
+        "tessera_num_requests_waiting",
+        "gauge",
+        "Same as vllm:num_requests_waiting.",
+        (m.num_waiting + app.scheduler.num_queued()) as f64,
+    );
+    w.tessera(
+        "tessera_kv_blocks_in_use",
+        "gauge",
+        "KV blocks held by sequences.",
+        m.kv_blocks_in_use as f64,
+    );
+    w.tessera(
+        "tessera_kv_blocks_total",
+        "gauge",
+        "KV blocks in the cache.",
+        m.kv_blocks_total as f64,
+    );
+    w.tessera(
+        "tessera_steps_total",
+        "counter",
+        "Engine steps applied.",
+        m.steps_total as f64,
+    );
+    let health = app.scheduler.health();
+    w.tessera(
+        "tessera_step_failures_total",
+        "counter",
+        "Executor steps that failed.",
+        health.step_failures_total as f64,
+    );
+    w.tessera(
+        "tessera_in_flight_sequences",
+        "gauge",
+        "Sequences submitted whose response has not finished.",
+        app.lifecycle.in_flight() as f64,
+    );
+    let steps = app.scheduler.step_durations();
+    w.histogram(
+        "tessera_step_duration_seconds",
+        "Seconds per executor step.",
+        "",
+        steps.bounds_seconds,
+        &steps.counts,
+        steps.sum_seconds,
+    );
+    let http = app
+        .metrics
+        .http_requests
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    w.header(
+        "tessera_http_requests_total",
+        "counter",
+        "HTTP responses by route template and status.",
+    );
+    for ((route, status), count) in http {
+        let labels = format!("route=\"{}\",status=\"{status}\"", escape(route));
+        w.sample("tessera_http_requests_total", &labels, count as f64);
+    }
+    w.text
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(app): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        render(&app),
+    )
+        .into_response()
+}

@@ -1,0 +1,363 @@
+//! Operations: the probes through start-up, engine failure and drain; request ids;
+//! `/metrics` parsed with a real Prometheus text-format parser.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+use openmetrics_parser::prometheus::parse_prometheus;
+use openmetrics_parser::PrometheusValue;
+use serde_json::{json, Value};
+use tessera_protocol::KvCacheShape;
+
+use super::harness::*;
+use crate::serve::drain;
+use crate::serve::lifecycle::{Lifecycle, FAILED_STEPS_UNHEALTHY};
+use crate::serve::router::{build_router, startup_router};
+
+fn chat(extra: Value) -> Value {
+    let mut body =
+        json!({"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// `(status, reason)` of a probe.
+async fn probe(base: &str, path: &str) -> (u16, Option<String>) {
+    let (status, body) = get(&format!("{base}{path}")).await;
+    let reason = body["reason"].as_str().map(str::to_string);
+    if status == 200 {
+        assert_eq!(body, json!({"status": "ok"}), "{path}");
+    } else {
+        assert_eq!(body["status"], "unavailable", "{path}: {body}");
+    }
+    (status.as_u16(), reason)
+}
+
+fn fake_executor() -> FakeExecutor {
+    FakeExecutor {
+        token: 0,
+        fail_at: None,
+        fail_from: None,
+        panic_at: None,
+        step_delay: None,
+        steps: 0,
+        kv: KvCacheShape {
+            num_blocks: 64,
+            block_size_tokens: 16,
+        },
+    }
+}
+
+#[tokio::test]
+async fn probes_answer_while_loading_then_the_api_takes_over() {
+    let lifecycle = Arc::new(Lifecycle::default());
+    let api = Arc::new(OnceLock::new());
+    let base = serve_router(startup_router(Arc::clone(&lifecycle), Arc::clone(&api)));
+
+    assert_eq!(probe(&base, "/livez").await, (200, None));
+    assert_eq!(
+        probe(&base, "/startupz").await,
+        (503, Some("loading".into()))
+    );
+    assert_eq!(probe(&base, "/readyz").await, (503, Some("loading".into())));
+    assert_eq!(probe(&base, "/health").await, (503, Some("loading".into())));
+    let resp = reqwest::get(format!("{base}/v1/models")).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().get("retry-after").is_some());
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_loading", "{body}");
+
+    // Loaded, then warmed up: the same lifecycle, now behind a real API router.
+    let fake = fake_server_with(fake_executor(), 16);
+    lifecycle.set_loaded(fake.state.scheduler.clone());
+    assert_eq!(
+        probe(&base, "/startupz").await,
+        (503, Some("warming_up".into()))
+    );
+    let mut state = fake.state.clone();
+    state.lifecycle = Arc::clone(&lifecycle);
+    api.set(build_router(state, &[])).unwrap();
+    lifecycle.set_started();
+    for path in ["/livez", "/startupz", "/readyz", "/health"] {
+        assert_eq!(probe(&base, path).await, (200, None), "{path}");
+    }
+    let (status, models) = get(&format!("{base}/v1/models")).await;
+    assert_eq!(status, 200);
+    assert_eq!(models["data"][0]["id"], "fake");
+}
+
+#[tokio::test]
+async fn draining_turns_readiness_off_but_not_liveness() {
+    let s = fake_server_with(fake_executor(), 16);
+    assert_eq!(probe(&s.base, "/readyz").await, (200, None));
+    s.state.lifecycle.set_draining();
+    s.state.scheduler.close_admission();
+    assert_eq!(
+        probe(&s.base, "/readyz").await,
+        (503, Some("draining".into()))
+    );
+    assert_eq!(
+        probe(&s.base, "/health").await,
+        (503, Some("draining".into()))
+    );
+    assert_eq!(probe(&s.base, "/livez").await, (200, None));
+    assert_eq!(probe(&s.base, "/startupz").await, (200, None));
+    let (status, body) = post(&s.url("/v1/chat/completions"), &chat(json!({}))).await;
+    assert_error(status, &body, 503, None);
+    assert_eq!(body["error"]["code"], "shutting_down");
+}
+
+#[tokio::test]
+async fn an_executor_failing_step_after_step_is_not_ready_nor_live() {
+    let s = fake_server_with(
+        FakeExecutor {
+            fail_from: Some(1),
+            ..fake_executor()
+        },
+        16,
+    );
+    for i in 0..FAILED_STEPS_UNHEALTHY {
+        assert_eq!(probe(&s.base, "/readyz").await.0, 200, "after {i} failures");
+        let (status, body) = post(&s.url("/v1/chat/completions"), &chat(json!({}))).await;
+        assert_error(status, &body, 503, None);
+    }
+    let failing = (503, Some("engine_failing".to_string()));
+    assert_eq!(probe(&s.base, "/readyz").await, failing);
+    assert_eq!(probe(&s.base, "/livez").await, failing);
+    let metrics = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let m = scrape(&metrics);
+    assert_eq!(
+        m["tessera_step_failures_total"],
+        f64::from(FAILED_STEPS_UNHEALTHY)
+    );
+}
+
+#[tokio::test]
+async fn a_panicked_engine_loop_is_not_ready_nor_live() {
+    let s = fake_server_with(
+        FakeExecutor {
+            panic_at: Some(1),
+            ..fake_executor()
+        },
+        16,
+    );
+    let (status, body) = post(&s.url("/v1/chat/completions"), &chat(json!({}))).await;
+    assert_error(status, &body, 503, None);
+    let stopped = (503, Some("engine_stopped".to_string()));
+    assert_eq!(probe(&s.base, "/readyz").await, stopped);
+    assert_eq!(probe(&s.base, "/livez").await, stopped);
+}
+
+#[tokio::test]
+async fn probes_need_no_api_key() {
+    let mut state = fake_server_with(fake_executor(), 16).state;
+    state.api_keys = Arc::new(vec!["sk-test".to_string()]);
+    let s = start(state, &[]);
+    for path in ["/livez", "/readyz", "/startupz", "/health"] {
+        assert_eq!(probe(&s.base, path).await, (200, None), "{path}");
+    }
+    let resp = reqwest::get(s.url("/metrics")).await.unwrap();
+    assert_eq!(resp.status(), 401);
+}
+
+#[tokio::test]
+async fn request_ids_are_echoed_or_generated() {
+    let s = fake_server_with(fake_executor(), 16);
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(s.url("/v1/chat/completions"))
+        .header("x-request-id", "trace-abc-123")
+        .json(&chat(json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-request-id"], "trace-abc-123");
+    // Absent, or not a sane header value: a fresh id each time.
+    let mut seen = Vec::new();
+    for sent in [None, Some("has space")] {
+        let mut req = client.get(s.url("/v1/models"));
+        if let Some(v) = sent {
+            req = req.header("x-request-id", v);
+        }
+        let resp = req.send().await.unwrap();
+        let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+        assert!(id.len() >= 16 && Some(id.as_str()) != sent, "{id}");
+        seen.push(id);
+    }
+    assert_ne!(seen[0], seen[1]);
+    // Unknown routes get one too.
+    let resp = client.get(s.url("/nope")).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    assert!(resp.headers().contains_key("x-request-id"));
+}
+
+/// Parse with a real text-format parser and flatten: `name{k="v",…}` → value, with
+/// histograms as `name_count`/`name_sum` (and buckets as `name_bucket{…le="…"}`).
+fn scrape(text: &str) -> BTreeMap<String, f64> {
+    let exposition = parse_prometheus(text).expect("valid Prometheus text format");
+    let mut out = BTreeMap::new();
+    for (name, family) in &exposition.families {
+        let label_names = family.get_label_names().to_vec();
+        for sample in family.iter_samples() {
+            let labelset = sample.get_labelset().unwrap();
+            let labels: Vec<String> = label_names
+                .iter()
+                .filter(|l| *l != "model_name")
+                .map(|l| format!("{l}=\"{}\"", labelset.get_label_value(l).unwrap_or("")))
+                .collect();
+            let key = |suffix: &str| {
+                if labels.is_empty() {
+                    format!("{name}{suffix}")
+                } else {
+                    format!("{name}{suffix}{{{}}}", labels.join(","))
+                }
+            };
+            match &sample.value {
+                PrometheusValue::Gauge(v) | PrometheusValue::Unknown(v) => {
+                    out.insert(key(""), v.as_f64());
+                }
+                PrometheusValue::Counter(c) => {
+                    out.insert(key(""), c.value.as_f64());
+                }
+                PrometheusValue::Histogram(h) => {
+                    out.insert(key("_count"), h.count.unwrap_or(0) as f64);
+                    out.insert(key("_sum"), h.sum.as_ref().map_or(0.0, |s| s.as_f64()));
+                    let last = h.buckets.last().expect("histogram buckets");
+                    assert!(last.upper_bound.is_infinite(), "{name}: +Inf bucket last");
+                    assert_eq!(last.count.as_f64(), h.count.unwrap_or(0) as f64, "{name}");
+                }
+                PrometheusValue::Summary(_) => panic!("no summaries expected: {name}"),
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move_after_real_requests() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let text = || async {
+        reqwest::get(s.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let body = text().await;
+    assert!(body.contains("model_name=\"smollm2\""), "{body}");
+    let before = scrape(&body);
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_preemptions_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "tessera_step_duration_seconds_count",
+        "tessera_kv_blocks_total",
+        "tessera_num_requests_running",
+    ] {
+        assert!(before.contains_key(name), "missing {name} in\n{body}");
+    }
+
+    let (status, _) = post(
+        &s.url("/v1/chat/completions"),
+        &france(json!({"max_tokens": 4})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, events) = post_sse(
+        &s.url("/v1/chat/completions"),
+        &france(json!({"max_tokens": 4, "stream": true})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+
+    let after = scrape(&text().await);
+    let grew = |name: &str, by: f64| {
+        let (b, a) = (before.get(name).copied().unwrap_or(0.0), after[name]);
+        assert!(a >= b + by, "{name}: {b} -> {a}, expected +{by}");
+    };
+    grew("vllm:prompt_tokens_total", 2.0);
+    grew("vllm:generation_tokens_total", 2.0);
+    grew("vllm:prefix_cache_queries_total", 1.0);
+    // The same prompt twice: the second finds the first's blocks.
+    grew("vllm:prefix_cache_hits_total", 1.0);
+    grew("vllm:time_to_first_token_seconds_count", 2.0);
+    grew("vllm:inter_token_latency_seconds_count", 2.0);
+    grew("vllm:e2e_request_latency_seconds_count", 2.0);
+    grew("vllm:e2e_request_latency_seconds_sum", 1e-6);
+    grew("tessera_step_duration_seconds_count", 2.0);
+    grew(
+        "tessera_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"}",
+        2.0,
+    );
+    grew(
+        "tessera_http_requests_total{route=\"/metrics\",status=\"200\"}",
+        1.0,
+    );
+}
+
+#[tokio::test]
+async fn drain_waits_then_aborts_what_outlives_the_timeout() {
+    let s = fake_server_with(
+        FakeExecutor {
+            step_delay: Some(std::time::Duration::from_millis(10)),
+            ..fake_executor()
+        },
+        16,
+    );
+    let resp = reqwest::Client::new()
+        .post(s.url("/v1/chat/completions"))
+        .json(&chat(
+            json!({"max_tokens": 500, "stream": true, "ignore_eos": true}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = futures_util::StreamExt::boxed(resp.bytes_stream());
+    let mut text = String::new();
+    while !text.contains("hello") {
+        let chunk = futures_util::StreamExt::next(&mut body)
+            .await
+            .unwrap()
+            .unwrap();
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert_eq!(s.state.lifecycle.in_flight(), 1);
+    let state = s.state.clone();
+    let drained = tokio::spawn(async move {
+        drain(&state, std::time::Duration::from_millis(300)).await;
+    });
+    while let Some(chunk) = futures_util::StreamExt::next(&mut body).await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    drained.await.unwrap();
+    // 500 tokens at 10 ms each outlive 300 ms: the stream ends with a clear reason.
+    let events = sse_data(&text);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "shutting_down", "{error}");
+    assert_eq!(s.state.lifecycle.in_flight(), 0);
+    assert_eq!(
+        probe(&s.base, "/readyz").await,
+        (503, Some("draining".into()))
+    );
+}
