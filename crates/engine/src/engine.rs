@@ -18,6 +18,7 @@ use crate::loader;
 use crate::model::{Batch, KvCache};
 use crate::placement;
 use crate::sampler::Sampler;
+use crate::stats::EngineStats;
 use crate::tp::{AllReduceDtype, ShardPlan};
 use crate::worker::{self, Fault, Job, WorkerHandle, WorkerState};
 
@@ -79,6 +80,7 @@ pub struct Engine {
     step_timeout: Duration,
     /// Set when a rank failed: the group's communicator is aborted and nothing more runs.
     failed: Option<String>,
+    stats: EngineStats,
 }
 
 impl Engine {
@@ -149,6 +151,7 @@ impl Engine {
             (cores / world).max(1)
         });
         let plan = placement.plan;
+        let stats = EngineStats::new(world);
         let mut workers = Vec::with_capacity(world);
         for (rank, m) in placement.members.into_iter().enumerate() {
             let cache = KvCache::new(
@@ -167,6 +170,7 @@ impl Engine {
                 threads,
                 links: m.links,
                 returns_logits: m.returns_logits,
+                stats: stats.rank(rank),
             })?);
         }
         tracing::info!(
@@ -181,7 +185,14 @@ impl Engine {
             sequences: HashMap::new(),
             step_timeout: cfg.step_timeout,
             failed: None,
+            stats,
         })
+    }
+
+    /// Per-rank counters (steps, time in steps and in collectives); they keep counting
+    /// after the engine has moved to its loop.
+    pub fn stats(&self) -> EngineStats {
+        self.stats.clone()
     }
 
     pub fn model_config(&self) -> &ModelConfig {

@@ -12,6 +12,7 @@ pub mod loader;
 pub mod model;
 mod placement;
 pub mod sampler;
+pub mod stats;
 pub mod tp;
 mod worker;
 
@@ -22,5 +23,6 @@ pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateOptions};
 pub use loader::{default_model_path, load_tokenizer};
+pub use stats::{EngineStats, RankSnapshot};
 pub use tessera_tokenizer::Tokenizer;
 pub use worker::Fault;

@@ -13,6 +13,7 @@ use crate::error::{EngineError, Result};
 use candle_core::Tensor;
 
 use crate::model::{Batch, KvCache, LlamaShard};
+use crate::stats::{RankStats, TimedComm};
 use crate::tp::{Communicator, Endpoint};
 
 /// Logits of the sampled rows, `[rows, vocab]` row-major (rank 0 only).
@@ -62,6 +63,7 @@ pub(crate) struct WorkerState {
     pub links: StageLinks,
     /// This worker hands the step's logits to the engine (TP rank 0, or the last stage).
     pub returns_logits: bool,
+    pub stats: Arc<RankStats>,
 }
 
 /// One step on one worker: the whole model, or this stage's part of it.
@@ -134,10 +136,14 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
         endpoint,
         links,
         returns_logits,
+        stats,
         ..
     } = st;
     let mut comm: Box<dyn Communicator> = match endpoint.connect() {
-        Ok(c) => c,
+        Ok(c) => Box::new(TimedComm {
+            inner: c,
+            stats: stats.clone(),
+        }),
         Err(e) => {
             // Fail every step: the engine reports this rank as the cause.
             let message = format!("cannot join the tensor-parallel group: {e}");
@@ -173,7 +179,10 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
                 }
                 None => {}
             }
-            step(&shard, &batch, &mut cache, comm.as_mut(), &links)
+            let started = std::time::Instant::now();
+            let out = step(&shard, &batch, &mut cache, comm.as_mut(), &links);
+            stats.record_step(started.elapsed());
+            out
         }));
         let result = match outcome {
             Ok(Ok(Some(logits))) if returns_logits => logits

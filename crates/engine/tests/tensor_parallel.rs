@@ -138,6 +138,17 @@ fn dense_uneven_heads_every_tp_size_matches_tp1() {
         println!("tiny-llama tp={tp} heads {heads:?}: rel L2 {err:.2e}");
         assert!(err < 1e-5, "tp={tp}: relative L2 {err}");
         assert_eq!(greedy(&mut engine, &prompt, 32), want_tokens, "tp={tp}");
+        // Every rank counted its steps and the time spent joining shards.
+        let stats = engine.stats().snapshot();
+        assert_eq!(stats.len(), tp);
+        for (rank, s) in stats.iter().enumerate() {
+            assert!(s.steps >= 33 && s.step_seconds > 0.0, "rank {rank}: {s:?}");
+            // Two all-reduces per layer and one all-gather per step, at least.
+            assert!(
+                s.collectives >= s.steps * 5 && s.collective_seconds > 0.0,
+                "rank {rank}: {s:?}"
+            );
+        }
     }
 }
 

@@ -297,6 +297,29 @@ pub fn render(app: &AppState) -> String {
         &steps.counts,
         steps.sum_seconds,
     );
+    if let Some(stats) = &app.engine_stats {
+        let ranks = stats.snapshot();
+        let per_rank = [
+            ("tessera_rank_steps_total", "Steps each rank ran.", 0),
+            ("tessera_rank_step_seconds_total", "Seconds each rank spent in steps.", 1),
+            (
+                "tessera_rank_collective_seconds_total",
+                "Seconds each rank spent in collectives (all-reduce, all-gather), waiting for the other ranks included.",
+                2,
+            ),
+        ];
+        for (name, help, field) in per_rank {
+            w.header(name, "counter", help);
+            for (rank, s) in ranks.iter().enumerate() {
+                let value = match field {
+                    0 => s.steps as f64,
+                    1 => s.step_seconds,
+                    _ => s.collective_seconds,
+                };
+                w.sample(name, &format!("rank=\"{rank}\""), value);
+            }
+        }
+    }
     let http = app
         .metrics
         .http_requests

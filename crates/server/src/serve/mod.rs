@@ -125,6 +125,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
         .max_model_len
         .unwrap_or_else(|| engine.max_context_tokens());
     let kv_capacity_tokens = engine.kv_cache_shape().capacity_tokens();
+    let engine_stats = engine.stats();
     let scheduler = EngineLoop::spawn(
         SchedulerConfig {
             block_size_tokens: cfg.block_size_tokens,
@@ -169,6 +170,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
         started_unix: unix_now(),
         lifecycle,
         metrics: Arc::new(ServerMetrics::default()),
+        engine_stats: Some(engine_stats),
     })
 }
 

@@ -22,6 +22,8 @@ pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     /// Latencies and HTTP counts the server measures itself.
     pub metrics: Arc<ServerMetrics>,
+    /// Per-rank step and collective times of the real engine (none with a fake one).
+    pub engine_stats: Option<tessera_engine::EngineStats>,
 }
 
 impl AppState {

@@ -256,6 +256,7 @@ pub fn fake_server_with(mut executor: FakeExecutor, max_waiting: usize) -> TestS
         started_unix: unix_now(),
         lifecycle,
         metrics: Arc::new(ServerMetrics::default()),
+        engine_stats: None,
     };
     start(state, &[])
 }

@@ -304,6 +304,9 @@ async fn metrics_parse_and_move_after_real_requests() {
     grew("vllm:e2e_request_latency_seconds_count", 2.0);
     grew("vllm:e2e_request_latency_seconds_sum", 1e-6);
     grew("tessera_step_duration_seconds_count", 2.0);
+    grew("tessera_rank_steps_total{rank=\"0\"}", 2.0);
+    grew("tessera_rank_step_seconds_total{rank=\"0\"}", 1e-6);
+    grew("tessera_rank_collective_seconds_total{rank=\"0\"}", 1e-9);
     grew(
         "tessera_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"}",
         2.0,
