@@ -48,6 +48,8 @@ pub struct AdmittedRequest {
     pub request: GenerationRequest,
     pub sender: UnboundedSender<TokenEvent>,
     pub permit: QueuePermit,
+    /// When admission accepted the request (queue time runs from here).
+    pub submitted: std::time::Instant,
 }
 
 impl Admission {
@@ -124,6 +126,7 @@ impl Admission {
                 request,
                 sender,
                 permit,
+                submitted: std::time::Instant::now(),
             },
             receiver,
         ))

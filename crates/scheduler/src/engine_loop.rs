@@ -139,6 +139,11 @@ impl SchedulerHandle {
         self.inner.stats.step_durations()
     }
 
+    /// Histogram of queue times: admission to a sequence's first step.
+    pub fn queue_durations(&self) -> StepDurations {
+        self.inner.stats.queue_durations()
+    }
+
     /// Refuse new requests (`AdmissionError::ShuttingDown`) but keep running the ones
     /// already admitted: the first half of a graceful drain. `shutdown` ends the rest.
     pub fn close_admission(&self) {
@@ -285,6 +290,9 @@ impl<E: Executor> Worker<E> {
     /// any tokens.
     fn step(&mut self) -> (Flow, bool) {
         let plan = self.scheduler.schedule();
+        for waited in self.scheduler.take_queue_times() {
+            self.stats.record_queue_time(waited);
+        }
         let scheduled_any = !plan.scheduled.is_empty();
         if !scheduled_any && plan.finished.is_empty() {
             self.publish();

@@ -22,7 +22,8 @@ pub struct LoopHealth {
     pub step_failures_total: u64,
 }
 
-/// Step durations: per-bucket counts (not cumulative), their sum and count.
+/// A duration histogram (steps, queue times): per-bucket counts (not cumulative), their
+/// sum and count.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepDurations {
     /// Bucket upper bounds in seconds, as [`STEP_DURATION_BUCKETS_SECONDS`].
@@ -39,8 +40,51 @@ pub(crate) struct LoopStats {
     panicked: AtomicBool,
     consecutive_step_failures: AtomicU32,
     step_failures_total: AtomicU64,
-    step_counts: [AtomicU64; STEP_DURATION_BUCKETS_SECONDS.len() + 1],
-    step_sum_ns: AtomicU64,
+    steps: AtomicHistogram,
+    queue: AtomicHistogram,
+}
+
+/// Lock-free duration histogram over [`STEP_DURATION_BUCKETS_SECONDS`].
+#[derive(Debug)]
+struct AtomicHistogram {
+    counts: [AtomicU64; STEP_DURATION_BUCKETS_SECONDS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Default for AtomicHistogram {
+    fn default() -> Self {
+        Self {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl AtomicHistogram {
+    fn record(&self, duration: Duration) {
+        let seconds = duration.as_secs_f64();
+        let bucket = STEP_DURATION_BUCKETS_SECONDS
+            .iter()
+            .position(|&b| seconds <= b)
+            .unwrap_or(STEP_DURATION_BUCKETS_SECONDS.len());
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> StepDurations {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        StepDurations {
+            bounds_seconds: &STEP_DURATION_BUCKETS_SECONDS,
+            count: counts.iter().sum(),
+            counts,
+            sum_seconds: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
 }
 
 impl Default for LoopStats {
@@ -50,8 +94,8 @@ impl Default for LoopStats {
             panicked: AtomicBool::new(false),
             consecutive_step_failures: AtomicU32::new(0),
             step_failures_total: AtomicU64::new(0),
-            step_counts: std::array::from_fn(|_| AtomicU64::new(0)),
-            step_sum_ns: AtomicU64::new(0),
+            steps: AtomicHistogram::default(),
+            queue: AtomicHistogram::default(),
         }
     }
 }
@@ -61,14 +105,7 @@ impl LoopStats {
     /// does not count for health.
     pub(crate) fn record_step(&self, duration: Duration, outcome: Option<bool>) {
         let r = Ordering::Relaxed;
-        let seconds = duration.as_secs_f64();
-        let bucket = STEP_DURATION_BUCKETS_SECONDS
-            .iter()
-            .position(|&b| seconds <= b)
-            .unwrap_or(STEP_DURATION_BUCKETS_SECONDS.len());
-        self.step_counts[bucket].fetch_add(1, r);
-        let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        self.step_sum_ns.fetch_add(ns, r);
+        self.steps.record(duration);
         match outcome {
             Some(true) => self.consecutive_step_failures.store(0, r),
             Some(false) => {
@@ -96,17 +133,15 @@ impl LoopStats {
     }
 
     pub(crate) fn step_durations(&self) -> StepDurations {
-        let counts: Vec<u64> = self
-            .step_counts
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect();
-        StepDurations {
-            bounds_seconds: &STEP_DURATION_BUCKETS_SECONDS,
-            count: counts.iter().sum(),
-            counts,
-            sum_seconds: self.step_sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
-        }
+        self.steps.snapshot()
+    }
+
+    pub(crate) fn record_queue_time(&self, duration: Duration) {
+        self.queue.record(duration);
+    }
+
+    pub(crate) fn queue_durations(&self) -> StepDurations {
+        self.queue.snapshot()
     }
 }
 

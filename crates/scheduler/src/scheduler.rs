@@ -62,6 +62,9 @@ pub struct Scheduler {
     /// Chunks of the plan in flight, in plan order: `(id, sample)`.
     in_flight: Vec<(SeqId, bool)>,
     counters: Counters,
+    /// Time from admission to first step of the sequences announced since the last
+    /// [`Scheduler::take_queue_times`].
+    queue_times: Vec<std::time::Duration>,
 }
 
 impl Scheduler {
@@ -92,6 +95,7 @@ impl Scheduler {
             pending_finished: Vec::new(),
             in_flight: Vec::new(),
             counters: Counters::default(),
+            queue_times: Vec::new(),
         }
     }
 
@@ -139,6 +143,11 @@ impl Scheduler {
     }
 
     /// Plan the next step. See the module docs for the order of work.
+    /// Queue times (admission to first step) recorded since the last call.
+    pub fn take_queue_times(&mut self) -> Vec<std::time::Duration> {
+        std::mem::take(&mut self.queue_times)
+    }
+
     pub fn schedule(&mut self) -> StepPlan {
         debug_assert!(
             self.in_flight.is_empty(),
@@ -313,6 +322,7 @@ impl Scheduler {
             }
             if !seq.announced {
                 seq.announced = true;
+                self.queue_times.push(seq.submitted.elapsed());
                 self.counters.prompt_tokens += seq.prompt_len as u64;
                 plan.new_sequences.push(NewSequence {
                     id,

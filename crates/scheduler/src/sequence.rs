@@ -28,6 +28,8 @@ pub(crate) struct Sequence {
     pub announced: bool,
     /// Held while the request waits for its first step.
     pub permit: Option<QueuePermit>,
+    /// When the request was admitted.
+    pub submitted: std::time::Instant,
 }
 
 impl Sequence {
@@ -37,6 +39,7 @@ impl Sequence {
             request,
             sender,
             permit,
+            submitted,
         } = admitted;
         Self {
             id,
@@ -47,6 +50,7 @@ impl Sequence {
             stop: request.stop,
             sender,
             announced: false,
+            submitted,
             permit: Some(permit),
         }
     }

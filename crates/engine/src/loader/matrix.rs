@@ -43,6 +43,14 @@ impl Matrix {
         }
     }
 
+    /// Bytes of weight data read from the file for this matrix (f32 for dense ones).
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Matrix::Quantized { data, .. } => data.len(),
+            Matrix::Dense { weight, .. } => weight.elem_count() * weight.dtype().size_in_bytes(),
+        }
+    }
+
     /// Quantization block in columns (1 for dense weights).
     pub fn block_cols(&self) -> usize {
         match self {

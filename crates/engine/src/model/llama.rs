@@ -88,6 +88,7 @@ pub fn load_shards(
             config.num_layers
         )));
     }
+    let mut bytes_read = 0usize;
     for layer in layers.clone() {
         let name = |s: &str| layer_name(layer, s);
         let mat = |s: &str, dims: (usize, usize)| -> Result<Matrix> {
@@ -115,6 +116,12 @@ pub fn load_shards(
             mat("mlp.up_proj.weight", (config.intermediate_size, h))?,
         ];
         let down = mat("mlp.down_proj.weight", (h, config.intermediate_size))?;
+        bytes_read += qkv
+            .iter()
+            .chain(&gate_up)
+            .chain([&o, &down])
+            .map(Matrix::size_bytes)
+            .sum::<usize>();
         let attn_norm = source.vector(&name("input_layernorm.weight"))?;
         let ffn_norm = source.vector(&name("post_attention_layernorm.weight"))?;
         for (rank, dev) in devices.iter().enumerate() {
@@ -136,9 +143,10 @@ pub fn load_shards(
         }
         if (layer + 1) % 10 == 0 || layer + 1 == layers.end {
             tracing::info!(
-                "loaded layer {}/{} ({:.2}s)",
+                "loaded layer {}/{}: {:.1} MiB of weights in {:.2}s",
                 layer + 1,
-                config.num_layers,
+                layers.end,
+                bytes_read as f64 / (1 << 20) as f64,
                 started.elapsed().as_secs_f64()
             );
         }

@@ -242,6 +242,16 @@ pub fn render(app: &AppState) -> String {
         "Seconds from submit to the end of a sequence.",
         &app.metrics.e2e_request_latency,
     );
+    let queue = app.scheduler.queue_durations();
+    let labels = w.model_label.clone();
+    w.histogram(
+        "vllm:request_queue_time_seconds",
+        "Seconds from admission to a sequence's first step.",
+        &labels,
+        queue.bounds_seconds,
+        &queue.counts,
+        queue.sum_seconds,
+    );
 
     // Earlier names of the two gauges above, kept so existing dashboards and the
     // README example keep working.

@@ -268,6 +268,7 @@ async fn metrics_parse_and_move_after_real_requests() {
         "vllm:time_to_first_token_seconds_count",
         "vllm:inter_token_latency_seconds_count",
         "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_queue_time_seconds_count",
         "tessera_step_duration_seconds_count",
         "tessera_kv_blocks_total",
         "tessera_num_requests_running",
@@ -303,6 +304,7 @@ async fn metrics_parse_and_move_after_real_requests() {
     grew("vllm:inter_token_latency_seconds_count", 2.0);
     grew("vllm:e2e_request_latency_seconds_count", 2.0);
     grew("vllm:e2e_request_latency_seconds_sum", 1e-6);
+    grew("vllm:request_queue_time_seconds_count", 2.0);
     grew("tessera_step_duration_seconds_count", 2.0);
     grew("tessera_rank_steps_total{rank=\"0\"}", 2.0);
     grew("tessera_rank_step_seconds_total{rank=\"0\"}", 1e-6);
