@@ -98,7 +98,7 @@ impl Engine {
             config.vocab_size,
             config.max_position_embeddings
         );
-        let input_block = row_parallel_block(source.as_ref())?;
+        let input_block = row_parallel_block(source.as_ref(), config.num_layers)?;
         for d in &cfg.devices {
             if !matches!(d, DeviceSpec::Cpu(_)) {
                 return Err(EngineError::Parallel(format!(
@@ -319,11 +319,14 @@ impl Engine {
     }
 }
 
-/// Quantization block of the row-parallel weights (their input dimension is split).
-fn row_parallel_block(source: &dyn loader::TensorSource) -> Result<usize> {
+/// Largest quantization block of the row-parallel weights of every layer (their input
+/// dimension is split; mixed-quantization files may differ per layer). Metadata only.
+fn row_parallel_block(source: &dyn loader::TensorSource, num_layers: usize) -> Result<usize> {
     let mut block = 1;
-    for name in ["self_attn.o_proj.weight", "mlp.down_proj.weight"] {
-        block = block.max(source.matrix(&loader::layer_name(0, name))?.block_cols());
+    for layer in 0..num_layers {
+        for name in ["self_attn.o_proj.weight", "mlp.down_proj.weight"] {
+            block = block.max(source.block_cols(&loader::layer_name(layer, name))?);
+        }
     }
     Ok(block)
 }

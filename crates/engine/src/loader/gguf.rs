@@ -192,6 +192,19 @@ impl TensorSource for GgufSource {
         gguf_name(name).is_some_and(|g| self.content.tensor_infos.contains_key(&g))
     }
 
+    fn block_cols(&self, name: &str) -> Result<usize> {
+        let gname = resolve(name)?;
+        let info = self
+            .content
+            .tensor_infos
+            .get(&gname)
+            .ok_or_else(|| EngineError::MissingTensor(format!("{gname} ({name})")))?;
+        Ok(match info.ggml_dtype {
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => 1,
+            other => other.block_size(),
+        })
+    }
+
     fn embedding(&self) -> Result<Embedding> {
         let name = "model.embed_tokens.weight";
         let gname = resolve(name)?;

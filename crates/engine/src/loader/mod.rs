@@ -31,6 +31,9 @@ pub trait TensorSource: Send + Sync {
     /// A 1-D tensor (norm weight, bias) as f32 on the CPU.
     fn vector(&self, name: &str) -> Result<Tensor>;
     fn contains(&self, name: &str) -> bool;
+    /// Quantization block (in columns) of a 2-D weight, from the file's metadata alone
+    /// (1 for dense weights).
+    fn block_cols(&self, name: &str) -> Result<usize>;
     /// The token embedding table, kept in the file's representation.
     fn embedding(&self) -> Result<Embedding>;
 }

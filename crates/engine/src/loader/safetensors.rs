@@ -112,6 +112,13 @@ impl TensorSource for SafetensorsSource {
         self.files.get(name).is_ok()
     }
 
+    fn block_cols(&self, name: &str) -> Result<usize> {
+        if !self.contains(name) {
+            return Err(EngineError::MissingTensor(name.to_string()));
+        }
+        Ok(1)
+    }
+
     fn embedding(&self) -> Result<Embedding> {
         Ok(Embedding::Dense(self.load("model.embed_tokens.weight")?))
     }
