@@ -11,9 +11,8 @@ use tessera_protocol::{SamplingParams, TokenLogprobs};
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
-    /// Prompt followed by every token sampled so far.
-    history: Vec<u32>,
-    prompt_len: usize,
+    /// Distinct tokens of the prompt and of the output (repetition penalty).
+    seen: std::collections::HashSet<u32>,
     /// Occurrences of each generated token (presence / frequency penalties).
     counts: std::collections::HashMap<u32, u32>,
 }
@@ -27,19 +26,9 @@ impl Sampler {
         Self {
             params,
             rng,
-            history: prompt.to_vec(),
-            prompt_len: prompt.len(),
+            seen: prompt.iter().copied().collect(),
             counts: Default::default(),
         }
-    }
-
-    pub fn params(&self) -> &SamplingParams {
-        &self.params
-    }
-
-    /// Generated tokens so far.
-    pub fn generated(&self) -> &[u32] {
-        &self.history[self.prompt_len..]
     }
 
     /// Picks the next token from `logits` (modified in place) and records it.
@@ -51,7 +40,7 @@ impl Sampler {
             self.draw(logits)
         };
         let logprobs = self.params.logprobs.map(|k| logprobs_of(logits, token, k));
-        self.history.push(token);
+        self.seen.insert(token);
         *self.counts.entry(token).or_default() += 1;
         (token, logprobs)
     }
@@ -65,16 +54,13 @@ impl Sampler {
         }
         let p = &self.params;
         if p.repetition_penalty != 1.0 {
-            let mut seen = std::collections::HashSet::new();
-            for &tok in &self.history {
-                if seen.insert(tok) {
-                    if let Some(l) = logits.get_mut(tok as usize) {
-                        *l = if *l > 0.0 {
-                            *l / p.repetition_penalty
-                        } else {
-                            *l * p.repetition_penalty
-                        };
-                    }
+            for &tok in &self.seen {
+                if let Some(l) = logits.get_mut(tok as usize) {
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
                 }
             }
         }
