@@ -29,7 +29,6 @@ pub enum Fault {
 
 pub(crate) enum Job {
     Step(Arc<Batch>),
-    #[allow(dead_code)]
     Inject(Fault),
 }
 

@@ -58,13 +58,6 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
     }
-
-    /// True when any penalty needs the token history.
-    pub fn has_penalties(&self) -> bool {
-        self.presence_penalty != 0.0
-            || self.frequency_penalty != 0.0
-            || self.repetition_penalty != 1.0
-    }
 }
 
 /// Token-level stop rules, checked by the scheduler after every sampled token.

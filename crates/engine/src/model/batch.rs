@@ -25,7 +25,6 @@ pub struct Batch {
     pub seqs: Vec<BatchSeq>,
     /// Flattened rows whose logits are wanted, one per sampled sequence, in plan order.
     pub sample_rows: Vec<usize>,
-    pub block_size: usize,
 }
 
 impl Batch {
@@ -36,10 +35,7 @@ impl Batch {
         num_blocks: usize,
         max_positions: usize,
     ) -> Result<Batch> {
-        let mut batch = Batch {
-            block_size,
-            ..Batch::default()
-        };
+        let mut batch = Batch::default();
         for chunk in &plan.scheduled {
             if chunk.tokens.is_empty() {
                 return Err(EngineError::Step(format!(

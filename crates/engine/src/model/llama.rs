@@ -180,33 +180,8 @@ pub fn load_shards(
 }
 
 impl LlamaShard {
-    pub fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
-    pub fn shard(&self) -> &RankShard {
-        &self.shard
-    }
-
     pub fn num_local_kv_heads(&self) -> usize {
         self.shard.kv_heads.len()
-    }
-
-    pub fn max_positions(&self) -> usize {
-        self.rope.max_positions()
-    }
-
-    /// Runs the batch through the model, writing its K/V into `cache`. Returns the logits
-    /// `[sample_rows, vocab]` of the rows the batch samples (identical on every rank).
-    pub fn forward(
-        &self,
-        batch: &Batch,
-        cache: &mut KvCache,
-        comm: &mut dyn Communicator,
-    ) -> Result<Tensor> {
-        let x = self.embed(batch)?;
-        let x = self.layers(x, batch, cache, comm)?;
-        self.head(&x, batch, comm)
     }
 
     /// Token embeddings of the batch, `[tokens, hidden]`.

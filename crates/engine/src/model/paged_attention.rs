@@ -174,7 +174,6 @@ mod tests {
                 block_table: table.clone(),
             }],
             sample_rows: vec![n - 1],
-            block_size: bs,
         };
         let mut layer = std::mem::take(&mut cache.layers);
         write_kv(&mut layer[0], &cache, &batch, &k, &v);
