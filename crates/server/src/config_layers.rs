@@ -248,7 +248,7 @@ mod tests {
     use clap::{CommandFactory, FromArgMatches};
 
     use super::*;
-    use crate::{Cli, Command as CliCommand};
+    use crate::cli::{Cli, Command as CliCommand};
 
     fn parse(argv: &[&str], env: &[(&str, &str)]) -> Result<(Cli, ArgMatches), ConfigError> {
         let env: HashMap<String, String> = env

@@ -1,42 +1,8 @@
 //! `tessera`: serve a model over the OpenAI API, or generate from the command line.
 
-mod api;
-mod config_layers;
-mod generate_cmd;
-mod model_args;
-mod serve;
-
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "tessera",
-    version,
-    about = "An OpenAI-compatible LLM server with tensor parallelism"
-)]
-struct Cli {
-    /// Log line format: human-readable text, or one JSON object per line (with the
-    /// request id of the current request in `span`/`spans`). Filter with RUST_LOG.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "TESSERA_LOG_FORMAT")]
-    log_format: LogFormat,
-
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Generate a completion for one prompt and print it.
-    Generate(generate_cmd::GenerateArgs),
-    /// Serve the model over the OpenAI-compatible HTTP API.
-    Serve(serve::ServeArgs),
-}
+use clap::{CommandFactory, FromArgMatches};
+use tessera_server::cli::{Cli, Command, LogFormat};
+use tessera_server::{config_layers, generate_cmd, serve};
 
 fn main() -> std::process::ExitCode {
     let argv =

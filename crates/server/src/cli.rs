@@ -1,0 +1,35 @@
+//! The `tessera` command line: global options and subcommands.
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::{generate_cmd, serve};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "An OpenAI-compatible LLM server with tensor parallelism"
+)]
+pub struct Cli {
+    /// Log line format: human-readable text, or one JSON object per line (with the
+    /// request id of the current request in `span`/`spans`). Filter with RUST_LOG.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "TESSERA_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate a completion for one prompt and print it.
+    Generate(generate_cmd::GenerateArgs),
+    /// Serve the model over the OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
+}

@@ -1,0 +1,13 @@
+//! The OpenAI-compatible HTTP server behind the `tessera` binary: request parsing and
+//! validation (`api`), the routes, streaming and lifecycle (`serve`), and the command-line
+//! and layered configuration.
+//!
+//! A library as well as a binary so that fuzz targets and benchmarks reach the same
+//! parsing and validation code the server runs.
+
+pub mod api;
+pub mod cli;
+pub mod config_layers;
+pub mod generate_cmd;
+pub mod model_args;
+pub mod serve;
