@@ -2,11 +2,13 @@
 //!
 //! CPU: matrix products for GGML block-quantized weights, computed the way ggml computes
 //! them (activations quantized to Q8_1 for Q4_1 weights and to Q8_0 for Q8_0 weights,
-//! rounded as ggml's x86 SIMD code rounds), so results follow llama.cpp's arithmetic.
-//! Each kernel has a scalar reference and a runtime-dispatched AVX2 version; tests
-//! compare them on random data.
+//! rounded as ggml's x86 SIMD code rounds; an exact integer dot product per block, scaled
+//! in f32), so results follow llama.cpp's arithmetic. Weights are repacked at load time
+//! into the layout of [`cpu::layout`]. Each kernel has a scalar reference and
+//! runtime-dispatched AVX2 and AVX-512 VNNI versions; tests compare them on random data.
 
 pub mod cpu;
 
-pub use cpu::blocks::{BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
-pub use cpu::matmul::{QuantWeights, WeightFormat};
+pub use cpu::isa::Isa;
+pub use cpu::layout::{WeightFormat, QK};
+pub use cpu::matmul::QuantWeights;

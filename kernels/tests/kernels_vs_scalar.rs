@@ -1,59 +1,97 @@
-//! Every SIMD kernel against its scalar reference on random data, and the quantized
-//! matmul against a float matmul of the dequantized weights.
+//! Every SIMD kernel against the scalar reference on random data, batch invariance of
+//! each implementation, and the quantized matmul against a float matmul of the
+//! dequantized weights.
 
 use rand::{Rng, SeedableRng};
-use tessera_kernels::cpu::dot::{
-    dot_q4_1_q8_1, dot_q4_1_q8_1_scalar, dot_q8_0_q8_0, dot_q8_0_q8_0_scalar, isa,
-};
-use tessera_kernels::cpu::quantize::{quantize_row_q8_0, quantize_row_q8_1};
-use tessera_kernels::{BlockQ4_1, BlockQ8_0, BlockQ8_1, QuantWeights, WeightFormat, QK};
+use tessera_kernels::{Isa, QuantWeights, WeightFormat, QK};
 
 fn rng() -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(42)
 }
 
-fn random_q4_1(rng: &mut impl Rng, n: usize) -> Vec<u8> {
+/// GGUF bytes of `n` random blocks.
+fn random_blocks(rng: &mut impl Rng, format: WeightFormat, n: usize) -> Vec<u8> {
     let mut bytes = Vec::new();
     for _ in 0..n {
         bytes.extend(half::f16::from_f32(rng.random_range(0.001..0.05)).to_le_bytes());
-        bytes.extend(half::f16::from_f32(rng.random_range(-0.4..0.0)).to_le_bytes());
-        bytes.extend((0..QK / 2).map(|_| rng.random::<u8>()));
+        match format {
+            WeightFormat::Q4_1 => {
+                bytes.extend(half::f16::from_f32(rng.random_range(-0.4..0.0)).to_le_bytes());
+                bytes.extend((0..QK / 2).map(|_| rng.random::<u8>()));
+            }
+            // The whole byte range, -128 included, which ggml never writes but a file may.
+            WeightFormat::Q8_0 => bytes.extend((0..QK).map(|_| rng.random::<u8>())),
+        }
     }
     bytes
 }
 
-fn random_q8_0(rng: &mut impl Rng, n: usize) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    for _ in 0..n {
-        bytes.extend(half::f16::from_f32(rng.random_range(0.001..0.05)).to_le_bytes());
-        bytes.extend((0..QK).map(|_| rng.random_range(-127i8..=127) as u8));
-    }
-    bytes
+fn random_matrix(
+    rng: &mut impl Rng,
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+) -> QuantWeights {
+    let bytes = random_blocks(rng, format, rows * cols / QK);
+    QuantWeights::from_ggml_bytes(format, rows, cols, &bytes).expect("weights")
 }
 
-fn close(a: f32, b: f32) -> bool {
-    (a - b).abs() <= 1e-5 * (1.0 + a.abs().max(b.abs()))
+const FORMATS: [WeightFormat; 2] = [WeightFormat::Q4_1, WeightFormat::Q8_0];
+
+#[test]
+fn every_implementation_equals_the_scalar_reference() {
+    let mut r = rng();
+    let isas = Isa::supported();
+    println!("kernels on this CPU: {isas:?}");
+    // Odd block counts exercise the zero padding block; 37 rows and 9 tokens the tails.
+    for cols in [32, 96, 288, 576, 1536] {
+        for format in FORMATS {
+            let w = random_matrix(&mut r, format, 37, cols);
+            let wf = w.dequantize();
+            for m in [1, 4, 9] {
+                let x: Vec<f32> = (0..m * cols).map(|_| r.random_range(-3.0..3.0)).collect();
+                let reference = w.matmul_with(Isa::Scalar, &x, m);
+                for &isa in &isas {
+                    let got = w.matmul_with(isa, &x, m);
+                    for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+                        let (t, o) = (i / 37, i % 37);
+                        // Only the order of f32 additions differs: bound by the size of
+                        // the terms.
+                        let terms: f32 = (0..cols)
+                            .map(|k| (x[t * cols + k] * wf[o * cols + k]).abs())
+                            .sum();
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + terms),
+                            "{isa:?} {format:?} cols {cols} m {m} [{t}, {o}]: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[test]
-fn simd_dot_products_equal_the_scalar_reference() {
+fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
     let mut r = rng();
-    println!("kernels use {:?}", isa());
-    for blocks in [1, 2, 7, 18, 48] {
-        let x = BlockQ4_1::parse(&random_q4_1(&mut r, blocks));
-        let acts: Vec<f32> = (0..blocks * QK)
-            .map(|_| r.random_range(-3.0..3.0))
-            .collect();
-        let mut y = vec![BlockQ8_1::default(); blocks];
-        quantize_row_q8_1(&acts, &mut y);
-        let (a, b) = (dot_q4_1_q8_1(isa(), &x, &y), dot_q4_1_q8_1_scalar(&x, &y));
-        assert!(close(a, b), "q4_1 {blocks} blocks: {a} vs {b}");
-
-        let x = BlockQ8_0::parse(&random_q8_0(&mut r, blocks));
-        let mut y = vec![BlockQ8_0::default(); blocks];
-        quantize_row_q8_0(&acts, &mut y);
-        let (a, b) = (dot_q8_0_q8_0(isa(), &x, &y), dot_q8_0_q8_0_scalar(&x, &y));
-        assert!(close(a, b), "q8_0 {blocks} blocks: {a} vs {b}");
+    for format in FORMATS {
+        let (rows, cols) = (23, 192);
+        let w = random_matrix(&mut r, format, rows, cols);
+        let m = 11;
+        let x: Vec<f32> = (0..m * cols).map(|_| r.random_range(-2.0..2.0)).collect();
+        for isa in Isa::supported() {
+            let batch = w.matmul_with(isa, &x, m);
+            for t in 0..m {
+                let alone = w.matmul_with(isa, &x[t * cols..(t + 1) * cols], 1);
+                for o in 0..rows {
+                    assert_eq!(
+                        batch[t * rows + o].to_bits(),
+                        alone[o].to_bits(),
+                        "{isa:?} {format:?} token {t} row {o}"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -61,12 +99,8 @@ fn simd_dot_products_equal_the_scalar_reference() {
 fn quantized_matmul_is_close_to_the_float_product() {
     let mut r = rng();
     let (rows, cols) = (37, 128);
-    for format in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
-        let bytes = match format {
-            WeightFormat::Q4_1 => random_q4_1(&mut r, rows * cols / QK),
-            WeightFormat::Q8_0 => random_q8_0(&mut r, rows * cols / QK),
-        };
-        let w = QuantWeights::from_ggml_bytes(format, rows, cols, &bytes).expect("weights");
+    for format in FORMATS {
+        let w = random_matrix(&mut r, format, rows, cols);
         let wf = w.dequantize();
         for m in [1, 3] {
             let x: Vec<f32> = (0..m * cols).map(|_| r.random_range(-1.0..1.0)).collect();
@@ -86,41 +120,31 @@ fn quantized_matmul_is_close_to_the_float_product() {
             }
         }
     }
-    assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q4_1, 2, 30, &[]).is_err());
 }
 
 #[test]
-fn four_rows_at_once_equal_one_at_a_time_bit_for_bit() {
-    use tessera_kernels::cpu::dot::WeightBlock;
-    let mut r = rng();
-    let blocks = 18;
-    let acts: Vec<f32> = (0..blocks * QK)
-        .map(|_| r.random_range(-3.0..3.0))
+fn dequantize_reads_the_file_layout_back() {
+    // One Q4_1 block: d = 0.5, m = -1, quants 0..16 then 15..0.
+    let mut bytes = Vec::new();
+    bytes.extend(half::f16::from_f32(0.5).to_le_bytes());
+    bytes.extend(half::f16::from_f32(-1.0).to_le_bytes());
+    bytes.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let w = QuantWeights::from_ggml_bytes(WeightFormat::Q4_1, 1, 32, &bytes).expect("q4_1");
+    let expected: Vec<f32> = (0..16)
+        .map(|j| 0.5 * j as f32 - 1.0)
+        .chain((0..16).map(|j| 0.5 * (15 - j) as f32 - 1.0))
         .collect();
-    let rows: Vec<Vec<BlockQ4_1>> = (0..4)
-        .map(|_| BlockQ4_1::parse(&random_q4_1(&mut r, blocks)))
-        .collect();
-    let mut y = vec![BlockQ8_1::default(); blocks];
-    quantize_row_q8_1(&acts, &mut y);
-    let four = BlockQ4_1::dot4(isa(), [&rows[0], &rows[1], &rows[2], &rows[3]], &y);
-    for (i, row) in rows.iter().enumerate() {
-        assert_eq!(
-            four[i].to_bits(),
-            BlockQ4_1::dot(isa(), row, &y).to_bits(),
-            "q4_1 row {i}"
-        );
-    }
-    let rows: Vec<Vec<BlockQ8_0>> = (0..4)
-        .map(|_| BlockQ8_0::parse(&random_q8_0(&mut r, blocks)))
-        .collect();
-    let mut y = vec![BlockQ8_0::default(); blocks];
-    quantize_row_q8_0(&acts, &mut y);
-    let four = BlockQ8_0::dot4(isa(), [&rows[0], &rows[1], &rows[2], &rows[3]], &y);
-    for (i, row) in rows.iter().enumerate() {
-        assert_eq!(
-            four[i].to_bits(),
-            BlockQ8_0::dot(isa(), row, &y).to_bits(),
-            "q8_0 row {i}"
-        );
-    }
+    assert_eq!(w.dequantize(), expected);
+    // One Q8_0 block: d = 0.25, quants -16..16.
+    let mut bytes = half::f16::from_f32(0.25).to_le_bytes().to_vec();
+    bytes.extend((-16i8..16).map(|q| q as u8));
+    let w = QuantWeights::from_ggml_bytes(WeightFormat::Q8_0, 1, 32, &bytes).expect("q8_0");
+    let expected: Vec<f32> = (-16..16).map(|q| 0.25 * q as f32).collect();
+    assert_eq!(w.dequantize(), expected);
+}
+
+#[test]
+fn shapes_that_do_not_fit_are_refused() {
+    assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q4_1, 2, 30, &[]).is_err());
+    assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q8_0, 2, 32, &[0; 33]).is_err());
 }

@@ -39,32 +39,41 @@ fn load(path: std::path::PathBuf, tp: usize, dtype: AllReduceDtype) -> Engine {
 ///
 /// Bounds: row-parallel layers sum their partial products in another order than TP=1, and
 /// with Q4_1 weights the next layer quantizes its input to 8 bits, so a last-bit change can
-/// move a value across a rounding boundary; over 30 layers that noise reaches 2-4%
-/// relative L2 in the logits (measured: 0.019-0.034 with f32 all-reduce, bound 0.06; the same order
-/// as switching TP=1 between the AVX2 and scalar kernels). bf16 all-reduce adds its own
-/// rounding of every partial sum. The dense test below shows the TP arithmetic itself is
-/// exact to f32 rounding. Tokens are compared over whole chat answers (to the end of
-/// turn), which have no near ties; past the end of turn the model's greedy path is a
-/// string of near ties.
+/// move a value across a rounding boundary; over 30 layers that noise reaches 1-4%
+/// relative L2 in the logits (measured: 0.012-0.048 with f32 all-reduce, bound 0.06; the
+/// same order as switching TP=1 between kernel implementations), which moves single
+/// logits by up to ~0.2. bf16 all-reduce adds its own rounding of every partial sum. The
+/// dense test below shows the TP arithmetic itself is exact to f32 rounding.
+///
+/// Tokens are therefore compared over whole answers (to the end of turn) only where no
+/// step is that close: where llama.cpp's own top-2 margin (recorded in the fixture) stays
+/// at least [`CLEAR_MARGIN`] at every step. `chat_france` qualifies (margins ≥ 0.9);
+/// `chat_system` opens with a 0.30 margin and is held to the logit bound.
 #[test]
 fn smollm2_every_tp_size_matches_tp1() {
     let fixture = read_json(fixtures().join("smollm2/greedy.json"));
-    let prompts: Vec<(String, Vec<u32>)> = fixture["prompts"]
+    let prompts: Vec<(String, Vec<u32>, bool)> = fixture["prompts"]
         .as_array()
         .expect("prompts")
         .iter()
         .filter(|p| p["kind"] == "chat")
         .map(|p| {
+            let margins = floats(&p["output_top2_gaps"]);
             (
                 p["name"].as_str().unwrap_or("").to_string(),
                 ids(&p["prompt_ids"]),
+                margins.iter().all(|m| *m >= CLEAR_MARGIN),
             )
         })
         .collect();
+    assert!(
+        prompts.iter().any(|(_, _, clear)| *clear),
+        "at least one answer without near ties"
+    );
     let mut base = load(smollm2_path(), 1, AllReduceDtype::F32);
     let reference: Vec<(Vec<u32>, Vec<f32>)> = prompts
         .iter()
-        .map(|(_, p)| {
+        .map(|(_, p, _)| {
             (
                 greedy_until(&mut base, p, 32, &[END_OF_TURN]),
                 last_logits(&mut base, p),
@@ -86,7 +95,7 @@ fn smollm2_every_tp_size_matches_tp1() {
         (2, AllReduceDtype::Bf16, 0.10),
     ] {
         let mut engine = load(smollm2_path(), tp, dtype);
-        for ((name, prompt), (want_tokens, want_logits)) in prompts.iter().zip(&reference) {
+        for ((name, prompt, clear), (want_tokens, want_logits)) in prompts.iter().zip(&reference) {
             let logits = last_logits(&mut engine, prompt);
             let err = rel_l2(&logits, want_logits);
             let tokens = greedy_until(&mut engine, prompt, 32, &[END_OF_TURN]);
@@ -98,9 +107,14 @@ fn smollm2_every_tp_size_matches_tp1() {
                 err < bound,
                 "tp={tp} {dtype:?} {name}: relative L2 {err} over {bound}"
             );
-            // bf16 partial sums move logits by up to ~0.3, the margin of chat_system's first
-            // token: with bf16 only the France answer (margins ≥ 0.9) must stay identical.
-            if dtype == AllReduceDtype::F32 || name == "chat_france" {
+            // bf16 partial sums move logits by up to ~0.3 more: with bf16 only answers
+            // with margins ≥ 0.9 (the France answer) must stay identical.
+            let strict = if dtype == AllReduceDtype::F32 {
+                *clear
+            } else {
+                name == "chat_france"
+            };
+            if strict {
                 assert_eq!(
                     top_k(&logits, 1),
                     top_k(want_logits, 1),
@@ -114,6 +128,9 @@ fn smollm2_every_tp_size_matches_tp1() {
         }
     }
 }
+
+/// llama.cpp top-2 margin above which TP's reordering noise cannot flip a greedy token.
+const CLEAR_MARGIN: f32 = 0.5;
 
 /// A dense f32 model whose heads do not divide evenly: agreement near f32 rounding.
 #[test]

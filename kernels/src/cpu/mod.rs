@@ -1,8 +1,11 @@
 //! CPU kernels.
 
-pub mod blocks;
-pub mod dot;
-pub mod matmul;
-pub mod quantize;
+pub mod acts;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+pub mod isa;
+pub mod layout;
+pub mod matmul;
+pub mod scalar;
