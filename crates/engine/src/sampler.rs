@@ -76,12 +76,21 @@ impl Sampler {
     fn draw(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         let t = p.temperature.max(1e-5);
-        // Candidates sorted by logit (ties by id, so the order is deterministic).
+        // Candidates sorted by logit (ties by id, so the order is deterministic). Tokens
+        // whose probability relative to the best is under 2^-25 are left out before the
+        // sort: added after the best token's 1.0 they cannot change an f32 sum, so the
+        // distribution and the draw for a seed are those of the whole vocabulary.
+        let max = logits
+            .iter()
+            .filter(|l| l.is_finite())
+            .fold(f32::NEG_INFINITY, |m, l| m.max(*l / t));
+        const NEGLIGIBLE: f32 = -17.33; // ln(2^-25)
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
             .filter(|(_, l)| l.is_finite())
             .map(|(i, l)| (i as u32, *l / t))
+            .filter(|(_, l)| *l - max >= NEGLIGIBLE)
             .collect();
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 {

@@ -32,6 +32,9 @@ pub struct AttentionShape<'a> {
 }
 
 /// `q`: `[tokens, num_q_heads * head_dim]` (rotated); returns the same shape.
+///
+/// Every (token, query head) is an independent task, so a single decoding token still
+/// spreads its heads over the rank's threads.
 pub fn attend(
     layer: &LayerCache,
     cache: &KvCache,
@@ -40,59 +43,99 @@ pub fn attend(
     shape: AttentionShape<'_>,
 ) -> Vec<f32> {
     let hd = shape.head_dim;
-    let row = shape.num_q_heads * hd;
-    let mut out = vec![0f32; batch.num_tokens() * row];
+    let nq = shape.num_q_heads;
+    let mut out = vec![0f32; batch.num_tokens() * nq * hd];
     // Token -> sequence lookup, so each output row is an independent task.
     let mut seq_of_token = Vec::with_capacity(batch.num_tokens());
     for (s, seq) in batch.seqs.iter().enumerate() {
         seq_of_token.extend(std::iter::repeat_n(s, seq.num_tokens));
     }
-    out.par_chunks_mut(row)
+    let simd = Simd::detect();
+    out.par_chunks_mut(hd)
         .enumerate()
-        .for_each(|(t, out_row)| {
+        .for_each_init(Vec::new, |scores, (task, out_head)| {
+            let (t, h) = (task / nq, task % nq);
             let seq = &batch.seqs[seq_of_token[t]];
             let context = batch.positions[t] + 1;
-            let mut scores = vec![0f32; context];
-            for h in 0..shape.num_q_heads {
-                let qh = &q[t * row + h * hd..t * row + (h + 1) * hd];
-                let kvh = shape.kv_of_q[h];
-                attend_one(
-                    layer,
-                    cache,
-                    &seq.block_table,
-                    kvh,
-                    qh,
-                    shape.scale,
-                    &mut scores,
-                    &mut out_row[h * hd..(h + 1) * hd],
-                );
-            }
+            scores.resize(context, 0.0);
+            let head = Head {
+                layer,
+                cache,
+                block_table: &seq.block_table,
+                kv_head: shape.kv_of_q[h],
+                q: &q[(t * nq + h) * hd..(t * nq + h + 1) * hd],
+                scale: shape.scale,
+            };
+            simd.attend_one(&head, scores, out_head);
         });
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attend_one(
-    layer: &LayerCache,
-    cache: &KvCache,
-    block_table: &[u32],
+/// One query head against its KV head over a sequence's blocks.
+struct Head<'a> {
+    layer: &'a LayerCache,
+    cache: &'a KvCache,
+    block_table: &'a [u32],
     kv_head: usize,
-    q: &[f32],
+    q: &'a [f32],
     scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
+}
+
+/// The widest vector instructions the attention loops are compiled for on this CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Simd {
+    Baseline,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Simd {
+    fn detect() -> Self {
+        static SIMD: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+        *SIMD.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+                return Simd::Avx512;
+            }
+            Simd::Baseline
+        })
+    }
+
+    fn attend_one(self, head: &Head<'_>, scores: &mut [f32], out: &mut [f32]) {
+        match self {
+            // SAFETY: `Avx512` is only detected on CPUs with AVX-512F and FMA.
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 => unsafe { attend_one_avx512(head, scores, out) },
+            Simd::Baseline => attend_one(head, scores, out),
+        }
+    }
+}
+
+/// [`attend_one`] compiled for AVX-512.
+///
+/// # Safety
+/// The CPU must support AVX-512F and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn attend_one_avx512(head: &Head<'_>, scores: &mut [f32], out: &mut [f32]) {
+    attend_one(head, scores, out);
+}
+
+/// Softmax(q·K × scale)·V for one head; `scores` holds one value per context position.
+#[inline(always)]
+fn attend_one(head: &Head<'_>, scores: &mut [f32], out: &mut [f32]) {
+    let cache = head.cache;
     let hd = cache.head_dim;
     let bs = cache.block_size;
     let stride = cache.slot_stride();
     let offset = |pos: usize| {
-        let slot = block_table[pos / bs] as usize * bs + pos % bs;
-        slot * stride + kv_head * hd
+        let slot = head.block_table[pos / bs] as usize * bs + pos % bs;
+        slot * stride + head.kv_head * hd
     };
     let mut max = f32::NEG_INFINITY;
     for (pos, s) in scores.iter_mut().enumerate() {
         let o = offset(pos);
-        *s = dot(q, &layer.k[o..o + hd]) * scale;
+        *s = dot(head.q, &head.layer.k[o..o + hd]) * head.scale;
         max = max.max(*s);
     }
     let mut sum = 0f32;
@@ -103,7 +146,7 @@ fn attend_one(
     out.iter_mut().for_each(|x| *x = 0.0);
     for (pos, p) in scores.iter().enumerate() {
         let o = offset(pos);
-        for (acc, v) in out.iter_mut().zip(&layer.v[o..o + hd]) {
+        for (acc, v) in out.iter_mut().zip(&head.layer.v[o..o + hd]) {
             *acc += p * v;
         }
     }
@@ -111,17 +154,19 @@ fn attend_one(
     out.iter_mut().for_each(|x| *x *= inv);
 }
 
-/// Dot product in 8 independent lanes so the compiler vectorizes it.
+/// Dot product in 16 independent lanes so the compiler vectorizes it.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            lanes[l] += a[c * 8 + l] * b[c * 8 + l];
+    const LANES: usize = 16;
+    let mut lanes = [0f32; LANES];
+    let chunks = a.len() / LANES;
+    for (ca, cb) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
+        for l in 0..LANES {
+            lanes[l] += ca[l] * cb[l];
         }
     }
     let mut sum: f32 = lanes.iter().sum();
-    for i in chunks * 8..a.len() {
+    for i in chunks * LANES..a.len().min(b.len()) {
         sum += a[i] * b[i];
     }
     sum
