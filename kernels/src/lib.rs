@@ -8,6 +8,7 @@
 //! runtime-dispatched AVX2 and AVX-512 VNNI versions; tests compare them on random data.
 
 pub mod cpu;
+pub mod memory;
 
 pub use cpu::isa::Isa;
 pub use cpu::layout::{WeightFormat, QK};

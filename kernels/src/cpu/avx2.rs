@@ -1,13 +1,16 @@
-//! AVX2 + FMA kernels: per pair of blocks, byte products summed to eight 32-bit lanes
-//! (even lanes the first block, odd lanes the second), scaled and accumulated in f32.
+//! AVX2 + FMA kernels over one group of four weight rows: per pair of blocks, byte
+//! products summed to eight 32-bit lanes (even lanes the first block, odd lanes the
+//! second), scaled and accumulated in f32.
 
 // Tiles index register arrays by row and token; ranges read clearer than iterators here.
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
+use half::f16;
+
 use crate::cpu::acts::PackedActs;
-use crate::cpu::layout::{PackedWeights, PAIR};
+use crate::cpu::layout::{PackedWeights, GROUP, PAIR};
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -20,66 +23,98 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// The two scales at `p` broadcast as (first, second, first, second, …).
+/// Two f32 at `p` broadcast as (first, second, first, second, …).
 ///
 /// # Safety
 /// `p` and `p + 1` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn scales2(p: *const f32) -> __m256 {
+unsafe fn pair_bcast(p: *const f32) -> __m256 {
     // SAFETY: the caller guarantees two readable f32.
     _mm256_castsi256_ps(_mm256_set1_epi64x(unsafe {
         p.cast::<i64>().read_unaligned()
     }))
 }
 
-/// Σ offsets·sums of one Q4_1 row and one Q8_1 row, in block order.
-fn offsets(m: &[f32], s: &[f32]) -> f32 {
-    m.iter().zip(s).map(|(m, s)| m * s).sum()
-}
-
-/// Q4_1 rows `r0..r0+R` times Q8_1 rows `t0..t0+T`.
+/// The group's eight scales (row-major: row 0 block 0, row 0 block 1, …) as f32.
 ///
 /// # Safety
-/// AVX2 and FMA must be present; `r0 + R <= w.rows`, `t0 + T` within `a`, and `a` made
-/// for `w`'s format and width.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn q4_1<const R: usize, const T: usize>(
+/// `p` must point to 16 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_scales(p: *const u8) -> [f32; 8] {
+    let mut out = [0f32; 8];
+    // SAFETY: 16 bytes readable (caller); `out` holds 8 f32.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))) };
+    out
+}
+
+/// Σ offsets·sums of one Q4_1 row (f16) and one Q8_1 row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn offsets(m: &[f16], s: &[f32]) -> f32 {
+    let n = m.len().min(s.len());
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: `i + 8 <= n` values are in bounds of both slices.
+        unsafe {
+            let mv = _mm256_cvtph_ps(_mm_loadu_si128(m.as_ptr().add(i).cast()));
+            acc = _mm256_fmadd_ps(mv, _mm256_loadu_ps(s.as_ptr().add(i)), acc);
+        }
+        i += 8;
+    }
+    let tail: f32 = m[i..n]
+        .iter()
+        .zip(&s[i..n])
+        .map(|(m, s)| m.to_f32() * s)
+        .sum();
+    hsum(acc) + tail
+}
+
+/// Q4_1 rows `r0..r0+4` (one group) times Q8_1 rows `t0..t0+T`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be present; `r0` a multiple of [`GROUP`] below the padded
+/// rows, `t0 + T` within `a`, and `a` made for `w`'s format and width.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_1<const T: usize>(
     w: &PackedWeights,
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; T]; R] {
+) -> [[f32; T]; GROUP] {
     let pairs = w.pairs;
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut acc = [[_mm256_setzero_ps(); T]; GROUP];
     for p in 0..pairs {
-        let mut lo = [_mm256_setzero_si256(); R];
-        let mut hi = [_mm256_setzero_si256(); R];
-        let mut dx = [_mm256_setzero_ps(); R];
-        for r in 0..R {
-            // SAFETY: row and pair are in bounds (caller), so are their 32 bytes and two
-            // scales.
+        let chunk = w.chunk(r0, p).as_ptr();
+        let mut lo = [_mm256_setzero_si256(); GROUP];
+        let mut hi = [_mm256_setzero_si256(); GROUP];
+        let mut dx = [_mm256_setzero_ps(); GROUP];
+        // SAFETY: a chunk holds 4 × 32 quant bytes, then 16 bytes of scales.
+        let scales = unsafe { group_scales(chunk.add(GROUP * 32)) };
+        for r in 0..GROUP {
+            // SAFETY: as above.
             unsafe {
-                let packed =
-                    _mm256_loadu_si256(w.qs.as_ptr().add(((r0 + r) * pairs + p) * 32).cast());
+                let packed = _mm256_loadu_si256(chunk.add(r * 32).cast());
                 lo[r] = _mm256_and_si256(packed, low);
                 hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low);
-                dx[r] = scales2(w.d.as_ptr().add((r0 + r) * 2 * pairs + 2 * p));
+                dx[r] = pair_bcast(scales.as_ptr().add(2 * r));
             }
         }
         for t in 0..T {
             let base = ((t0 + t) * pairs + p) * PAIR;
-            // SAFETY: as above, for the activation row.
+            // SAFETY: activation row `t0 + t` and pair `p` are in bounds (caller).
             let (y0, y1, dy) = unsafe {
                 (
                     _mm256_loadu_si256(a.qs.as_ptr().add(base).cast()),
                     _mm256_loadu_si256(a.qs.as_ptr().add(base + 32).cast()),
-                    scales2(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
+                    pair_bcast(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
                 )
             };
-            for r in 0..R {
+            for r in 0..GROUP {
                 let pairs16 = _mm256_add_epi16(
                     _mm256_maddubs_epi16(lo[r], y0),
                     _mm256_maddubs_epi16(hi[r], y1),
@@ -91,7 +126,7 @@ pub unsafe fn q4_1<const R: usize, const T: usize>(
         }
     }
     let n = 2 * pairs;
-    let mut out = [[0f32; T]; R];
+    let mut out = [[0f32; T]; GROUP];
     for (r, row) in out.iter_mut().enumerate() {
         for (t, v) in row.iter_mut().enumerate() {
             let (wm, am) = (&w.m[(r0 + r) * n..][..n], &a.s[(t0 + t) * n..][..n]);
@@ -101,48 +136,50 @@ pub unsafe fn q4_1<const R: usize, const T: usize>(
     out
 }
 
-/// Q8_0 rows `r0..r0+R` times Q8_0 rows `t0..t0+T`.
+/// Q8_0 rows `r0..r0+4` (one group) times Q8_0 rows `t0..t0+T`.
 ///
 /// # Safety
 /// As for [`q4_1`].
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn q8_0<const R: usize, const T: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0<const T: usize>(
     w: &PackedWeights,
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; T]; R] {
+) -> [[f32; T]; GROUP] {
     let pairs = w.pairs;
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut acc = [[_mm256_setzero_ps(); T]; GROUP];
     for p in 0..pairs {
-        let mut q = [[_mm256_setzero_si256(); 2]; R];
-        let mut dx = [_mm256_setzero_ps(); R];
-        for r in 0..R {
-            let base = ((r0 + r) * pairs + p) * PAIR;
-            // SAFETY: row and pair are in bounds (caller): 64 bytes and two scales.
+        let chunk = w.chunk(r0, p).as_ptr();
+        let mut q = [[_mm256_setzero_si256(); 2]; GROUP];
+        let mut dx = [_mm256_setzero_ps(); GROUP];
+        // SAFETY: a chunk holds 4 × 64 quant bytes, then 16 bytes of scales.
+        let scales = unsafe { group_scales(chunk.add(GROUP * PAIR)) };
+        for r in 0..GROUP {
+            // SAFETY: as above.
             unsafe {
                 for (h, qh) in q[r].iter_mut().enumerate() {
-                    let stored = _mm256_loadu_si256(w.qs.as_ptr().add(base + 32 * h).cast());
+                    let stored = _mm256_loadu_si256(chunk.add(r * PAIR + 32 * h).cast());
                     *qh = _mm256_xor_si256(stored, flip);
                 }
-                dx[r] = scales2(w.d.as_ptr().add((r0 + r) * 2 * pairs + 2 * p));
+                dx[r] = pair_bcast(scales.as_ptr().add(2 * r));
             }
         }
         for t in 0..T {
             let base = ((t0 + t) * pairs + p) * PAIR;
-            // SAFETY: as above, for the activation row.
+            // SAFETY: activation row `t0 + t` and pair `p` are in bounds (caller).
             let (y, dy) = unsafe {
                 (
                     [
                         _mm256_loadu_si256(a.qs.as_ptr().add(base).cast()),
                         _mm256_loadu_si256(a.qs.as_ptr().add(base + 32).cast()),
                     ],
-                    scales2(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
+                    pair_bcast(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
                 )
             };
-            for r in 0..R {
+            for r in 0..GROUP {
                 // |w| · (y with w's sign): unsigned × signed bytes, exact.
                 let mut dot = _mm256_setzero_si256();
                 for (qh, yh) in q[r].iter().zip(&y) {
@@ -158,7 +195,7 @@ pub unsafe fn q8_0<const R: usize, const T: usize>(
             }
         }
     }
-    let mut out = [[0f32; T]; R];
+    let mut out = [[0f32; T]; GROUP];
     for (row, accs) in out.iter_mut().zip(&acc) {
         for (v, a) in row.iter_mut().zip(accs) {
             *v = hsum(*a);

@@ -7,9 +7,10 @@ use std::sync::OnceLock;
 pub enum Isa {
     /// Portable reference code.
     Scalar,
-    /// AVX2 + FMA: 256-bit byte products.
+    /// AVX2, FMA and F16C: 256-bit byte products.
     Avx2,
-    /// AVX-512 (F, BW) with VNNI: 512-bit products accumulated by `vpdpbusd`.
+    /// AVX-512 (F, BW, VL) with VNNI, and F16C: 512-bit products accumulated by
+    /// `vpdpbusd`.
     Avx512Vnni,
 }
 
@@ -19,11 +20,15 @@ impl Isa {
         let mut all = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            let f16c = std::is_x86_feature_detected!("f16c");
+            if f16c && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+            {
                 all.push(Isa::Avx2);
             }
-            if std::is_x86_feature_detected!("avx512f")
+            if f16c
+                && std::is_x86_feature_detected!("avx512f")
                 && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
                 && std::is_x86_feature_detected!("avx512vnni")
             {
                 all.push(Isa::Avx512Vnni);

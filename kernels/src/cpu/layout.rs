@@ -51,12 +51,19 @@ impl WeightFormat {
     }
 }
 
-/// A `[rows, cols]` block-quantized weight matrix in unit order.
+/// Weight rows stored together: a kernel tile reads one contiguous stream.
+pub const GROUP: usize = 4;
+
+/// A `[rows, cols]` block-quantized weight matrix in unit order, rows in groups of
+/// [`GROUP`] (the last group padded with zero rows).
 ///
-/// - Q4_1: byte `j` of a pair holds unit position `j` in its low nibble and `j + 32` in
-///   its high nibble.
-/// - Q8_0: byte `j` holds unit position `j` as `q + 128` (unsigned), the operand order
-///   of unsigned-by-signed byte products.
+/// For each group and pair of blocks, one chunk: the four rows' quants, then their
+/// eight scales as f16 (row 0 block 0, row 0 block 1, row 1 block 0, …) — the bytes of
+/// the GGUF file, reordered, so a matmul streams no more memory than the file holds.
+/// - Q4_1: byte `j` of a row's pair holds unit position `j` in its low nibble and
+///   `j + 32` in its high nibble; the offsets `m` live in a separate row-major f16 array.
+/// - Q8_0: byte `j` holds unit position `j` as `q + 128` (unsigned), the operand order of
+///   unsigned-by-signed byte products.
 #[derive(Debug, Clone)]
 pub struct PackedWeights {
     pub(crate) format: WeightFormat,
@@ -64,19 +71,18 @@ pub struct PackedWeights {
     pub(crate) cols: usize,
     /// Pairs of blocks per row.
     pub(crate) pairs: usize,
-    pub(crate) qs: Vec<u8>,
-    /// Scales, `2 * pairs` per row.
-    pub(crate) d: Vec<f32>,
-    /// Q4_1 offsets, `2 * pairs` per row (empty for Q8_0).
-    pub(crate) m: Vec<f32>,
+    /// Chunks of quants and scales.
+    pub(crate) chunks: Vec<u8>,
+    /// Q4_1 offsets, `2 * pairs` per (padded) row; empty for Q8_0.
+    pub(crate) m: Vec<f16>,
 }
 
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+fn f16_at(bytes: &[u8], at: usize) -> f16 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]])
 }
 
 /// One GGUF block: scale, offset, and its 32 quants (Q4_1: 0..16; Q8_0: signed).
-fn parse_block(format: WeightFormat, b: &[u8]) -> (f32, f32, [i32; QK]) {
+fn parse_block(format: WeightFormat, b: &[u8]) -> (f16, f16, [i32; QK]) {
     let mut q = [0i32; QK];
     match format {
         WeightFormat::Q4_1 => {
@@ -90,12 +96,17 @@ fn parse_block(format: WeightFormat, b: &[u8]) -> (f32, f32, [i32; QK]) {
             for (v, byte) in q.iter_mut().zip(&b[2..2 + QK]) {
                 *v = i32::from(*byte as i8);
             }
-            (f16_at(b, 0), 0.0, q)
+            (f16_at(b, 0), f16::ZERO, q)
         }
     }
 }
 
 impl PackedWeights {
+    /// Bytes of one (group, pair) chunk.
+    pub(crate) const fn chunk_bytes(format: WeightFormat) -> usize {
+        GROUP * format.pair_bytes() + GROUP * 2 * 2
+    }
+
     /// Repacks a row-major GGUF tensor of `rows × cols` (cols a multiple of 32).
     pub fn from_ggml_bytes(
         format: WeightFormat,
@@ -109,7 +120,8 @@ impl PackedWeights {
             ));
         }
         let kb = cols / QK;
-        let expected = rows * kb * format.file_bytes();
+        let fb = format.file_bytes();
+        let expected = rows * kb * fb;
         if bytes.len() != expected {
             return Err(format!(
                 "{rows}x{cols} {format:?} needs {expected} bytes, got {}",
@@ -117,50 +129,61 @@ impl PackedWeights {
             ));
         }
         let pairs = kb.div_ceil(2);
-        let mut w = Self {
-            format,
-            rows,
-            cols,
-            pairs,
-            qs: Vec::with_capacity(rows * pairs * format.pair_bytes()),
-            d: Vec::with_capacity(rows * 2 * pairs),
-            m: Vec::with_capacity(if format == WeightFormat::Q4_1 {
-                rows * 2 * pairs
+        let groups = rows.div_ceil(GROUP);
+        let pb = format.pair_bytes();
+        let cb = Self::chunk_bytes(format);
+        let mut chunks = vec![0u8; groups * pairs * cb];
+        crate::memory::advise_huge_pages(&mut chunks);
+        let mut m = vec![
+            f16::ZERO;
+            if format == WeightFormat::Q4_1 {
+                groups * GROUP * 2 * pairs
             } else {
                 0
-            }),
-        };
-        let fb = format.file_bytes();
-        for row in bytes.chunks_exact(kb * fb) {
+            }
+        ];
+        for (row, src) in bytes.chunks_exact((kb * fb).max(1)).enumerate().take(rows) {
+            let (g, r) = (row / GROUP, row % GROUP);
             for p in 0..pairs {
+                let chunk = &mut chunks[(g * pairs + p) * cb..][..cb];
                 let mut q = [[0i32; QK]; 2];
                 for (k, qk) in q.iter_mut().enumerate() {
                     let b = 2 * p + k;
-                    let (d, m) = if b < kb {
-                        let (d, m, vals) = parse_block(format, &row[b * fb..(b + 1) * fb]);
-                        *qk = vals;
-                        (d, m)
-                    } else {
-                        (0.0, 0.0)
-                    };
-                    w.d.push(d);
-                    if format == WeightFormat::Q4_1 {
-                        w.m.push(m);
+                    if b >= kb {
+                        continue;
+                    }
+                    let (d, mb, vals) = parse_block(format, &src[b * fb..(b + 1) * fb]);
+                    *qk = vals;
+                    let at = GROUP * pb + 2 * (2 * r + k);
+                    chunk[at..at + 2].copy_from_slice(&d.to_le_bytes());
+                    if let Some(slot) = m.get_mut(row * 2 * pairs + b) {
+                        *slot = mb;
                     }
                 }
                 let unit = |i: usize| {
                     let (b, e) = unit_source(i);
                     q[b][e]
                 };
+                let quants = &mut chunk[r * pb..(r + 1) * pb];
                 match format {
-                    WeightFormat::Q4_1 => w
-                        .qs
-                        .extend((0..PAIR / 2).map(|j| (unit(j) | (unit(j + PAIR / 2) << 4)) as u8)),
-                    WeightFormat::Q8_0 => w.qs.extend((0..PAIR).map(|j| (unit(j) + 128) as u8)),
+                    WeightFormat::Q4_1 => quants.iter_mut().enumerate().for_each(|(j, byte)| {
+                        *byte = (unit(j) | (unit(j + PAIR / 2) << 4)) as u8;
+                    }),
+                    WeightFormat::Q8_0 => quants
+                        .iter_mut()
+                        .enumerate()
+                        .for_each(|(j, byte)| *byte = (unit(j) + 128) as u8),
                 }
             }
         }
-        Ok(w)
+        Ok(Self {
+            format,
+            rows,
+            cols,
+            pairs,
+            chunks,
+            m,
+        })
     }
 
     pub fn format(&self) -> WeightFormat {
@@ -175,38 +198,61 @@ impl PackedWeights {
         self.cols
     }
 
+    /// Rows including the padding of the last group.
+    pub(crate) fn padded_rows(&self) -> usize {
+        self.rows.div_ceil(GROUP) * GROUP
+    }
+
     /// Bytes held in memory.
     pub fn size_bytes(&self) -> usize {
-        self.qs.len() + 4 * (self.d.len() + self.m.len())
+        self.chunks.len() + 2 * self.m.len()
+    }
+
+    /// The chunk of `row`'s group at pair `p`.
+    pub(crate) fn chunk(&self, row: usize, p: usize) -> &[u8] {
+        let cb = Self::chunk_bytes(self.format);
+        &self.chunks[((row / GROUP) * self.pairs + p) * cb..][..cb]
     }
 
     /// Quant `i` (unit position) of pair `p` of `row`.
     pub(crate) fn quant(&self, row: usize, p: usize, i: usize) -> i32 {
-        let base = (row * self.pairs + p) * self.format.pair_bytes();
+        let pb = self.format.pair_bytes();
+        let quants = &self.chunk(row, p)[(row % GROUP) * pb..][..pb];
         match self.format {
             WeightFormat::Q4_1 => {
-                let byte = self.qs[base + i % (PAIR / 2)];
+                let byte = quants[i % (PAIR / 2)];
                 i32::from(if i < PAIR / 2 { byte & 0x0F } else { byte >> 4 })
             }
-            WeightFormat::Q8_0 => i32::from(self.qs[base + i]) - 128,
+            WeightFormat::Q8_0 => i32::from(quants[i]) - 128,
         }
+    }
+
+    /// Scale of block `k` (0 or 1) of pair `p` of `row`.
+    pub(crate) fn scale(&self, row: usize, p: usize, k: usize) -> f32 {
+        let at = GROUP * self.format.pair_bytes() + 2 * (2 * (row % GROUP) + k);
+        f16_at(self.chunk(row, p), at).to_f32()
+    }
+
+    /// Offset of block `b` of `row` (0 for Q8_0).
+    pub(crate) fn offset(&self, row: usize, b: usize) -> f32 {
+        self.m
+            .get(row * 2 * self.pairs + b)
+            .map_or(0.0, |m| m.to_f32())
     }
 
     /// The weights as f32, row-major (for tests and references).
     pub fn dequantize(&self) -> Vec<f32> {
         let kb = self.cols / QK;
         let mut out = vec![0f32; self.rows * self.cols];
-        for (row, o) in out.chunks_exact_mut(self.cols).enumerate() {
+        for (row, o) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
             for p in 0..self.pairs {
                 for i in 0..PAIR {
                     let (k, e) = unit_source(i);
                     let b = 2 * p + k;
-                    if b >= kb {
-                        continue;
+                    if b < kb {
+                        o[b * QK + e] = self.scale(row, p, k) * self.quant(row, p, i) as f32
+                            + self.offset(row, b);
                     }
-                    let at = row * 2 * self.pairs + b;
-                    let m = self.m.get(at).copied().unwrap_or(0.0);
-                    o[b * QK + e] = self.d[at] * self.quant(row, p, i) as f32 + m;
                 }
             }
         }

@@ -1,20 +1,19 @@
 //! `y = x Wᵀ` for block-quantized `W`: the activations are quantized once per call, then
 //! output rows are split into parallel tasks on the caller's rayon pool. Inside a task,
-//! tiles of four weight rows × four activation rows share their loads; every (row,
-//! activation) pair is accumulated in the same order whatever tile it falls in, so the
-//! result of a row does not depend on the batch around it.
+//! tiles of one group of four weight rows × four activation rows share their loads; every
+//! (row, activation) pair is accumulated in the same order whatever tile it falls in, so
+//! the result of a row does not depend on the batch around it.
 
 use rayon::prelude::*;
 
 use crate::cpu::acts::PackedActs;
 use crate::cpu::isa::Isa;
-use crate::cpu::layout::{PackedWeights, WeightFormat};
+use crate::cpu::layout::{PackedWeights, WeightFormat, GROUP};
 use crate::cpu::scalar;
 
-/// Output rows per parallel task.
-const ROWS_PER_TASK: usize = 16;
-/// Tile sides: weight rows and activation rows handled together.
-const TILE_ROWS: usize = 4;
+/// Output rows per parallel task (a multiple of [`GROUP`]).
+const ROWS_PER_TASK: usize = 4 * GROUP;
+/// Activation rows per tile.
 const TILE_TOKENS: usize = 4;
 
 /// A `[rows, cols]` weight matrix in one of the supported block formats.
@@ -74,82 +73,80 @@ impl QuantWeights {
             Isa::Scalar
         };
         let a = PackedActs::quantize(w.format, x, m, w.cols);
-        let mut by_row = vec![0f32; w.rows * m];
+        let rows = w.rows;
+        let mut by_row = vec![0f32; w.padded_rows() * m];
         by_row
             .par_chunks_mut(ROWS_PER_TASK * m)
             .enumerate()
             .for_each(|(task, out)| {
                 let first = task * ROWS_PER_TASK;
-                let n = out.len() / m;
-                let mut i = 0;
-                while i < n {
-                    let rows = if n - i >= TILE_ROWS { TILE_ROWS } else { 1 };
+                for (g, out) in out.chunks_exact_mut(GROUP * m).enumerate() {
+                    let r0 = first + g * GROUP;
                     let mut t = 0;
                     while t < m {
-                        let toks = if m - t >= TILE_TOKENS { TILE_TOKENS } else { 1 };
-                        let mut put = |r: usize, k: usize, v: f32| out[(i + r) * m + t + k] = v;
-                        match (rows, toks) {
-                            (TILE_ROWS, TILE_TOKENS) => {
-                                let v = tile::<TILE_ROWS, TILE_TOKENS>(isa, w, first + i, &a, t);
-                                for (r, row) in v.iter().enumerate() {
-                                    row.iter().enumerate().for_each(|(k, v)| put(r, k, *v));
-                                }
+                        if m - t >= TILE_TOKENS {
+                            let v = tile::<TILE_TOKENS>(isa, w, r0, &a, t);
+                            for (r, row) in v.iter().enumerate() {
+                                out[r * m + t..r * m + t + TILE_TOKENS].copy_from_slice(row);
                             }
-                            (TILE_ROWS, _) => {
-                                let v = tile::<TILE_ROWS, 1>(isa, w, first + i, &a, t);
-                                (0..TILE_ROWS).for_each(|r| put(r, 0, v[r][0]));
+                            t += TILE_TOKENS;
+                        } else {
+                            let v = tile::<1>(isa, w, r0, &a, t);
+                            for (r, row) in v.iter().enumerate() {
+                                out[r * m + t] = row[0];
                             }
-                            (_, TILE_TOKENS) => {
-                                let v = tile::<1, TILE_TOKENS>(isa, w, first + i, &a, t);
-                                (0..TILE_TOKENS).for_each(|k| put(0, k, v[0][k]));
-                            }
-                            _ => put(0, 0, tile::<1, 1>(isa, w, first + i, &a, t)[0][0]),
+                            t += 1;
                         }
-                        t += toks;
                     }
-                    i += rows;
                 }
             });
         if m == 1 {
+            by_row.truncate(rows);
             return by_row;
         }
-        let mut out = vec![0f32; m * w.rows];
-        for (r, vals) in by_row.chunks_exact(m).enumerate() {
+        let mut out = vec![0f32; m * rows];
+        for (r, vals) in by_row.chunks_exact(m).take(rows).enumerate() {
             for (t, v) in vals.iter().enumerate() {
-                out[t * w.rows + r] = *v;
+                out[t * rows + r] = *v;
             }
         }
         out
     }
 }
 
-/// One tile through the chosen implementation.
-fn tile<const R: usize, const T: usize>(
+/// One group of weight rows times activation rows `t0..t0+T`, through the chosen
+/// implementation.
+fn tile<const T: usize>(
     isa: Isa,
     w: &PackedWeights,
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; T]; R] {
-    assert!(r0 + R <= w.rows && (t0 + T) * a.pairs * 2 <= a.d.len() && a.pairs == w.pairs);
+) -> [[f32; T]; GROUP] {
+    assert!(
+        r0.is_multiple_of(GROUP)
+            && r0 < w.padded_rows()
+            && (t0 + T) * a.pairs * 2 <= a.d.len()
+            && a.pairs == w.pairs
+    );
     match (isa, w.format) {
-        // SAFETY: `isa` is one this CPU supports (checked by the caller); rows, activation
-        // rows and widths are checked above.
+        // SAFETY: `isa` is one this CPU supports (checked by the caller); the group,
+        // activation rows and widths are checked above.
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni, WeightFormat::Q4_1) => unsafe {
-            crate::cpu::avx512::q4_1::<R, T>(w, r0, a, t0)
+            crate::cpu::avx512::q4_1::<T>(w, r0, a, t0)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni, WeightFormat::Q8_0) => unsafe {
-            crate::cpu::avx512::q8_0::<R, T>(w, r0, a, t0)
+            crate::cpu::avx512::q8_0::<T>(w, r0, a, t0)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightFormat::Q4_1) => unsafe { crate::cpu::avx2::q4_1::<R, T>(w, r0, a, t0) },
+        (Isa::Avx2, WeightFormat::Q4_1) => unsafe { crate::cpu::avx2::q4_1::<T>(w, r0, a, t0) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightFormat::Q8_0) => unsafe { crate::cpu::avx2::q8_0::<R, T>(w, r0, a, t0) },
-        _ => scalar::tile::<R, T>(w, r0, a, t0),
+        (Isa::Avx2, WeightFormat::Q8_0) => unsafe { crate::cpu::avx2::q8_0::<T>(w, r0, a, t0) },
+        _ => scalar::tile::<GROUP, T>(w, r0, a, t0),
     }
 }

@@ -7,31 +7,18 @@ use crate::cpu::layout::{PackedWeights, WeightFormat, PAIR};
 /// Weight row `row` times activation row `t`.
 pub fn dot(w: &PackedWeights, row: usize, a: &PackedActs, t: usize) -> f32 {
     let pairs = w.pairs;
-    let pb = w.format.pair_bytes();
     let mut sum = 0f32;
     for p in 0..pairs {
-        let wq = &w.qs[(row * pairs + p) * pb..][..pb];
         let aq = &a.qs[(t * pairs + p) * PAIR..][..PAIR];
         let mut isum = [0i32; 2];
-        match w.format {
-            WeightFormat::Q4_1 => {
-                for (j, byte) in wq.iter().enumerate() {
-                    let lo = i32::from(byte & 0x0F) * i32::from(aq[j]);
-                    let hi = i32::from(byte >> 4) * i32::from(aq[j + PAIR / 2]);
-                    isum[(j >> 2) & 1] += lo + hi;
-                }
-            }
-            WeightFormat::Q8_0 => {
-                for (j, byte) in wq.iter().enumerate() {
-                    isum[(j >> 2) & 1] += (i32::from(*byte) - 128) * i32::from(aq[j]);
-                }
-            }
+        for (i, y) in aq.iter().enumerate() {
+            isum[(i >> 2) & 1] += w.quant(row, p, i) * i32::from(*y);
         }
         for (k, s) in isum.iter().enumerate() {
-            let (wb, ab) = (row * 2 * pairs + 2 * p + k, t * 2 * pairs + 2 * p + k);
-            sum += w.d[wb] * a.d[ab] * *s as f32;
+            let (b, ab) = (2 * p + k, t * 2 * pairs + 2 * p + k);
+            sum += w.scale(row, p, k) * a.d[ab] * *s as f32;
             if w.format == WeightFormat::Q4_1 {
-                sum += w.m[wb] * a.s[ab];
+                sum += w.offset(row, b) * a.s[ab];
             }
         }
     }

@@ -31,9 +31,11 @@ impl KvCache {
     ) -> Self {
         let len = num_blocks * block_size * num_kv_heads * head_dim;
         let layers = (0..num_layers)
-            .map(|_| LayerCache {
-                k: vec![0.0; len],
-                v: vec![0.0; len],
+            .map(|_| {
+                let (mut k, mut v) = (vec![0.0; len], vec![0.0; len]);
+                tessera_kernels::memory::advise_huge_pages(&mut k);
+                tessera_kernels::memory::advise_huge_pages(&mut v);
+                LayerCache { k, v }
             })
             .collect();
         Self {
