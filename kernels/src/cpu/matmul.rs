@@ -74,43 +74,57 @@ impl QuantWeights {
         };
         let a = PackedActs::quantize(w.format, x, m, w.cols);
         let rows = w.rows;
-        let mut by_row = vec![0f32; w.padded_rows() * m];
-        by_row
-            .par_chunks_mut(ROWS_PER_TASK * m)
-            .enumerate()
-            .for_each(|(task, out)| {
-                let first = task * ROWS_PER_TASK;
-                for (g, out) in out.chunks_exact_mut(GROUP * m).enumerate() {
-                    let r0 = first + g * GROUP;
-                    let mut t = 0;
-                    while t < m {
-                        if m - t >= TILE_TOKENS {
-                            let v = tile::<TILE_TOKENS>(isa, w, r0, &a, t);
-                            for (r, row) in v.iter().enumerate() {
-                                out[r * m + t..r * m + t + TILE_TOKENS].copy_from_slice(row);
-                            }
-                            t += TILE_TOKENS;
-                        } else {
-                            let v = tile::<1>(isa, w, r0, &a, t);
-                            for (r, row) in v.iter().enumerate() {
-                                out[r * m + t] = row[0];
-                            }
-                            t += 1;
+        let mut out = vec![0f32; m * rows];
+        let dst = Output(out.as_mut_ptr());
+        let tasks = w.padded_rows().div_ceil(ROWS_PER_TASK);
+        (0..tasks).into_par_iter().for_each(|task| {
+            let first = task * ROWS_PER_TASK;
+            let last = (first + ROWS_PER_TASK).min(w.padded_rows());
+            for r0 in (first..last).step_by(GROUP) {
+                let live = rows.saturating_sub(r0).min(GROUP);
+                let mut t = 0;
+                while t < m {
+                    let toks = if m - t >= TILE_TOKENS { TILE_TOKENS } else { 1 };
+                    let put = |r: usize, k: usize, v: f32| {
+                        // SAFETY: `(t + k, r0 + r)` is inside `[m, rows]` (`r < live`), and
+                        // each row belongs to exactly one task, so no two writes alias.
+                        unsafe { dst.write((t + k) * rows + r0 + r, v) }
+                    };
+                    if toks == TILE_TOKENS {
+                        let v = tile::<TILE_TOKENS>(isa, w, r0, &a, t);
+                        for (r, row) in v.iter().enumerate().take(live) {
+                            row.iter().enumerate().for_each(|(k, v)| put(r, k, *v));
+                        }
+                    } else {
+                        let v = tile::<1>(isa, w, r0, &a, t);
+                        for (r, row) in v.iter().enumerate().take(live) {
+                            put(r, 0, row[0]);
                         }
                     }
+                    t += toks;
                 }
-            });
-        if m == 1 {
-            by_row.truncate(rows);
-            return by_row;
-        }
-        let mut out = vec![0f32; m * rows];
-        for (r, vals) in by_row.chunks_exact(m).take(rows).enumerate() {
-            for (t, v) in vals.iter().enumerate() {
-                out[t * rows + r] = *v;
             }
-        }
+        });
         out
+    }
+}
+
+/// The output buffer, shared by tasks that write disjoint rows of it.
+#[derive(Clone, Copy)]
+struct Output(*mut f32);
+
+// SAFETY: tasks write disjoint elements (each output row has one owner task), and the
+// buffer outlives the parallel loop that uses it.
+unsafe impl Send for Output {}
+// SAFETY: as above.
+unsafe impl Sync for Output {}
+
+impl Output {
+    /// # Safety
+    /// `at` must be in bounds and written by no other thread.
+    unsafe fn write(self, at: usize, v: f32) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { *self.0.add(at) = v }
     }
 }
 
