@@ -39,10 +39,10 @@ fn load(path: std::path::PathBuf, tp: usize, dtype: AllReduceDtype) -> Engine {
 ///
 /// Bounds: row-parallel layers sum their partial products in another order than TP=1, and
 /// with Q4_1 weights the next layer quantizes its input to 8 bits, so a last-bit change can
-/// move a value across a rounding boundary; over 30 layers that noise reaches 1-4%
-/// relative L2 in the logits (measured: 0.012-0.048 with f32 all-reduce, bound 0.06; the
-/// same order as switching TP=1 between kernel implementations), which moves single
-/// logits by up to ~0.2. bf16 all-reduce adds its own rounding of every partial sum. The
+/// move a value across a rounding boundary; over 30 layers that noise reaches 1-9%
+/// relative L2 in the logits (measured with f32 all-reduce: 0.009-0.041 with the AVX2
+/// kernels, 0.009-0.086 with the AVX-512 ones; bound 0.12), which moves single logits by
+/// up to ~0.3. bf16 all-reduce adds its own rounding of every partial sum. The
 /// dense test below shows the TP arithmetic itself is exact to f32 rounding.
 ///
 /// Tokens are therefore compared over whole answers (to the end of turn) only where no
@@ -89,10 +89,10 @@ fn smollm2_every_tp_size_matches_tp1() {
         );
     }
     for (tp, dtype, bound) in [
-        (2, AllReduceDtype::F32, 0.06),
-        (3, AllReduceDtype::F32, 0.06),
-        (4, AllReduceDtype::F32, 0.06),
-        (2, AllReduceDtype::Bf16, 0.10),
+        (2, AllReduceDtype::F32, 0.12),
+        (3, AllReduceDtype::F32, 0.12),
+        (4, AllReduceDtype::F32, 0.12),
+        (2, AllReduceDtype::Bf16, 0.15),
     ] {
         let mut engine = load(smollm2_path(), tp, dtype);
         for ((name, prompt, clear), (want_tokens, want_logits)) in prompts.iter().zip(&reference) {
