@@ -144,7 +144,7 @@ async fn non_streaming(client: reqwest::Client, url: String, body: Value) -> End
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap();
     Ending {
-        what: format!("{url}"),
+        what: url,
         status,
         text,
         at: Instant::now(),
