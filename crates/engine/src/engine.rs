@@ -349,6 +349,10 @@ impl Executor for Engine {
     fn max_context_tokens(&self) -> usize {
         self.config.max_position_embeddings
     }
+
+    fn is_failed(&self) -> bool {
+        self.failed.is_some()
+    }
 }
 
 impl Drop for Engine {

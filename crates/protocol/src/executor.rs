@@ -31,4 +31,12 @@ pub trait Executor: Send {
 
     /// Longest context the model supports, in tokens.
     fn max_context_tokens(&self) -> usize;
+
+    /// Whether the executor can run no more steps (a device rank failed or hung and
+    /// its group is aborted). Asked after a failed step: the loop then fails every
+    /// request and stops instead of retrying. Executors whose errors are always
+    /// transient keep the default.
+    fn is_failed(&self) -> bool {
+        false
+    }
 }

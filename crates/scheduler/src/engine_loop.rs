@@ -12,6 +12,10 @@
 //!   so its state is consistent again; refusing all later traffic would turn one bad
 //!   batch into an outage. An executor *panic* is different: its state cannot be
 //!   trusted, so in-flight requests get `Error`, admission closes and the loop ends.
+//!   So does an error after which the executor says it is failed for good
+//!   ([`Executor::is_failed`]: a device rank failed or hung): health shows
+//!   `executor_failed` before any request hears of it, and the server exits so the
+//!   orchestrator restarts it.
 //! - Shutdown (`shutdown()`, `join()`, or drop of the last handle): in-flight requests
 //!   get `Finished { reason: Abort }` and the thread exits; the last handle's drop joins it.
 //!   A request whose channel closes without `Finished` or `Error` (a submit racing
@@ -205,18 +209,19 @@ enum Flow {
 impl<E: Executor> Worker<E> {
     fn run(self) {
         /// Marks the loop stopped however the thread ends, an unexpected panic included.
-        struct StoppedOnDrop(Arc<LoopStats>, bool);
+        struct StoppedOnDrop(Arc<LoopStats>);
         impl Drop for StoppedOnDrop {
             fn drop(&mut self) {
-                self.0.mark_stopped(self.1 || std::thread::panicking());
+                self.0.mark_stopped(std::thread::panicking());
             }
         }
-        let mut guard = StoppedOnDrop(Arc::clone(&self.stats), false);
-        guard.1 = self.run_steps();
+        let _guard = StoppedOnDrop(Arc::clone(&self.stats));
+        self.run_steps();
     }
 
-    /// The loop proper; returns whether it stopped because the executor panicked.
-    fn run_steps(mut self) -> bool {
+    /// The loop proper. A step that stops it (executor panic or failure) has already
+    /// recorded why in the loop's stats.
+    fn run_steps(mut self) {
         // Consecutive plans that scheduled nothing while work remained. One can happen
         // (every running sequence preempted itself); the next plan must then admit the
         // queue head, because every block is free and admission guaranteed it fits. A
@@ -238,7 +243,7 @@ impl<E: Executor> Worker<E> {
             }
             let (flow, scheduled_any) = self.step();
             if flow == Flow::Stop {
-                return true;
+                return;
             }
             if scheduled_any || !self.scheduler.has_work() {
                 empty_plans = 0;
@@ -259,7 +264,6 @@ impl<E: Executor> Worker<E> {
         }
         self.scheduler.abort_all();
         self.publish();
-        false
     }
 
     fn apply(&mut self, cmd: Command) -> Flow {
@@ -314,6 +318,14 @@ impl<E: Executor> Worker<E> {
                     self.scheduler.fail_all(&e.to_string());
                 }
                 Flow::Continue
+            }
+            Ok(Err(e)) if self.executor.is_failed() => {
+                tracing::error!("executor failed for good, engine loop stops: {e}");
+                // Before any request hears of it, so health checks agree with them.
+                self.stats.mark_executor_failed();
+                self.scheduler.admission().close();
+                self.scheduler.fail_all(&e.to_string());
+                Flow::Stop
             }
             Ok(Err(e)) => {
                 tracing::error!("executor step failed: {e}");

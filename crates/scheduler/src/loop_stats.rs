@@ -17,6 +17,9 @@ pub struct LoopHealth {
     pub running: bool,
     /// The executor panicked, so the loop stopped for good.
     pub panicked: bool,
+    /// The executor reported itself failed for good (a rank failed or hung), so the
+    /// loop failed every request and stopped. Only a restart helps.
+    pub executor_failed: bool,
     /// Executor steps that failed in a row (0 after any successful step).
     pub consecutive_step_failures: u32,
     pub step_failures_total: u64,
@@ -38,6 +41,7 @@ pub struct StepDurations {
 pub(crate) struct LoopStats {
     running: AtomicBool,
     panicked: AtomicBool,
+    executor_failed: AtomicBool,
     consecutive_step_failures: AtomicU32,
     step_failures_total: AtomicU64,
     steps: AtomicHistogram,
@@ -92,6 +96,7 @@ impl Default for LoopStats {
         Self {
             running: AtomicBool::new(true),
             panicked: AtomicBool::new(false),
+            executor_failed: AtomicBool::new(false),
             consecutive_step_failures: AtomicU32::new(0),
             step_failures_total: AtomicU64::new(0),
             steps: AtomicHistogram::default(),
@@ -123,10 +128,17 @@ impl LoopStats {
         self.running.store(false, Ordering::Release);
     }
 
+    /// The executor failed for good; the loop is about to stop.
+    pub(crate) fn mark_executor_failed(&self) {
+        self.executor_failed.store(true, Ordering::Release);
+        self.running.store(false, Ordering::Release);
+    }
+
     pub(crate) fn health(&self) -> LoopHealth {
         LoopHealth {
             running: self.running.load(Ordering::Acquire),
             panicked: self.panicked.load(Ordering::Acquire),
+            executor_failed: self.executor_failed.load(Ordering::Acquire),
             consecutive_step_failures: self.consecutive_step_failures.load(Ordering::Relaxed),
             step_failures_total: self.step_failures_total.load(Ordering::Relaxed),
         }
@@ -169,6 +181,10 @@ mod tests {
         assert!((d.sum_seconds - 60.0605).abs() < 1e-6);
         stats.mark_stopped(true);
         let h = stats.health();
-        assert!(!h.running && h.panicked);
+        assert!(!h.running && h.panicked && !h.executor_failed);
+        let failed = LoopStats::default();
+        failed.mark_executor_failed();
+        let h = failed.health();
+        assert!(!h.running && !h.panicked && h.executor_failed);
     }
 }

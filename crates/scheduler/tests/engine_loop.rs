@@ -112,6 +112,33 @@ fn executor_error_reaches_every_in_flight_request_and_the_loop_keeps_serving() {
 }
 
 #[test]
+fn a_failed_executor_fails_every_request_and_stops_the_loop() {
+    let mut ex = FakeExecutor::new(1024, 4, 4096);
+    ex.failure_is_fatal = true;
+    ex.fail_when = Some(Box::new(|plan| plan.scheduled.len() == 2));
+    ex.step_delay = Duration::from_millis(1);
+    let handle = EngineLoop::spawn(config(), ex).unwrap();
+    let (_, mut r1) = handle.submit(request(prompt(1, 5), 2000)).unwrap();
+    let (_, mut r2) = handle.submit(request(prompt(2, 5), 2000)).unwrap();
+    for rx in [&mut r1, &mut r2] {
+        let (_, end) = collect(rx);
+        assert_eq!(
+            end,
+            Some(TokenEvent::Error("rank 1: injected device failure".into()))
+        );
+        // Health already says so when the request hears of it.
+        let h = handle.health();
+        assert!(h.executor_failed && !h.panicked, "{h:?}");
+    }
+    assert_eq!(
+        handle.submit(request(prompt(3, 5), 5)).unwrap_err(),
+        AdmissionError::ShuttingDown
+    );
+    handle.join().unwrap();
+    assert!(!handle.health().running);
+}
+
+#[test]
 fn shutdown_aborts_in_flight_and_refuses_new_requests() {
     let mut ex = FakeExecutor::new(2048, 4, 8192);
     ex.step_delay = Duration::from_millis(1);

@@ -52,6 +52,8 @@ struct Key {
 fn keys(serve: &Command) -> Vec<Key> {
     serve
         .get_arguments()
+        // Hidden flags are test hooks: never set from a file or the environment.
+        .filter(|a| !a.is_hide_set())
         .filter_map(|a| {
             let long = a.get_long()?;
             (!NOT_KEYS.contains(&long)).then(|| Key {

@@ -52,7 +52,11 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            if e.downcast_ref::<serve::EngineFailure>().is_some() {
+                std::process::ExitCode::from(serve::ENGINE_FAILED_EXIT_CODE)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }

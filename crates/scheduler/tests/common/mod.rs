@@ -26,6 +26,9 @@ pub struct FakeExecutor {
     known: HashSet<tessera_protocol::SeqId>,
     pub plans: Arc<Mutex<Vec<StepPlan>>>,
     pub fail_when: Option<FailWhen>,
+    /// An injected failure leaves the executor failed for good (`is_failed`).
+    pub failure_is_fatal: bool,
+    failed: bool,
     pub step_delay: Duration,
 }
 
@@ -41,6 +44,8 @@ impl FakeExecutor {
             known: HashSet::new(),
             plans: Arc::new(Mutex::new(Vec::new())),
             fail_when: None,
+            failure_is_fatal: false,
+            failed: false,
             step_delay: Duration::ZERO,
         }
     }
@@ -83,6 +88,7 @@ impl Executor for FakeExecutor {
         // the failure is injected after the bookkeeping.
         if let Some(fail) = self.fail_when.as_mut() {
             if fail(plan) {
+                self.failed = self.failure_is_fatal;
                 return Err(ExecutorError {
                     rank: Some(1),
                     message: "injected device failure".into(),
@@ -139,6 +145,10 @@ impl Executor for FakeExecutor {
 
     fn max_context_tokens(&self) -> usize {
         self.max_context
+    }
+
+    fn is_failed(&self) -> bool {
+        self.failed
     }
 }
 

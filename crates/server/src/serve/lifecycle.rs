@@ -2,8 +2,9 @@
 //! draining on shutdown; and the probes that report it (`/livez`, `/startupz`,
 //! `/readyz`, `/health`).
 //!
-//! - live: the process answers and its engine loop has not died (a dead loop or an
-//!   executor failing step after step is only fixed by a restart);
+//! - live: the process answers and its engine loop has not died (a dead loop, a failed
+//!   device rank or an executor failing step after step is only fixed by a restart;
+//!   after a rank failure the process also exits by itself, see [`super::EngineFailure`]);
 //! - started: the model is loaded and a warm-up generation has run;
 //! - ready: started, not draining, and the engine loop accepts and completes work.
 //!
@@ -116,7 +117,9 @@ impl Lifecycle {
             return Ok(());
         };
         let health = scheduler.health();
-        if health.panicked {
+        if health.executor_failed {
+            Err("engine_failed")
+        } else if health.panicked {
             Err("engine_stopped")
         } else if health.consecutive_step_failures >= FAILED_STEPS_UNHEALTHY {
             Err("engine_failing")

@@ -10,11 +10,21 @@
 //! metrics; running sequences get up to `--shutdown-timeout` seconds to finish; the
 //! rest are aborted (their streams end with a `shutting_down` error event); then HTTP
 //! drains and the engine loop is joined. A clean drain exits 0.
+//!
+//! Engine failure (a device rank errored, panicked, or hung past `--step-timeout`): the
+//! engine cannot run another step, so the process does not try. In-flight requests end
+//! with a 503 `engine_failed` error (streams: an error event, then `[DONE]`), `/readyz`
+//! and `/livez` answer 503 `engine_failed` and new requests 503 at once; after
+//! [`ENGINE_FAILED_LINGER`] (and until those responses are written, at most
+//! [`HTTP_DRAIN_LIMIT`] more) the process exits with [`ENGINE_FAILED_EXIT_CODE`] so the
+//! orchestrator restarts it.
 
 pub mod auth;
 pub mod chat_route;
 pub mod completion_route;
 pub mod error;
+#[cfg(feature = "fault-injection")]
+pub mod fault_injection;
 pub mod generation;
 pub mod info_routes;
 pub mod json_body;
@@ -37,7 +47,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use tessera_engine::{load_tokenizer, Engine};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
-use tessera_scheduler::{EngineLoop, SchedulerConfig};
+use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerError, SchedulerHandle};
 
 use crate::api::valid_request::ValidationContext;
 use crate::model_args::ModelArgs;
@@ -110,6 +120,45 @@ pub struct ServeArgs {
     /// and exit.
     #[arg(long)]
     pub print_config: bool,
+
+    /// Test hook: make device rank RANK fail (KIND error|panic|hang) after AFTER_STEPS
+    /// steps. Only in builds with the `fault-injection` feature.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, hide = true, value_name = "RANK:KIND:AFTER_STEPS")]
+    pub inject_fault: Option<fault_injection::FaultSpec>,
+}
+
+/// Exit status of `tessera serve` after the engine failed (a device rank errored,
+/// panicked or hung): 75, `EX_TEMPFAIL`, a failure a restart may clear. Other failures
+/// exit 1, a clean shutdown 0.
+pub const ENGINE_FAILED_EXIT_CODE: u8 = 75;
+
+/// `serve` ends with this error when the engine failed; `main` turns it into
+/// [`ENGINE_FAILED_EXIT_CODE`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; exiting so that the orchestrator restarts the server")]
+pub struct EngineFailure(pub &'static str);
+
+/// How long the server keeps answering (probes 503, new requests 503) after the engine
+/// failed, so in-flight responses are written and load balancers see it not ready.
+pub const ENGINE_FAILED_LINGER: Duration = Duration::from_secs(1);
+
+/// How often the server checks whether the engine loop stopped by itself.
+const ENGINE_WATCH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Start the engine loop over `engine` (armed with a fault when the test hook asks).
+fn spawn_loop(
+    args: &ServeArgs,
+    config: SchedulerConfig,
+    engine: Engine,
+) -> Result<SchedulerHandle, SchedulerError> {
+    #[cfg(feature = "fault-injection")]
+    if let Some(spec) = args.inject_fault {
+        tracing::warn!("fault injection armed: {spec:?}");
+        return EngineLoop::spawn(config, fault_injection::FaultyEngine::new(engine, spec));
+    }
+    let _ = args;
+    EngineLoop::spawn(config, engine)
 }
 
 /// Load the tokenizer and the model and start the engine loop. `lifecycle` moves to
@@ -126,7 +175,8 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
         .unwrap_or_else(|| engine.max_context_tokens());
     let kv_capacity_tokens = engine.kv_cache_shape().capacity_tokens();
     let engine_stats = engine.stats();
-    let scheduler = EngineLoop::spawn(
+    let scheduler = spawn_loop(
+        args,
         SchedulerConfig {
             block_size_tokens: cfg.block_size_tokens,
             max_batch_tokens: args.max_batch_tokens,
@@ -284,7 +334,18 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let _ = api.set(router::build_router(state.clone(), &args.allowed_origins));
     tracing::info!("ready on http://{local}");
 
-    shutdown_signal().await;
+    let engine_failed = tokio::select! {
+        _ = shutdown_signal() => None,
+        why = engine_stopped(&state.scheduler) => Some(why),
+    };
+    if let Some(why) = engine_failed {
+        linger_after_failure(&state, why).await;
+        let _ = stop_http.send(());
+        if tokio::time::timeout(HTTP_DRAIN_LIMIT, http).await.is_err() {
+            tracing::warn!("connections still open; closing them");
+        }
+        return Err(EngineFailure(why).into());
+    }
     drain(&state, Duration::from_secs(args.shutdown_timeout)).await;
     let _ = stop_http.send(());
     match tokio::time::timeout(HTTP_DRAIN_LIMIT, http).await {
@@ -302,6 +363,44 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
 /// How long HTTP connections get to flush after every sequence has ended.
 const HTTP_DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// Resolves once the engine loop has stopped by itself (before any shutdown asked it
+/// to), with why.
+async fn engine_stopped(scheduler: &SchedulerHandle) -> &'static str {
+    let mut tick = tokio::time::interval(ENGINE_WATCH_INTERVAL);
+    loop {
+        tick.tick().await;
+        let health = scheduler.health();
+        if health.executor_failed {
+            return "the engine failed (a device rank failed or hung)";
+        }
+        if health.panicked {
+            return "the engine loop panicked";
+        }
+        if !health.running {
+            return "the engine loop stopped";
+        }
+    }
+}
+
+/// The engine is gone and every in-flight request has been told: give their responses
+/// time to be written (and probes time to see 503), then return.
+async fn linger_after_failure(state: &AppState, why: &str) {
+    tracing::error!(
+        "{why}: not ready, refusing new requests; exiting with status {ENGINE_FAILED_EXIT_CODE} \
+         once {} in-flight responses are written",
+        state.lifecycle.in_flight()
+    );
+    state.scheduler.close_admission();
+    let written = tokio::time::timeout(HTTP_DRAIN_LIMIT, state.lifecycle.wait_idle());
+    let (_, written) = tokio::join!(tokio::time::sleep(ENGINE_FAILED_LINGER), written);
+    if written.is_err() {
+        tracing::warn!(
+            "{} responses still unwritten; exiting anyway",
+            state.lifecycle.in_flight()
+        );
+    }
+}
 
 /// Turn readiness off, refuse new work, give running sequences `timeout` to finish,
 /// then abort the rest.

@@ -1,0 +1,119 @@
+//! Test hook, compiled only with the `fault-injection` feature (release builds have no
+//! such flag): `--inject-fault RANK:KIND:AFTER_STEPS` makes device rank RANK fail in the
+//! way KIND (`error`, `panic` or `hang`) in the step after AFTER_STEPS steps that ran
+//! sequences (the warm-up's included). The fault goes through the engine's own
+//! [`Engine::inject_fault`], so what follows is exactly what a real device failure does.
+
+use std::str::FromStr;
+
+use tessera_engine::{Engine, Fault};
+use tessera_protocol::{Executor, ExecutorError, KvCacheShape, StepOutput, StepPlan};
+
+/// Where, how and when to fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultSpec {
+    pub rank: usize,
+    pub fault: Fault,
+    pub after_steps: u64,
+}
+
+impl FromStr for FaultSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let usage = || format!("`{s}`: expected RANK:KIND:AFTER_STEPS, KIND error|panic|hang");
+        let mut parts = s.split(':');
+        let (Some(rank), Some(kind), Some(after), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(usage());
+        };
+        let fault = match kind {
+            "error" => Fault::Error,
+            "panic" => Fault::Panic,
+            "hang" => Fault::Hang,
+            _ => return Err(usage()),
+        };
+        Ok(FaultSpec {
+            rank: rank.parse().map_err(|_| usage())?,
+            fault,
+            after_steps: after.parse().map_err(|_| usage())?,
+        })
+    }
+}
+
+/// The engine, with one fault armed.
+pub struct FaultyEngine {
+    engine: Engine,
+    spec: FaultSpec,
+    steps: u64,
+    injected: bool,
+}
+
+impl FaultyEngine {
+    pub fn new(engine: Engine, spec: FaultSpec) -> Self {
+        Self {
+            engine,
+            spec,
+            steps: 0,
+            injected: false,
+        }
+    }
+}
+
+impl Executor for FaultyEngine {
+    fn step(&mut self, plan: &StepPlan) -> Result<StepOutput, ExecutorError> {
+        if !plan.scheduled.is_empty() {
+            if !self.injected && self.steps >= self.spec.after_steps {
+                self.injected = true;
+                // Tests time detection from this line.
+                tracing::warn!(
+                    "fault injection: rank {} {:?} now, at step {}",
+                    self.spec.rank,
+                    self.spec.fault,
+                    self.steps
+                );
+                self.engine
+                    .inject_fault(self.spec.rank, self.spec.fault)
+                    .map_err(|e| ExecutorError {
+                        rank: Some(self.spec.rank),
+                        message: format!("cannot inject the fault: {e}"),
+                    })?;
+            }
+            self.steps += 1;
+        }
+        self.engine.step(plan)
+    }
+
+    fn kv_cache_shape(&self) -> KvCacheShape {
+        self.engine.kv_cache_shape()
+    }
+
+    fn max_context_tokens(&self) -> usize {
+        self.engine.max_context_tokens()
+    }
+
+    fn is_failed(&self) -> bool {
+        self.engine.is_failed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_bad_ones_are_refused() {
+        assert_eq!(
+            "1:hang:40".parse::<FaultSpec>(),
+            Ok(FaultSpec {
+                rank: 1,
+                fault: Fault::Hang,
+                after_steps: 40
+            })
+        );
+        for bad in ["1:hang", "1:melt:4", "x:error:1", "1:error:1:2", ""] {
+            assert!(bad.parse::<FaultSpec>().is_err(), "{bad}");
+        }
+    }
+}

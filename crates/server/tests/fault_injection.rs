@@ -1,0 +1,299 @@
+//! A device rank failing under load, end to end: the real binary (built with the
+//! `fault-injection` feature) with `--tensor-parallel-size 2` on the default model and
+//! `--inject-fault 1:KIND:AFTER_STEPS`, for KIND error, panic and hang. While streaming
+//! and non-streaming requests run, rank 1 fails. Every in-flight request must end with
+//! the `engine_failed` error (streams: the error event, then `[DONE]`; others: 503 in the
+//! OpenAI envelope) with no internals in it, `/readyz` and new requests must answer 503,
+//! the process must exit with `ENGINE_FAILED_EXIT_CODE`, and detection must take less
+//! than the step timeout plus 5 s.
+//!
+//! `cargo test -p tessera-server --features fault-injection --test fault_injection -- --test-threads=1`
+
+#![cfg(feature = "fault-injection")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tessera_server::serve::ENGINE_FAILED_EXIT_CODE;
+
+const STEP_TIMEOUT_SECS: u64 = 2;
+/// Steps before the fault: the warm-up takes 4, the rest run the test's requests.
+const AFTER_STEPS: u64 = 30;
+/// Long enough that no request can finish before the fault.
+const MAX_TOKENS: u64 = 400;
+
+/// Kills the server if the test fails before it exits.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A log line and when it arrived.
+type Log = mpsc::Receiver<(Instant, String)>;
+
+fn start(kind: &str) -> (Server, String, Log) {
+    let fault = format!("1:{kind}:{AFTER_STEPS}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--served-model-name",
+            "smollm2",
+            "--tensor-parallel-size",
+            "2",
+            "--threads-per-rank",
+            "1",
+            "--kv-cache-memory-mib",
+            "32",
+            "--max-model-len",
+            "1024",
+            "--step-timeout",
+            &STEP_TIMEOUT_SECS.to_string(),
+            "--inject-fault",
+            &fault,
+        ])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tessera serve");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[server] {line}");
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    let server = Server(child);
+    loop {
+        let (_, line) = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a log line before listening");
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            let base = rest.split_whitespace().next().unwrap().to_string();
+            return (server, base, rx);
+        }
+    }
+}
+
+async fn probe(client: &reqwest::Client, base: &str, path: &str) -> Option<(u16, Value)> {
+    let resp = client.get(format!("{base}{path}")).send().await.ok()?;
+    let status = resp.status().as_u16();
+    Some((status, resp.json().await.unwrap_or(Value::Null)))
+}
+
+fn body(chat: bool, stream: bool) -> (String, Value) {
+    let mut b = json!({
+        "model": "smollm2", "max_tokens": MAX_TOKENS, "temperature": 0,
+        "ignore_eos": true, "stream": stream,
+    });
+    if chat {
+        b["messages"] = json!([{"role": "user", "content": "Tell me a long story."}]);
+        ("/v1/chat/completions".into(), b)
+    } else {
+        b["prompt"] = json!("Once upon a time");
+        ("/v1/completions".into(), b)
+    }
+}
+
+/// How an in-flight request ended, and when.
+#[derive(Debug)]
+struct Ending {
+    what: String,
+    status: u16,
+    text: String,
+    at: Instant,
+}
+
+async fn streaming(client: reqwest::Client, url: String, body: Value) -> Ending {
+    let resp = client.post(&url).json(&body).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let mut stream = resp.bytes_stream();
+    let mut text = String::new();
+    let mut at = Instant::now();
+    while let Some(chunk) = stream.next().await {
+        let chunk = String::from_utf8_lossy(&chunk.expect("the stream ends cleanly")).to_string();
+        if chunk.contains("\"error\"") {
+            at = Instant::now();
+        }
+        text.push_str(&chunk);
+    }
+    Ending {
+        what: format!("stream {url}"),
+        status,
+        text,
+        at,
+    }
+}
+
+async fn non_streaming(client: reqwest::Client, url: String, body: Value) -> Ending {
+    let resp = client.post(&url).json(&body).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    Ending {
+        what: url,
+        status,
+        text,
+        at: Instant::now(),
+    }
+}
+
+/// Nothing about ranks, devices or the injected fault reaches a client.
+fn assert_no_internals(e: &Ending) {
+    for word in [
+        "rank",
+        "injected",
+        "panic",
+        "hung",
+        "timeout",
+        "did not finish",
+    ] {
+        assert!(
+            !e.text.contains(word),
+            "{}: `{word}` leaked: {}",
+            e.what,
+            e.text
+        );
+    }
+}
+
+async fn rank_failure_fails_in_flight_requests_then_exits(kind: &str) {
+    let (mut server, base, logs) = start(kind);
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while probe(&client, &base, "/readyz").await.map(|p| p.0) != Some(200) {
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let mut requests = Vec::new();
+    for (chat, stream) in [(false, true), (true, true), (false, false), (true, false)] {
+        let (path, b) = body(chat, stream);
+        let url = format!("{base}{path}");
+        requests.push(if stream {
+            tokio::spawn(streaming(client.clone(), url, b))
+        } else {
+            tokio::spawn(non_streaming(client.clone(), url, b))
+        });
+    }
+
+    // The fault fires when the engine reaches its step.
+    let (fault_at, _logs) = tokio::task::spawn_blocking(move || loop {
+        let (at, line) = logs
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the fault-injection line");
+        if line.contains("fault injection: rank 1") {
+            return (at, logs);
+        }
+    })
+    .await
+    .unwrap();
+
+    // Readiness turns 503 once the failure is detected, and stays so until the exit.
+    let mut not_ready_at = None;
+    let limit = fault_at + Duration::from_secs(STEP_TIMEOUT_SECS + 5);
+    while Instant::now() < limit {
+        match probe(&client, &base, "/readyz").await {
+            Some((503, b)) => {
+                assert_eq!(b["reason"], "engine_failed", "{b}");
+                not_ready_at = Some(Instant::now());
+                break;
+            }
+            Some((200, _)) => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => panic!("{kind}: /readyz answered {other:?}"),
+        }
+    }
+    let not_ready_at = not_ready_at.expect("/readyz turned 503 in time");
+    let live = probe(&client, &base, "/livez").await.expect("/livez");
+    assert_eq!(live.0, 503, "{live:?}");
+    let (path, b) = body(false, false);
+    let refused = client
+        .post(format!("{base}{path}"))
+        .json(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+
+    let bound = Duration::from_secs(STEP_TIMEOUT_SECS + 5);
+    for request in requests {
+        let e = request.await.unwrap();
+        if e.what.starts_with("stream") {
+            assert_eq!(e.status, 200, "{e:?}");
+            let data: Vec<&str> = e
+                .text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .collect();
+            let n = data.len();
+            assert!(n >= 3, "{e:?}");
+            assert_eq!(data[n - 1], "[DONE]", "{e:?}");
+            let error: Value = serde_json::from_str(data[n - 2]).unwrap();
+            assert_eq!(error["error"]["code"], "engine_failed", "{e:?}");
+            assert_eq!(error["error"]["type"], "server_error", "{e:?}");
+            assert!(!e.text.contains("\"finish_reason\":\"length\""), "{e:?}");
+            assert!(
+                e.text.contains("\"text\"") || e.text.contains("\"content\""),
+                "{}: no tokens before the fault, so it was not in flight",
+                e.what
+            );
+        } else {
+            assert_eq!(e.status, 503, "{e:?}");
+            let b: Value = serde_json::from_str(&e.text).unwrap();
+            assert_eq!(b["error"]["code"], "engine_failed", "{e:?}");
+            assert_eq!(b["error"]["type"], "server_error", "{e:?}");
+        }
+        assert_no_internals(&e);
+        let took = e.at.saturating_duration_since(fault_at);
+        println!("{kind}: {} ended {took:?} after the fault", e.what);
+        assert!(took < bound, "{kind}: {} took {took:?}", e.what);
+    }
+
+    let exit_deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < exit_deadline, "{kind}: did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let exited_at = Instant::now();
+    assert_eq!(
+        status.code(),
+        Some(i32::from(ENGINE_FAILED_EXIT_CODE)),
+        "{kind}: {status:?}"
+    );
+    println!(
+        "{kind}: not ready {:?} after the fault, exited {:?} after it",
+        not_ready_at - fault_at,
+        exited_at - fault_at
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rank_error() {
+    rank_failure_fails_in_flight_requests_then_exits("error").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rank_panic() {
+    rank_failure_fails_in_flight_requests_then_exits("panic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rank_hang() {
+    rank_failure_fails_in_flight_requests_then_exits("hang").await;
+}
