@@ -211,7 +211,12 @@ def main():
             "Targets are for Tessera / llama.cpp."
         )
         out.extend(["", h])
-        for label, m in zip(("Engine rows", "Server rows"), metas):
+        if metas[0] and metas[0] == metas[1]:
+            metas = [metas[0]]
+            labels = ("All rows",)
+        else:
+            labels = ("Engine rows", "Server rows")
+        for label, m in zip(labels, metas):
             if m:
                 out.extend(["", f"{label}: {m[0].lower()}{m[1:]}"])
 
@@ -223,7 +228,7 @@ def main():
         read(os.path.join(d, "allreduce.md")),
         "`cargo bench -p tessera-engine --bench allreduce`",
     )
-    section("Engine speed, TP=1 against TP=2 (CPU ranks)", "engine", read(os.path.join(d, "engine-tp.md")))
+    section("Engine speed, TP=1 against TP=2 (CPU ranks)", "engine-tp", read(os.path.join(d, "engine-tp.md")))
     section(
         "Continuous batching and prefix caching (engine + scheduler, no HTTP)",
         "batching",
