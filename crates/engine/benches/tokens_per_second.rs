@@ -25,7 +25,11 @@ fn prompt() -> Vec<u32> {
     let text = std::fs::read_to_string(&file).expect("read TESSERA_BENCH_PROMPT_FILE");
     let tokenizer = tessera_engine::load_tokenizer(&model()).expect("tokenizer");
     let ids = tokenizer.encode(&text, false).expect("encode");
-    assert!(ids.len() >= 512, "{file} has {} tokens, need 512", ids.len());
+    assert!(
+        ids.len() >= 512,
+        "{file} has {} tokens, need 512",
+        ids.len()
+    );
     ids[..512].to_vec()
 }
 
@@ -41,7 +45,11 @@ fn main() {
     // TP=2 with `cores` threads per rank oversubscribes the machine: measured to justify
     // the default of cores / ranks.
     let configs = [(1, cores), (2, (cores / 2).max(1)), (2, cores)];
-    let configs = if tp1_only { &configs[..1] } else { &configs[..] };
+    let configs = if tp1_only {
+        &configs[..1]
+    } else {
+        &configs[..]
+    };
     for &(tp, threads) in configs {
         let mut cfg = EngineConfig::new(model()).with_cpu_ranks(tp);
         cfg.threads_per_rank = Some(threads);
