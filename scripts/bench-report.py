@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Builds docs/benchmarks.md (on stdout) from the section outputs that scripts/bench keeps
+in target/bench/: markdown tables, JSON results and one .meta line per section. A section
+with no output there (never run in this worktree) is carried over from the previous
+docs/benchmarks.md (--previous) when it has one. Standard library only."""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def load(path):
+    text = read(path)
+    return json.loads(text) if text else None
+
+
+def machine():
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = f", {int(line.split()[1]) / 2**20:.0f} GiB RAM"
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores{mem}"
+
+
+def level(serve, clients):
+    if not serve:
+        return None
+    for l in serve["levels"]:
+        if l["concurrency"] == clients:
+            return l
+    return None
+
+
+def fmt(v, unit, digits):
+    return "–" if v is None else f"{v:.{digits}f} {unit}".strip()
+
+
+def headline(d, threads):
+    et = load(os.path.join(d, "engine-tessera.json"))
+    el = load(os.path.join(d, "engine-llamacpp.json"))
+    st = load(os.path.join(d, "serve-tessera.json"))
+    sl = load(os.path.join(d, "serve-llamacpp.json"))
+    if not (et or el or st or sl):
+        return None
+    et1 = next((r for r in (et or []) if r["tp"] == 1), None)
+
+    def get(obj, key):
+        return None if obj is None else obj.get(key)
+
+    t1, l1 = level(st, 1), level(sl, 1)
+    t16, l16 = level(st, 16), level(sl, 16)
+    # (metric, Tessera, llama.cpp, unit, digits, target ratio, higher is better)
+    rows = [
+        ("prefill, 512-token prompt (engine)", get(et1, "prefill_tok_s"), get(el, "prefill_tok_s"), "tok/s", 0, 1.0, True),
+        ("decode, 128 tokens (engine)", get(et1, "decode_tok_s"), get(el, "decode_tok_s"), "tok/s", 1, None, True),
+        ("server, 1 client: output tok/s", get(t1, "output_tok_s"), get(l1, "output_tok_s"), "tok/s", 1, 1.3, True),
+        ("server, 16 clients: aggregate output tok/s", get(t16, "output_tok_s"), get(l16, "output_tok_s"), "tok/s", 1, 2.0, True),
+        ("server, 16 clients: median TTFT", get(t16, "ttft_median_ms"), get(l16, "ttft_median_ms"), "ms", 0, 0.25, False),
+    ]
+    out = [
+        "| metric | Tessera | llama.cpp | Tessera / llama.cpp | target | met |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, t, l, unit, digits, target, higher in rows:
+        ratio = t / l if (t is not None and l) else None
+        if target is None:
+            tgt, met = "–", "–"
+        else:
+            tgt = f"≥ {target:g}×" if higher else f"≤ {target:g}×"
+            if ratio is None:
+                met = "–"
+            else:
+                met = "yes" if (ratio >= target if higher else ratio <= target) else "**no**"
+        out.append(
+            f"| {name} | {fmt(t, unit, digits)} | {fmt(l, unit, digits)} | "
+            f"{'–' if ratio is None else f'{ratio:.2f}×'} | {tgt} | {met} |"
+        )
+    return "\n".join(out)
+
+
+def serve_section(d, max_tokens, threads):
+    st = load(os.path.join(d, "serve-tessera.json"))
+    sl = load(os.path.join(d, "serve-llamacpp.json"))
+    if not (st or sl):
+        return None
+    any_run = st or sl
+    lv = any_run["levels"]
+    max_tokens = any_run["max_tokens"]
+    prompt_tokens = next((l["prompt_tokens_mean"] for l in (st or {}).get("levels", []) if l["prompt_tokens_mean"]), None)
+    if prompt_tokens is None:
+        prompt_tokens = (st or sl)["check"].get("prompt_tokens")
+    reqs = ", ".join(f"{l['requests']} at {l['concurrency']}" for l in lv)
+    parts = [
+        "`scripts/bench-serve.py` (Python asyncio + aiohttp, like `vllm bench serve` with "
+        "`--max-concurrency`): each of C clients sends streaming `/v1/completions` requests one after "
+        f"another; requests per level: {reqs} clients. Each request has its own prompt of "
+        f"~{prompt_tokens:.0f} tokens, greedy sampling, `max_tokens` {max_tokens} and `logit_bias` -100 on "
+        "the end-of-generation tokens, so every request streams exactly "
+        f"{max_tokens} tokens (`short` counts those that did not). Output tok/s is all output "
+        "tokens over the wall time of the level; ITL is the mean gap between streamed chunks; "
+        "E2E is request latency. Both servers warmed up first, run one at a time.",
+        "llama-cpp-python's server (0.3.x) keeps one llama.cpp context behind a lock: it runs "
+        "one request at a time, with no continuous batching and no parallel slots, so at C "
+        "clients the others wait in line (and `--interrupt_requests` must be off, or each new "
+        "request cuts the running stream short).",
+    ]
+    for label, res, extra in (
+        ("Tessera", st, "`tessera serve --model MODEL.gguf --port PORT` (release build, default flags)"),
+        ("llama.cpp", sl, "`" + (read(os.path.join(d, "serve-llamacpp.args")) or "python -m llama_cpp.server") + "`"),
+    ):
+        if not res:
+            continue
+        chk = res["check"]
+        parts.append(
+            f"**{label}**: {extra}. Check request: {chk['completion_tokens']} of {max_tokens} tokens, "
+            f"finish_reason `{chk['finish_reason']}`."
+        )
+        parts.append(read(os.path.join(d, "serve-tessera.md" if label == "Tessera" else "serve-llamacpp.md")))
+    return "\n\n".join(p for p in parts if p)
+
+
+def previous_sections(path, notes):
+    """{title: body} of the `## ` sections of a previous docs/benchmarks.md, without the
+    notes (they are appended fresh), each body starting with when it was measured."""
+    text = read(path) if path else None
+    if not text:
+        return {}
+    if notes and notes in text:
+        text = text.replace(notes, "")
+    made = re.search(r"Made by `scripts/bench` on (\S+), commit (\w+)\.", text)
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    out = {}
+    for title, body in zip(parts[1::2], parts[2::2]):
+        body = body.strip()
+        if not body.startswith("Measured on") and made:
+            body = (
+                f"Measured on {made.group(1)}, commit {made.group(2)} "
+                "(carried over from the previous docs/benchmarks.md).\n\n" + body
+            )
+        out[title.strip()] = body
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--notes")
+    ap.add_argument("--previous", help="the docs/benchmarks.md being replaced")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    d = args.dir
+    notes = read(args.notes) if args.notes else None
+    previous = previous_sections(args.previous, notes)
+
+    el = load(os.path.join(d, "engine-llamacpp.json"))
+    llama_version = el["llama_cpp_python"] if el else "0.3.36"
+    out = [
+        "# Benchmarks",
+        "",
+        f"Made by `scripts/bench`, last run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}. "
+        "Each section below says when, at which commit and by which command it was measured.",
+        f"Machine: {machine()}. Model: SmolLM2-135M-Instruct Q4_1 (GGUF, `scripts/fetch-model`). "
+        f"Reference: llama.cpp through llama-cpp-python {llama_version} (`scripts/reference-env llamacpp`, "
+        f"built from its sdist with GGML_NATIVE=ON), same GGUF, {args.threads} threads on both sides.",
+    ]
+    if os.environ.get("BENCH_NOTE"):
+        out += ["", "> " + os.environ["BENCH_NOTE"]]
+
+    def section(title, name, data, intro=None):
+        """A section with its measured data, else the previous one, else nothing."""
+        if not data:
+            if title in previous:
+                out.extend(["", f"## {title}", "", previous[title]])
+            return
+        bodies = [b for b in (intro, data) if b]
+        out.extend(["", f"## {title}", ""])
+        m = read(os.path.join(d, name + ".meta"))
+        if m:
+            out.extend([m, ""])
+        out.append("\n\n".join(bodies))
+
+    h = headline(d, args.threads)
+    if h:
+        metas = [read(os.path.join(d, n + ".meta")) for n in ("engine", "serve")]
+        out.extend(["", "## Tessera against llama.cpp", ""])
+        out.append(
+            "Engine rows: engine only (no HTTP). Server rows: the HTTP servers under load (below). "
+            "Targets are for Tessera / llama.cpp."
+        )
+        out.extend(["", h])
+        if metas[0] and metas[0] == metas[1]:
+            metas = [metas[0]]
+            labels = ("All rows",)
+        else:
+            labels = ("Engine rows", "Server rows")
+        for label, m in zip(labels, metas):
+            if m:
+                out.extend(["", f"{label}: {m[0].lower()}{m[1:]}"])
+
+    section("Engine: Tessera against llama.cpp", "engine", read(os.path.join(d, "engine-compare.md")))
+    section("Server under load: Tessera against llama.cpp", "serve", serve_section(d, args.max_tokens, args.threads))
+    section(
+        "All-reduce between CPU ranks (LocalComm)",
+        "allreduce",
+        read(os.path.join(d, "allreduce.md")),
+        "`cargo bench -p tessera-engine --bench allreduce`",
+    )
+    section("Engine speed, TP=1 against TP=2 (CPU ranks)", "engine-tp", read(os.path.join(d, "engine-tp.md")))
+    section(
+        "Continuous batching and prefix caching (engine + scheduler, no HTTP)",
+        "batching",
+        read(os.path.join(d, "batching.md")),
+        "`cargo bench -p tessera-server --bench batching` — greedy, 64-token prompts, 32 output tokens each.",
+    )
+    if notes:
+        out.extend(["", notes])
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
