@@ -193,10 +193,8 @@ async fn prompt_longer_than_context_names_both_lengths() {
     let mut state = model_state().clone();
     let v = &state.validation;
     state.validation = Arc::new(ValidationContext {
-        tokenizer: Arc::clone(&v.tokenizer),
-        served_model_name: v.served_model_name.clone(),
         max_model_len: 8,
-        kv_capacity_tokens: v.kv_capacity_tokens,
+        ..ValidationContext::clone(v)
     });
     let s = start(state, &[]);
     let (status, body) = post(
