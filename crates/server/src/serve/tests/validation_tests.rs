@@ -327,3 +327,20 @@ async fn models_health_metrics_tokenize_detokenize() {
     let (status, body) = post(&s.url("/tokenize"), &json!({"model": "x", "prompt": "a"})).await;
     assert_error(status, &body, 404, Some("model"));
 }
+
+#[tokio::test]
+async fn model_names_from_requests_are_compared_never_opened() {
+    let s = model_server();
+    for name in ["/etc/passwd", "../../models/other.gguf", "smollm2/../x"] {
+        let (status, body) = post(
+            &s.url("/v1/completions"),
+            &json!({"model": name, "prompt": "Hi", "max_tokens": 1}),
+        )
+        .await;
+        assert_error(status, &body, 404, Some("model"));
+        assert_eq!(body["error"]["code"], "model_not_found");
+        assert!(!body.to_string().contains(".cache"), "{body}");
+    }
+    let (status, body) = get(&s.url("/v1/models/%2Fetc%2Fpasswd")).await;
+    assert_error(status, &body, 404, Some("model"));
+}
