@@ -3,14 +3,11 @@
 use tessera_protocol::SamplingParams;
 
 use crate::api::generation_params::{GenerationParams, StopField};
+use crate::api::request_limits::RequestLimits;
 use crate::serve::error::ServerError;
 
-/// Most choices one request may ask for (`n` times the number of prompts).
-pub const MAX_CHOICES: usize = 64;
 /// Most alternatives per token in logprobs (OpenAI's limit for chat).
 pub const MAX_TOP_LOGPROBS: usize = 20;
-/// Most stop strings per request.
-pub const MAX_STOP_STRINGS: usize = 16;
 
 /// The shared fields, checked. The prompt-dependent limits are checked later.
 #[derive(Debug, Clone)]
@@ -37,8 +34,13 @@ fn check_range(param: &str, value: f64, lo: f64, hi: f64) -> Result<f32, ServerE
 }
 
 impl GenerationSpec {
-    /// Check every shared field. `vocab_size` bounds `logit_bias` keys.
-    pub fn from_params(p: &GenerationParams, vocab_size: usize) -> Result<Self, ServerError> {
+    /// Check every shared field. `vocab_size` bounds `logit_bias` keys; `limits` bounds
+    /// `n`, `stop` and `logit_bias`.
+    pub fn from_params(
+        p: &GenerationParams,
+        vocab_size: usize,
+        limits: &RequestLimits,
+    ) -> Result<Self, ServerError> {
         let max_tokens = match (p.max_completion_tokens, p.max_tokens) {
             (Some(v), _) => Some(("max_completion_tokens", v)),
             (None, Some(v)) => Some(("max_tokens", v)),
@@ -55,10 +57,11 @@ impl GenerationSpec {
             None => None,
         };
         let n = usize::try_from(p.n.unwrap_or(1)).unwrap_or(usize::MAX);
-        if n == 0 || n > MAX_CHOICES {
+        let max_n = limits.max_choices;
+        if n == 0 || n > max_n {
             return Err(ServerError::invalid(
                 "n",
-                format!("`n` must be between 1 and {MAX_CHOICES}, got {n}"),
+                format!("`n` must be between 1 and {max_n}, got {n}"),
             ));
         }
         if let Some(best_of) = p.best_of {
@@ -112,6 +115,16 @@ impl GenerationSpec {
         // A negative seed is a valid 64-bit pattern; keep its bits.
         sampling.seed = p.seed.map(|s| s as u64);
         if let Some(bias) = &p.logit_bias {
+            if bias.len() > limits.max_logit_bias {
+                return Err(ServerError::invalid(
+                    "logit_bias",
+                    format!(
+                        "`logit_bias` has {} entries; at most {} are allowed",
+                        bias.len(),
+                        limits.max_logit_bias
+                    ),
+                ));
+            }
             for (key, value) in bias {
                 let id: u32 = key.parse().map_err(|_| {
                     ServerError::invalid(
@@ -136,10 +149,26 @@ impl GenerationSpec {
             Some(StopField::One(s)) => vec![s.clone()],
             Some(StopField::Many(v)) => v.clone(),
         };
-        if stop_strings.len() > MAX_STOP_STRINGS {
+        if stop_strings.len() > limits.max_stop_strings {
             return Err(ServerError::invalid(
                 "stop",
-                format!("at most {MAX_STOP_STRINGS} stop strings are allowed"),
+                format!(
+                    "at most {} stop strings are allowed",
+                    limits.max_stop_strings
+                ),
+            ));
+        }
+        if let Some(long) = stop_strings
+            .iter()
+            .find(|s| s.len() > limits.max_stop_string_bytes)
+        {
+            return Err(ServerError::invalid(
+                "stop",
+                format!(
+                    "a stop string is {} bytes; at most {} are allowed",
+                    long.len(),
+                    limits.max_stop_string_bytes
+                ),
             ));
         }
         if stop_strings.iter().any(String::is_empty) {

@@ -9,6 +9,7 @@ pub mod generation_params;
 pub mod generation_spec;
 pub mod models;
 pub mod openapi;
+pub mod request_limits;
 pub mod response;
 pub mod tokenize;
 pub mod valid_request;

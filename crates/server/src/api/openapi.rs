@@ -17,7 +17,7 @@ fn json_response(description: &str, schema: &str) -> Value {
 
 fn errors() -> Value {
     json!({
-        "description": "An error in OpenAI's envelope (400, 401, 404, 405, 413, 415, 429, 500, 503)",
+        "description": "An error in OpenAI's envelope (400, 401, 404, 405, 408, 413, 415, 429, 431, 500, 503)",
         "content": { "application/json": { "schema": reference("ErrorResponse") } }
     })
 }
@@ -247,12 +247,12 @@ fn schemas() -> Value {
             "type": "object",
             "description": "Exactly one of `prompt` and `messages`.",
             "properties": {
-                "model": { "type": "string" },
-                "prompt": { "type": "string" },
-                "messages": { "type": "array", "items": reference("ChatMessage") },
-                "add_special_tokens": { "type": "boolean" },
-                "add_generation_prompt": { "type": "boolean" },
-                "return_token_strs": { "type": "boolean" }
+                "model": { "type": ["string", "null"] },
+                "prompt": { "type": ["string", "null"] },
+                "messages": { "type": ["array", "null"], "items": reference("ChatMessage") },
+                "add_special_tokens": { "type": ["boolean", "null"] },
+                "add_generation_prompt": { "type": ["boolean", "null"] },
+                "return_token_strs": { "type": ["boolean", "null"] }
             }
         },
         "TokenizeResponse": {
@@ -269,7 +269,7 @@ fn schemas() -> Value {
             "type": "object",
             "required": ["tokens"],
             "properties": {
-                "model": { "type": "string" },
+                "model": { "type": ["string", "null"] },
                 "tokens": { "type": "array", "items": { "type": "integer" } }
             }
         },
@@ -301,6 +301,24 @@ fn probe_responses(ok: &str) -> Value {
         "200": json_response(ok, "Health"),
         "503": json_response("Not (yet) in this state; `reason` says why", "ProbeFailure")
     })
+}
+
+/// The document as this server serves it: `model` in request bodies can only be
+/// `served_model` (any other name is a 404).
+pub fn document_for(served_model: &str) -> Value {
+    let mut doc = document();
+    for schema in [
+        "ChatCompletionRequest",
+        "CompletionRequest",
+        "TokenizeRequest",
+        "DetokenizeRequest",
+    ] {
+        let model = &mut doc["components"]["schemas"][schema]["properties"]["model"];
+        if let Some(m) = model.as_object_mut() {
+            m.insert("enum".into(), json!([served_model]));
+        }
+    }
+    doc
 }
 
 /// The whole document.

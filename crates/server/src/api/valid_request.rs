@@ -9,7 +9,8 @@ use tessera_tokenizer::{ChatRenderRequest, Tokenizer, TokenizerError};
 
 use crate::api::chat_request::ChatRequest;
 use crate::api::completion_request::{CompletionRequest, PromptInput};
-use crate::api::generation_spec::{check_top_logprobs, GenerationSpec, MAX_CHOICES};
+use crate::api::generation_spec::{check_top_logprobs, GenerationSpec};
+use crate::api::request_limits::RequestLimits;
 use crate::serve::error::ServerError;
 
 /// Default `max_tokens` of `/v1/completions`, as OpenAI's.
@@ -24,6 +25,8 @@ pub struct ValidationContext {
     pub max_model_len: usize,
     /// Tokens the whole KV cache holds; a default `max_tokens` stays within it.
     pub kv_capacity_tokens: usize,
+    /// Limits on `n`, `stop` and `logit_bias`.
+    pub limits: RequestLimits,
 }
 
 /// A tokenized prompt and its completion budget.
@@ -64,7 +67,8 @@ pub struct PlannedChoice {
 
 impl ValidRequest {
     pub async fn chat(req: ChatRequest, ctx: &ValidationContext) -> Result<Self, ServerError> {
-        let spec = GenerationSpec::from_params(&req.params, ctx.tokenizer.vocab_size())?;
+        let spec =
+            GenerationSpec::from_params(&req.params, ctx.tokenizer.vocab_size(), &ctx.limits)?;
         check_model(&spec.model, ctx)?;
         let logprobs = match (req.chat.logprobs, req.chat.top_logprobs) {
             (Some(true), top) => Some(LogprobsShape::Chat {
@@ -110,7 +114,8 @@ impl ValidRequest {
         req: CompletionRequest,
         ctx: &ValidationContext,
     ) -> Result<Self, ServerError> {
-        let spec = GenerationSpec::from_params(&req.params, ctx.tokenizer.vocab_size())?;
+        let spec =
+            GenerationSpec::from_params(&req.params, ctx.tokenizer.vocab_size(), &ctx.limits)?;
         check_model(&spec.model, ctx)?;
         let logprobs = match req.completion.logprobs {
             Some(top) => Some(LogprobsShape::Completion {
@@ -126,11 +131,12 @@ impl ValidRequest {
             ));
         }
         let inputs = req.prompts()?;
-        if inputs.len() * spec.n > MAX_CHOICES {
+        let max_choices = ctx.limits.max_choices;
+        if inputs.len().saturating_mul(spec.n) > max_choices {
             return Err(ServerError::invalid(
                 "n",
                 format!(
-                    "{} prompts times n = {} is more than {MAX_CHOICES} choices",
+                    "{} prompts times n = {} is more than {max_choices} choices",
                     inputs.len(),
                     spec.n
                 ),

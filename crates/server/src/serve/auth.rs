@@ -1,5 +1,6 @@
-//! Bearer-token authentication. Keys are compared in constant time (for keys of the
-//! same length) and never logged.
+//! Bearer-token authentication. Keys are compared in constant time: the time depends
+//! on the configured keys' lengths only, never on how much of a key the presented one
+//! matches or on its length. Keys are never logged.
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
@@ -31,9 +32,22 @@ pub async fn require_api_key(State(app): State<AppState>, req: Request, next: Ne
 fn key_matches(keys: &[String], presented: &str) -> bool {
     let mut found = subtle::Choice::from(0u8);
     for key in keys {
-        found |= key.as_bytes().ct_eq(presented.as_bytes());
+        found |= key_equals(key.as_bytes(), presented.as_bytes());
     }
     found.into()
+}
+
+/// `key == presented`, looking at every byte of `key` whatever `presented` is (subtle's
+/// slice comparison returns early when the lengths differ).
+fn key_equals(key: &[u8], presented: &[u8]) -> subtle::Choice {
+    let mut equal = (key.len() as u64).ct_eq(&(presented.len() as u64));
+    for (i, k) in key.iter().enumerate() {
+        // Past the end of `presented`, compare with a byte that cannot match a key byte
+        // being equal by accident: the length check already failed.
+        let p = presented.get(i).copied().unwrap_or(0);
+        equal &= k.ct_eq(&p);
+    }
+    equal
 }
 
 #[cfg(test)]
@@ -47,5 +61,10 @@ mod tests {
         assert!(!key_matches(&keys, "bet"));
         assert!(!key_matches(&keys, "gamma"));
         assert!(!key_matches(&[], "alpha"));
+        assert!(
+            !key_matches(&keys, "alphabet"),
+            "a longer key with the same prefix"
+        );
+        assert!(!key_matches(&keys, ""));
     }
 }

@@ -44,6 +44,7 @@ pub async fn chat_completions(
             format,
             prompt_tokens,
             valid.include_usage(),
+            &app.limits,
         ));
     }
     let outputs = collect_all(runs).await?;

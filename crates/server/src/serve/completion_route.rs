@@ -56,6 +56,7 @@ pub async fn completions(
             format,
             prompt_tokens,
             valid.include_usage(),
+            &app.limits,
         ));
     }
     let outputs = collect_all(runs).await?;

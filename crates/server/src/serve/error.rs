@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use tessera_scheduler::AdmissionError;
 
 use crate::api::error_body::ErrorBody;
+use crate::serve::request_context::current_request_id;
 
 /// Seconds a client is told to wait after a 429 or 503.
 const RETRY_AFTER_SECS: &str = "1";
@@ -39,6 +40,18 @@ pub enum ServerError {
     /// The body is larger than `--max-body-bytes` (413).
     #[error("request body is larger than the limit of {limit_bytes} bytes")]
     PayloadTooLarge { limit_bytes: usize },
+    /// The request headers are larger than `--max-header-bytes` (431).
+    #[error("request headers are {size_bytes} bytes, more than the limit of {limit_bytes} bytes")]
+    HeadersTooLarge {
+        size_bytes: usize,
+        limit_bytes: usize,
+    },
+    /// The request ran longer than `--request-timeout`; it was cancelled (408).
+    #[error("the request took longer than the limit of {limit_secs} seconds and was cancelled")]
+    RequestTimeout { limit_secs: u64 },
+    /// Every connection slot is taken (`--max-connections`) (503).
+    #[error("the server has too many open connections; retry shortly")]
+    TooManyConnections,
     /// The body is not `application/json` (415).
     #[error("expected a body with Content-Type: application/json, got {0}")]
     UnsupportedMediaType(String),
@@ -77,6 +90,9 @@ impl ServerError {
             }
             ServerError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ServerError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ServerError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ServerError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ServerError::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ServerError::Admission(a) => match a {
                 AdmissionError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -108,6 +124,11 @@ impl ServerError {
             ServerError::UnsupportedMediaType(_) => {
                 ("invalid_request_error", Some("unsupported_media_type"))
             }
+            ServerError::HeadersTooLarge { .. } => {
+                ("invalid_request_error", Some("headers_too_large"))
+            }
+            ServerError::RequestTimeout { .. } => ("timeout_error", Some("request_timeout")),
+            ServerError::TooManyConnections => ("server_error", Some("too_many_connections")),
             ServerError::Admission(a) => match a {
                 AdmissionError::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
                 AdmissionError::NeverFits { .. } => {
@@ -128,11 +149,15 @@ impl ServerError {
             }
             _ => None,
         };
+        // Internal failures name the request id (for the logs) and nothing else.
+        let request = current_request_id()
+            .map(|id| format!(" (request id {id})"))
+            .unwrap_or_default();
         let message = match self {
             ServerError::EngineFailed(_) => {
-                "the engine failed while running this request; retry later".to_string()
+                format!("the engine failed while running this request{request}; retry later")
             }
-            ServerError::Internal(_) => "internal server error".to_string(),
+            ServerError::Internal(_) => format!("internal server error{request}"),
             other => other.to_string(),
         };
         ErrorBody::new(message, kind, param, code.map(str::to_string))
@@ -161,6 +186,11 @@ impl IntoResponse for ServerError {
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECS),
             );
+        }
+        if status == StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }

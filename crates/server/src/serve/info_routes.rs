@@ -36,8 +36,8 @@ pub async fn get_model(
     Ok(Json(card(&app)))
 }
 
-pub async fn openapi() -> Json<serde_json::Value> {
-    Json(crate::api::openapi::document())
+pub async fn openapi(State(app): State<AppState>) -> Json<serde_json::Value> {
+    Json(crate::api::openapi::document_for(app.model_name()))
 }
 
 pub async fn not_found(method: Method, uri: Uri) -> ServerError {

@@ -19,9 +19,11 @@
 //! [`HTTP_DRAIN_LIMIT`] more) the process exits with [`ENGINE_FAILED_EXIT_CODE`] so the
 //! orchestrator restarts it.
 
+pub mod api_keys;
 pub mod auth;
 pub mod chat_route;
 pub mod completion_route;
+pub mod conn_limit;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault_injection;
@@ -29,6 +31,7 @@ pub mod generation;
 pub mod info_routes;
 pub mod json_body;
 pub mod lifecycle;
+pub mod limits;
 pub mod metrics;
 pub mod request_context;
 pub mod router;
@@ -49,9 +52,12 @@ use tessera_engine::{load_tokenizer, Engine};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerError, SchedulerHandle};
 
+use crate::api::request_limits::RequestLimits;
 use crate::api::valid_request::ValidationContext;
 use crate::model_args::ModelArgs;
+use crate::serve::conn_limit::LimitedListener;
 use crate::serve::lifecycle::Lifecycle;
+use crate::serve::limits::ServerLimits;
 use crate::serve::metrics::ServerMetrics;
 use crate::serve::state::{unix_now, AppState};
 
@@ -82,6 +88,11 @@ pub struct ServeArgs {
     )]
     pub api_keys: Vec<String>,
 
+    /// A file of accepted API keys, one per line (`#` comments allowed); added to
+    /// `--api-key`. Keeps keys out of the process list and the environment.
+    #[arg(long)]
+    pub api_key_file: Option<std::path::PathBuf>,
+
     /// Origins allowed by CORS, comma-separated, or `*`. CORS is off by default.
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
@@ -102,9 +113,48 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_model_len: Option<usize>,
 
-    /// Largest request body in bytes.
+    /// Largest request body in bytes; more is refused with 413.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+
+    /// Largest total size of the request headers in bytes; more is refused with 431.
+    #[arg(long, default_value_t = 32 << 10)]
+    pub max_header_bytes: usize,
+
+    /// Most connections open at once; more are answered 503 and closed.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Longest wall time of a request, streams included, in seconds (0: no limit).
+    /// Past it the request is cancelled and answered 408 (or, mid-stream, a
+    /// `request_timeout` error event).
+    #[arg(long, default_value_t = 600)]
+    pub request_timeout: u64,
+
+    /// Most choices per request (`n` times the number of prompts); more: 400.
+    #[arg(long, default_value_t = 16)]
+    pub max_choices: usize,
+
+    /// Most stop strings per request; more: 400.
+    #[arg(long, default_value_t = 16)]
+    pub max_stop_strings: usize,
+
+    /// Longest stop string in bytes; longer: 400.
+    #[arg(long, default_value_t = 256)]
+    pub max_stop_string_bytes: usize,
+
+    /// Most `logit_bias` entries per request; more: 400.
+    #[arg(long, default_value_t = 300)]
+    pub max_logit_bias: usize,
+
+    /// Events a streamed response buffers for a client that reads slowly.
+    #[arg(long, default_value_t = 64)]
+    pub stream_buffer_events: usize,
+
+    /// Seconds a streamed response's buffer may stay full (the client reads nothing)
+    /// before the request is cancelled.
+    #[arg(long, default_value_t = 30)]
+    pub stream_stall_timeout: u64,
 
     /// Seconds running requests get to finish after SIGTERM/Ctrl-C before they are
     /// aborted.
@@ -161,6 +211,29 @@ fn spawn_loop(
     EngineLoop::spawn(config, engine)
 }
 
+impl ServeArgs {
+    /// The limits on `n`, `stop` and `logit_bias`.
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_choices: self.max_choices,
+            max_stop_strings: self.max_stop_strings,
+            max_stop_string_bytes: self.max_stop_string_bytes,
+            max_logit_bias: self.max_logit_bias,
+        }
+    }
+
+    /// The header, time and stream limits.
+    pub fn server_limits(&self) -> ServerLimits {
+        ServerLimits {
+            request_timeout: (self.request_timeout > 0)
+                .then(|| Duration::from_secs(self.request_timeout)),
+            max_header_bytes: self.max_header_bytes,
+            stream_buffer_events: self.stream_buffer_events.max(1),
+            stream_stall_timeout: Duration::from_secs(self.stream_stall_timeout),
+        }
+    }
+}
+
 /// Load the tokenizer and the model and start the engine loop. `lifecycle` moves to
 /// "warming up"; [`warm_up`] finishes start-up.
 pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppState> {
@@ -208,15 +281,14 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             served_model_name,
             max_model_len,
             kv_capacity_tokens,
+            limits: args.request_limits(),
         }),
-        api_keys: Arc::new(
-            args.api_keys
-                .iter()
-                .filter(|k| !k.is_empty())
-                .cloned()
-                .collect(),
-        ),
+        api_keys: Arc::new(api_keys::collect(
+            &args.api_keys,
+            args.api_key_file.as_deref(),
+        )?),
         max_body_bytes: args.max_body_bytes,
+        limits: args.server_limits(),
         started_unix: unix_now(),
         lifecycle,
         metrics: Arc::new(ServerMetrics::default()),
@@ -299,6 +371,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("binding {addr}"))?;
     let local = listener.local_addr()?;
+    let listener = LimitedListener::new(listener, args.max_connections);
     let lifecycle = Arc::new(Lifecycle::default());
     let api = Arc::new(OnceLock::new());
     let app = router::startup_router(Arc::clone(&lifecycle), Arc::clone(&api));
@@ -328,7 +401,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             return Ok(());
         }
     };
-    if !args.api_keys.is_empty() {
+    if !state.api_keys.is_empty() {
         tracing::info!("API keys required ({} configured)", state.api_keys.len());
     }
     let _ = api.set(router::build_router(state.clone(), &args.allowed_origins));

@@ -2,17 +2,25 @@
 //! otherwise a new one) returned in the response header and carried by a tracing span
 //! so every log line of the request names it; and the HTTP request counter.
 //!
+//! It also enforces the per-request limits of [`ServerLimits`]: headers over
+//! `--max-header-bytes` get a 431, and a request running past `--request-timeout` is
+//! dropped (which cancels its sequences) and answered with a 408. The request id and
+//! deadline are visible to the handlers' code as [`current_request`].
+//!
 //! Prompt text is never logged here: the completion line has method, route, status and
 //! latency only.
 
+use std::future::Future;
 use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
+use crate::serve::error::ServerError;
+use crate::serve::limits::{header_bytes, ServerLimits};
 use crate::serve::router::route_template;
 use crate::serve::state::{random_id, AppState};
 
@@ -35,6 +43,58 @@ fn request_id(req: &Request) -> String {
         .unwrap_or_else(random_id)
 }
 
+/// The request being served: its id and when its time is up.
+#[derive(Debug, Clone)]
+pub struct RequestScope {
+    pub id: String,
+    pub deadline: Option<Instant>,
+}
+
+tokio::task_local! {
+    static SCOPE: RequestScope;
+}
+
+/// The request this task serves, if any.
+pub fn current_request() -> Option<RequestScope> {
+    SCOPE.try_with(Clone::clone).ok()
+}
+
+/// The id of the request this task serves, if any.
+pub fn current_request_id() -> Option<String> {
+    SCOPE.try_with(|s| s.id.clone()).ok()
+}
+
+/// Run `work` (a task spawned for a request) as part of `scope`.
+pub async fn within<F: Future>(scope: Option<RequestScope>, work: F) -> F::Output {
+    match scope {
+        Some(scope) => SCOPE.scope(scope, work).await,
+        None => work.await,
+    }
+}
+
+/// The header and wall-time limits around the handler.
+async fn limited(limits: ServerLimits, req: Request, next: Next) -> Response {
+    let size = header_bytes(req.headers());
+    if size > limits.max_header_bytes {
+        return ServerError::HeadersTooLarge {
+            size_bytes: size,
+            limit_bytes: limits.max_header_bytes,
+        }
+        .into_response();
+    }
+    let Some(limit) = limits.request_timeout else {
+        return next.run(req).await;
+    };
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(response) => response,
+        // Dropping the handler's future dropped its sequences' receivers: cancelled.
+        Err(_) => ServerError::RequestTimeout {
+            limit_secs: limit.as_secs(),
+        }
+        .into_response(),
+    }
+}
+
 /// Middleware around every route (and the 404/405 fallbacks).
 pub async fn request_context(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let started = Instant::now();
@@ -42,7 +102,14 @@ pub async fn request_context(State(app): State<AppState>, req: Request, next: Ne
     let route = route_template(req.uri().path());
     let method = req.method().clone();
     let span = tracing::info_span!("request", request_id = %id);
-    let mut response = next.run(req).instrument(span.clone()).await;
+    let scope = RequestScope {
+        id: id.clone(),
+        deadline: app.limits.request_timeout.map(|t| started + t),
+    };
+    let mut response = SCOPE
+        .scope(scope, limited(app.limits, req, next))
+        .instrument(span.clone())
+        .await;
     let status = response.status().as_u16();
     app.metrics.count_http(route, status);
     let latency_ms = started.elapsed().as_millis() as u64;

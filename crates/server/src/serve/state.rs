@@ -7,6 +7,7 @@ use tessera_scheduler::SchedulerHandle;
 
 use crate::api::valid_request::ValidationContext;
 use crate::serve::lifecycle::Lifecycle;
+use crate::serve::limits::ServerLimits;
 use crate::serve::metrics::ServerMetrics;
 
 #[derive(Debug, Clone)]
@@ -16,6 +17,8 @@ pub struct AppState {
     /// Accepted API keys; empty means no authentication.
     pub api_keys: Arc<Vec<String>>,
     pub max_body_bytes: usize,
+    /// Header size, request time and stream buffer limits.
+    pub limits: ServerLimits,
     /// Unix time the server started (the model's `created`).
     pub started_unix: u64,
     /// Start-up phase, drain flag and in-flight count, for probes and shutdown.

@@ -2,21 +2,36 @@
 //! every choice as they come, a finish chunk per choice, the optional usage chunk, then
 //! `data: [DONE]`. A failure mid-stream sends the error envelope, then `[DONE]`.
 //!
-//! The stream owns the choices' receivers: when the client goes away the body stream
-//! is dropped, and with it every receiver, which cancels the sequences.
+//! A task of its own turns the choices' events into SSE events and puts them in a
+//! bounded channel (`--stream-buffer-events`) the response body reads from. It owns the
+//! choices' receivers, so its end cancels the sequences. It ends when:
+//! - the client goes away (the body, and so the channel's receiver, is dropped);
+//! - the client reads nothing while the channel stays full for
+//!   `--stream-stall-timeout`: the stream is cut without `[DONE]`. A client that does
+//!   not read can hold at most the channel, the socket buffers and what the engine made
+//!   during the stall timeout (which itself is at most `max_tokens`), and never slows
+//!   the engine or other requests: the scheduler's sends never wait;
+//! - the request's deadline (`--request-timeout`) passes: a `request_timeout` error
+//!   event and `[DONE]` end the stream.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::time::{Duration, Instant};
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, BoxStream, SelectAll};
 use futures_util::StreamExt;
 use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::SendTimeoutError;
 use tracing::Instrument;
 
 use crate::api::response::{TokenLogprob, Usage};
+use crate::serve::error::ServerError;
 use crate::serve::generation::{ChoiceEvent, ChoiceRun};
+use crate::serve::limits::ServerLimits;
+use crate::serve::request_context::{current_request, within};
 
 /// How one route shapes its chunks.
 pub trait ChunkFormat: Send + 'static {
@@ -49,6 +64,7 @@ pub fn sse_response<F: ChunkFormat>(
     mut format: F,
     prompt_tokens: usize,
     include_usage: bool,
+    limits: &ServerLimits,
 ) -> Response {
     let choices: Vec<(usize, usize)> = runs.iter().map(|r| (r.index, r.prompt_index)).collect();
     let queued = format
@@ -71,14 +87,11 @@ pub fn sse_response<F: ChunkFormat>(
         include_usage,
         done: false,
     };
-    // Log lines written while streaming carry the request's span (its request id).
-    let span = tracing::Span::current();
     let events = stream::unfold(state, move |mut s| {
-        let span = span.clone();
         async move {
             loop {
                 if let Some(event) = s.queued.pop_front() {
-                    return Some((Ok::<Event, Infallible>(event), s));
+                    return Some((event, s));
                 }
                 if s.done {
                     return None;
@@ -122,9 +135,70 @@ pub fn sse_response<F: ChunkFormat>(
                 }
             }
         }
-        .instrument(span)
     });
-    Sse::new(events)
+    let (sender, mut receiver) = mpsc::channel(limits.stream_buffer_events.max(1));
+    let scope = current_request();
+    let ends = StreamEnds {
+        deadline: scope.as_ref().and_then(|s| s.deadline),
+        timeout: limits.request_timeout.unwrap_or_default(),
+        stall: limits.stream_stall_timeout,
+    };
+    // Log lines written while streaming carry the request's span (its request id).
+    let span = tracing::Span::current();
+    tokio::spawn(within(scope, pump(events.boxed(), sender, ends)).instrument(span));
+    let body =
+        stream::poll_fn(move |cx| receiver.poll_recv(cx).map(|e| e.map(Ok::<_, Infallible>)));
+    Sse::new(body)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// When a stream is cut short.
+struct StreamEnds {
+    deadline: Option<Instant>,
+    /// The request timeout the deadline comes from (for the error message).
+    timeout: Duration,
+    /// How long the channel may stay full.
+    stall: Duration,
+}
+
+/// Move `events` into `sender` until the stream ends, the client leaves or stalls, or
+/// the deadline passes. Returning drops `events` and so cancels the sequences.
+async fn pump(
+    mut events: BoxStream<'static, Event>,
+    sender: mpsc::Sender<Event>,
+    ends: StreamEnds,
+) {
+    loop {
+        let next = match ends.deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline.into(), events.next()).await,
+            None => Ok(events.next().await),
+        };
+        let event = match next {
+            Ok(Some(event)) => event,
+            Ok(None) => return,
+            Err(_) => {
+                drop(events);
+                let e = ServerError::RequestTimeout {
+                    limit_secs: ends.timeout.as_secs(),
+                };
+                e.log();
+                // A full buffer means a client that does not read: it gets nothing more.
+                let _ = sender.try_send(Event::default().data(to_json(&e.body())));
+                let _ = sender.try_send(Event::default().data("[DONE]"));
+                return;
+            }
+        };
+        match sender.send_timeout(event, ends.stall).await {
+            Ok(()) => {}
+            Err(SendTimeoutError::Timeout(_)) => {
+                tracing::warn!(
+                    "the client read nothing for {}s while the stream buffer was full: cancelling the request",
+                    ends.stall.as_secs_f64()
+                );
+                return;
+            }
+            Err(SendTimeoutError::Closed(_)) => return,
+        }
+    }
 }

@@ -30,6 +30,8 @@ async fn engine_error_mid_stream_sends_error_event_then_done() {
     assert_eq!(error["error"]["type"], "server_error");
     assert!(error["error"].get("param").is_some() && error["error"].get("code").is_some());
     assert!(!events.concat().contains("SECRET-INTERNAL-DETAIL"));
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("request id "), "{message}");
     let first: Value = serde_json::from_str(&events[0]).unwrap();
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
     let text: String = events[1..events.len() - 2]
@@ -55,10 +57,15 @@ async fn engine_error_without_stream_is_503_without_internals() {
         .unwrap();
     assert_eq!(resp.status(), 503);
     assert!(resp.headers().get("retry-after").is_some());
+    let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
     let text = resp.text().await.unwrap();
     assert!(!text.contains("SECRET-INTERNAL-DETAIL"), "{text}");
+    assert!(!text.contains("rank") && !text.contains('/'), "{text}");
     let body: Value = serde_json::from_str(&text).unwrap();
     assert_error(reqwest::StatusCode::SERVICE_UNAVAILABLE, &body, 503, None);
+    // The client gets the request id to quote; the details are in the server's log.
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&format!("request id {id}")), "{message}");
 }
 
 #[tokio::test]

@@ -8,8 +8,11 @@ use serde_json::Value;
 use tessera_protocol::{Executor, ExecutorError, KvCacheShape, SampledToken, StepOutput, StepPlan};
 use tessera_scheduler::{EngineLoop, SchedulerConfig};
 
+use crate::api::request_limits::RequestLimits;
 use crate::api::valid_request::ValidationContext;
+use crate::serve::conn_limit::LimitedListener;
 use crate::serve::lifecycle::Lifecycle;
+use crate::serve::limits::ServerLimits;
 use crate::serve::metrics::ServerMetrics;
 use crate::serve::state::{unix_now, AppState};
 use crate::serve::{load_state, router, warm_up, ServeArgs};
@@ -49,6 +52,12 @@ pub fn start(state: AppState, allowed_origins: &[String]) -> TestServer {
 
 /// Serve `app` on 127.0.0.1:0 from a thread of its own; its base URL.
 pub fn serve_router(app: axum::Router) -> String {
+    serve_router_limited(app, None)
+}
+
+/// As [`serve_router`], through the connection-limited listener when `max_connections`
+/// is given.
+pub fn serve_router_limited(app: axum::Router, max_connections: Option<usize>) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -59,7 +68,12 @@ pub fn serve_router(app: axum::Router) -> String {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, app).await.unwrap();
+            match max_connections {
+                Some(max) => axum::serve(LimitedListener::new(listener, max), app)
+                    .await
+                    .unwrap(),
+                None => axum::serve(listener, app).await.unwrap(),
+            }
         });
     });
     let addr: std::net::SocketAddr = rx.recv().unwrap();
@@ -227,11 +241,31 @@ pub fn fake_server(fail_at: Option<u64>, num_blocks: usize, max_waiting: usize) 
     )
 }
 
+/// The token id of " hello", which fake executors sample.
+pub fn hello_token() -> u32 {
+    model_state()
+        .validation
+        .tokenizer
+        .encode(" hello", false)
+        .unwrap()[0]
+}
+
 /// A started server over `executor` (its `token` replaced by " hello").
 pub fn fake_server_with(mut executor: FakeExecutor, max_waiting: usize) -> TestServer {
     let num_blocks = executor.kv.num_blocks;
+    executor.token = hello_token();
+    start(fake_state(executor, num_blocks, 1024, max_waiting), &[])
+}
+
+/// The state of a started server over `executor`, with the real tokenizer, serving
+/// the model "fake" with a context of `max_model_len` tokens.
+pub fn fake_state<E: Executor + 'static>(
+    executor: E,
+    num_blocks: usize,
+    max_model_len: usize,
+    max_waiting: usize,
+) -> AppState {
     let tokenizer = Arc::clone(&model_state().validation.tokenizer);
-    executor.token = tokenizer.encode(" hello", false).unwrap()[0];
     let scheduler = EngineLoop::spawn(
         SchedulerConfig {
             max_waiting,
@@ -243,22 +277,23 @@ pub fn fake_server_with(mut executor: FakeExecutor, max_waiting: usize) -> TestS
     let lifecycle = Arc::new(Lifecycle::default());
     lifecycle.set_loaded(scheduler.clone());
     lifecycle.set_started();
-    let state = AppState {
+    AppState {
         scheduler,
         validation: Arc::new(ValidationContext {
             tokenizer,
             served_model_name: "fake".into(),
-            max_model_len: 1024,
+            max_model_len,
             kv_capacity_tokens: num_blocks * 16,
+            limits: RequestLimits::default(),
         }),
         api_keys: Arc::new(Vec::new()),
         max_body_bytes: 1 << 20,
+        limits: ServerLimits::default(),
         started_unix: unix_now(),
         lifecycle,
         metrics: Arc::new(ServerMetrics::default()),
         engine_stats: None,
-    };
-    start(state, &[])
+    }
 }
 
 /// The France question, greedy.

@@ -193,10 +193,8 @@ async fn prompt_longer_than_context_names_both_lengths() {
     let mut state = model_state().clone();
     let v = &state.validation;
     state.validation = Arc::new(ValidationContext {
-        tokenizer: Arc::clone(&v.tokenizer),
-        served_model_name: v.served_model_name.clone(),
         max_model_len: 8,
-        kv_capacity_tokens: v.kv_capacity_tokens,
+        ..ValidationContext::clone(v)
     });
     let s = start(state, &[]);
     let (status, body) = post(
@@ -327,5 +325,22 @@ async fn models_health_metrics_tokenize_detokenize() {
     let (status, body) = post(&s.url("/detokenize"), &json!({"tokens": "x"})).await;
     assert_error(status, &body, 400, Some("tokens"));
     let (status, body) = post(&s.url("/tokenize"), &json!({"model": "x", "prompt": "a"})).await;
+    assert_error(status, &body, 404, Some("model"));
+}
+
+#[tokio::test]
+async fn model_names_from_requests_are_compared_never_opened() {
+    let s = model_server();
+    for name in ["/etc/passwd", "../../models/other.gguf", "smollm2/../x"] {
+        let (status, body) = post(
+            &s.url("/v1/completions"),
+            &json!({"model": name, "prompt": "Hi", "max_tokens": 1}),
+        )
+        .await;
+        assert_error(status, &body, 404, Some("model"));
+        assert_eq!(body["error"]["code"], "model_not_found");
+        assert!(!body.to_string().contains(".cache"), "{body}");
+    }
+    let (status, body) = get(&s.url("/v1/models/%2Fetc%2Fpasswd")).await;
     assert_error(status, &body, 404, Some("model"));
 }

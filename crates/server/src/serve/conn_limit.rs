@@ -1,0 +1,170 @@
+//! A listener that holds at most `--max-connections` connections open. Each accepted
+//! connection holds a permit until hyper drops it. Over the limit a connection is
+//! answered with a 503 `too_many_connections` envelope and closed, by a short task
+//! with its own small limit (beyond which connections are closed at once), so a flood
+//! of connections costs a bounded amount of memory.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::serve::error::ServerError;
+
+/// Refusals being written at once; more connections over the limit are just closed.
+const MAX_REFUSALS_IN_FLIGHT: usize = 64;
+/// How long a refusal may take (reading the request, writing the 503).
+const REFUSAL_TIME: Duration = Duration::from_secs(2);
+
+pub struct LimitedListener {
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+    refusals: Arc<Semaphore>,
+    refusal: Arc<[u8]>,
+}
+
+impl LimitedListener {
+    pub fn new(listener: TcpListener, max_connections: usize) -> Self {
+        Self {
+            listener,
+            permits: Arc::new(Semaphore::new(max_connections.max(1))),
+            refusals: Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT)),
+            refusal: refusal_bytes().into(),
+        }
+    }
+
+    fn refuse(&self, mut stream: TcpStream) {
+        let Ok(permit) = Arc::clone(&self.refusals).try_acquire_owned() else {
+            return;
+        };
+        let bytes = Arc::clone(&self.refusal);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _ = tokio::time::timeout(REFUSAL_TIME, async move {
+                // Read the request head first: closing with unread data resets the
+                // connection, and the client could lose the response.
+                let mut buf = [0u8; 4096];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") && seen.len() < 64 << 10 {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                stream.write_all(&bytes).await?;
+                stream.shutdown().await?;
+                // Drain until the client closes, so the close is clean.
+                while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                Ok::<_, io::Error>(())
+            })
+            .await;
+        });
+    }
+}
+
+/// The HTTP/1.1 response sent to a connection over the limit.
+fn refusal_bytes() -> Vec<u8> {
+    let error = ServerError::TooManyConnections;
+    let status = error.status();
+    let body = serde_json::to_string(&error.body()).unwrap_or_else(|_| "{}".to_string());
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body.as_bytes());
+    out
+}
+
+impl axum::serve::Listener for LimitedListener {
+    type Io = LimitedConnection;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (stream, addr) = match self.listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            match Arc::clone(&self.permits).try_acquire_owned() {
+                Ok(permit) => {
+                    let _ = stream.set_nodelay(true);
+                    return (
+                        LimitedConnection {
+                            stream,
+                            _permit: permit,
+                        },
+                        addr,
+                    );
+                }
+                Err(_) => {
+                    tracing::warn!("connection limit reached: refusing a connection");
+                    self.refuse(stream);
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
+}
+
+/// A connection that frees its slot when dropped.
+pub struct LimitedConnection {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for LimitedConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for LimitedConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
