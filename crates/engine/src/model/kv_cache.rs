@@ -1,9 +1,11 @@
 //! One rank's slice of the paged KV cache.
 //!
-//! Per layer, K and V each live in one buffer laid out `[num_blocks, block_size,
-//! num_kv_heads, head_dim]` — the layout a CUDA paged-attention kernel reads (one block
-//! is contiguous, a token's heads are contiguous). The scheduler owns block ids; every
-//! rank holds the same blocks for its own KV heads.
+//! Per layer, K and V each live in one buffer, one block after another. Values are laid
+//! out `[num_blocks, block_size, num_kv_heads, head_dim]` (a token's heads contiguous);
+//! keys `[num_blocks, num_kv_heads, head_dim, block_size]`, transposed within the block
+//! like the key cache of paged-attention kernels, so one head dimension of a block's
+//! positions is a contiguous row. The scheduler owns block ids; every rank holds the
+//! same blocks for its own KV heads.
 
 /// K and V of one layer.
 #[derive(Debug)]
@@ -50,6 +52,12 @@ impl KvCache {
     /// Bytes per token per rank for a model shard (K and V, every layer, f32).
     pub fn bytes_per_token(num_layers: usize, num_kv_heads: usize, head_dim: usize) -> usize {
         2 * num_layers * num_kv_heads * head_dim * std::mem::size_of::<f32>()
+    }
+
+    /// Index in a layer's key buffer of `(block, kv_head)`: `head_dim` rows of
+    /// `block_size` keys follow.
+    pub fn key_row(&self, block: usize, kv_head: usize) -> usize {
+        (block * self.num_kv_heads + kv_head) * self.head_dim * self.block_size
     }
 
     /// Floats per slot (one token, all local KV heads).

@@ -4,6 +4,10 @@
 //! query token and head the kernel walks the sequence's block table. New tokens' K/V are
 //! written to their slots before attention runs, so prefill chunks, decodes and mixes of
 //! both take the same path.
+//!
+//! Keys are stored transposed within a block (see [`KvCache`]): the scores of a block's
+//! positions are then a sum over head dimensions of a broadcast query value times a
+//! contiguous row of keys, with no horizontal sums.
 
 use rayon::prelude::*;
 
@@ -14,10 +18,17 @@ use crate::model::kv_cache::{KvCache, LayerCache};
 /// slots.
 pub fn write_kv(layer: &mut LayerCache, cache: &KvCache, batch: &Batch, k: &[f32], v: &[f32]) {
     let stride = cache.slot_stride();
+    let (bs, hd) = (cache.block_size, cache.head_dim);
     for (t, &slot) in batch.slots.iter().enumerate() {
-        let dst = slot * stride..(slot + 1) * stride;
-        layer.k[dst.clone()].copy_from_slice(&k[t * stride..(t + 1) * stride]);
-        layer.v[dst].copy_from_slice(&v[t * stride..(t + 1) * stride]);
+        let (block, i) = (slot / bs, slot % bs);
+        for (h, kh) in k[t * stride..(t + 1) * stride].chunks_exact(hd).enumerate() {
+            let base = cache.key_row(block, h);
+            for (d, x) in kh.iter().enumerate() {
+                layer.k[base + d * bs + i] = *x;
+            }
+        }
+        layer.v[slot * stride..(slot + 1) * stride]
+            .copy_from_slice(&v[t * stride..(t + 1) * stride]);
     }
 }
 
@@ -152,33 +163,44 @@ fn attend_group(group: &Group<'_>) -> Vec<f32> {
     let hd = cache.head_dim;
     let bs = cache.block_size;
     let stride = cache.slot_stride();
-    let offset = |pos: usize| {
-        let slot = group.block_table[pos / bs] as usize * bs + pos % bs;
-        slot * stride + group.kv_head * hd
-    };
     let (nh, ctx) = (group.q.len(), group.context);
     let mut scores = vec![0f32; nh * ctx];
-    for pos in 0..ctx {
-        let o = offset(pos);
-        let k = &group.layer.k[o..o + hd];
+    for (b, &block) in group.block_table.iter().enumerate().take(ctx.div_ceil(bs)) {
+        let (first, n) = (b * bs, bs.min(ctx - b * bs));
+        let keys = &group.layer.k[cache.key_row(block as usize, group.kv_head)..][..hd * bs];
         for (h, q) in group.q.iter().enumerate() {
-            scores[h * ctx + pos] = dot(q, k) * group.scale;
+            let out = &mut scores[h * ctx + first..h * ctx + first + n];
+            if bs == KEY_LANES {
+                block_scores::<KEY_LANES>(q, keys, out);
+            } else {
+                block_scores_any(q, keys, bs, out);
+            }
         }
     }
     let mut sums = vec![0f32; nh];
     for (h, row) in scores.chunks_exact_mut(ctx).enumerate() {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
-        row.iter_mut().for_each(|s| *s = exp_nonpositive(*s - max));
+        let max = row
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, s| m.max(*s * group.scale));
+        row.iter_mut()
+            .for_each(|s| *s = exp_nonpositive(*s * group.scale - max));
         sums[h] = sum(row);
     }
+    let value = |pos: usize| {
+        let slot = group.block_table[pos / bs] as usize * bs + pos % bs;
+        let o = slot * stride + group.kv_head * hd;
+        &group.layer.v[o..o + hd]
+    };
     let mut out = vec![0f32; nh * hd];
-    for pos in 0..ctx {
-        let o = offset(pos);
-        let v = &group.layer.v[o..o + hd];
-        for (h, acc) in out.chunks_exact_mut(hd).enumerate() {
-            let p = scores[h * ctx + pos];
-            for (a, x) in acc.iter_mut().zip(v) {
-                *a += p * x;
+    for (h, acc) in out.chunks_exact_mut(hd).enumerate() {
+        let probs = &scores[h * ctx..(h + 1) * ctx];
+        if hd == VALUE_LANES {
+            weighted_values::<VALUE_LANES>(probs, &value, acc);
+        } else {
+            for (pos, p) in probs.iter().enumerate() {
+                for (a, x) in acc.iter_mut().zip(value(pos)) {
+                    *a += p * x;
+                }
             }
         }
     }
@@ -189,24 +211,52 @@ fn attend_group(group: &Group<'_>) -> Vec<f32> {
     out
 }
 
-const LANES: usize = 16;
+/// Block size and head size the register-resident loops are built for (the defaults of
+/// the cache and of llama-family models); other sizes take the general loops.
+const KEY_LANES: usize = 16;
+const VALUE_LANES: usize = 64;
 
-/// Dot product in 16 independent lanes so the compiler vectorizes it.
+/// `out[i] = Σ_d q[d]·keys[d][i]` for one block of `L` transposed keys, the `L` sums kept
+/// in registers.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; LANES];
-    let chunks = a.len() / LANES;
-    for (ca, cb) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
-        for l in 0..LANES {
-            lanes[l] += ca[l] * cb[l];
+fn block_scores<const L: usize>(q: &[f32], keys: &[f32], out: &mut [f32]) {
+    let mut acc = [0f32; L];
+    for (qd, row) in q.iter().zip(keys.chunks_exact(L)) {
+        for (a, k) in acc.iter_mut().zip(row) {
+            *a += qd * k;
         }
     }
-    let mut total: f32 = lanes.iter().sum();
-    for i in chunks * LANES..a.len().min(b.len()) {
-        total += a[i] * b[i];
-    }
-    total
+    let n = out.len();
+    out.copy_from_slice(&acc[..n]);
 }
+
+/// [`block_scores`] for any block size `bs`.
+#[inline(always)]
+fn block_scores_any(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
+    for (qd, row) in q.iter().zip(keys.chunks_exact(bs)) {
+        for (s, k) in out.iter_mut().zip(row) {
+            *s += qd * k;
+        }
+    }
+}
+
+/// `acc = Σ_pos p[pos]·v(pos)` for heads of `L` values, the sum kept in registers.
+#[inline(always)]
+fn weighted_values<'a, const L: usize>(
+    probs: &[f32],
+    value: &impl Fn(usize) -> &'a [f32],
+    acc: &mut [f32],
+) {
+    let mut sum = [0f32; L];
+    for (pos, p) in probs.iter().enumerate() {
+        for (a, x) in sum.iter_mut().zip(value(pos)) {
+            *a += p * x;
+        }
+    }
+    acc.copy_from_slice(&sum);
+}
+
+const LANES: usize = 16;
 
 /// Sum in 16 independent lanes.
 #[inline(always)]
@@ -275,11 +325,18 @@ mod tests {
 
     #[test]
     fn scattered_blocks_give_the_same_result_as_contiguous_attention() {
-        let (hd, bs, nkv) = (8, 4, 2);
+        // Small sizes take the general loops; 64 × 16 the register-resident ones.
+        for (hd, bs) in [(8, 4), (VALUE_LANES, KEY_LANES)] {
+            scattered_blocks_case(hd, bs);
+        }
+    }
+
+    fn scattered_blocks_case(hd: usize, bs: usize) {
+        let nkv = 2;
         let mut cache = KvCache::new(1, 8, bs, nkv, hd);
-        // A 10-token sequence stored in blocks 5, 1, 6 (out of order on purpose).
+        // A sequence stored in blocks 5, 1, 6 (out of order on purpose), the last partly.
         let table = vec![5u32, 1, 6];
-        let n = 10;
+        let n = 2 * bs + bs / 2;
         let val =
             |t: usize, h: usize, d: usize, w: f32| ((t * 31 + h * 7 + d * 3) as f32 * w).sin();
         let k: Vec<f32> = (0..n)
