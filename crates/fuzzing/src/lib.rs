@@ -19,8 +19,11 @@ pub use template::chat_template;
 pub use tokens::tokenizer;
 pub use weights::{gguf_header, safetensors_header};
 
+/// A target's check: panics when a property fails.
+pub type Check = fn(&[u8]);
+
 /// Names of the fuzz targets, as in `fuzz/fuzz_targets/<name>.rs`, with their functions.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Check)] = &[
     ("chat_request", chat_request),
     ("completion_request", completion_request),
     ("chat_template", chat_template),

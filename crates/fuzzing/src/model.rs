@@ -2,8 +2,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use tessera_engine::loader::default_model_path;
 use tessera_engine::load_tokenizer;
+use tessera_engine::loader::default_model_path;
 use tessera_tokenizer::Tokenizer;
 
 /// The default model's tokenizer. Panics when the model is missing: fetch it with

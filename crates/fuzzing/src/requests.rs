@@ -67,7 +67,10 @@ fn check(outcome: Result<ValidRequest, ServerError>, ctx: &ValidationContext) {
 
 fn check_valid(valid: &ValidRequest, ctx: &ValidationContext) {
     let vocab = ctx.tokenizer.vocab_size();
-    assert!(!valid.prompts().is_empty(), "a valid request without prompts");
+    assert!(
+        !valid.prompts().is_empty(),
+        "a valid request without prompts"
+    );
     for prompt in valid.prompts() {
         assert!(!prompt.ids.is_empty(), "an empty prompt was accepted");
         assert!(prompt.max_tokens >= 1, "max_tokens 0 was accepted");
@@ -84,6 +87,10 @@ fn check_valid(valid: &ValidRequest, ctx: &ValidationContext) {
         );
     }
     let choices = valid.planned_choices();
-    assert!(!choices.is_empty() && choices.len() <= 64, "{} choices", choices.len());
+    assert!(
+        !choices.is_empty() && choices.len() <= 64,
+        "{} choices",
+        choices.len()
+    );
     assert_eq!(valid.model(), ctx.served_model_name);
 }

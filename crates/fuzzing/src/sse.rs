@@ -29,7 +29,13 @@ pub fn sse_frames(data: &[u8]) {
     let logprobs = flags & 2 != 0;
     let model = texts.first().cloned().unwrap_or_default();
     let mut format: Box<dyn ChunkFormat> = if completion {
-        Box::new(CompletionFormat::new("cmpl-x".into(), 1, model, logprobs, texts.clone()))
+        Box::new(CompletionFormat::new(
+            "cmpl-x".into(),
+            1,
+            model,
+            logprobs,
+            texts.clone(),
+        ))
     } else {
         Box::new(ChatFormat::new("chatcmpl-x".into(), 1, model, logprobs))
     };
@@ -47,7 +53,10 @@ pub fn sse_frames(data: &[u8]) {
     chunks.push(format.usage(Usage::new(1, texts.len())));
     chunks.push("[DONE]".to_string());
 
-    let events: Vec<_> = chunks.iter().map(|c| Ok::<_, Infallible>(frame(c))).collect();
+    let events: Vec<_> = chunks
+        .iter()
+        .map(|c| Ok::<_, Infallible>(frame(c)))
+        .collect();
     let events = stream::iter(events);
     let body = Sse::new(events).into_response().into_body();
     let bytes = match runtime().block_on(axum::body::to_bytes(body, usize::MAX)) {
@@ -58,7 +67,11 @@ pub fn sse_frames(data: &[u8]) {
         panic!("the SSE body is not UTF-8");
     };
     let payloads = parse_frames(wire);
-    assert_eq!(payloads.len(), chunks.len(), "frames lost or split: {wire:?}");
+    assert_eq!(
+        payloads.len(),
+        chunks.len(),
+        "frames lost or split: {wire:?}"
+    );
     for (payload, chunk) in payloads.iter().zip(&chunks) {
         assert_eq!(payload, chunk, "a frame does not carry its chunk");
     }
@@ -74,7 +87,11 @@ pub fn sse_frames(data: &[u8]) {
         } else {
             &choice["delta"]["content"]
         };
-        assert_eq!(carried.as_str(), Some(text.as_str()), "the delta text changed");
+        assert_eq!(
+            carried.as_str(),
+            Some(text.as_str()),
+            "the delta text changed"
+        );
     }
     for payload in &payloads[..payloads.len() - 1] {
         if let Err(e) = serde_json::from_str::<Value>(payload) {
@@ -86,13 +103,21 @@ pub fn sse_frames(data: &[u8]) {
 /// The data of each event in an SSE body, checking the framing: events end with a blank
 /// line and every line is a `data: ` field (a JSON chunk is one line).
 fn parse_frames(wire: &str) -> Vec<String> {
-    assert!(wire.ends_with("\n\n"), "the body does not end with a blank line");
+    assert!(
+        wire.ends_with("\n\n"),
+        "the body does not end with a blank line"
+    );
     wire[..wire.len() - 2]
         .split("\n\n")
         .map(|event| {
             assert!(!event.contains('\r'), "a carriage return in an event");
             let lines: Vec<&str> = event.split('\n').collect();
-            assert_eq!(lines.len(), 1, "an event of {} lines: {event:?}", lines.len());
+            assert_eq!(
+                lines.len(),
+                1,
+                "an event of {} lines: {event:?}",
+                lines.len()
+            );
             match lines[0].strip_prefix("data: ") {
                 Some(data) => data.to_string(),
                 None => panic!("a line that is not a data field: {:?}", lines[0]),

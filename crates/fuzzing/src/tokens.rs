@@ -30,7 +30,10 @@ fn text(bytes: &[u8], add_special: bool) {
         Err(e) => panic!("encoding text failed: {e}"),
     };
     let vocab = tok.vocab_size();
-    assert!(ids.iter().all(|&id| (id as usize) < vocab), "an id out of the vocabulary");
+    assert!(
+        ids.iter().all(|&id| (id as usize) < vocab),
+        "an id out of the vocabulary"
+    );
     if !add_special {
         // Byte-level BPE: whatever text goes in comes back out, special tokens included.
         match tok.decode(&ids, false) {
@@ -56,6 +59,9 @@ fn ids_in(ids: &[u32], skip_special: bool) {
         Err(_) => return,
     }
     if let Ok(whole) = whole {
-        assert_eq!(streamed, whole, "streamed text differs from a whole decode of {ids:?}");
+        assert_eq!(
+            streamed, whole,
+            "streamed text differs from a whole decode of {ids:?}"
+        );
     }
 }

@@ -26,6 +26,10 @@ pub fn safetensors_header(data: &[u8]) {
     if let Ok(tensors) = tensors_from_bytes(data) {
         let elems: usize = tensors.iter().map(|(_, t)| t.elem_count()).sum();
         // Every element took at least one bit of the input.
-        assert!(elems <= data.len() * 8, "{elems} elements from {} bytes", data.len());
+        assert!(
+            elems <= data.len() * 8,
+            "{elems} elements from {} bytes",
+            data.len()
+        );
     }
 }

@@ -50,6 +50,10 @@ fn every_seed_and_regression_passes() {
             count += 1;
         }
     }
-    assert!(failures.is_empty(), "failing inputs:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "failing inputs:\n{}",
+        failures.join("\n")
+    );
     assert!(count > 0);
 }
