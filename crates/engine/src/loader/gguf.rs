@@ -35,7 +35,8 @@ impl GgufHeader {
     /// Reads and checks the header of the GGUF file in `reader`. The error is a message
     /// for the user; nothing the file claims is allocated before it is checked.
     pub fn read<R: Read + Seek>(reader: &mut R) -> std::result::Result<Self, String> {
-        let content = read_gguf_header(reader).map_err(|e| format!("not a valid GGUF file: {e}"))?;
+        let content =
+            read_gguf_header(reader).map_err(|e| format!("not a valid GGUF file: {e}"))?;
         let mut config = config_from_metadata(&content.metadata).map_err(|e| e.to_string())?;
         config.tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
         if content.tensor_infos.contains_key("rope_freqs.weight") {

@@ -260,7 +260,8 @@ impl<R: Read> Bounded<'_, R> {
         // GGUF lists dimensions fastest-first; candle shapes are slowest-first.
         dims.reverse();
         let code = self.u32()?;
-        let ggml_dtype = dtype(code).ok_or_else(|| format!("tensor '{name}': unknown type {code}"))?;
+        let ggml_dtype =
+            dtype(code).ok_or_else(|| format!("tensor '{name}': unknown type {code}"))?;
         let offset = self.u64()?;
         Ok((
             name,

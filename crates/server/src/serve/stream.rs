@@ -56,11 +56,7 @@ pub fn sse_response<F: ChunkFormat>(
     include_usage: bool,
 ) -> Response {
     let choices: Vec<(usize, usize)> = runs.iter().map(|r| (r.index, r.prompt_index)).collect();
-    let queued = format
-        .opening(&choices)
-        .into_iter()
-        .map(frame)
-        .collect();
+    let queued = format.opening(&choices).into_iter().map(frame).collect();
     let merged = stream::select_all(runs.into_iter().map(|run| {
         stream::unfold(run, |mut run| async move {
             run.next_event().await.map(|event| (event, run))
@@ -110,8 +106,7 @@ pub fn sse_response<F: ChunkFormat>(
                         e.log();
                         // Dropping the other choices cancels them.
                         s.merged = SelectAll::new();
-                        s.queued
-                            .push_back(frame(to_json(&e.body())));
+                        s.queued.push_back(frame(to_json(&e.body())));
                         s.queued.push_back(frame("[DONE]"));
                         s.done = true;
                     }
