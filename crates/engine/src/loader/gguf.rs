@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::{Read, Seek};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use candle_core::{Device, Tensor};
 
 use crate::config::{gguf_rope_style, ModelConfig};
 use crate::error::{EngineError, Result};
+use crate::loader::gguf_header::{read_gguf_header, tensor_bytes};
 use crate::loader::{Embedding, Matrix, TensorSource};
 
 /// An open GGUF file. Tensor data is read on demand.
@@ -22,6 +24,28 @@ pub struct GgufSource {
     config: ModelConfig,
 }
 
+/// A GGUF header checked against the file: every tensor lies inside it, and the metadata
+/// describes a model Tessera can run.
+pub struct GgufHeader {
+    pub content: Content,
+    pub config: ModelConfig,
+}
+
+impl GgufHeader {
+    /// Reads and checks the header of the GGUF file in `reader`. The error is a message
+    /// for the user; nothing the file claims is allocated before it is checked.
+    pub fn read<R: Read + Seek>(reader: &mut R) -> std::result::Result<Self, String> {
+        let content =
+            read_gguf_header(reader).map_err(|e| format!("not a valid GGUF file: {e}"))?;
+        let mut config = config_from_metadata(&content.metadata).map_err(|e| e.to_string())?;
+        config.tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
+        if content.tensor_infos.contains_key("rope_freqs.weight") {
+            return Err("rope frequency scaling (rope_freqs.weight) is not supported yet".into());
+        }
+        Ok(GgufHeader { content, config })
+    }
+}
+
 impl GgufSource {
     pub fn open(path: &Path) -> Result<Self> {
         let bad = |message: String| EngineError::BadFile {
@@ -29,29 +53,7 @@ impl GgufSource {
             message,
         };
         let mut file = File::open(path).map_err(|e| bad(e.to_string()))?;
-        let content =
-            Content::read(&mut file).map_err(|e| bad(format!("not a valid GGUF file: {e}")))?;
-        let file_len = file.metadata()?.len();
-        for (name, info) in &content.tensor_infos {
-            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size()
-                * info.ggml_dtype.type_size();
-            let end = content.tensor_data_offset + info.offset + bytes as u64;
-            if end > file_len {
-                return Err(bad(format!(
-                    "truncated: tensor '{name}' ends at byte {end} but the file has {file_len} bytes"
-                )));
-            }
-        }
-        let mut config = config_from_metadata(&content.metadata).map_err(|e| match e {
-            EngineError::Config(m) => bad(m),
-            other => other,
-        })?;
-        config.tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
-        if content.tensor_infos.contains_key("rope_freqs.weight") {
-            return Err(bad(
-                "rope frequency scaling (rope_freqs.weight) is not supported yet".into(),
-            ));
-        }
+        let GgufHeader { content, config } = GgufHeader::read(&mut file).map_err(bad)?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -77,7 +79,8 @@ impl GgufSource {
             .ok_or_else(|| EngineError::MissingTensor(format!("{gguf_name} ({canonical})")))?;
         let dtype = info.ggml_dtype;
         check_supported(dtype, gguf_name)?;
-        let len = info.shape.elem_count() / dtype.block_size() * dtype.type_size();
+        // The header reader checked that every tensor's data lies inside the file.
+        let len = tensor_bytes(info).unwrap_or(0) as usize;
         let mut data = vec![0u8; len];
         self.file
             .read_exact_at(&mut data, self.content.tensor_data_offset + info.offset)?;

@@ -5,6 +5,7 @@
 
 mod cache;
 mod gguf;
+mod gguf_header;
 mod matrix;
 mod safetensors;
 mod tokenizer;
@@ -15,10 +16,11 @@ use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 
 pub use cache::{cache_dir, default_model_path, DEFAULT_MODEL_FILE};
-pub use gguf::GgufSource;
+pub use gguf::{GgufHeader, GgufSource};
+pub use gguf_header::read_gguf_header;
 pub use matrix::Matrix;
-pub use safetensors::SafetensorsSource;
-pub use tokenizer::load_tokenizer;
+pub use safetensors::{tensors_from_bytes, SafetensorsSource};
+pub use tokenizer::{load_tokenizer, tokenizer_from_metadata};
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use candle_core::safetensors::MmapedSafetensors;
+use candle_core::safetensors::{MmapedSafetensors, SliceSafetensors};
 use candle_core::{DType, Device, Tensor};
 
 use crate::config::{HfConfig, ModelConfig};
@@ -56,6 +56,18 @@ impl SafetensorsSource {
         }
         Ok(self.files.load(name, &Device::Cpu)?.to_dtype(DType::F32)?)
     }
+}
+
+/// Every tensor of a safetensors buffer as the loader reads it (f32 on the CPU). The
+/// same header parsing and conversion as [`SafetensorsSource`], from bytes.
+pub fn tensors_from_bytes(bytes: &[u8]) -> Result<Vec<(String, Tensor)>> {
+    let file = SliceSafetensors::new(bytes)?;
+    let mut out = Vec::new();
+    for (name, _) in file.tensors() {
+        let tensor = file.load(&name, &Device::Cpu)?.to_dtype(DType::F32)?;
+        out.push((name, tensor));
+    }
+    Ok(out)
 }
 
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {

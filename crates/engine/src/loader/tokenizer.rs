@@ -2,10 +2,13 @@
 
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
 use tessera_tokenizer::{GgufVocab, MetaValue, Tokenizer};
 
 use crate::error::{EngineError, Result};
+use crate::loader::read_gguf_header;
 
 /// Loads the tokenizer (and chat template) that belongs to the model at `path`.
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
@@ -20,13 +23,19 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
         return Tokenizer::from_hf_dir(path).map_err(tok_err);
     }
     let mut file = std::fs::File::open(path)?;
-    let content = Content::read(&mut file).map_err(|e| EngineError::BadFile {
+    let content = read_gguf_header(&mut file).map_err(|message| EngineError::BadFile {
         path: path.to_path_buf(),
-        message: format!("not a valid GGUF file: {e}"),
+        message: format!("not a valid GGUF file: {message}"),
     })?;
-    let vocab =
-        GgufVocab::from_metadata(|key| content.metadata.get(key).map(to_meta)).map_err(tok_err)?;
-    Tokenizer::from_gguf(&vocab).map_err(tok_err)
+    tokenizer_from_metadata(&content.metadata).map_err(tok_err)
+}
+
+/// The tokenizer (and chat template) described by a GGUF file's metadata.
+pub fn tokenizer_from_metadata(
+    metadata: &HashMap<String, Value>,
+) -> tessera_tokenizer::Result<Tokenizer> {
+    let vocab = GgufVocab::from_metadata(|key| metadata.get(key).map(to_meta))?;
+    Tokenizer::from_gguf(&vocab)
 }
 
 fn to_meta(value: &Value) -> MetaValue {

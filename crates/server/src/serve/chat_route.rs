@@ -33,12 +33,7 @@ pub async fn chat_completions(
     let model = valid.model().to_string();
     let with_logprobs = valid.logprobs().is_some();
     if valid.stream() {
-        let format = ChatFormat {
-            id,
-            created,
-            model,
-            with_logprobs,
-        };
+        let format = ChatFormat::new(id, created, model, with_logprobs);
         return Ok(sse_response(
             runs,
             format,
@@ -72,7 +67,8 @@ pub async fn chat_completions(
     .into_response())
 }
 
-struct ChatFormat {
+/// The `chat.completion.chunk` chunks of a streamed chat completion.
+pub struct ChatFormat {
     id: String,
     created: u64,
     model: String,
@@ -80,6 +76,16 @@ struct ChatFormat {
 }
 
 impl ChatFormat {
+    /// Chunks of one streamed chat completion.
+    pub fn new(id: String, created: u64, model: String, with_logprobs: bool) -> Self {
+        ChatFormat {
+            id,
+            created,
+            model,
+            with_logprobs,
+        }
+    }
+
     fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> String {
         to_json(&ChatChunk {
             id: self.id.clone(),

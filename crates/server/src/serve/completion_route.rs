@@ -43,14 +43,7 @@ pub async fn completions(
     let model = valid.model().to_string();
     let with_logprobs = valid.logprobs().is_some();
     if valid.stream() {
-        let format = CompletionFormat {
-            id,
-            created,
-            model,
-            with_logprobs,
-            echo_texts,
-            offsets: HashMap::new(),
-        };
+        let format = CompletionFormat::new(id, created, model, with_logprobs, echo_texts);
         return Ok(sse_response(
             runs,
             format,
@@ -89,7 +82,8 @@ pub async fn completions(
     .into_response())
 }
 
-struct CompletionFormat {
+/// The `text_completion` chunks of a streamed completion.
+pub struct CompletionFormat {
     id: String,
     created: u64,
     model: String,
@@ -100,6 +94,24 @@ struct CompletionFormat {
 }
 
 impl CompletionFormat {
+    /// Chunks of one streamed completion; `echo_texts` are the prompts when echoed.
+    pub fn new(
+        id: String,
+        created: u64,
+        model: String,
+        with_logprobs: bool,
+        echo_texts: Vec<String>,
+    ) -> Self {
+        CompletionFormat {
+            id,
+            created,
+            model,
+            with_logprobs,
+            echo_texts,
+            offsets: HashMap::new(),
+        }
+    }
+
     fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
         to_json(&Completion {
             id: self.id.clone(),

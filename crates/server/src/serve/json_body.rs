@@ -44,8 +44,12 @@ impl FromRequest<AppState> for JsonBody {
                 ServerError::InvalidJson(format!("cannot read the body: {}", r.body_text()))
             }
         })?;
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|e| ServerError::InvalidJson(format!("the body is not valid JSON: {e}")))
+        parse_json_body(&bytes).map(JsonBody)
     }
+}
+
+/// The body bytes as JSON; malformed JSON is a 400 naming the fault.
+pub fn parse_json_body(bytes: &[u8]) -> Result<Value, ServerError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ServerError::InvalidJson(format!("the body is not valid JSON: {e}")))
 }

@@ -48,6 +48,11 @@ pub fn to_json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "{}".to_string())
 }
 
+/// One SSE event carrying `data` (a JSON chunk or `[DONE]`).
+pub fn frame(data: impl AsRef<str>) -> Event {
+    Event::default().data(data)
+}
+
 struct StreamState<F> {
     merged: SelectAll<BoxStream<'static, ChoiceEvent>>,
     queued: VecDeque<Event>,
@@ -67,11 +72,7 @@ pub fn sse_response<F: ChunkFormat>(
     limits: &ServerLimits,
 ) -> Response {
     let choices: Vec<(usize, usize)> = runs.iter().map(|r| (r.index, r.prompt_index)).collect();
-    let queued = format
-        .opening(&choices)
-        .into_iter()
-        .map(|data| Event::default().data(data))
-        .collect();
+    let queued = format.opening(&choices).into_iter().map(frame).collect();
     let merged = stream::select_all(runs.into_iter().map(|run| {
         stream::unfold(run, |mut run| async move {
             run.next_event().await.map(|event| (event, run))
@@ -103,7 +104,7 @@ pub fn sse_response<F: ChunkFormat>(
                         logprobs,
                     }) => {
                         let data = s.format.delta(index, text, &logprobs);
-                        s.queued.push_back(Event::default().data(data));
+                        s.queued.push_back(frame(data));
                     }
                     Some(ChoiceEvent::Finished {
                         index,
@@ -112,24 +113,23 @@ pub fn sse_response<F: ChunkFormat>(
                     }) => {
                         s.completion_tokens += completion_tokens;
                         let data = s.format.finish(index, reason);
-                        s.queued.push_back(Event::default().data(data));
+                        s.queued.push_back(frame(data));
                     }
                     Some(ChoiceEvent::Failed(e)) => {
                         e.log();
                         // Dropping the other choices cancels them.
                         s.merged = SelectAll::new();
-                        s.queued
-                            .push_back(Event::default().data(to_json(&e.body())));
-                        s.queued.push_back(Event::default().data("[DONE]"));
+                        s.queued.push_back(frame(to_json(&e.body())));
+                        s.queued.push_back(frame("[DONE]"));
                         s.done = true;
                     }
                     None => {
                         if s.include_usage {
                             let usage = Usage::new(s.prompt_tokens, s.completion_tokens);
                             let data = s.format.usage(usage);
-                            s.queued.push_back(Event::default().data(data));
+                            s.queued.push_back(frame(data));
                         }
-                        s.queued.push_back(Event::default().data("[DONE]"));
+                        s.queued.push_back(frame("[DONE]"));
                         s.done = true;
                     }
                 }
