@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 use axum::http::StatusCode;
 use tessera_server::api::chat_request::ChatRequest;
 use tessera_server::api::completion_request::CompletionRequest;
+use tessera_server::api::request_limits::RequestLimits;
 use tessera_server::api::valid_request::{ValidRequest, ValidationContext};
 use tessera_server::serve::error::ServerError;
 use tessera_server::serve::json_body::parse_json_body;
@@ -23,6 +24,7 @@ fn context() -> &'static ValidationContext {
         served_model_name: SERVED_MODEL.to_string(),
         max_model_len: MAX_MODEL_LEN,
         kv_capacity_tokens: 4 * MAX_MODEL_LEN,
+        limits: RequestLimits::default(),
     })
 }
 
