@@ -88,6 +88,21 @@ pub(crate) fn build_backend(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer> 
         token_ids.insert(token.clone(), id);
     }
     let merges = parse_merges(&vocab.merges)?;
+    // Every merge must produce a token of the vocabulary. `tokenizers` reports that as an
+    // error too, but only after copying the pair into a buffer sized by the longest token,
+    // which panics when the pair is longer: a malformed file must get an error instead.
+    for (i, (a, b)) in merges.iter().enumerate() {
+        let merged = format!("{a}{b}");
+        if !token_ids.contains_key(a)
+            || !token_ids.contains_key(b)
+            || !token_ids.contains_key(&merged)
+        {
+            return Err(TokenizerError::InvalidMetadata {
+                key: "tokenizer.ggml.merges".to_string(),
+                reason: format!("merge {i} `{a} {b}` uses or makes a token outside the vocabulary"),
+            });
+        }
+    }
     let bpe = BPE::builder()
         .vocab_and_merges(token_ids, merges)
         .ignore_merges(spec.ignore_merges)
@@ -157,6 +172,23 @@ fn parse_merges(merges: &[String]) -> Result<Vec<(String, String)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_merge_longer_than_any_token_is_an_error_not_a_panic() {
+        // Found by fuzzing: one-byte tokens and a merge making a two-byte one, which
+        // `tokenizers`' builder indexes past its buffer for.
+        let vocab = GgufVocab {
+            model: "gpt2".to_string(),
+            tokens: vec!["a".to_string(), "b".to_string()],
+            merges: vec!["a b".to_string()],
+            ..GgufVocab::default()
+        };
+        let err = build_backend(&vocab)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("outside the vocabulary"), "{err}");
+    }
 
     #[test]
     fn merges_split_on_first_inner_space() {
