@@ -25,6 +25,11 @@ pub enum TokenizerError {
         source: serde_json::Error,
     },
 
+    /// The text holds a byte the model's byte-level vocabulary has no token for; encoding
+    /// it would silently drop that byte.
+    #[error("the text contains byte 0x{byte:02X}, which the model's vocabulary cannot represent")]
+    Unrepresentable { byte: u8 },
+
     /// A GGUF metadata key that the tokenizer needs is absent.
     #[error("GGUF metadata key `{key}` is missing")]
     MissingMetadata { key: String },

@@ -146,6 +146,30 @@ pub(crate) fn build_backend(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer> 
     Ok(tokenizer)
 }
 
+/// The character byte-level BPE writes for byte `b` (GPT-2's mapping: printable bytes
+/// stand for themselves, the others for 256 + their rank among them).
+fn byte_symbol(b: u8) -> char {
+    let printable = |x: u8| matches!(x, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    if printable(b) {
+        return char::from(b);
+    }
+    let rank = (0..b).filter(|x| !printable(*x)).count() as u32;
+    char::from_u32(256 + rank).unwrap_or(char::REPLACEMENT_CHARACTER)
+}
+
+/// Bytes whose byte-level symbol is not a token of the vocabulary: a BPE with no unknown
+/// token would drop them from any text that holds them.
+pub(crate) fn unrepresentable_bytes(vocab: &GgufVocab) -> [bool; 256] {
+    let present: std::collections::HashSet<&str> =
+        vocab.tokens.iter().map(String::as_str).collect();
+    let mut missing = [false; 256];
+    for (b, m) in missing.iter_mut().enumerate() {
+        let symbol = byte_symbol(b as u8).to_string();
+        *m = !present.contains(symbol.as_str());
+    }
+    missing
+}
+
 /// Splits GGUF merges (`"left right"`) into pairs. The separator is the first space after
 /// the first byte, so a left part that is itself a space-like symbol stays intact.
 fn parse_merges(merges: &[String]) -> Result<Vec<(String, String)>> {
@@ -172,6 +196,17 @@ fn parse_merges(merges: &[String]) -> Result<Vec<(String, String)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_symbols_follow_gpt2() {
+        assert_eq!(byte_symbol(b'a'), 'a');
+        assert_eq!(byte_symbol(b' '), 'Ġ');
+        assert_eq!(byte_symbol(b'\n'), 'Ċ');
+        assert_eq!(byte_symbol(0xF2), 'ò');
+        assert_eq!(byte_symbol(0), 'Ā');
+        let all: std::collections::HashSet<char> = (0..=255u8).map(byte_symbol).collect();
+        assert_eq!(all.len(), 256);
+    }
 
     #[test]
     fn a_merge_longer_than_any_token_is_an_error_not_a_panic() {

@@ -79,6 +79,9 @@ pub struct Tokenizer {
     clean_up_tokenization_spaces: bool,
     special_strings: SpecialTokenStrings,
     chat_template: Option<std::result::Result<ChatTemplate, String>>,
+    /// Bytes the byte-level vocabulary has no token for (GGUF path; none for
+    /// tokenizer.json, whose pipeline handles them itself).
+    unrepresentable: [bool; 256],
 }
 
 impl Tokenizer {
@@ -106,7 +109,9 @@ impl Tokenizer {
             special_strings,
             chat_template: vocab.chat_template.clone(),
         };
-        Ok(Self::assemble(inner, parts))
+        let mut tokenizer = Self::assemble(inner, parts);
+        tokenizer.unrepresentable = gguf_backend::unrepresentable_bytes(vocab);
+        Ok(tokenizer)
     }
 
     /// Builds from Hugging Face files.
@@ -195,6 +200,7 @@ impl Tokenizer {
             clean_up_tokenization_spaces: parts.clean_up_tokenization_spaces,
             special_strings: parts.special_strings,
             chat_template,
+            unrepresentable: [false; 256],
         }
     }
 
@@ -209,6 +215,13 @@ impl Tokenizer {
     /// Text to ids. Special tokens written in `text` become their ids either way;
     /// `add_special_tokens` adds what the model adds around a sequence (BOS for Llama).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        if let Some(&byte) = text
+            .as_bytes()
+            .iter()
+            .find(|b| self.unrepresentable[usize::from(**b)])
+        {
+            return Err(TokenizerError::Unrepresentable { byte });
+        }
         // The GGUF backend has no post-processor, so this only matters for tokenizer.json.
         let encoding = self.inner.encode_fast(text, add_special_tokens)?;
         let body = encoding.get_ids();

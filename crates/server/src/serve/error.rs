@@ -198,6 +198,12 @@ impl IntoResponse for ServerError {
 
 impl From<tessera_tokenizer::TokenizerError> for ServerError {
     fn from(e: tessera_tokenizer::TokenizerError) -> Self {
-        ServerError::Internal(format!("tokenizer: {e}"))
+        match e {
+            // The client's text, not the server, is at fault.
+            tessera_tokenizer::TokenizerError::Unrepresentable { .. } => {
+                ServerError::invalid("prompt", e.to_string())
+            }
+            other => ServerError::Internal(format!("tokenizer: {other}")),
+        }
     }
 }

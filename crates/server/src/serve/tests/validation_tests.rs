@@ -116,6 +116,8 @@ async fn completion_parameters_are_refused_by_name() {
         (json!({"echo": true, "logprobs": 1}), "echo"),
         (json!({"logprobs": 21}), "logprobs"),
         (json!({"best_of": 2}), "best_of"),
+        // A character whose UTF-8 bytes include one SmolLM2's vocabulary has no token for.
+        (json!({"prompt": "a \u{9F600} b"}), "prompt"),
     ] {
         let mut body = base.clone();
         for (k, v) in extra.as_object().unwrap() {
