@@ -15,6 +15,9 @@ use crate::cpu::scalar;
 const ROWS_PER_TASK: usize = 4 * GROUP;
 /// Activation rows per tile.
 const TILE_TOKENS: usize = 4;
+/// Activation rows a task's weight groups pass over together (a multiple of
+/// [`TILE_TOKENS`]; 32 rows of 576 values are 18 KiB quantized).
+const TOKEN_BLOCK: usize = 32;
 
 /// A `[rows, cols]` weight matrix in one of the supported block formats.
 #[derive(Debug, Clone)]
@@ -80,28 +83,38 @@ impl QuantWeights {
         (0..tasks).into_par_iter().for_each(|task| {
             let first = task * ROWS_PER_TASK;
             let last = (first + ROWS_PER_TASK).min(w.padded_rows());
-            for r0 in (first..last).step_by(GROUP) {
-                let live = rows.saturating_sub(r0).min(GROUP);
-                let mut t = 0;
-                while t < m {
-                    let toks = if m - t >= TILE_TOKENS { TILE_TOKENS } else { 1 };
-                    let put = |r: usize, k: usize, v: f32| {
-                        // SAFETY: `(t + k, r0 + r)` is inside `[m, rows]` (`r < live`), and
-                        // each row belongs to exactly one task, so no two writes alias.
-                        unsafe { dst.write((t + k) * rows + r0 + r, v) }
-                    };
-                    if toks == TILE_TOKENS {
-                        let v = tile::<TILE_TOKENS>(isa, w, r0, &a, t);
-                        for (r, row) in v.iter().enumerate().take(live) {
-                            row.iter().enumerate().for_each(|(k, v)| put(r, k, *v));
+            // Activation rows in blocks that stay in L1 while the task's weight groups
+            // pass over them.
+            for block in (0..m).step_by(TOKEN_BLOCK) {
+                let block_end = (block + TOKEN_BLOCK).min(m);
+                for r0 in (first..last).step_by(GROUP) {
+                    let live = rows.saturating_sub(r0).min(GROUP);
+                    let mut t = block;
+                    while t < block_end {
+                        let toks = if block_end - t >= TILE_TOKENS {
+                            TILE_TOKENS
+                        } else {
+                            1
+                        };
+                        let put = |r: usize, k: usize, v: f32| {
+                            // SAFETY: `(t + k, r0 + r)` is inside `[m, rows]` (`r < live`),
+                            // and each row belongs to exactly one task, so no two writes
+                            // alias.
+                            unsafe { dst.write((t + k) * rows + r0 + r, v) }
+                        };
+                        if toks == TILE_TOKENS {
+                            let v = tile::<TILE_TOKENS>(isa, w, r0, &a, t);
+                            for (r, row) in v.iter().enumerate().take(live) {
+                                row.iter().enumerate().for_each(|(k, v)| put(r, k, *v));
+                            }
+                        } else {
+                            let v = tile::<1>(isa, w, r0, &a, t);
+                            for (r, row) in v.iter().enumerate().take(live) {
+                                put(r, 0, row[0]);
+                            }
                         }
-                    } else {
-                        let v = tile::<1>(isa, w, r0, &a, t);
-                        for (r, row) in v.iter().enumerate().take(live) {
-                            put(r, 0, row[0]);
-                        }
+                        t += toks;
                     }
-                    t += toks;
                 }
             }
         });
