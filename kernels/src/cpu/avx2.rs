@@ -7,10 +7,8 @@
 
 use std::arch::x86_64::*;
 
-use half::f16;
-
 use crate::cpu::acts::PackedActs;
-use crate::cpu::layout::{PackedWeights, GROUP, PAIR};
+use crate::cpu::layout::{PackedWeights, WeightFormat, GROUP, PAIR};
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -49,29 +47,6 @@ unsafe fn group_scales(p: *const u8) -> [f32; 8] {
     out
 }
 
-/// Σ offsets·sums of one Q4_1 row (f16) and one Q8_1 row.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn offsets(m: &[f16], s: &[f32]) -> f32 {
-    let n = m.len().min(s.len());
-    let mut acc = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: `i + 8 <= n` values are in bounds of both slices.
-        unsafe {
-            let mv = _mm256_cvtph_ps(_mm_loadu_si128(m.as_ptr().add(i).cast()));
-            acc = _mm256_fmadd_ps(mv, _mm256_loadu_ps(s.as_ptr().add(i)), acc);
-        }
-        i += 8;
-    }
-    let tail: f32 = m[i..n]
-        .iter()
-        .zip(&s[i..n])
-        .map(|(m, s)| m.to_f32() * s)
-        .sum();
-    hsum(acc) + tail
-}
-
 /// Q4_1 rows `r0..r0+4` (one group) times Q8_1 rows `t0..t0+T`.
 ///
 /// # Safety
@@ -88,8 +63,19 @@ pub unsafe fn q4_1<const T: usize>(
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); T]; GROUP];
+    // Offset terms m·s of the four rows, per token: lanes (2r, 2r+1) hold row r's two
+    // blocks of each pair.
+    let mut offs = [_mm256_setzero_ps(); T];
     for p in 0..pairs {
         let chunk = w.chunk(r0, p).as_ptr();
+        // SAFETY: a Q4_1 chunk ends with its eight f16 offsets.
+        let m = unsafe {
+            _mm256_cvtph_ps(_mm_loadu_si128(
+                chunk
+                    .add(PackedWeights::offsets_at(WeightFormat::Q4_1))
+                    .cast(),
+            ))
+        };
         let mut lo = [_mm256_setzero_si256(); GROUP];
         let mut hi = [_mm256_setzero_si256(); GROUP];
         let mut dx = [_mm256_setzero_ps(); GROUP];
@@ -114,6 +100,9 @@ pub unsafe fn q4_1<const T: usize>(
                     pair_bcast(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
                 )
             };
+            // SAFETY: the activation's Q8_1 sums of pair `p` are in bounds (caller).
+            let s = unsafe { pair_bcast(a.s.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)) };
+            offs[t] = _mm256_fmadd_ps(m, s, offs[t]);
             for r in 0..GROUP {
                 let pairs16 = _mm256_add_epi16(
                     _mm256_maddubs_epi16(lo[r], y0),
@@ -125,12 +114,13 @@ pub unsafe fn q4_1<const T: usize>(
             }
         }
     }
-    let n = 2 * pairs;
     let mut out = [[0f32; T]; GROUP];
-    for (r, row) in out.iter_mut().enumerate() {
-        for (t, v) in row.iter_mut().enumerate() {
-            let (wm, am) = (&w.m[(r0 + r) * n..][..n], &a.s[(t0 + t) * n..][..n]);
-            *v = hsum(acc[r][t]) + offsets(wm, am);
+    for (t, o) in offs.iter().enumerate() {
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` holds eight f32.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *o) };
+        for (r, row) in out.iter_mut().enumerate() {
+            row[t] = hsum(acc[r][t]) + (lanes[2 * r] + lanes[2 * r + 1]);
         }
     }
     out

@@ -10,10 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use half::f16;
-
 use crate::cpu::acts::PackedActs;
-use crate::cpu::layout::{PackedWeights, GROUP, PAIR};
+use crate::cpu::layout::{PackedWeights, WeightFormat, GROUP, PAIR};
 
 /// Two f32 at `p` broadcast as (first, second, first, second, …).
 ///
@@ -24,6 +22,19 @@ use crate::cpu::layout::{PackedWeights, GROUP, PAIR};
 unsafe fn pair_bcast(p: *const f32) -> __m512 {
     // SAFETY: the caller guarantees two readable f32.
     _mm512_castsi512_ps(_mm512_set1_epi64(unsafe {
+        p.cast::<i64>().read_unaligned()
+    }))
+}
+
+/// Two f32 at `p` broadcast over eight lanes as (first, second, first, second, …).
+///
+/// # Safety
+/// `p` and `p + 1` must be readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn pair_bcast256(p: *const f32) -> __m256 {
+    // SAFETY: the caller guarantees two readable f32.
+    _mm256_castsi256_ps(_mm256_set1_epi64x(unsafe {
         p.cast::<i64>().read_unaligned()
     }))
 }
@@ -41,26 +52,6 @@ unsafe fn group_scales(p: *const u8) -> [f32; 8] {
     out
 }
 
-/// Σ offsets·sums of one Q4_1 row (f16) and one Q8_1 row.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-fn offsets(m: &[f16], s: &[f32]) -> f32 {
-    let n = m.len().min(s.len());
-    let mut acc = _mm512_setzero_ps();
-    let mut i = 0;
-    while i < n {
-        let left = (n - i).min(16);
-        let k = ((1u32 << left) - 1) as __mmask16;
-        // SAFETY: the mask reads only the `left` values in bounds of both slices.
-        unsafe {
-            let mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m.as_ptr().add(i).cast()));
-            acc = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(k, s.as_ptr().add(i)), acc);
-        }
-        i += 16;
-    }
-    _mm512_reduce_add_ps(acc)
-}
-
 /// Q4_1 rows `r0..r0+4` (one group) times Q8_1 rows `t0..t0+T`.
 ///
 /// # Safety
@@ -76,8 +67,19 @@ pub unsafe fn q4_1<const T: usize>(
     let pairs = w.pairs;
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [[_mm512_setzero_ps(); T]; GROUP];
+    // Offset terms m·s of the four rows, per token: lanes (2r, 2r+1) hold row r's two
+    // blocks of each pair.
+    let mut offs = [_mm256_setzero_ps(); T];
     for p in 0..pairs {
         let chunk = w.chunk(r0, p).as_ptr();
+        // SAFETY: a Q4_1 chunk ends with its eight f16 offsets.
+        let m = unsafe {
+            _mm256_cvtph_ps(_mm_loadu_si128(
+                chunk
+                    .add(PackedWeights::offsets_at(WeightFormat::Q4_1))
+                    .cast(),
+            ))
+        };
         let mut x = [_mm512_setzero_si512(); GROUP];
         let mut dx = [_mm512_setzero_ps(); GROUP];
         // SAFETY: a chunk holds 4 × 32 quant bytes, then 16 bytes of scales.
@@ -101,6 +103,9 @@ pub unsafe fn q4_1<const T: usize>(
                     pair_bcast(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
                 )
             };
+            // SAFETY: the activation's Q8_1 sums of pair `p` are in bounds (caller).
+            let s = unsafe { pair_bcast256(a.s.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)) };
+            offs[t] = _mm256_fmadd_ps(m, s, offs[t]);
             for r in 0..GROUP {
                 let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x[r], y);
                 acc[r][t] =
@@ -108,12 +113,13 @@ pub unsafe fn q4_1<const T: usize>(
             }
         }
     }
-    let n = 2 * pairs;
     let mut out = [[0f32; T]; GROUP];
-    for (r, row) in out.iter_mut().enumerate() {
-        for (t, v) in row.iter_mut().enumerate() {
-            let (wm, am) = (&w.m[(r0 + r) * n..][..n], &a.s[(t0 + t) * n..][..n]);
-            *v = _mm512_reduce_add_ps(acc[r][t]) + offsets(wm, am);
+    for (t, o) in offs.iter().enumerate() {
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` holds eight f32.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *o) };
+        for (r, row) in out.iter_mut().enumerate() {
+            row[t] = _mm512_reduce_add_ps(acc[r][t]) + (lanes[2 * r] + lanes[2 * r + 1]);
         }
     }
     out

@@ -58,10 +58,11 @@ pub const GROUP: usize = 4;
 /// [`GROUP`] (the last group padded with zero rows).
 ///
 /// For each group and pair of blocks, one chunk: the four rows' quants, then their
-/// eight scales as f16 (row 0 block 0, row 0 block 1, row 1 block 0, …) — the bytes of
-/// the GGUF file, reordered, so a matmul streams no more memory than the file holds.
+/// eight scales as f16 (row 0 block 0, row 0 block 1, row 1 block 0, …), then for Q4_1
+/// their eight offsets `m` in the same order — the bytes of the GGUF file, reordered, so
+/// a matmul streams no more memory than the file holds.
 /// - Q4_1: byte `j` of a row's pair holds unit position `j` in its low nibble and
-///   `j + 32` in its high nibble; the offsets `m` live in a separate row-major f16 array.
+///   `j + 32` in its high nibble.
 /// - Q8_0: byte `j` holds unit position `j` as `q + 128` (unsigned), the operand order of
 ///   unsigned-by-signed byte products.
 #[derive(Debug, Clone)]
@@ -71,10 +72,8 @@ pub struct PackedWeights {
     pub(crate) cols: usize,
     /// Pairs of blocks per row.
     pub(crate) pairs: usize,
-    /// Chunks of quants and scales.
+    /// Chunks of quants, scales and offsets.
     pub(crate) chunks: Vec<u8>,
-    /// Q4_1 offsets, `2 * pairs` per (padded) row; empty for Q8_0.
-    pub(crate) m: Vec<f16>,
 }
 
 fn f16_at(bytes: &[u8], at: usize) -> f16 {
@@ -104,7 +103,21 @@ fn parse_block(format: WeightFormat, b: &[u8]) -> (f16, f16, [i32; QK]) {
 impl PackedWeights {
     /// Bytes of one (group, pair) chunk.
     pub(crate) const fn chunk_bytes(format: WeightFormat) -> usize {
-        GROUP * format.pair_bytes() + GROUP * 2 * 2
+        let offsets = match format {
+            WeightFormat::Q4_1 => GROUP * 2 * 2,
+            WeightFormat::Q8_0 => 0,
+        };
+        Self::scales_at(format) + GROUP * 2 * 2 + offsets
+    }
+
+    /// Where a chunk's eight f16 scales start.
+    pub(crate) const fn scales_at(format: WeightFormat) -> usize {
+        GROUP * format.pair_bytes()
+    }
+
+    /// Where a Q4_1 chunk's eight f16 offsets start.
+    pub(crate) const fn offsets_at(format: WeightFormat) -> usize {
+        Self::scales_at(format) + GROUP * 2 * 2
     }
 
     /// Repacks a row-major GGUF tensor of `rows × cols` (cols a multiple of 32).
@@ -134,14 +147,6 @@ impl PackedWeights {
         let cb = Self::chunk_bytes(format);
         let mut chunks = vec![0u8; groups * pairs * cb];
         crate::memory::advise_huge_pages(&mut chunks);
-        let mut m = vec![
-            f16::ZERO;
-            if format == WeightFormat::Q4_1 {
-                groups * GROUP * 2 * pairs
-            } else {
-                0
-            }
-        ];
         for (row, src) in bytes.chunks_exact((kb * fb).max(1)).enumerate().take(rows) {
             let (g, r) = (row / GROUP, row % GROUP);
             for p in 0..pairs {
@@ -154,10 +159,11 @@ impl PackedWeights {
                     }
                     let (d, mb, vals) = parse_block(format, &src[b * fb..(b + 1) * fb]);
                     *qk = vals;
-                    let at = GROUP * pb + 2 * (2 * r + k);
+                    let at = Self::scales_at(format) + 2 * (2 * r + k);
                     chunk[at..at + 2].copy_from_slice(&d.to_le_bytes());
-                    if let Some(slot) = m.get_mut(row * 2 * pairs + b) {
-                        *slot = mb;
+                    if format == WeightFormat::Q4_1 {
+                        let at = Self::offsets_at(format) + 2 * (2 * r + k);
+                        chunk[at..at + 2].copy_from_slice(&mb.to_le_bytes());
                     }
                 }
                 let unit = |i: usize| {
@@ -182,7 +188,6 @@ impl PackedWeights {
             cols,
             pairs,
             chunks,
-            m,
         })
     }
 
@@ -205,7 +210,7 @@ impl PackedWeights {
 
     /// Bytes held in memory.
     pub fn size_bytes(&self) -> usize {
-        self.chunks.len() + 2 * self.m.len()
+        self.chunks.len()
     }
 
     /// The chunk of `row`'s group at pair `p`.
@@ -229,15 +234,17 @@ impl PackedWeights {
 
     /// Scale of block `k` (0 or 1) of pair `p` of `row`.
     pub(crate) fn scale(&self, row: usize, p: usize, k: usize) -> f32 {
-        let at = GROUP * self.format.pair_bytes() + 2 * (2 * (row % GROUP) + k);
+        let at = Self::scales_at(self.format) + 2 * (2 * (row % GROUP) + k);
         f16_at(self.chunk(row, p), at).to_f32()
     }
 
     /// Offset of block `b` of `row` (0 for Q8_0).
     pub(crate) fn offset(&self, row: usize, b: usize) -> f32 {
-        self.m
-            .get(row * 2 * self.pairs + b)
-            .map_or(0.0, |m| m.to_f32())
+        if self.format != WeightFormat::Q4_1 {
+            return 0.0;
+        }
+        let at = Self::offsets_at(self.format) + 2 * (2 * (row % GROUP) + b % 2);
+        f16_at(self.chunk(row, b / 2), at).to_f32()
     }
 
     /// The weights as f32, row-major (for tests and references).
