@@ -41,7 +41,7 @@ fn main() {
     ] {
         let bytes = weight_bytes(format, rows, cols);
         let w = QuantWeights::from_ggml_bytes(format, rows, cols, &bytes).expect("weights");
-        for isa in Isa::supported() {
+        for &isa in Isa::supported() {
             for m in [1usize, 16, 128] {
                 let x: Vec<f32> = (0..m * cols)
                     .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)

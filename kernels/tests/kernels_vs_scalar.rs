@@ -51,7 +51,7 @@ fn every_implementation_equals_the_scalar_reference() {
             for m in [1, 4, 9] {
                 let x: Vec<f32> = (0..m * cols).map(|_| r.random_range(-3.0..3.0)).collect();
                 let reference = w.matmul_with(Isa::Scalar, &x, m);
-                for &isa in &isas {
+                for &isa in isas {
                     let got = w.matmul_with(isa, &x, m);
                     for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
                         let (t, o) = (i / 37, i % 37);
@@ -79,7 +79,7 @@ fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
         let w = random_matrix(&mut r, format, rows, cols);
         let m = 11;
         let x: Vec<f32> = (0..m * cols).map(|_| r.random_range(-2.0..2.0)).collect();
-        for isa in Isa::supported() {
+        for &isa in Isa::supported() {
             let batch = w.matmul_with(isa, &x, m);
             for t in 0..m {
                 let alone = w.matmul_with(isa, &x[t * cols..(t + 1) * cols], 1);

@@ -15,26 +15,31 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// Every implementation this CPU can run, slowest first.
-    pub fn supported() -> Vec<Isa> {
-        let mut all = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            let f16c = std::is_x86_feature_detected!("f16c");
-            if f16c && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    /// Every implementation this CPU can run, slowest first (detected once).
+    pub fn supported() -> &'static [Isa] {
+        static SUPPORTED: OnceLock<Vec<Isa>> = OnceLock::new();
+        SUPPORTED.get_or_init(|| {
+            let mut all = vec![Isa::Scalar];
+            #[cfg(target_arch = "x86_64")]
             {
-                all.push(Isa::Avx2);
+                let f16c = std::is_x86_feature_detected!("f16c");
+                if f16c
+                    && std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("fma")
+                {
+                    all.push(Isa::Avx2);
+                }
+                if f16c
+                    && std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512bw")
+                    && std::is_x86_feature_detected!("avx512vl")
+                    && std::is_x86_feature_detected!("avx512vnni")
+                {
+                    all.push(Isa::Avx512Vnni);
+                }
             }
-            if f16c
-                && std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512bw")
-                && std::is_x86_feature_detected!("avx512vl")
-                && std::is_x86_feature_detected!("avx512vnni")
-            {
-                all.push(Isa::Avx512Vnni);
-            }
-        }
-        all
+            all
+        })
     }
 
     /// Detected once: the fastest supported, unless `TESSERA_KERNELS` (`scalar`, `avx2`,
