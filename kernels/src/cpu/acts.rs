@@ -3,34 +3,55 @@
 //! of [`crate::cpu::layout`].
 
 use half::f16;
+use rayon::prelude::*;
 
-use crate::cpu::layout::{unit_source, WeightFormat, PAIR, QK};
+use crate::cpu::layout::{unit_position, WeightFormat, PAIR, QK};
 
 fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
-/// Round half to even without a libm call: adding and subtracting 1.5·2²³ leaves the
-/// nearest integer under the default rounding mode, exactly, for |v| < 2²².
+/// Round half to even without a libm call, as an integer: adding 1.5·2²³ leaves the
+/// nearest integer (ties to even, the default rounding mode) in the low mantissa bits,
+/// exactly, for |v| < 2²². Plain lane arithmetic, so loops over it vectorize.
 #[inline(always)]
-fn round_even(v: f32) -> f32 {
+fn round_even_i32(v: f32) -> i32 {
     const MAGIC: f32 = 12_582_912.0;
-    (v + MAGIC) - MAGIC
+    ((v + MAGIC).to_bits() as i32) - MAGIC.to_bits() as i32
 }
 
 /// One block quantized: stored scale, `s` (Q8_1's `d * Σq`, rounded to f16) and quants.
+#[cfg(test)]
 fn quantize_block(xs: &[f32]) -> (f32, f32, [i8; QK]) {
-    let amax = xs.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let mut q = [0i8; QK];
+    let (d, s) = quantize_block_into(xs, |e, v| q[e] = v);
+    (d, s, q)
+}
+
+/// Quantizes one block of [`QK`] values, handing quant `e` to `put(e, q)`; returns the
+/// stored scale and `s`. Written as plain lane arithmetic so it vectorizes.
+#[inline(always)]
+fn quantize_block_into(xs: &[f32], mut put: impl FnMut(usize, i8)) -> (f32, f32) {
+    let mut lanes = [0f32; 8];
+    for c in xs.chunks_exact(8) {
+        for (l, x) in lanes.iter_mut().zip(c) {
+            *l = l.max(x.abs());
+        }
+    }
+    let amax = lanes.iter().fold(0f32, |m, x| m.max(*x));
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-    let mut q = [0i8; QK];
+    let mut ints = [0i32; QK];
+    for (q, x) in ints.iter_mut().zip(xs) {
+        *q = round_even_i32(x * id);
+    }
     let mut sum = 0i32;
-    for (q, x) in q.iter_mut().zip(xs) {
-        *q = round_even(x * id) as i8;
-        sum += i32::from(*q);
+    for (e, q) in ints.iter().enumerate() {
+        sum += q;
+        put(e, *q as i8);
     }
     // ggml multiplies by the unrounded scale, then rounds once.
-    (round_f16(d), round_f16(d * sum as f32), q)
+    (round_f16(d), round_f16(d * sum as f32))
 }
 
 /// `m` rows of activations quantized for one weight format: Q8_1 for Q4_1 weights,
@@ -42,7 +63,7 @@ pub struct PackedActs {
     pub(crate) qs: Vec<i8>,
     /// Scales, `2 * pairs` per row.
     pub(crate) d: Vec<f32>,
-    /// Q8_1 `s` per block (Q4_1 weights only).
+    /// Q8_1 `s` per block (read for Q4_1 weights only).
     pub(crate) s: Vec<f32>,
     /// For Q8_0 weights stored as `q + 128`: per pair, 16 lanes of `-128 × Σ` of the
     /// four activation quants each lane covers, the start value of a lane's sum that
@@ -50,62 +71,66 @@ pub struct PackedActs {
     pub(crate) corr: Vec<i32>,
 }
 
+/// Rows from which quantization is split over the thread pool.
+const PAR_MIN_ROWS: usize = 4;
+
+/// One activation row quantized into its slices of a [`PackedActs`].
+fn quantize_row(row: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (b, block) in row.chunks_exact(QK).enumerate() {
+        let unit = &mut qs[(b / 2) * PAIR..(b / 2 + 1) * PAIR];
+        let k = b % 2;
+        let (db, sb) = quantize_block_into(block, |e, v| unit[unit_position(k, e)] = v);
+        d[b] = db;
+        s[b] = sb;
+    }
+}
+
+/// The Q8_0 lane corrections of one quantized row: per pair, `-128 ×` the sum of each
+/// lane's four quants.
+fn corrections_row(qs: &[i8], corr: &mut [i32]) {
+    for (lane, quads) in corr.iter_mut().zip(qs.chunks_exact(4)) {
+        *lane = -128 * quads.iter().map(|v| i32::from(*v)).sum::<i32>();
+    }
+}
+
 impl PackedActs {
-    /// Quantizes `m` rows of `cols` values (a multiple of 32).
+    /// Quantizes `m` rows of `cols` values (a multiple of 32); rows are independent, so
+    /// a large batch is split over the current rayon pool.
     pub fn quantize(format: WeightFormat, x: &[f32], m: usize, cols: usize) -> Self {
         let kb = cols / QK;
         let pairs = kb.div_ceil(2);
+        let q8_0 = format == WeightFormat::Q8_0;
         let mut a = Self {
             pairs,
             qs: vec![0; m * pairs * PAIR],
             d: vec![0.0; m * 2 * pairs],
-            s: vec![
-                0.0;
-                if format == WeightFormat::Q4_1 {
-                    m * 2 * pairs
-                } else {
-                    0
-                }
-            ],
-            corr: vec![
-                0;
-                if format == WeightFormat::Q8_0 {
-                    m * pairs * 16
-                } else {
-                    0
-                }
-            ],
+            s: vec![0.0; m * 2 * pairs],
+            corr: vec![0; if q8_0 { m * pairs * 16 } else { 0 }],
         };
-        let mut q = [[0i8; QK]; 2];
-        for (t, row) in x.chunks_exact(cols).take(m).enumerate() {
-            for p in 0..pairs {
-                for (k, qk) in q.iter_mut().enumerate() {
-                    let b = 2 * p + k;
-                    let at = t * 2 * pairs + b;
-                    if b < kb {
-                        let (d, s, vals) = quantize_block(&row[b * QK..(b + 1) * QK]);
-                        a.d[at] = d;
-                        if let Some(slot) = a.s.get_mut(at) {
-                            *slot = s;
-                        }
-                        *qk = vals;
-                    } else {
-                        *qk = [0; QK];
-                    }
-                }
-                let base = (t * pairs + p) * PAIR;
-                for i in 0..PAIR {
-                    let (k, e) = unit_source(i);
-                    a.qs[base + i] = q[k][e];
-                }
-                if format == WeightFormat::Q8_0 {
-                    for lane in 0..16 {
-                        let sum: i32 = a.qs[base + 4 * lane..base + 4 * lane + 4]
-                            .iter()
-                            .map(|v| i32::from(*v))
-                            .sum();
-                        a.corr[(t * pairs + p) * 16 + lane] = -128 * sum;
-                    }
+        if m == 0 || pairs == 0 {
+            return a;
+        }
+        let rows = x.chunks_exact(cols).take(m);
+        let qs = a.qs.chunks_mut(pairs * PAIR);
+        let d = a.d.chunks_mut(2 * pairs);
+        let s = a.s.chunks_mut(2 * pairs);
+        if m >= PAR_MIN_ROWS {
+            let jobs: Vec<_> = rows.zip(qs).zip(d).zip(s).collect();
+            jobs.into_par_iter()
+                .for_each(|(((row, qs), d), s)| quantize_row(row, qs, d, s));
+            if q8_0 {
+                a.corr
+                    .par_chunks_mut(pairs * 16)
+                    .zip(a.qs.par_chunks(pairs * PAIR))
+                    .for_each(|(corr, qs)| corrections_row(qs, corr));
+            }
+        } else {
+            for (((row, qs), d), s) in rows.zip(qs).zip(d).zip(s) {
+                quantize_row(row, qs, d, s);
+            }
+            if q8_0 {
+                for (corr, qs) in a.corr.chunks_mut(pairs * 16).zip(a.qs.chunks(pairs * PAIR)) {
+                    corrections_row(qs, corr);
                 }
             }
         }
@@ -122,6 +147,15 @@ impl PackedActs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::layout::unit_source;
+
+    #[test]
+    fn unit_position_inverts_unit_source() {
+        for i in 0..PAIR {
+            let (k, e) = unit_source(i);
+            assert_eq!(unit_position(k, e), i);
+        }
+    }
 
     #[test]
     fn q8_1_keeps_values_within_half_a_step() {
@@ -146,11 +180,11 @@ mod tests {
     fn fast_rounding_equals_round_ties_even() {
         let mut v = -130.0f32;
         while v <= 130.0 {
-            assert_eq!(round_even(v), v.round_ties_even(), "{v}");
+            assert_eq!(round_even_i32(v), v.round_ties_even() as i32, "{v}");
             v += 0.03125;
         }
         for v in [0.5f32, 1.5, 2.5, -0.5, -2.5, 126.5, -127.49999, 0.49999997] {
-            assert_eq!(round_even(v), v.round_ties_even(), "{v}");
+            assert_eq!(round_even_i32(v), v.round_ties_even() as i32, "{v}");
         }
     }
 

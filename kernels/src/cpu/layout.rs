@@ -23,6 +23,13 @@ pub const fn unit_source(i: usize) -> (usize, usize) {
     ((i >> 2) & 1, ((i >> 3) << 2) | (i & 3))
 }
 
+/// The unit position of element `e` of block `k` of a pair: the inverse of
+/// [`unit_source`].
+#[inline(always)]
+pub const fn unit_position(k: usize, e: usize) -> usize {
+    ((e >> 2) << 3) | (k << 2) | (e & 3)
+}
+
 /// GGML formats these kernels handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {

@@ -9,6 +9,7 @@ use tessera_kernels::QuantWeights;
 
 use crate::error::Result;
 use crate::loader::Matrix;
+use crate::model::cpu_ops;
 use crate::tp::SplitState;
 
 /// The matmul behind a linear layer.
@@ -38,8 +39,8 @@ impl Linear {
             LinearWeight::Candle(w) => w.forward(x)?,
             LinearWeight::Kernel(w) => {
                 let (m, _) = x.dims2()?;
-                let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-                Tensor::from_vec(w.matmul(&xs, m), (m, w.rows()), x.device())?
+                let y = cpu_ops::with_values(x, |xs| w.matmul(xs, m))?;
+                Tensor::from_vec(y, (m, w.rows()), x.device())?
             }
         };
         Ok(match &self.bias {
@@ -122,6 +123,42 @@ impl ColumnParallel {
             return Ok(outs);
         }
         self.parts.iter().map(|p| p.forward(x)).collect()
+    }
+
+    /// Outputs of each segment as row-major `[tokens, width_i]` vectors.
+    pub fn forward_vecs(&self, x: &Tensor) -> Result<Vec<Vec<f32>>> {
+        if let [fused] = self.parts.as_slice() {
+            let y = fused.forward(x)?;
+            let mut offset = 0;
+            return self
+                .widths
+                .iter()
+                .map(|&w| {
+                    offset += w;
+                    cpu_ops::columns_to_vec(&y, offset - w, w)
+                })
+                .collect();
+        }
+        self.parts
+            .iter()
+            .zip(&self.widths)
+            .map(|(p, &w)| cpu_ops::columns_to_vec(&p.forward(x)?, 0, w))
+            .collect()
+    }
+
+    /// SiLU(gate) · up of a gate/up pair of segments, `[tokens, width]`.
+    pub fn forward_swiglu(&self, x: &Tensor) -> Result<Tensor> {
+        match (self.parts.as_slice(), self.widths.as_slice()) {
+            ([fused], &[gate, up]) if gate == up => cpu_ops::swiglu_fused(&fused.forward(x)?, gate),
+            (_, [_, _]) => {
+                let gu = self.forward(x)?;
+                cpu_ops::swiglu(&gu[0], &gu[1])
+            }
+            _ => Err(crate::error::EngineError::Parallel(format!(
+                "gate/up: expected two segments, found {}",
+                self.widths.len()
+            ))),
+        }
     }
 
     pub fn widths(&self) -> &[usize] {

@@ -15,6 +15,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::{layer_name, Embedding, Matrix, TensorSource};
 use crate::model::batch::Batch;
+use crate::model::cpu_ops;
 use crate::model::kv_cache::KvCache;
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::model::paged_attention::{attend, write_kv, AttentionShape};
@@ -211,12 +212,15 @@ impl LlamaShard {
         };
         let mut layers = std::mem::take(&mut cache.layers);
         let result = (|| -> Result<Tensor> {
-            for (block, layer_cache) in self.blocks.iter().zip(layers.iter_mut()) {
-                let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, eps)?;
-                let qkv = block.qkv.forward(&h)?;
-                let mut q = flat(&qkv[0])?;
-                let mut k = flat(&qkv[1])?;
-                let v = flat(&qkv[2])?;
+            let Some(first) = self.blocks.first() else {
+                return Ok(x);
+            };
+            let mut h = cpu_ops::rms_norm(&x, &first.attn_norm, eps)?;
+            for (i, (block, layer_cache)) in self.blocks.iter().zip(layers.iter_mut()).enumerate() {
+                let [mut q, mut k, v]: [Vec<f32>; 3] =
+                    block.qkv.forward_vecs(&h)?.try_into().map_err(|_| {
+                        EngineError::Parallel("qkv: expected three segments".into())
+                    })?;
                 for (t, &pos) in batch.positions.iter().enumerate() {
                     self.rope.apply(&mut q[t * nq * hd..(t + 1) * nq * hd], pos);
                     self.rope
@@ -226,12 +230,13 @@ impl LlamaShard {
                 let attn = attend(layer_cache, cache, batch, &q, shape);
                 let attn = Tensor::from_vec(attn, (n, nq * hd), &self.device)?;
                 let o = comm.all_reduce_sum(&block.o_proj.forward(&attn)?)?;
-                x = (&x + o)?;
-                let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, eps)?;
-                let gu = block.gate_up.forward(&h)?;
-                let act = (gu[0].silu()? * &gu[1])?;
+                let (mid, h_ffn) = cpu_ops::add_rms_norm(&x, &o, &block.ffn_norm, eps)?;
+                let act = block.gate_up.forward_swiglu(&h_ffn)?;
                 let d = comm.all_reduce_sum(&block.down.forward(&act)?)?;
-                x = (&x + d)?;
+                match self.blocks.get(i + 1) {
+                    Some(next) => (x, h) = cpu_ops::add_rms_norm(&mid, &d, &next.attn_norm, eps)?,
+                    None => x = cpu_ops::add(&mid, &d)?,
+                }
             }
             Ok(x)
         })();
@@ -252,12 +257,8 @@ impl LlamaShard {
         let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();
         let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
         let last = x.index_select(&rows, 0)?;
-        let last = candle_nn::ops::rms_norm(&last, &self.norm, eps)?;
+        let last = cpu_ops::rms_norm(&last, &self.norm, eps)?;
         let logits = self.lm_head.forward(&last)?;
         comm.all_gather(&logits, 1)
     }
-}
-
-fn flat(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.contiguous()?.flatten_all()?.to_vec1::<f32>()?)
 }

@@ -1,6 +1,8 @@
 //! Models and the pieces of their forward pass.
 
 pub mod batch;
+pub mod cpu_ops;
+pub mod fast_math;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;

@@ -1,0 +1,274 @@
+//! The elementwise steps of a layer (RMSNorm, residual add, SiLU·up) on CPU f32 tensors,
+//! run on the rank's own thread pool, one row per task, so a row's result never depends
+//! on the batch around it. candle's versions of these ops hand large tensors to a
+//! separate thread pool of its own whose threads then spin, and on a machine whose cores
+//! the rank's threads already use, that spinning takes their time (a perf profile of a
+//! 124-token prefill put 12% of all samples in it). Tensors elsewhere (other dtypes,
+//! CUDA) take candle's ops.
+
+use candle_core::{CpuStorage, Storage, Tensor};
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::model::fast_math::silu;
+
+/// Rows below this many values are computed without handing work to the pool.
+const PAR_MIN_VALUES: usize = 16 * 1024;
+
+/// `f` over the values of `t` when it is a contiguous CPU f32 tensor.
+fn with_cpu_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(CpuStorage::F32(v)), Some((start, end))) => Some(f(&v[start..end])),
+        _ => None,
+    }
+}
+
+/// `out[r] = f(r, out row)` for every row of `cols` values, in parallel when large.
+fn rows_mut(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if out.len() >= PAR_MIN_VALUES && cols > 0 {
+        out.par_chunks_mut(cols)
+            .enumerate()
+            .for_each(|(r, row)| f(r, row));
+    } else {
+        for (r, row) in out.chunks_mut(cols.max(1)).enumerate() {
+            f(r, row);
+        }
+    }
+}
+
+/// `x · w / sqrt(mean(x²) + eps)` of one row into `out`.
+fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    // Eight running sums, so the loop vectorizes.
+    let mut lanes = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += v * v;
+        }
+    }
+    let sum_sq = lanes.iter().sum::<f32>() + chunks.remainder().iter().map(|v| v * v).sum::<f32>();
+    let inv = 1.0 / (sum_sq / x.len() as f32 + eps).sqrt();
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * inv * g;
+    }
+}
+
+/// RMSNorm of every row of `x` (`[tokens, hidden]`) with weight `w`.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    let (n, h) = x.dims2()?;
+    let fast = with_cpu_f32(x, |xs| {
+        with_cpu_f32(w, |ws| {
+            let mut out = vec![0f32; n * h];
+            rows_mut(&mut out, h, |r, row| {
+                rms_norm_row(&xs[r * h..(r + 1) * h], ws, eps, row)
+            });
+            out
+        })
+    })
+    .flatten();
+    match fast {
+        Some(out) => Ok(Tensor::from_vec(out, (n, h), x.device())?),
+        None => Ok(candle_nn::ops::rms_norm(x, w, eps)?),
+    }
+}
+
+/// `x + delta` and the RMSNorm of that sum, in one pass: the residual stream after a
+/// sub-layer and the next sub-layer's input.
+pub fn add_rms_norm(x: &Tensor, delta: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+    let (n, h) = x.dims2()?;
+    let fast = with_cpu_f32(x, |xs| {
+        with_cpu_f32(delta, |ds| {
+            with_cpu_f32(w, |ws| {
+                let mut sum = vec![0f32; n * h];
+                rows_mut(&mut sum, h, |r, row| {
+                    let at = r * h..(r + 1) * h;
+                    for ((s, a), b) in row.iter_mut().zip(&xs[at.clone()]).zip(&ds[at]) {
+                        *s = a + b;
+                    }
+                });
+                let mut normed = vec![0f32; n * h];
+                rows_mut(&mut normed, h, |r, row| {
+                    rms_norm_row(&sum[r * h..(r + 1) * h], ws, eps, row)
+                });
+                (sum, normed)
+            })
+        })
+    })
+    .flatten()
+    .flatten();
+    match fast {
+        Some((sum, normed)) => Ok((
+            Tensor::from_vec(sum, (n, h), x.device())?,
+            Tensor::from_vec(normed, (n, h), x.device())?,
+        )),
+        None => {
+            let sum = (x + delta)?;
+            let normed = candle_nn::ops::rms_norm(&sum, w, eps)?;
+            Ok((sum, normed))
+        }
+    }
+}
+
+/// `x + delta`.
+pub fn add(x: &Tensor, delta: &Tensor) -> Result<Tensor> {
+    let (n, h) = x.dims2()?;
+    let fast = with_cpu_f32(x, |xs| {
+        with_cpu_f32(delta, |ds| {
+            let mut sum = vec![0f32; n * h];
+            rows_mut(&mut sum, h, |r, row| {
+                let at = r * h..(r + 1) * h;
+                for ((s, a), b) in row.iter_mut().zip(&xs[at.clone()]).zip(&ds[at]) {
+                    *s = a + b;
+                }
+            });
+            sum
+        })
+    })
+    .flatten();
+    match fast {
+        Some(sum) => Ok(Tensor::from_vec(sum, (n, h), x.device())?),
+        None => Ok((x + delta)?),
+    }
+}
+
+/// SiLU(gate) · up of a fused `[tokens, 2·width]` output whose first `width` columns are
+/// the gate and the rest the up projection: `[tokens, width]`.
+pub fn swiglu_fused(gate_up: &Tensor, width: usize) -> Result<Tensor> {
+    let (n, cols) = gate_up.dims2()?;
+    let fast = if cols == 2 * width {
+        with_cpu_f32(gate_up, |gu| {
+            let mut out = vec![0f32; n * width];
+            rows_mut(&mut out, width, |r, row| {
+                let (gate, up) = gu[r * cols..(r + 1) * cols].split_at(width);
+                for ((o, g), u) in row.iter_mut().zip(gate).zip(up) {
+                    *o = silu(*g) * u;
+                }
+            });
+            out
+        })
+    } else {
+        None
+    };
+    match fast {
+        Some(out) => Ok(Tensor::from_vec(out, (n, width), gate_up.device())?),
+        None => {
+            let gate = gate_up.narrow(1, 0, width)?;
+            let up = gate_up.narrow(1, width, cols - width)?;
+            Ok((gate.silu()? * up)?)
+        }
+    }
+}
+
+/// SiLU(gate) · up of two separate outputs.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    Ok((gate.silu()? * up)?)
+}
+
+/// The columns `offset..offset + width` of every row of `y` (`[tokens, cols]`) as one
+/// row-major vector.
+pub fn columns_to_vec(y: &Tensor, offset: usize, width: usize) -> Result<Vec<f32>> {
+    let (n, cols) = y.dims2()?;
+    let fast = with_cpu_f32(y, |ys| {
+        let mut out = Vec::with_capacity(n * width);
+        for row in ys.chunks_exact(cols.max(1)).take(n) {
+            out.extend_from_slice(&row[offset..offset + width]);
+        }
+        out
+    });
+    match fast {
+        Some(out) => Ok(out),
+        None => Ok(y
+            .narrow(1, offset, width)?
+            .contiguous()?
+            .flatten_all()?
+            .to_vec1::<f32>()?),
+    }
+}
+
+/// The values of a `[tokens, cols]` tensor, row-major, borrowed when it is a contiguous
+/// CPU f32 tensor and copied otherwise; `f` runs over them.
+pub fn with_values<R>(x: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    {
+        let (storage, layout) = x.storage_and_layout();
+        if let (Storage::Cpu(CpuStorage::F32(v)), Some((start, end))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            return Ok(f(&v[start..end]));
+        }
+    }
+    let values = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(f(&values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    type R = Result<()>;
+
+    fn t(values: &[f32], rows: usize, cols: usize) -> Result<Tensor> {
+        Ok(Tensor::from_slice(values, (rows, cols), &Device::Cpu)?)
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+        let (a, b) = (
+            a.flatten_all()?.to_vec1::<f32>()?,
+            b.flatten_all()?.to_vec1::<f32>()?,
+        );
+        assert_eq!(a.len(), b.len());
+        Ok(a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max))
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2000) as f32 / 250.0 - 4.0)
+            .collect()
+    }
+
+    #[test]
+    fn ops_match_candle_small_and_large() -> R {
+        for (n, h) in [(3, 64), (64, 576)] {
+            let x = t(&values(n * h, 1), n, h)?;
+            let d = t(&values(n * h, 2), n, h)?;
+            let w = Tensor::from_vec(values(h, 3), h, &Device::Cpu)?;
+            let want = candle_nn::ops::rms_norm(&x, &w, 1e-5)?;
+            assert!(max_diff(&rms_norm(&x, &w, 1e-5)?, &want)? < 1e-5);
+            let (sum, normed) = add_rms_norm(&x, &d, &w, 1e-5)?;
+            let want_sum = (&x + &d)?;
+            assert_eq!(max_diff(&sum, &want_sum)?, 0.0);
+            assert_eq!(max_diff(&add(&x, &d)?, &want_sum)?, 0.0);
+            let want_norm = candle_nn::ops::rms_norm(&want_sum, &w, 1e-5)?;
+            assert!(max_diff(&normed, &want_norm)? < 1e-5);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn swiglu_fused_matches_candle() -> R {
+        for (n, width) in [(2, 32), (40, 512)] {
+            let gu = t(&values(n * 2 * width, 4), n, 2 * width)?;
+            let want = (gu.narrow(1, 0, width)?.silu()? * gu.narrow(1, width, width)?)?;
+            let got = swiglu_fused(&gu, width)?;
+            let diff = max_diff(&got, &want)?;
+            assert!(diff < 1e-5, "{diff}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn columns_are_cut_row_by_row() -> R {
+        let y = t(&[1., 2., 3., 4., 5., 6.], 2, 3)?;
+        let cut = |y: &Tensor, o, w| columns_to_vec(y, o, w);
+        assert_eq!(cut(&y, 1, 2)?, vec![2., 3., 5., 6.]);
+        let narrowed = y.narrow(1, 1, 2)?;
+        assert_eq!(cut(&narrowed, 0, 1)?, vec![2., 5.]);
+        let copied = with_values(&narrowed, |v| v.to_vec())?;
+        assert_eq!(copied, vec![2., 3., 5., 6.]);
+        Ok(())
+    }
+}
