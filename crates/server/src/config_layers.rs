@@ -295,7 +295,16 @@ mod tests {
         assert_eq!(args.max_waiting, 19, "env over file");
         assert_eq!(args.port, 9100, "flag over env and file");
         assert_eq!(args.allowed_origins, ["https://a", "https://b"]);
-        assert_eq!(args.max_batch_tokens, 2048, "default");
+        assert_eq!(args.max_batch_tokens, None, "default");
+    }
+
+    #[test]
+    fn the_step_budget_defaults_by_device_kind() {
+        use tessera_engine::DeviceSpec;
+        let cpus = [DeviceSpec::Cpu(0), DeviceSpec::Cpu(1)];
+        assert_eq!(crate::serve::default_max_batch_tokens(&cpus), 256);
+        let gpus = [DeviceSpec::Cuda(0), DeviceSpec::Cuda(1)];
+        assert_eq!(crate::serve::default_max_batch_tokens(&gpus), 2048);
     }
 
     #[test]
