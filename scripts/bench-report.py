@@ -116,9 +116,17 @@ def serve_section(d, max_tokens, threads):
         "`scripts/bench-serve.py` (Python asyncio + aiohttp, like `vllm bench serve` with "
         "`--max-concurrency`): each of C clients sends streaming `/v1/completions` requests one after "
         f"another; requests per level: {reqs} clients. Each request has its own prompt of "
-        f"~{prompt_tokens:.0f} tokens, greedy sampling, `max_tokens` {max_tokens} and `logit_bias` -100 on "
-        "the end-of-generation tokens, so every request streams exactly "
-        f"{max_tokens} tokens (`short` counts those that did not). Output tok/s is all output "
+        f"~{prompt_tokens:.0f} tokens, greedy sampling and `max_tokens` {max_tokens}; "
+        + (
+            "`logit_bias` -100 on the end-of-generation tokens "
+            f"({', '.join(map(str, any_run['no_stop_ids']))}), so every request streams exactly "
+            f"{max_tokens} tokens (`short` counts those that did not). "
+            if any_run.get("no_stop_ids")
+            else "no `logit_bias` (llama-cpp-python applies one in Python on every token, which "
+            "cost it ~15% here): the prompts are prose the model continues past "
+            f"{max_tokens} tokens, and `short` counts any request that ended sooner. "
+        )
+        + "Output tok/s is all output "
         "tokens over the wall time of the level; ITL is the mean gap between streamed chunks; "
         "E2E is request latency. Both servers warmed up first, run one at a time.",
         "llama-cpp-python's server (0.3.x) keeps one llama.cpp context behind a lock: it runs "
