@@ -80,7 +80,10 @@ impl QuantWeights {
         let mut out = vec![0f32; m * rows];
         let dst = Output(out.as_mut_ptr());
         let tasks = w.padded_rows().div_ceil(ROWS_PER_TASK);
-        (0..tasks).into_par_iter().for_each(|task| {
+        // A few runs of tasks per thread: a decode task is well under a microsecond, and
+        // every split rayon makes is a job another thread must be woken for and steal.
+        let min_len = (tasks / (4 * rayon::current_num_threads())).max(1);
+        (0..tasks).into_par_iter().with_min_len(min_len).for_each(|task| {
             let first = task * ROWS_PER_TASK;
             let last = (first + ROWS_PER_TASK).min(w.padded_rows());
             // Activation rows in blocks that stay in L1 while the task's weight groups
