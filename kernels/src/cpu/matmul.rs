@@ -83,44 +83,47 @@ impl QuantWeights {
         // A few runs of tasks per thread: a decode task is well under a microsecond, and
         // every split rayon makes is a job another thread must be woken for and steal.
         let min_len = (tasks / (4 * rayon::current_num_threads())).max(1);
-        (0..tasks).into_par_iter().with_min_len(min_len).for_each(|task| {
-            let first = task * ROWS_PER_TASK;
-            let last = (first + ROWS_PER_TASK).min(w.padded_rows());
-            // Activation rows in blocks that stay in L1 while the task's weight groups
-            // pass over them.
-            for block in (0..m).step_by(TOKEN_BLOCK) {
-                let block_end = (block + TOKEN_BLOCK).min(m);
-                for r0 in (first..last).step_by(GROUP) {
-                    let live = rows.saturating_sub(r0).min(GROUP);
-                    let mut t = block;
-                    while t < block_end {
-                        let toks = if block_end - t >= TILE_TOKENS {
-                            TILE_TOKENS
-                        } else {
-                            1
-                        };
-                        let put = |r: usize, k: usize, v: f32| {
-                            // SAFETY: `(t + k, r0 + r)` is inside `[m, rows]` (`r < live`),
-                            // and each row belongs to exactly one task, so no two writes
-                            // alias.
-                            unsafe { dst.write((t + k) * rows + r0 + r, v) }
-                        };
-                        if toks == TILE_TOKENS {
-                            let v = tile::<TILE_TOKENS>(isa, w, r0, &a, t);
-                            for (r, row) in v.iter().enumerate().take(live) {
-                                row.iter().enumerate().for_each(|(k, v)| put(r, k, *v));
+        (0..tasks)
+            .into_par_iter()
+            .with_min_len(min_len)
+            .for_each(|task| {
+                let first = task * ROWS_PER_TASK;
+                let last = (first + ROWS_PER_TASK).min(w.padded_rows());
+                // Activation rows in blocks that stay in L1 while the task's weight groups
+                // pass over them.
+                for block in (0..m).step_by(TOKEN_BLOCK) {
+                    let block_end = (block + TOKEN_BLOCK).min(m);
+                    for r0 in (first..last).step_by(GROUP) {
+                        let live = rows.saturating_sub(r0).min(GROUP);
+                        let mut t = block;
+                        while t < block_end {
+                            let toks = if block_end - t >= TILE_TOKENS {
+                                TILE_TOKENS
+                            } else {
+                                1
+                            };
+                            let put = |r: usize, k: usize, v: f32| {
+                                // SAFETY: `(t + k, r0 + r)` is inside `[m, rows]` (`r < live`),
+                                // and each row belongs to exactly one task, so no two writes
+                                // alias.
+                                unsafe { dst.write((t + k) * rows + r0 + r, v) }
+                            };
+                            if toks == TILE_TOKENS {
+                                let v = tile::<TILE_TOKENS>(isa, w, r0, &a, t);
+                                for (r, row) in v.iter().enumerate().take(live) {
+                                    row.iter().enumerate().for_each(|(k, v)| put(r, k, *v));
+                                }
+                            } else {
+                                let v = tile::<1>(isa, w, r0, &a, t);
+                                for (r, row) in v.iter().enumerate().take(live) {
+                                    put(r, 0, row[0]);
+                                }
                             }
-                        } else {
-                            let v = tile::<1>(isa, w, r0, &a, t);
-                            for (r, row) in v.iter().enumerate().take(live) {
-                                put(r, 0, row[0]);
-                            }
+                            t += toks;
                         }
-                        t += toks;
                     }
                 }
-            }
-        });
+            });
         out
     }
 }

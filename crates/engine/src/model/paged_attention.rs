@@ -46,9 +46,10 @@ pub struct AttentionShape<'a> {
 
 /// `q`: `[tokens, num_q_heads * head_dim]` (rotated); returns the same shape.
 ///
-/// Every (token, KV head) is an independent task that serves all the query heads reading
-/// that KV head, so each key and value is loaded once per group; a single decoding token
-/// still spreads its KV heads over the rank's threads.
+/// Every (token, KV head, run of [`CHUNK_BLOCKS`] blocks of context) is an independent
+/// task that serves all the query heads reading that KV head, so each key and value is
+/// loaded once per group; a single decoding token still spreads its KV heads and its
+/// context over the rank's threads.
 pub fn attend(
     layer: &LayerCache,
     cache: &KvCache,
@@ -74,12 +75,22 @@ pub fn attend(
     }
     groups.retain(|g| !g.is_empty());
     let simd = Simd::detect();
-    let results: Vec<Vec<f32>> = (0..n * groups.len())
-        .into_par_iter()
-        .map(|task| {
-            let (t, g) = (task / groups.len(), task % groups.len());
-            let heads = &groups[g];
-            let seq = &batch.seqs[seq_of_token[t]];
+    // Tasks: each token's context, per group, in runs of CHUNK_BLOCKS blocks.
+    let chunk = CHUNK_BLOCKS * cache.block_size;
+    let mut tasks: Vec<(usize, usize, std::ops::Range<usize>)> = Vec::new();
+    for t in 0..n {
+        let context = batch.positions[t] + 1;
+        for g in 0..groups.len() {
+            for start in (0..context).step_by(chunk) {
+                tasks.push((t, g, start..(start + chunk).min(context)));
+            }
+        }
+    }
+    let partials: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|(t, g, positions)| {
+            let heads = &groups[*g];
+            let seq = &batch.seqs[seq_of_token[*t]];
             let group = Group {
                 layer,
                 cache,
@@ -89,21 +100,61 @@ pub fn attend(
                     .iter()
                     .map(|h| &q[(t * nq + h) * hd..(t * nq + h + 1) * hd])
                     .collect(),
-                context: batch.positions[t] + 1,
+                positions: positions.clone(),
                 scale: shape.scale,
             };
             simd.attend_group(&group)
         })
         .collect();
     let mut out = vec![0f32; n * nq * hd];
-    for (task, res) in results.iter().enumerate() {
-        let (t, g) = (task / groups.len(), task % groups.len());
-        for (i, h) in groups[g].iter().enumerate() {
-            out[(t * nq + h) * hd..(t * nq + h + 1) * hd]
-                .copy_from_slice(&res[i * hd..(i + 1) * hd]);
+    let mut first = 0;
+    while first < tasks.len() {
+        let (t, g, _) = tasks[first];
+        let end = first
+            + tasks[first..]
+                .iter()
+                .take_while(|(t2, g2, _)| (*t2, *g2) == (t, g))
+                .count();
+        let heads = &groups[g];
+        for (i, h) in heads.iter().enumerate() {
+            merge_partials(
+                &partials[first..end],
+                heads.len(),
+                hd,
+                i,
+                &mut out[(t * nq + h) * hd..(t * nq + h + 1) * hd],
+            );
         }
+        first = end;
     }
     out
+}
+
+/// Blocks of context one attention task covers. A decoding token's context is split into
+/// runs of this many blocks, so its few KV-head groups still make enough tasks for every
+/// thread (3 groups on 2 threads left one idle a third of the time); the runs' partial
+/// softmaxes are merged after. Fixed, not derived from the batch or the thread count, so
+/// a token's result depends on neither; a context of one run is computed as before.
+const CHUNK_BLOCKS: usize = 4;
+
+/// Head `i`'s output from the partial results of one token and group over consecutive
+/// runs of its context (see [`attend_group`] for their layout): each run's weighted
+/// values are rescaled from its own maximum score to the largest, then divided by the
+/// total weight.
+fn merge_partials(parts: &[Vec<f32>], nh: usize, hd: usize, i: usize, out: &mut [f32]) {
+    let max = parts.iter().fold(f32::NEG_INFINITY, |m, p| m.max(p[i]));
+    let mut total = 0f32;
+    out.fill(0.0);
+    for p in parts {
+        let w = exp_nonpositive(p[i] - max);
+        total += w * p[nh + i];
+        let acc = &p[2 * nh + i * hd..2 * nh + (i + 1) * hd];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o += w * a;
+        }
+    }
+    let inv = 1.0 / total;
+    out.iter_mut().for_each(|x| *x *= inv);
 }
 
 /// The query heads of one token that read the same KV head, over a sequence's blocks.
@@ -113,8 +164,9 @@ struct Group<'a> {
     block_table: &'a [u32],
     kv_head: usize,
     q: Vec<&'a [f32]>,
-    /// Positions attended: the token's own and every earlier one.
-    context: usize,
+    /// Positions attended by this task: a run of whole blocks (the last may be partial)
+    /// of the token's context, its own position and earlier ones.
+    positions: std::ops::Range<usize>,
     scale: f32,
 }
 
@@ -158,20 +210,25 @@ unsafe fn attend_group_avx512(group: &Group<'_>) -> Vec<f32> {
     attend_group(group)
 }
 
-/// Softmax(q·K × scale)·V for each query head of the group, concatenated.
+/// Attention of each query head of the group over `group.positions`, as a partial
+/// result to merge ([`merge_partials`]): per head its largest scaled score `m`, then per
+/// head `s = Σ e^(score − m)`, then per head the `head_dim` sums `Σ e^(score − m)·v`.
 #[inline(always)]
 fn attend_group(group: &Group<'_>) -> Vec<f32> {
     let cache = group.cache;
     let hd = cache.head_dim;
     let bs = cache.block_size;
     let stride = cache.slot_stride();
-    let (nh, ctx) = (group.q.len(), group.context);
-    let mut scores = vec![0f32; nh * ctx];
-    for (b, &block) in group.block_table.iter().enumerate().take(ctx.div_ceil(bs)) {
-        let (first, n) = (b * bs, bs.min(ctx - b * bs));
+    let nh = group.q.len();
+    let (lo, len) = (group.positions.start, group.positions.len());
+    let mut scores = vec![0f32; nh * len];
+    let blocks = group.block_table.iter().enumerate();
+    for (b, &block) in blocks.skip(lo / bs).take(len.div_ceil(bs)) {
+        let first = b * bs - lo;
+        let n = bs.min(len - first);
         let keys = &group.layer.k[cache.key_row(block as usize, group.kv_head)..][..hd * bs];
         for (h, q) in group.q.iter().enumerate() {
-            let out = &mut scores[h * ctx + first..h * ctx + first + n];
+            let out = &mut scores[h * len + first..h * len + first + n];
             if bs == KEY_LANES {
                 block_scores::<KEY_LANES>(q, keys, out);
             } else {
@@ -179,36 +236,33 @@ fn attend_group(group: &Group<'_>) -> Vec<f32> {
             }
         }
     }
-    let mut sums = vec![0f32; nh];
-    for (h, row) in scores.chunks_exact_mut(ctx).enumerate() {
+    let mut out = vec![0f32; nh * (2 + hd)];
+    for (h, row) in scores.chunks_exact_mut(len).enumerate() {
         let max = row
             .iter()
             .fold(f32::NEG_INFINITY, |m, s| m.max(*s * group.scale));
         row.iter_mut()
             .for_each(|s| *s = exp_nonpositive(*s * group.scale - max));
-        sums[h] = sum(row);
+        out[h] = max;
+        out[nh + h] = sum(row);
     }
-    let value = |pos: usize| {
+    let value = |i: usize| {
+        let pos = lo + i;
         let slot = group.block_table[pos / bs] as usize * bs + pos % bs;
         let o = slot * stride + group.kv_head * hd;
         &group.layer.v[o..o + hd]
     };
-    let mut out = vec![0f32; nh * hd];
-    for (h, acc) in out.chunks_exact_mut(hd).enumerate() {
-        let probs = &scores[h * ctx..(h + 1) * ctx];
+    for (h, acc) in out[2 * nh..].chunks_exact_mut(hd).enumerate() {
+        let probs = &scores[h * len..(h + 1) * len];
         if hd == VALUE_LANES {
             weighted_values::<VALUE_LANES>(probs, &value, acc);
         } else {
-            for (pos, p) in probs.iter().enumerate() {
-                for (a, x) in acc.iter_mut().zip(value(pos)) {
+            for (i, p) in probs.iter().enumerate() {
+                for (a, x) in acc.iter_mut().zip(value(i)) {
                     *a += p * x;
                 }
             }
         }
-    }
-    for (acc, s) in out.chunks_exact_mut(hd).zip(&sums) {
-        let inv = 1.0 / s;
-        acc.iter_mut().for_each(|x| *x *= inv);
     }
     out
 }
@@ -304,9 +358,12 @@ mod tests {
     fn scattered_blocks_case(hd: usize, bs: usize) {
         let nkv = 2;
         let mut cache = KvCache::new(1, 8, bs, nkv, hd);
-        // A sequence stored in blocks 5, 1, 6 (out of order on purpose), the last partly.
-        let table = vec![5u32, 1, 6];
-        let n = 2 * bs + bs / 2;
+        // A sequence stored in blocks 5, 1, 6, 2, 7, 0 (out of order on purpose), the last
+        // partly: longer than one run of CHUNK_BLOCKS blocks, so later tokens' results
+        // are merged from two runs.
+        let table = vec![5u32, 1, 6, 2, 7, 0];
+        let n = 5 * bs + bs / 2;
+        assert!(n > CHUNK_BLOCKS * bs);
         let val =
             |t: usize, h: usize, d: usize, w: f32| ((t * 31 + h * 7 + d * 3) as f32 * w).sin();
         let k: Vec<f32> = (0..n)
