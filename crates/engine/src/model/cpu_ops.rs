@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::model::fast_math::silu;
+use crate::model::simd::simd_dispatch;
 
 /// Rows below this many values are computed without handing work to the pool.
 const PAR_MIN_VALUES: usize = 16 * 1024;
@@ -37,20 +38,41 @@ fn rows_mut(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) 
     }
 }
 
-/// `x · w / sqrt(mean(x²) + eps)` of one row into `out`.
-fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    // Eight running sums, so the loop vectorizes.
-    let mut lanes = [0f32; 8];
-    let mut chunks = x.chunks_exact(8);
-    for c in &mut chunks {
-        for (l, v) in lanes.iter_mut().zip(c) {
-            *l += v * v;
+simd_dispatch! {
+    /// `x · w / sqrt(mean(x²) + eps)` of one row into `out`.
+    fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        // Eight running sums, so the loop vectorizes.
+        let mut lanes = [0f32; 8];
+        let mut chunks = x.chunks_exact(8);
+        for c in &mut chunks {
+            for (l, v) in lanes.iter_mut().zip(c) {
+                *l += v * v;
+            }
+        }
+        let tail = chunks.remainder().iter().map(|v| v * v).sum::<f32>();
+        let sum_sq = lanes.iter().sum::<f32>() + tail;
+        let inv = 1.0 / (sum_sq / x.len() as f32 + eps).sqrt();
+        for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+            *o = v * inv * g;
         }
     }
-    let sum_sq = lanes.iter().sum::<f32>() + chunks.remainder().iter().map(|v| v * v).sum::<f32>();
-    let inv = 1.0 / (sum_sq / x.len() as f32 + eps).sqrt();
-    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * inv * g;
+}
+
+simd_dispatch! {
+    /// `out = a + b`.
+    fn add_row(a: &[f32], b: &[f32], out: &mut [f32]) {
+        for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
+            *o = x + y;
+        }
+    }
+}
+
+simd_dispatch! {
+    /// `out = SiLU(gate) · up`.
+    fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+            *o = silu(*g) * u;
+        }
     }
 }
 
@@ -83,9 +105,7 @@ pub fn add_rms_norm(x: &Tensor, delta: &Tensor, w: &Tensor, eps: f32) -> Result<
                 let mut sum = vec![0f32; n * h];
                 rows_mut(&mut sum, h, |r, row| {
                     let at = r * h..(r + 1) * h;
-                    for ((s, a), b) in row.iter_mut().zip(&xs[at.clone()]).zip(&ds[at]) {
-                        *s = a + b;
-                    }
+                    add_row(&xs[at.clone()], &ds[at], row)
                 });
                 let mut normed = vec![0f32; n * h];
                 rows_mut(&mut normed, h, |r, row| {
@@ -118,9 +138,7 @@ pub fn add(x: &Tensor, delta: &Tensor) -> Result<Tensor> {
             let mut sum = vec![0f32; n * h];
             rows_mut(&mut sum, h, |r, row| {
                 let at = r * h..(r + 1) * h;
-                for ((s, a), b) in row.iter_mut().zip(&xs[at.clone()]).zip(&ds[at]) {
-                    *s = a + b;
-                }
+                add_row(&xs[at.clone()], &ds[at], row)
             });
             sum
         })
@@ -141,9 +159,7 @@ pub fn swiglu_fused(gate_up: &Tensor, width: usize) -> Result<Tensor> {
             let mut out = vec![0f32; n * width];
             rows_mut(&mut out, width, |r, row| {
                 let (gate, up) = gu[r * cols..(r + 1) * cols].split_at(width);
-                for ((o, g), u) in row.iter_mut().zip(gate).zip(up) {
-                    *o = silu(*g) * u;
-                }
+                swiglu_row(gate, up, row)
             });
             out
         })

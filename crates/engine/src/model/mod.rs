@@ -8,6 +8,7 @@ pub mod linear;
 pub mod llama;
 pub mod paged_attention;
 pub mod rope;
+pub mod simd;
 
 pub use batch::{Batch, BatchSeq};
 pub use kv_cache::KvCache;

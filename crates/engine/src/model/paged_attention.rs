@@ -12,6 +12,7 @@
 use rayon::prelude::*;
 
 use crate::model::fast_math::exp_nonpositive;
+use crate::model::simd::simd_dispatch;
 
 use crate::model::batch::Batch;
 use crate::model::kv_cache::{KvCache, LayerCache};
@@ -74,7 +75,6 @@ pub fn attend(
         groups[kv].push(h);
     }
     groups.retain(|g| !g.is_empty());
-    let simd = Simd::detect();
     // Tasks: each token's context, per group, in runs of CHUNK_BLOCKS blocks.
     let chunk = CHUNK_BLOCKS * cache.block_size;
     let mut tasks: Vec<(usize, usize, std::ops::Range<usize>)> = Vec::new();
@@ -103,7 +103,7 @@ pub fn attend(
                 positions: positions.clone(),
                 scale: shape.scale,
             };
-            simd.attend_group(&group)
+            attend_group_simd(&group)
         })
         .collect();
     let mut out = vec![0f32; n * nq * hd];
@@ -170,44 +170,11 @@ struct Group<'a> {
     scale: f32,
 }
 
-/// The widest vector instructions the attention loops are compiled for on this CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Simd {
-    Baseline,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Simd {
-    fn detect() -> Self {
-        static SIMD: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
-        *SIMD.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
-                return Simd::Avx512;
-            }
-            Simd::Baseline
-        })
+simd_dispatch! {
+    /// [`attend_group`] compiled for this CPU's vector unit.
+    fn attend_group_simd(group: &Group<'_>) -> Vec<f32> {
+        attend_group(group)
     }
-
-    fn attend_group(self, group: &Group<'_>) -> Vec<f32> {
-        match self {
-            // SAFETY: `Avx512` is only detected on CPUs with AVX-512F and FMA.
-            #[cfg(target_arch = "x86_64")]
-            Simd::Avx512 => unsafe { attend_group_avx512(group) },
-            Simd::Baseline => attend_group(group),
-        }
-    }
-}
-
-/// [`attend_group`] compiled for AVX-512.
-///
-/// # Safety
-/// The CPU must support AVX-512F and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn attend_group_avx512(group: &Group<'_>) -> Vec<f32> {
-    attend_group(group)
 }
 
 /// Attention of each query head of the group over `group.positions`, as a partial
