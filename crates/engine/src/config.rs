@@ -61,9 +61,42 @@ impl ModelConfig {
         if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return fail(format!("head dimension {} must be even", self.head_dim));
         }
+        // Sizes that allocate before any tensor is read and checked against them (the
+        // rotary table alone is context × head dimension floats): a model file must not
+        // be able to ask for more than a real model needs.
+        for (name, value, max) in [
+            ("vocabulary", self.vocab_size, MAX_VOCAB),
+            ("hidden size", self.hidden_size, MAX_WIDTH),
+            ("intermediate size", self.intermediate_size, MAX_WIDTH),
+            ("layer count", self.num_layers, MAX_LAYERS),
+            ("attention head count", self.num_heads, MAX_HEADS),
+            ("head dimension", self.head_dim, MAX_HEAD_DIM),
+            ("context length", self.max_position_embeddings, MAX_CONTEXT),
+        ] {
+            if value > max {
+                return fail(format!("{name} {value} is above the supported {max}"));
+            }
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return fail(format!("rope theta {} must be positive", self.rope_theta));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return fail(format!(
+                "RMSNorm epsilon {} must be >= 0",
+                self.rms_norm_eps
+            ));
+        }
         Ok(())
     }
 }
+
+/// Upper bounds of [`ModelConfig::validate`], each well above any published model.
+const MAX_VOCAB: usize = 1 << 22;
+const MAX_WIDTH: usize = 1 << 18;
+const MAX_LAYERS: usize = 1024;
+const MAX_HEADS: usize = 1024;
+const MAX_HEAD_DIM: usize = 1024;
+const MAX_CONTEXT: usize = 1 << 21;
 
 /// Architectures of the llama family, with the rope style of their GGUF files.
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
@@ -185,5 +218,49 @@ impl HfConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn smollm2() -> ModelConfig {
+        ModelConfig {
+            architecture: "llama".into(),
+            vocab_size: 49152,
+            hidden_size: 576,
+            intermediate_size: 1536,
+            num_layers: 30,
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+            rms_norm_eps: 1e-5,
+            rope_theta: 100_000.0,
+            rope_style: RopeStyle::Interleaved,
+            max_position_embeddings: 8192,
+            attention_bias: false,
+            tie_word_embeddings: true,
+        }
+    }
+
+    #[test]
+    fn sizes_beyond_any_real_model_are_refused_by_name() {
+        assert!(smollm2().validate().is_ok());
+        let cases: [(fn(&mut ModelConfig), &str); 5] = [
+            (|c| c.max_position_embeddings = 1 << 40, "context length"),
+            (|c| c.hidden_size = 1 << 30, "hidden size"),
+            (|c| c.num_layers = 1_000_000, "layer count"),
+            (|c| c.rope_theta = f32::NAN, "rope theta"),
+            (|c| c.rms_norm_eps = -1.0, "epsilon"),
+        ];
+        for (change, name) in cases {
+            let mut c = smollm2();
+            change(&mut c);
+            match c.validate() {
+                Err(EngineError::Config(m)) => assert!(m.contains(name), "{m}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
     }
 }
