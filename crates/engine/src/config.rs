@@ -247,7 +247,8 @@ mod tests {
     #[test]
     fn sizes_beyond_any_real_model_are_refused_by_name() {
         assert!(smollm2().validate().is_ok());
-        let cases: [(fn(&mut ModelConfig), &str); 5] = [
+        type Change = fn(&mut ModelConfig);
+        let cases: [(Change, &str); 5] = [
             (|c| c.max_position_embeddings = 1 << 40, "context length"),
             (|c| c.hidden_size = 1 << 30, "hidden size"),
             (|c| c.num_layers = 1_000_000, "layer count"),
