@@ -4,21 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
 
 const ENV_KEY: &str = "sk-env-5f1d0c7e9a";
 const FILE_KEY: &str = "sk-file-83b2aa41c6";
@@ -30,8 +20,8 @@ async fn keys_work_and_never_reach_the_logs() {
     std::fs::create_dir_all(&dir).unwrap();
     let key_file = dir.join("api-keys");
     std::fs::write(&key_file, format!("# test key\n{FILE_KEY}\n")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
+    let started = common::start(
+        &[
             "serve",
             "--port",
             "0",
@@ -43,55 +33,14 @@ async fn keys_work_and_never_reach_the_logs() {
             "256",
             "--threads-per-rank",
             "1",
-        ])
-        .arg("--api-key-file")
-        .arg(&key_file)
-        .env("TESSERA_API_KEY", ENV_KEY)
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tessera serve");
-    let logs = Arc::new(Mutex::new(String::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let _server = Server(child);
-    {
-        let err_logs = Arc::clone(&logs);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let logs = &err_logs;
-                logs.lock().unwrap().push_str(&line);
-                logs.lock().unwrap().push('\n');
-                let _ = tx.send(line);
-            }
-        });
-        let out_logs = Arc::clone(&logs);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let logs = &out_logs;
-                logs.lock().unwrap().push_str(&line);
-                logs.lock().unwrap().push('\n');
-            }
-        });
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let base = loop {
-        assert!(Instant::now() < deadline, "the server never listened");
-        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
+            "--api-key-file",
+            key_file.to_str().unwrap(),
+        ],
+        &[("TESSERA_API_KEY", ENV_KEY), ("RUST_LOG", "debug")],
+    );
+    let base = started.base;
     let client = reqwest::Client::new();
-    while Instant::now() < deadline {
-        let ready = client.get(format!("{base}/readyz")).send().await;
-        if ready.is_ok_and(|r| r.status() == 200) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    common::wait_ready(&client, &base, Duration::from_secs(120)).await;
 
     for key in [ENV_KEY, FILE_KEY] {
         let r = client
@@ -134,7 +83,9 @@ async fn keys_work_and_never_reach_the_logs() {
     }
     // Let the last log lines arrive.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let logs = logs.lock().unwrap().clone();
+    let mut lines = started.early;
+    lines.extend(started.log.try_iter().map(|(_, line)| line));
+    let logs = lines.join("\n");
     assert!(logs.contains("API keys required (2 configured)"), "{logs}");
     assert!(logs.contains("status=401"), "requests were logged: {logs}");
     for secret in [ENV_KEY, FILE_KEY, WRONG_KEY, "sk-env", "sk-file"] {

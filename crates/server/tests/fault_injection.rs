@@ -12,9 +12,6 @@
 #![cfg(feature = "fault-injection")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -27,23 +24,15 @@ const AFTER_STEPS: u64 = 30;
 /// Long enough that no request can finish before the fault.
 const MAX_TOKENS: u64 = 400;
 
-/// Kills the server if the test fails before it exits.
-struct Server(Child);
+mod common;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A log line and when it arrived.
-type Log = mpsc::Receiver<(Instant, String)>;
+use common::{Log, Server};
 
 fn start(kind: &str) -> (Server, String, Log) {
     let fault = format!("1:{kind}:{AFTER_STEPS}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
+    let step_timeout = STEP_TIMEOUT_SECS.to_string();
+    let started = common::start(
+        &[
             "serve",
             "--port",
             "0",
@@ -58,35 +47,13 @@ fn start(kind: &str) -> (Server, String, Log) {
             "--max-model-len",
             "1024",
             "--step-timeout",
-            &STEP_TIMEOUT_SECS.to_string(),
+            &step_timeout,
             "--inject-fault",
             &fault,
-        ])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tessera serve");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[server] {line}");
-            if tx.send((Instant::now(), line)).is_err() {
-                break;
-            }
-        }
-    });
-    let server = Server(child);
-    loop {
-        let (_, line) = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("a log line before listening");
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            let base = rest.split_whitespace().next().unwrap().to_string();
-            return (server, base, rx);
-        }
-    }
+        ],
+        &[("RUST_LOG", "info")],
+    );
+    (started.server, started.base, started.log)
 }
 
 async fn probe(client: &reqwest::Client, base: &str, path: &str) -> Option<(u16, Value)> {
@@ -173,11 +140,7 @@ fn assert_no_internals(e: &Ending) {
 async fn rank_failure_fails_in_flight_requests_then_exits(kind: &str) {
     let (mut server, base, logs) = start(kind);
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while probe(&client, &base, "/readyz").await.map(|p| p.0) != Some(200) {
-        assert!(Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::wait_ready(&client, &base, Duration::from_secs(300)).await;
 
     let mut requests = Vec::new();
     for (chat, stream) in [(false, true), (true, true), (false, false), (true, false)] {

@@ -6,29 +6,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-/// Kills the server if the test fails before it exits.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
 
 /// Start `tessera serve` on a free port; its base URL once it listens, and its log
 /// lines as they come.
-fn start() -> (Server, String, mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
+fn start() -> (common::Server, String, mpsc::Receiver<String>) {
+    let started = common::start(
+        &[
             "--log-format",
             "json",
             "serve",
@@ -44,34 +35,20 @@ fn start() -> (Server, String, mpsc::Receiver<String>) {
             "1",
             "--shutdown-timeout",
             "60",
-        ])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tessera serve");
-    let stderr = child.stderr.take().unwrap();
+        ],
+        &[("RUST_LOG", "info")],
+    );
+    // The lines themselves, without their arrival times.
     let (tx, rx) = mpsc::channel();
+    let log = started.log;
     std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[server] {line}");
+        for (_, line) in log.iter() {
             if tx.send(line).is_err() {
                 break;
             }
         }
     });
-    let server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("a log line before listening");
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            let base = rest.split_whitespace().next().unwrap().to_string();
-            return (server, base, rx);
-        }
-    }
-    panic!("the server never said where it listens");
+    (started.server, started.base, rx)
 }
 
 async fn probe(client: &reqwest::Client, base: &str, path: &str) -> (u16, Value) {

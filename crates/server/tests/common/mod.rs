@@ -1,0 +1,96 @@
+//! The real `tessera` binary in integration tests: started on a free port, killed if the
+//! test fails first, and its log lines (stderr and stdout) forwarded as they arrive.
+
+// Each test binary uses its own part of this module.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Kills the server if the test fails before it exits.
+pub struct Server(pub Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A log line and when it arrived.
+pub type Log = mpsc::Receiver<(Instant, String)>;
+
+/// A server that has said where it listens.
+pub struct Started {
+    pub server: Server,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// The lines logged up to and including the "listening on" line.
+    pub early: Vec<String>,
+    /// The lines logged after it, as they come.
+    pub log: Log,
+}
+
+/// Forwards every line of `stream` to `tx` (and to the test's output).
+fn forward(stream: impl Read + Send + 'static, tx: mpsc::Sender<(Instant, String)>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            eprintln!("[server] {line}");
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// Runs `tessera ARGS` with `env` added to the test's environment (add `--port 0` to
+/// `args` for a free port), and returns once it logs where it listens (within 300 s).
+pub fn start(args: &[&str], env: &[(&str, &str)]) -> Started {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tessera");
+    let (tx, log) = mpsc::channel();
+    forward(child.stderr.take().unwrap(), tx.clone());
+    forward(child.stdout.take().unwrap(), tx);
+    let server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut early = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (_, line) = log
+            .recv_timeout(left)
+            .expect("the server never said where it listens");
+        let base = line
+            .split("listening on ")
+            .nth(1)
+            .map(|rest| rest.split_whitespace().next().unwrap().to_string());
+        early.push(line);
+        if let Some(base) = base {
+            return Started {
+                server,
+                base,
+                early,
+                log,
+            };
+        }
+    }
+}
+
+/// Waits until `/readyz` answers 200, failing the test after `within`.
+pub async fn wait_ready(client: &reqwest::Client, base: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let ready = client.get(format!("{base}/readyz")).send().await;
+        if ready.is_ok_and(|r| r.status() == 200) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
