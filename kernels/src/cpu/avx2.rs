@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::cpu::acts::PackedActs;
 use crate::cpu::layout::{PackedWeights, WeightFormat, GROUP, PAIR};
+use crate::cpu::x86::{group_scales, pair_bcast256};
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -19,32 +20,6 @@ fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
-}
-
-/// Two f32 at `p` broadcast as (first, second, first, second, …).
-///
-/// # Safety
-/// `p` and `p + 1` must be readable.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn pair_bcast(p: *const f32) -> __m256 {
-    // SAFETY: the caller guarantees two readable f32.
-    _mm256_castsi256_ps(_mm256_set1_epi64x(unsafe {
-        p.cast::<i64>().read_unaligned()
-    }))
-}
-
-/// The group's eight scales (row-major: row 0 block 0, row 0 block 1, …) as f32.
-///
-/// # Safety
-/// `p` must point to 16 readable bytes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_scales(p: *const u8) -> [f32; 8] {
-    let mut out = [0f32; 8];
-    // SAFETY: 16 bytes readable (caller); `out` holds 8 f32.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))) };
-    out
 }
 
 /// Q4_1 rows `r0..r0+4` (one group) times Q8_1 rows `t0..t0+T`.
@@ -87,7 +62,7 @@ pub unsafe fn q4_1<const T: usize>(
                 let packed = _mm256_loadu_si256(chunk.add(r * 32).cast());
                 lo[r] = _mm256_and_si256(packed, low);
                 hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low);
-                dx[r] = pair_bcast(scales.as_ptr().add(2 * r));
+                dx[r] = pair_bcast256(scales.as_ptr().add(2 * r));
             }
         }
         for t in 0..T {
@@ -97,11 +72,11 @@ pub unsafe fn q4_1<const T: usize>(
                 (
                     _mm256_loadu_si256(a.qs.as_ptr().add(base).cast()),
                     _mm256_loadu_si256(a.qs.as_ptr().add(base + 32).cast()),
-                    pair_bcast(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
+                    pair_bcast256(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
                 )
             };
             // SAFETY: the activation's Q8_1 sums of pair `p` are in bounds (caller).
-            let s = unsafe { pair_bcast(a.s.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)) };
+            let s = unsafe { pair_bcast256(a.s.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)) };
             offs[t] = _mm256_fmadd_ps(m, s, offs[t]);
             for r in 0..GROUP {
                 let pairs16 = _mm256_add_epi16(
@@ -154,7 +129,7 @@ pub unsafe fn q8_0<const T: usize>(
                     let stored = _mm256_loadu_si256(chunk.add(r * PAIR + 32 * h).cast());
                     *qh = _mm256_xor_si256(stored, flip);
                 }
-                dx[r] = pair_bcast(scales.as_ptr().add(2 * r));
+                dx[r] = pair_bcast256(scales.as_ptr().add(2 * r));
             }
         }
         for t in 0..T {
@@ -166,7 +141,7 @@ pub unsafe fn q8_0<const T: usize>(
                         _mm256_loadu_si256(a.qs.as_ptr().add(base).cast()),
                         _mm256_loadu_si256(a.qs.as_ptr().add(base + 32).cast()),
                     ],
-                    pair_bcast(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
+                    pair_bcast256(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
                 )
             };
             for r in 0..GROUP {

@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 
 use crate::cpu::acts::PackedActs;
 use crate::cpu::layout::{PackedWeights, WeightFormat, GROUP, PAIR};
+use crate::cpu::x86::{group_scales, pair_bcast256};
 
 /// Two f32 at `p` broadcast as (first, second, first, second, …).
 ///
@@ -24,32 +25,6 @@ unsafe fn pair_bcast(p: *const f32) -> __m512 {
     _mm512_castsi512_ps(_mm512_set1_epi64(unsafe {
         p.cast::<i64>().read_unaligned()
     }))
-}
-
-/// Two f32 at `p` broadcast over eight lanes as (first, second, first, second, …).
-///
-/// # Safety
-/// `p` and `p + 1` must be readable.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn pair_bcast256(p: *const f32) -> __m256 {
-    // SAFETY: the caller guarantees two readable f32.
-    _mm256_castsi256_ps(_mm256_set1_epi64x(unsafe {
-        p.cast::<i64>().read_unaligned()
-    }))
-}
-
-/// The group's eight scales (row-major: row 0 block 0, row 0 block 1, …) as f32.
-///
-/// # Safety
-/// `p` must point to 16 readable bytes.
-#[inline]
-#[target_feature(enable = "avx512f,f16c")]
-unsafe fn group_scales(p: *const u8) -> [f32; 8] {
-    let mut out = [0f32; 8];
-    // SAFETY: 16 bytes readable (caller); `out` holds 8 f32.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))) };
-    out
 }
 
 /// Q4_1 rows `r0..r0+4` (one group) times Q8_1 rows `t0..t0+T`.

@@ -9,3 +9,5 @@ pub mod isa;
 pub mod layout;
 pub mod matmul;
 pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
