@@ -11,9 +11,9 @@ use crate::api::response::{
 };
 use crate::api::valid_request::ValidRequest;
 use crate::serve::error::ServerError;
-use crate::serve::generation::{collect_all, submit_all};
+use crate::serve::generation::{collect_all, log_end_user, Submitted};
 use crate::serve::json_body::JsonBody;
-use crate::serve::state::{random_id, unix_now, AppState};
+use crate::serve::state::AppState;
 use crate::serve::stream::{sse_response, to_json, ChunkFormat};
 
 pub async fn chat_completions(
@@ -21,17 +21,16 @@ pub async fn chat_completions(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ServerError> {
     let req = ChatRequest::parse(&body)?;
-    if let Some(user) = &req.params.user {
-        // Informational only, as in OpenAI's API: it names the end user in logs.
-        tracing::debug!(user = %user, "request from end user");
-    }
+    log_end_user(req.params.user.as_ref());
     let valid = ValidRequest::chat(req, &app.validation).await?;
-    let runs = submit_all(&app, &valid)?;
-    let prompt_tokens: usize = valid.prompts().iter().map(|p| p.ids.len()).sum();
-    let id = format!("chatcmpl-{}", random_id());
-    let created = unix_now();
-    let model = valid.model().to_string();
-    let with_logprobs = valid.logprobs().is_some();
+    let Submitted {
+        runs,
+        prompt_tokens,
+        id,
+        created,
+        model,
+        with_logprobs,
+    } = Submitted::new(&app, &valid, "chatcmpl")?;
     if valid.stream() {
         let format = ChatFormat::new(id, created, model, with_logprobs);
         return Ok(sse_response(

@@ -10,9 +10,9 @@ use crate::api::completion_request::CompletionRequest;
 use crate::api::response::{Completion, CompletionChoice, CompletionLogprobs, TokenLogprob, Usage};
 use crate::api::valid_request::ValidRequest;
 use crate::serve::error::ServerError;
-use crate::serve::generation::{collect_all, submit_all};
+use crate::serve::generation::{collect_all, log_end_user, Submitted};
 use crate::serve::json_body::JsonBody;
-use crate::serve::state::{random_id, unix_now, AppState};
+use crate::serve::state::AppState;
 use crate::serve::stream::{sse_response, to_json, ChunkFormat};
 
 pub async fn completions(
@@ -20,13 +20,16 @@ pub async fn completions(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ServerError> {
     let req = CompletionRequest::parse(&body)?;
-    if let Some(user) = &req.params.user {
-        // Informational only, as in OpenAI's API: it names the end user in logs.
-        tracing::debug!(user = %user, "request from end user");
-    }
+    log_end_user(req.params.user.as_ref());
     let valid = ValidRequest::completion(req, &app.validation).await?;
-    let runs = submit_all(&app, &valid)?;
-    let prompt_tokens: usize = valid.prompts().iter().map(|p| p.ids.len()).sum();
+    let Submitted {
+        runs,
+        prompt_tokens,
+        id,
+        created,
+        model,
+        with_logprobs,
+    } = Submitted::new(&app, &valid, "cmpl")?;
     let echo_texts: Vec<String> = valid
         .prompts()
         .iter()
@@ -38,10 +41,6 @@ pub async fn completions(
             }
         })
         .collect();
-    let id = format!("cmpl-{}", random_id());
-    let created = unix_now();
-    let model = valid.model().to_string();
-    let with_logprobs = valid.logprobs().is_some();
     if valid.stream() {
         let format = CompletionFormat::new(id, created, model, with_logprobs, echo_texts);
         return Ok(sse_response(

@@ -21,7 +21,7 @@ use crate::api::valid_request::ValidRequest;
 use crate::serve::error::ServerError;
 use crate::serve::lifecycle::InFlightGuard;
 use crate::serve::metrics::ServerMetrics;
-use crate::serve::state::AppState;
+use crate::serve::state::{random_id, unix_now, AppState};
 
 /// What a choice produced since the last event.
 #[derive(Debug)]
@@ -81,6 +81,39 @@ impl SeqTiming {
         self.metrics
             .e2e_request_latency
             .observe(self.submitted.elapsed());
+    }
+}
+
+/// A validated request with every choice submitted, and what each response object
+/// names: the id, the creation time and the model.
+pub struct Submitted {
+    pub runs: Vec<ChoiceRun>,
+    pub prompt_tokens: usize,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub with_logprobs: bool,
+}
+
+impl Submitted {
+    /// Submits every choice of `req`; the response id is `{id_prefix}-{random}`.
+    pub fn new(app: &AppState, req: &ValidRequest, id_prefix: &str) -> Result<Self, ServerError> {
+        Ok(Self {
+            runs: submit_all(app, req)?,
+            prompt_tokens: req.prompts().iter().map(|p| p.ids.len()).sum(),
+            id: format!("{id_prefix}-{}", random_id()),
+            created: unix_now(),
+            model: req.model().to_string(),
+            with_logprobs: req.logprobs().is_some(),
+        })
+    }
+}
+
+/// Logs the `user` field of a request: informational only, as in OpenAI's API, it names
+/// the end user in logs.
+pub fn log_end_user(user: Option<&String>) {
+    if let Some(user) = user {
+        tracing::debug!(user = %user, "request from end user");
     }
 }
 
