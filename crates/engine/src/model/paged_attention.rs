@@ -86,26 +86,27 @@ pub fn attend(
             }
         }
     }
-    let partials: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|(t, g, positions)| {
+    // One partial result per task, written in place (see `attend_group` for the layout).
+    let max_heads = groups.iter().map(Vec::len).max().unwrap_or(0);
+    let stride = max_heads * (2 + hd);
+    let mut partials = vec![0f32; tasks.len() * stride];
+    partials
+        .par_chunks_mut(stride.max(1))
+        .zip(tasks.par_iter())
+        .for_each(|(part, (t, g, positions))| {
             let heads = &groups[*g];
-            let seq = &batch.seqs[seq_of_token[*t]];
             let group = Group {
                 layer,
                 cache,
-                block_table: &seq.block_table,
+                block_table: &batch.seqs[seq_of_token[*t]].block_table,
                 kv_head: shape.kv_of_q[heads[0]],
-                q: heads
-                    .iter()
-                    .map(|h| &q[(t * nq + h) * hd..(t * nq + h + 1) * hd])
-                    .collect(),
+                q: &q[t * nq * hd..(t + 1) * nq * hd],
+                heads,
                 positions: positions.clone(),
                 scale: shape.scale,
             };
-            attend_group_simd(&group)
-        })
-        .collect();
+            attend_group_simd(&group, &mut part[..heads.len() * (2 + hd)]);
+        });
     let mut out = vec![0f32; n * nq * hd];
     let mut first = 0;
     while first < tasks.len() {
@@ -118,7 +119,7 @@ pub fn attend(
         let heads = &groups[g];
         for (i, h) in heads.iter().enumerate() {
             merge_partials(
-                &partials[first..end],
+                partials[first * stride..end * stride].chunks_exact(stride),
                 heads.len(),
                 hd,
                 i,
@@ -141,8 +142,14 @@ const CHUNK_BLOCKS: usize = 4;
 /// runs of its context (see [`attend_group`] for their layout): each run's weighted
 /// values are rescaled from its own maximum score to the largest, then divided by the
 /// total weight.
-fn merge_partials(parts: &[Vec<f32>], nh: usize, hd: usize, i: usize, out: &mut [f32]) {
-    let max = parts.iter().fold(f32::NEG_INFINITY, |m, p| m.max(p[i]));
+fn merge_partials<'a>(
+    parts: impl Iterator<Item = &'a [f32]> + Clone,
+    nh: usize,
+    hd: usize,
+    i: usize,
+    out: &mut [f32],
+) {
+    let max = parts.clone().fold(f32::NEG_INFINITY, |m, p| m.max(p[i]));
     let mut total = 0f32;
     out.fill(0.0);
     for p in parts {
@@ -163,7 +170,9 @@ struct Group<'a> {
     cache: &'a KvCache,
     block_table: &'a [u32],
     kv_head: usize,
-    q: Vec<&'a [f32]>,
+    /// The token's queries, `num_q_heads * head_dim`, and the heads of the group.
+    q: &'a [f32],
+    heads: &'a [usize],
     /// Positions attended by this task: a run of whole blocks (the last may be partial)
     /// of the token's context, its own position and earlier ones.
     positions: std::ops::Range<usize>,
@@ -172,38 +181,50 @@ struct Group<'a> {
 
 simd_dispatch! {
     /// [`attend_group`] compiled for this CPU's vector unit.
-    fn attend_group_simd(group: &Group<'_>) -> Vec<f32> {
-        attend_group(group)
+    fn attend_group_simd(group: &Group<'_>, out: &mut [f32]) {
+        attend_group(group, out)
     }
 }
 
+thread_local! {
+    /// Scores of the task running on this thread, reused from task to task.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Attention of each query head of the group over `group.positions`, as a partial
-/// result to merge ([`merge_partials`]): per head its largest scaled score `m`, then per
-/// head `s = Σ e^(score − m)`, then per head the `head_dim` sums `Σ e^(score − m)·v`.
+/// result to merge ([`merge_partials`]) written to `out` (`heads × (2 + head_dim)`): per
+/// head its largest scaled score `m`, then per head `s = Σ e^(score − m)`, then per head
+/// the `head_dim` sums `Σ e^(score − m)·v`.
 #[inline(always)]
-fn attend_group(group: &Group<'_>) -> Vec<f32> {
+fn attend_group(group: &Group<'_>, out: &mut [f32]) {
+    SCORES.with_borrow_mut(|scores| attend_group_with(group, scores, out));
+}
+
+#[inline(always)]
+fn attend_group_with(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
     let cache = group.cache;
     let hd = cache.head_dim;
     let bs = cache.block_size;
     let stride = cache.slot_stride();
-    let nh = group.q.len();
+    let nh = group.heads.len();
+    let query = |i: usize| &group.q[group.heads[i] * hd..(group.heads[i] + 1) * hd];
     let (lo, len) = (group.positions.start, group.positions.len());
-    let mut scores = vec![0f32; nh * len];
+    scores.clear();
+    scores.resize(nh * len, 0.0);
     let blocks = group.block_table.iter().enumerate();
     for (b, &block) in blocks.skip(lo / bs).take(len.div_ceil(bs)) {
         let first = b * bs - lo;
         let n = bs.min(len - first);
         let keys = &group.layer.k[cache.key_row(block as usize, group.kv_head)..][..hd * bs];
-        for (h, q) in group.q.iter().enumerate() {
-            let out = &mut scores[h * len + first..h * len + first + n];
+        for h in 0..nh {
+            let row = &mut scores[h * len + first..h * len + first + n];
             if bs == KEY_LANES {
-                block_scores::<KEY_LANES>(q, keys, out);
+                block_scores::<KEY_LANES>(query(h), keys, row);
             } else {
-                block_scores_any(q, keys, bs, out);
+                block_scores_any(query(h), keys, bs, row);
             }
         }
     }
-    let mut out = vec![0f32; nh * (2 + hd)];
     for (h, row) in scores.chunks_exact_mut(len).enumerate() {
         let max = row
             .iter()
@@ -224,6 +245,7 @@ fn attend_group(group: &Group<'_>) -> Vec<f32> {
         if hd == VALUE_LANES {
             weighted_values::<VALUE_LANES>(probs, &value, acc);
         } else {
+            acc.fill(0.0);
             for (i, p) in probs.iter().enumerate() {
                 for (a, x) in acc.iter_mut().zip(value(i)) {
                     *a += p * x;
@@ -231,7 +253,6 @@ fn attend_group(group: &Group<'_>) -> Vec<f32> {
             }
         }
     }
-    out
 }
 
 /// Block size and head size the register-resident loops are built for (the defaults of
