@@ -3,9 +3,9 @@
 //! `--inject-fault 1:KIND:AFTER_STEPS`, for KIND error, panic and hang. While streaming
 //! and non-streaming requests run, rank 1 fails. Every in-flight request must end with
 //! the `engine_failed` error (streams: the error event, then `[DONE]`; others: 503 in the
-//! OpenAI envelope) with no internals in it, `/readyz` and new requests must answer 503,
-//! the process must exit with `ENGINE_FAILED_EXIT_CODE`, and detection must take less
-//! than the step timeout plus 5 s.
+//! OpenAI envelope) with no internals in it, `/readyz` must answer 503 and new requests
+//! 503 `engine_failed`, the process must exit with `ENGINE_FAILED_EXIT_CODE`, and
+//! detection must take less than the step timeout plus 5 s.
 //!
 //! `cargo test -p tessera-server --features fault-injection --test fault_injection -- --test-threads=1`
 
@@ -190,6 +190,8 @@ async fn rank_failure_fails_in_flight_requests_then_exits(kind: &str) {
         .await
         .unwrap();
     assert_eq!(refused.status(), 503);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused["error"]["code"], "engine_failed", "{refused}");
 
     let bound = Duration::from_secs(STEP_TIMEOUT_SECS + 5);
     for request in requests {

@@ -64,6 +64,10 @@ pub enum ServerError {
     /// The engine failed while running this request (503). The string is logged only.
     #[error("the engine failed")]
     EngineFailed(String),
+    /// The engine has failed and the process is about to exit for a restart; new
+    /// requests are refused (503).
+    #[error("the engine failed and the server is restarting; retry later")]
+    EngineDown,
     /// A bug or I/O failure (500). The string is logged only.
     #[error("internal error")]
     Internal(String),
@@ -101,7 +105,9 @@ impl ServerError {
                 }
                 AdmissionError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             },
-            ServerError::EngineFailed(_) | ServerError::Starting => StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::EngineFailed(_) | ServerError::EngineDown | ServerError::Starting => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ServerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -137,7 +143,9 @@ impl ServerError {
                 AdmissionError::Invalid(_) => ("invalid_request_error", None),
                 AdmissionError::ShuttingDown => ("server_error", Some("shutting_down")),
             },
-            ServerError::EngineFailed(_) => ("server_error", Some("engine_failed")),
+            ServerError::EngineFailed(_) | ServerError::EngineDown => {
+                ("server_error", Some("engine_failed"))
+            }
             ServerError::Starting => ("server_error", Some("model_loading")),
             ServerError::Internal(_) => ("server_error", None),
         };
