@@ -212,11 +212,8 @@ impl LlamaShard {
         };
         let mut layers = std::mem::take(&mut cache.layers);
         let result = (|| -> Result<Tensor> {
-            let Some(first) = self.blocks.first() else {
-                return Ok(x);
-            };
-            let mut h = cpu_ops::rms_norm(&x, &first.attn_norm, eps)?;
-            for (i, (block, layer_cache)) in self.blocks.iter().zip(layers.iter_mut()).enumerate() {
+            for (block, layer_cache) in self.blocks.iter().zip(layers.iter_mut()) {
+                let h = cpu_ops::rms_norm(&x, &block.attn_norm, eps)?;
                 let [mut q, mut k, v]: [Vec<f32>; 3] =
                     block.qkv.forward_vecs(&h)?.try_into().map_err(|_| {
                         EngineError::Parallel("qkv: expected three segments".into())
@@ -230,13 +227,11 @@ impl LlamaShard {
                 let attn = attend(layer_cache, cache, batch, &q, shape);
                 let attn = Tensor::from_vec(attn, (n, nq * hd), &self.device)?;
                 let o = comm.all_reduce_sum(&block.o_proj.forward(&attn)?)?;
-                let (mid, h_ffn) = cpu_ops::add_rms_norm(&x, &o, &block.ffn_norm, eps)?;
-                let act = block.gate_up.forward_swiglu(&h_ffn)?;
+                x = cpu_ops::add(&x, &o)?;
+                let h = cpu_ops::rms_norm(&x, &block.ffn_norm, eps)?;
+                let act = block.gate_up.forward_swiglu(&h)?;
                 let d = comm.all_reduce_sum(&block.down.forward(&act)?)?;
-                match self.blocks.get(i + 1) {
-                    Some(next) => (x, h) = cpu_ops::add_rms_norm(&mid, &d, &next.attn_norm, eps)?,
-                    None => x = cpu_ops::add(&mid, &d)?,
-                }
+                x = cpu_ops::add(&x, &d)?;
             }
             Ok(x)
         })();
