@@ -20,19 +20,11 @@ async fn keys_work_and_never_reach_the_logs() {
     std::fs::create_dir_all(&dir).unwrap();
     let key_file = dir.join("api-keys");
     std::fs::write(&key_file, format!("# test key\n{FILE_KEY}\n")).unwrap();
-    let started = common::start(
+    let started = common::start_serve(
+        &[],
         &[
-            "serve",
-            "--port",
-            "0",
-            "--served-model-name",
-            "smollm2",
-            "--kv-cache-memory-mib",
-            "32",
             "--max-model-len",
             "256",
-            "--threads-per-rank",
-            "1",
             "--api-key-file",
             key_file.to_str().unwrap(),
         ],

@@ -31,19 +31,11 @@ use common::{Log, Server};
 fn start(kind: &str) -> (Server, String, Log) {
     let fault = format!("1:{kind}:{AFTER_STEPS}");
     let step_timeout = STEP_TIMEOUT_SECS.to_string();
-    let started = common::start(
+    let started = common::start_serve(
+        &[],
         &[
-            "serve",
-            "--port",
-            "0",
-            "--served-model-name",
-            "smollm2",
             "--tensor-parallel-size",
             "2",
-            "--threads-per-rank",
-            "1",
-            "--kv-cache-memory-mib",
-            "32",
             "--max-model-len",
             "1024",
             "--step-timeout",

@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -17,38 +16,13 @@ mod common;
 
 /// Start `tessera serve` on a free port; its base URL once it listens, and its log
 /// lines as they come.
-fn start() -> (common::Server, String, mpsc::Receiver<String>) {
-    let started = common::start(
-        &[
-            "--log-format",
-            "json",
-            "serve",
-            "--port",
-            "0",
-            "--served-model-name",
-            "smollm2",
-            "--kv-cache-memory-mib",
-            "32",
-            "--max-model-len",
-            "1024",
-            "--threads-per-rank",
-            "1",
-            "--shutdown-timeout",
-            "60",
-        ],
+fn start() -> (common::Server, String, common::Log) {
+    let started = common::start_serve(
+        &["--log-format", "json"],
+        &["--max-model-len", "1024", "--shutdown-timeout", "60"],
         &[("RUST_LOG", "info")],
     );
-    // The lines themselves, without their arrival times.
-    let (tx, rx) = mpsc::channel();
-    let log = started.log;
-    std::thread::spawn(move || {
-        for (_, line) in log.iter() {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (started.server, started.base, rx)
+    (started.server, started.base, started.log)
 }
 
 async fn probe(client: &reqwest::Client, base: &str, path: &str) -> (u16, Value) {
@@ -79,7 +53,7 @@ async fn sigterm_lets_the_running_stream_finish_then_exits_zero() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(probe(&client, &base, "/startupz").await.0, 200);
-    let early_logs: Vec<String> = logs.try_iter().collect();
+    let early_logs: Vec<String> = logs.try_iter().map(|(_, line)| line).collect();
     assert!(
         early_logs
             .iter()
@@ -158,7 +132,7 @@ async fn sigterm_lets_the_running_stream_finish_then_exits_zero() {
     };
     assert_eq!(status.code(), Some(0), "exit status {status:?}");
     assert!(saw_draining, "/readyz never answered 503 during the drain");
-    let mut log_text: Vec<String> = logs.try_iter().collect();
+    let mut log_text: Vec<String> = logs.try_iter().map(|(_, line)| line).collect();
     log_text.extend(early_logs);
     assert!(
         log_text.iter().any(|l| l.contains("shut down cleanly")),

@@ -82,6 +82,29 @@ pub fn start(args: &[&str], env: &[(&str, &str)]) -> Started {
     }
 }
 
+/// Runs `tessera GLOBAL serve --port 0 --served-model-name smollm2
+/// --kv-cache-memory-mib 32 --threads-per-rank 1 SERVE_ARGS` with `env`, as [`start`].
+pub fn start_serve(global: &[&str], serve_args: &[&str], env: &[(&str, &str)]) -> Started {
+    let common = [
+        "serve",
+        "--port",
+        "0",
+        "--served-model-name",
+        "smollm2",
+        "--kv-cache-memory-mib",
+        "32",
+        "--threads-per-rank",
+        "1",
+    ];
+    let args: Vec<&str> = global
+        .iter()
+        .chain(&common)
+        .chain(serve_args)
+        .copied()
+        .collect();
+    start(&args, env)
+}
+
 /// Waits until `/readyz` answers 200, failing the test after `within`.
 pub async fn wait_ready(client: &reqwest::Client, base: &str, within: Duration) {
     let deadline = Instant::now() + within;
