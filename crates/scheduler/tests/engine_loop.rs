@@ -76,6 +76,21 @@ fn requests_from_several_threads_complete_and_metrics_are_published() {
     handle.join().unwrap();
 }
 
+/// Submits two long requests; each must end with the fake executor's injected error,
+/// and `check` runs as each one hears of it.
+fn two_requests_end_with_the_injected_error(handle: &SchedulerHandle, check: impl Fn()) {
+    let (_, mut r1) = handle.submit(request(prompt(1, 5), 2000)).unwrap();
+    let (_, mut r2) = handle.submit(request(prompt(2, 5), 2000)).unwrap();
+    for rx in [&mut r1, &mut r2] {
+        let (_, end) = collect(rx);
+        assert_eq!(
+            end,
+            Some(TokenEvent::Error("rank 1: injected device failure".into()))
+        );
+        check();
+    }
+}
+
 #[test]
 fn executor_error_reaches_every_in_flight_request_and_the_loop_keeps_serving() {
     let mut ex = FakeExecutor::new(1024, 4, 4096);
@@ -87,15 +102,7 @@ fn executor_error_reaches_every_in_flight_request_and_the_loop_keeps_serving() {
     }));
     ex.step_delay = Duration::from_millis(1);
     let handle = EngineLoop::spawn(config(), ex).unwrap();
-    let (_, mut r1) = handle.submit(request(prompt(1, 5), 2000)).unwrap();
-    let (_, mut r2) = handle.submit(request(prompt(2, 5), 2000)).unwrap();
-    for rx in [&mut r1, &mut r2] {
-        let (_, end) = collect(rx);
-        assert_eq!(
-            end,
-            Some(TokenEvent::Error("rank 1: injected device failure".into()))
-        );
-    }
+    two_requests_end_with_the_injected_error(&handle, || ());
     assert!(failed.load(Ordering::SeqCst));
     let p = prompt(3, 7);
     let (_, mut r3) = handle.submit(request(p.clone(), 5)).unwrap();
@@ -118,18 +125,11 @@ fn a_failed_executor_fails_every_request_and_stops_the_loop() {
     ex.fail_when = Some(Box::new(|plan| plan.scheduled.len() == 2));
     ex.step_delay = Duration::from_millis(1);
     let handle = EngineLoop::spawn(config(), ex).unwrap();
-    let (_, mut r1) = handle.submit(request(prompt(1, 5), 2000)).unwrap();
-    let (_, mut r2) = handle.submit(request(prompt(2, 5), 2000)).unwrap();
-    for rx in [&mut r1, &mut r2] {
-        let (_, end) = collect(rx);
-        assert_eq!(
-            end,
-            Some(TokenEvent::Error("rank 1: injected device failure".into()))
-        );
+    two_requests_end_with_the_injected_error(&handle, || {
         // Health already says so when the request hears of it.
         let h = handle.health();
         assert!(h.executor_failed && !h.panicked, "{h:?}");
-    }
+    });
     assert_eq!(
         handle.submit(request(prompt(3, 5), 5)).unwrap_err(),
         AdmissionError::ShuttingDown
