@@ -18,7 +18,7 @@ use crate::model::batch::Batch;
 use crate::model::cpu_ops;
 use crate::model::kv_cache::KvCache;
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
-use crate::model::paged_attention::{attend, write_kv, AttentionShape};
+use crate::model::paged_attention::{attend, query_groups, write_kv, AttentionShape, QueryGroup};
 use crate::model::rope::RopeTable;
 use crate::tp::{Communicator, RankShard, ShardPlan};
 
@@ -42,7 +42,7 @@ pub struct LlamaShard {
     norm: Tensor,
     lm_head: Linear,
     rope: Arc<RopeTable>,
-    kv_of_q: Vec<usize>,
+    query_groups: Vec<QueryGroup>,
     device: Device,
 }
 
@@ -166,7 +166,7 @@ pub fn load_shards(
         let head_rows = head_split.rank_ranges(rank).unwrap_or_default();
         let shard = plan.ranks[rank].clone();
         shards.push(LlamaShard {
-            kv_of_q: shard.local_kv_of_q(config.group_size()),
+            query_groups: query_groups(&shard.local_kv_of_q(config.group_size())),
             config: config.clone(),
             shard,
             embedding: embedding.to_device(dev)?,
@@ -207,7 +207,7 @@ impl LlamaShard {
         let shape = AttentionShape {
             num_q_heads: nq,
             head_dim: hd,
-            kv_of_q: &self.kv_of_q,
+            groups: &self.query_groups,
             scale: 1.0 / (hd as f32).sqrt(),
         };
         let mut layers = std::mem::take(&mut cache.layers);

@@ -40,9 +40,33 @@ pub fn write_kv(layer: &mut LayerCache, cache: &KvCache, batch: &Batch, k: &[f32
 pub struct AttentionShape<'a> {
     pub num_q_heads: usize,
     pub head_dim: usize,
-    /// For each local query head, its local KV head.
-    pub kv_of_q: &'a [usize],
+    /// The local query heads of each local KV head ([`query_groups`]).
+    pub groups: &'a [QueryGroup],
     pub scale: f32,
+}
+
+/// The local query heads that read one local KV head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryGroup {
+    pub kv_head: usize,
+    pub heads: Vec<usize>,
+}
+
+/// The query heads of each KV head, from each query head's KV head (`kv_of_q`); KV heads
+/// no query head reads are left out. Fixed for a shard, so built once at load.
+pub fn query_groups(kv_of_q: &[usize]) -> Vec<QueryGroup> {
+    let mut groups: Vec<QueryGroup> = Vec::new();
+    for (h, &kv) in kv_of_q.iter().enumerate() {
+        match groups.iter_mut().find(|g| g.kv_head == kv) {
+            Some(g) => g.heads.push(h),
+            None => groups.push(QueryGroup {
+                kv_head: kv,
+                heads: vec![h],
+            }),
+        }
+    }
+    groups.sort_by_key(|g| g.kv_head);
+    groups
 }
 
 /// `q`: `[tokens, num_q_heads * head_dim]` (rotated); returns the same shape.
@@ -66,15 +90,7 @@ pub fn attend(
     for (s, seq) in batch.seqs.iter().enumerate() {
         seq_of_token.extend(std::iter::repeat_n(s, seq.num_tokens));
     }
-    // Query heads of each local KV head.
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    for (h, &kv) in shape.kv_of_q.iter().enumerate().take(nq) {
-        if groups.len() <= kv {
-            groups.resize(kv + 1, Vec::new());
-        }
-        groups[kv].push(h);
-    }
-    groups.retain(|g| !g.is_empty());
+    let groups = shape.groups;
     // Tasks: each token's context, per group, in runs of CHUNK_BLOCKS blocks.
     let chunk = CHUNK_BLOCKS * cache.block_size;
     let mut tasks: Vec<(usize, usize, std::ops::Range<usize>)> = Vec::new();
@@ -87,19 +103,19 @@ pub fn attend(
         }
     }
     // One partial result per task, written in place (see `attend_group` for the layout).
-    let max_heads = groups.iter().map(Vec::len).max().unwrap_or(0);
+    let max_heads = groups.iter().map(|g| g.heads.len()).max().unwrap_or(0);
     let stride = max_heads * (2 + hd);
     let mut partials = vec![0f32; tasks.len() * stride];
     partials
         .par_chunks_mut(stride.max(1))
         .zip(tasks.par_iter())
         .for_each(|(part, (t, g, positions))| {
-            let heads = &groups[*g];
+            let QueryGroup { kv_head, heads } = &groups[*g];
             let group = Group {
                 layer,
                 cache,
                 block_table: &batch.seqs[seq_of_token[*t]].block_table,
-                kv_head: shape.kv_of_q[heads[0]],
+                kv_head: *kv_head,
                 q: &q[t * nq * hd..(t + 1) * nq * hd],
                 heads,
                 positions: positions.clone(),
@@ -116,7 +132,7 @@ pub fn attend(
                 .iter()
                 .take_while(|(t2, g2, _)| (*t2, *g2) == (t, g))
                 .count();
-        let heads = &groups[g];
+        let heads = &groups[g].heads;
         for (i, h) in heads.iter().enumerate() {
             merge_partials(
                 partials[first * stride..end * stride].chunks_exact(stride),
@@ -336,6 +352,13 @@ mod tests {
     }
 
     #[test]
+    fn query_groups_collect_the_heads_of_each_kv_head_in_order() {
+        let g = query_groups(&[1, 0, 1, 0, 2]);
+        let heads: Vec<(usize, Vec<usize>)> = g.into_iter().map(|g| (g.kv_head, g.heads)).collect();
+        assert_eq!(heads, vec![(0, vec![1, 3]), (1, vec![0, 2]), (2, vec![4])]);
+    }
+
+    #[test]
     fn scattered_blocks_give_the_same_result_as_contiguous_attention() {
         // Small sizes take the general loops; 64 × 16 the register-resident ones.
         for (hd, bs) in [(8, 4), (VALUE_LANES, KEY_LANES)] {
@@ -387,7 +410,7 @@ mod tests {
             AttentionShape {
                 num_q_heads: nq,
                 head_dim: hd,
-                kv_of_q: &kv_of_q,
+                groups: &query_groups(&kv_of_q),
                 scale: 0.35,
             },
         );
