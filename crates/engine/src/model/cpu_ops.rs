@@ -16,13 +16,19 @@ use crate::model::simd::simd_dispatch;
 /// Rows below this many values are computed without handing work to the pool.
 const PAR_MIN_VALUES: usize = 16 * 1024;
 
-/// `f` over the values of `t` when it is a contiguous CPU f32 tensor.
-fn with_cpu_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+/// `f` over the values of `t` when it is a contiguous CPU f32 tensor; otherwise `f` is
+/// handed back unused.
+fn try_cpu_f32<R, F: FnOnce(&[f32]) -> R>(t: &Tensor, f: F) -> std::result::Result<R, F> {
     let (storage, layout) = t.storage_and_layout();
     match (&*storage, layout.contiguous_offsets()) {
-        (Storage::Cpu(CpuStorage::F32(v)), Some((start, end))) => Some(f(&v[start..end])),
-        _ => None,
+        (Storage::Cpu(CpuStorage::F32(v)), Some((start, end))) => Ok(f(&v[start..end])),
+        _ => Err(f),
     }
+}
+
+/// `f` over the values of `t` when it is a contiguous CPU f32 tensor.
+fn with_cpu_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+    try_cpu_f32(t, f).ok()
 }
 
 /// `out[r] = f(r, out row)` for every row of `cols` values, in parallel when large.
@@ -169,16 +175,10 @@ pub fn columns_to_vec(y: &Tensor, offset: usize, width: usize) -> Result<Vec<f32
 /// The values of a `[tokens, cols]` tensor, row-major, borrowed when it is a contiguous
 /// CPU f32 tensor and copied otherwise; `f` runs over them.
 pub fn with_values<R>(x: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    {
-        let (storage, layout) = x.storage_and_layout();
-        if let (Storage::Cpu(CpuStorage::F32(v)), Some((start, end))) =
-            (&*storage, layout.contiguous_offsets())
-        {
-            return Ok(f(&v[start..end]));
-        }
+    match try_cpu_f32(x, f) {
+        Ok(r) => Ok(r),
+        Err(f) => Ok(f(&x.contiguous()?.flatten_all()?.to_vec1::<f32>()?)),
     }
-    let values = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    Ok(f(&values))
 }
 
 #[cfg(test)]

@@ -119,7 +119,7 @@ pub fn log_end_user(user: Option<&String>) {
 
 /// Submit every choice of `req`. On a refusal the runs already submitted are dropped,
 /// which cancels them.
-pub fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, ServerError> {
+fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, ServerError> {
     // After an engine failure the loop refuses everything as shutting down; say why.
     let health = app.scheduler.health();
     if health.executor_failed || health.panicked {
