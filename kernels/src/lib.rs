@@ -6,8 +6,12 @@
 //! in f32), so results follow llama.cpp's arithmetic. Weights are repacked at load time
 //! into the layout of [`cpu::layout`]. Each kernel has a scalar reference and
 //! runtime-dispatched AVX2 and AVX-512 VNNI versions; tests compare them on random data.
+//!
+//! CUDA: paged attention, RoPE with the KV-cache write, and SiLU·up ([`gpu`]), compiled
+//! to PTX by the build script under the `cuda` feature.
 
 pub mod cpu;
+pub mod gpu;
 pub mod memory;
 
 pub use cpu::isa::Isa;

@@ -1,0 +1,235 @@
+// Causal attention that reads keys and values through block tables (paged KV cache).
+//
+// Cache layout (both K and V): [num_blocks, block_size, num_kv_heads, HD], so the row of
+// one (slot, kv head) is HD contiguous values. A token at position `pos` of a sequence
+// attends to the positions 0..=pos of that sequence, all of which are in the cache
+// (the step's new keys and values are written before attention runs), so prefill,
+// chunked prefill and decode take the same path.
+//
+// One thread block serves one query head and one tile of up to QT consecutive tokens of
+// one sequence. The context is walked in chunks of CHUNK keys, one key per thread:
+//   1. each thread computes its key's score against every query of the tile;
+//   2. one warp per query folds the chunk into that query's running max and sum
+//      (online softmax) and turns the scores into weights;
+//   3. each thread accumulates weight · value for the (query, dimension) outputs it owns.
+// QT = 1 serves decoding tokens; its context may be split into partitions (grid z),
+// whose partial results `attention_merge` combines. QT = 16 serves prefill chunks: each
+// key is loaded once for 16 queries.
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int NT = 128;     // threads per block
+constexpr int CHUNK = NT;   // keys per chunk: one per thread
+constexpr int NWARPS = NT / 32;
+
+template <typename T, int HD, int QT>
+__device__ __forceinline__ void attention_tile(
+    T* __restrict__ out, int out_stride,
+    float* __restrict__ part_ms, float* __restrict__ part_acc,
+    const T* __restrict__ q, int q_stride,
+    const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+    const uint32_t* __restrict__ positions,
+    const uint32_t* __restrict__ tile_start, const uint32_t* __restrict__ tile_len,
+    const uint32_t* __restrict__ seq_of_token,
+    const uint32_t* __restrict__ block_tables, int max_blocks,
+    const uint32_t* __restrict__ kv_of_q,
+    int nq, int nkv, int block_size, float scale, int partition_size) {
+    static_assert(HD % 8 == 0, "head dim must be a multiple of 8");
+    const int head = blockIdx.x;
+    const int tile = blockIdx.y;
+    const int part = blockIdx.z;
+    const int num_parts = gridDim.z;
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+
+    const int t0 = tile_start[tile];
+    const int nt = tile_len[tile];
+    const int ctx = (int)positions[t0 + nt - 1] + 1;
+    const int k_begin = part * partition_size;
+    const int k_end = min(ctx, k_begin + partition_size);
+
+    __shared__ float qs[QT][HD];
+    __shared__ float sc[QT][CHUNK];
+    __shared__ float m_s[QT];
+    __shared__ float l_s[QT];
+    __shared__ float r_s[QT];
+    __shared__ int qpos[QT];
+
+    for (int e = tid; e < QT * HD; e += NT) {
+        const int i = e / HD, d = e % HD;
+        qs[i][d] = i < nt ? to_float(q[(size_t)(t0 + i) * q_stride + (size_t)head * HD + d]) * scale
+                          : 0.f;
+    }
+    if (tid < QT) {
+        m_s[tid] = -INFINITY;
+        l_s[tid] = 0.f;
+        r_s[tid] = 0.f;
+        qpos[tid] = tid < nt ? (int)positions[t0 + tid] : -1;
+    }
+    __syncthreads();
+
+    constexpr int EPT = (QT * HD + NT - 1) / NT;  // outputs owned per thread
+    float acc[EPT];
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) acc[k] = 0.f;
+
+    const uint32_t* table = block_tables + (size_t)seq_of_token[t0] * max_blocks;
+    const size_t row_stride = (size_t)nkv * HD;
+    const size_t head_offset = (size_t)kv_of_q[head] * HD;
+
+    for (int c0 = k_begin; c0 < k_end; c0 += CHUNK) {
+        const int n_keys = min(CHUNK, k_end - c0);
+        // 1. Scores of this thread's key.
+        {
+            const int j = c0 + tid;
+            float s[QT];
+#pragma unroll
+            for (int i = 0; i < QT; ++i) s[i] = 0.f;
+            if (tid < n_keys) {
+                const size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
+                const T* krow = k_cache + slot * row_stride + head_offset;
+#pragma unroll 4
+                for (int d = 0; d < HD; d += 8) {
+                    float kf[8];
+                    load8(krow + d, kf);
+#pragma unroll
+                    for (int i = 0; i < QT; ++i) {
+#pragma unroll
+                        for (int u = 0; u < 8; ++u) s[i] = fmaf(qs[i][d + u], kf[u], s[i]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < QT; ++i) sc[i][tid] = (tid < n_keys && j <= qpos[i]) ? s[i] : -INFINITY;
+        }
+        __syncthreads();
+        // 2. Online softmax, one warp per query.
+        for (int i = warp; i < QT; i += NWARPS) {
+            float mx = -INFINITY;
+            for (int c = lane; c < CHUNK; c += 32) mx = fmaxf(mx, sc[i][c]);
+            mx = warp_max(mx);
+            const float m_old = m_s[i];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.f;
+            for (int c = lane; c < CHUNK; c += 32) {
+                const float p = m_new == -INFINITY ? 0.f : __expf(sc[i][c] - m_new);
+                sc[i][c] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float r = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
+                r_s[i] = r;
+                l_s[i] = l_s[i] * r + sum;
+                m_s[i] = m_new;
+            }
+        }
+        __syncthreads();
+        // 3. Weighted values.
+#pragma unroll
+        for (int k = 0; k < EPT; ++k) {
+            const int e = tid + k * NT;
+            if (e < QT * HD) {
+                const int i = e / HD, d = e % HD;
+                float a = acc[k] * r_s[i];
+                for (int c = 0; c < n_keys; ++c) {
+                    const int j = c0 + c;
+                    const size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
+                    a = fmaf(sc[i][c], to_float(v_cache[slot * row_stride + head_offset + d]), a);
+                }
+                acc[k] = a;
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+        const int e = tid + k * NT;
+        if (e >= QT * HD) continue;
+        const int i = e / HD, d = e % HD;
+        if (i >= nt) continue;
+        if (num_parts == 1) {
+            const float l = l_s[i];
+            out[(size_t)(t0 + i) * out_stride + (size_t)head * HD + d] =
+                from_float<T>(l > 0.f ? acc[k] / l : 0.f);
+        } else {
+            // Partitions are only launched with QT == 1: one token per tile.
+            const size_t base = ((size_t)tile * nq + head) * num_parts + part;
+            part_acc[base * HD + d] = acc[k];
+            if (d == 0) {
+                part_ms[base * 2] = m_s[i];
+                part_ms[base * 2 + 1] = l_s[i];
+            }
+        }
+    }
+}
+
+// Combines the partitions of each (token, head): every partition's weighted values are
+// rescaled from its own maximum score to the largest, then divided by the total weight.
+template <typename T, int HD>
+__device__ __forceinline__ void merge_partitions(
+    T* __restrict__ out, int out_stride,
+    const float* __restrict__ part_ms, const float* __restrict__ part_acc,
+    const uint32_t* __restrict__ tile_start, int nq, int num_parts) {
+    const int head = blockIdx.x;
+    const int tile = blockIdx.y;
+    const size_t base = ((size_t)tile * nq + head) * num_parts;
+    float m = -INFINITY;
+    for (int p = 0; p < num_parts; ++p)
+        if (part_ms[(base + p) * 2 + 1] > 0.f) m = fmaxf(m, part_ms[(base + p) * 2]);
+    float total = 0.f;
+    for (int p = 0; p < num_parts; ++p) {
+        const float l = part_ms[(base + p) * 2 + 1];
+        if (l > 0.f) total += l * __expf(part_ms[(base + p) * 2] - m);
+    }
+    const int t = tile_start[tile];
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float a = 0.f;
+        for (int p = 0; p < num_parts; ++p) {
+            const float l = part_ms[(base + p) * 2 + 1];
+            if (l > 0.f) a = fmaf(part_acc[(base + p) * HD + d], __expf(part_ms[(base + p) * 2] - m), a);
+        }
+        out[(size_t)t * out_stride + (size_t)head * HD + d] = from_float<T>(total > 0.f ? a / total : 0.f);
+    }
+}
+
+}  // namespace
+
+#define TESSERA_ATTENTION(NAME, T, HD, QT)                                                    \
+    extern "C" __global__ void __launch_bounds__(NT) NAME(                                    \
+        T* out, int out_stride, float* part_ms, float* part_acc, const T* q, int q_stride,    \
+        const T* k_cache, const T* v_cache, const uint32_t* positions,                         \
+        const uint32_t* tile_start, const uint32_t* tile_len, const uint32_t* seq_of_token,   \
+        const uint32_t* block_tables, int max_blocks, const uint32_t* kv_of_q, int nq,        \
+        int nkv, int block_size, float scale, int partition_size) {                            \
+        attention_tile<T, HD, QT>(out, out_stride, part_ms, part_acc, q, q_stride, k_cache,   \
+                                  v_cache, positions, tile_start, tile_len, seq_of_token,     \
+                                  block_tables, max_blocks, kv_of_q, nq, nkv, block_size,     \
+                                  scale, partition_size);                                     \
+    }
+
+#define TESSERA_MERGE(NAME, T, HD)                                                            \
+    extern "C" __global__ void NAME(T* out, int out_stride, const float* part_ms,             \
+                                    const float* part_acc, const uint32_t* tile_start,        \
+                                    int nq, int num_parts) {                                  \
+        merge_partitions<T, HD>(out, out_stride, part_ms, part_acc, tile_start, nq,           \
+                                num_parts);                                                   \
+    }
+
+#define TESSERA_HEAD_DIM(HD)                                                                  \
+    TESSERA_ATTENTION(paged_attention_bf16_hd##HD##_q1, __nv_bfloat16, HD, 1)                 \
+    TESSERA_ATTENTION(paged_attention_bf16_hd##HD##_q16, __nv_bfloat16, HD, 16)               \
+    TESSERA_ATTENTION(paged_attention_f16_hd##HD##_q1, __half, HD, 1)                         \
+    TESSERA_ATTENTION(paged_attention_f16_hd##HD##_q16, __half, HD, 16)                       \
+    TESSERA_MERGE(attention_merge_bf16_hd##HD, __nv_bfloat16, HD)                             \
+    TESSERA_MERGE(attention_merge_f16_hd##HD, __half, HD)
+
+TESSERA_HEAD_DIM(64)
+TESSERA_HEAD_DIM(80)
+TESSERA_HEAD_DIM(96)
+TESSERA_HEAD_DIM(128)
+TESSERA_HEAD_DIM(256)

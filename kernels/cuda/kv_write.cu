@@ -1,0 +1,62 @@
+// Rotary position embedding of the step's queries and keys, and the write of the new
+// keys and values into the paged KV cache, in one pass over the fused QKV rows.
+//
+// `qkv` holds one row per token: [q heads | k heads | v heads], each head `hd` wide. The
+// queries are rotated in place (attention reads them from there); rotated keys and the
+// values go to the token's cache slot, laid out [slot, kv head, hd] as attention.cu
+// reads them. cos/sin: f32 tables [max_positions, hd / 2]. Rotation pairs are
+// (2i, 2i + 1) when `interleaved`, else (i, i + hd / 2), as in the CPU engine.
+
+#include "common.cuh"
+
+namespace {
+
+template <typename T>
+__device__ __forceinline__ void rope_write(
+    T* __restrict__ qkv, int qkv_stride, T* __restrict__ k_cache, T* __restrict__ v_cache,
+    const uint32_t* __restrict__ positions, const uint32_t* __restrict__ slots,
+    const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+    int nq, int nkv, int hd, int interleaved) {
+    const int t = blockIdx.x;
+    const int half = hd / 2;
+    const size_t pos = positions[t];
+    const size_t slot = slots[t];
+    T* row = qkv + (size_t)t * qkv_stride;
+    const float* c = cos_table + pos * half;
+    const float* s = sin_table + pos * half;
+    T* k_dst = k_cache + slot * nkv * hd;
+    for (int e = threadIdx.x; e < (nq + nkv) * half; e += blockDim.x) {
+        const int h = e / half, i = e % half;
+        const int ia = interleaved ? 2 * i : i;
+        const int ib = interleaved ? 2 * i + 1 : i + half;
+        T* x = row + (size_t)h * hd;
+        const float a = to_float(x[ia]), b = to_float(x[ib]);
+        const float ra = a * c[i] - b * s[i];
+        const float rb = a * s[i] + b * c[i];
+        if (h < nq) {
+            x[ia] = from_float<T>(ra);
+            x[ib] = from_float<T>(rb);
+        } else {
+            T* k = k_dst + (size_t)(h - nq) * hd;
+            k[ia] = from_float<T>(ra);
+            k[ib] = from_float<T>(rb);
+        }
+    }
+    const T* v = row + (size_t)(nq + nkv) * hd;
+    T* v_dst = v_cache + slot * nkv * hd;
+    for (int e = threadIdx.x; e < nkv * hd; e += blockDim.x) v_dst[e] = v[e];
+}
+
+}  // namespace
+
+#define TESSERA_ROPE_WRITE(NAME, T)                                                           \
+    extern "C" __global__ void NAME(T* qkv, int qkv_stride, T* k_cache, T* v_cache,          \
+                                    const uint32_t* positions, const uint32_t* slots,         \
+                                    const float* cos_table, const float* sin_table, int nq,   \
+                                    int nkv, int hd, int interleaved) {                       \
+        rope_write<T>(qkv, qkv_stride, k_cache, v_cache, positions, slots, cos_table,         \
+                      sin_table, nq, nkv, hd, interleaved);                                   \
+    }
+
+TESSERA_ROPE_WRITE(rope_write_kv_bf16, __nv_bfloat16)
+TESSERA_ROPE_WRITE(rope_write_kv_f16, __half)

@@ -1,0 +1,17 @@
+//! CUDA kernels: launch planning (plain Rust, tested anywhere) and, with the `cuda`
+//! feature, the PTX that nvcc compiled from `kernels/cuda/*.cu`. The engine loads the PTX
+//! into each rank's device and launches it on the rank's stream.
+
+pub mod launch;
+
+/// PTX modules, each with the names of the kernels it defines.
+#[cfg(feature = "cuda")]
+pub mod ptx {
+    /// Paged attention and the merge of partitions (`launch::attention_kernel`,
+    /// `launch::merge_kernel`).
+    pub const ATTENTION: &str = include_str!(concat!(env!("OUT_DIR"), "/attention.ptx"));
+    /// `rope_write_kv_{bf16,f16}`: RoPE on queries and keys, keys and values to the cache.
+    pub const KV_WRITE: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_write.ptx"));
+    /// `silu_mul_{bf16,f16}`: SiLU(gate) · up.
+    pub const ACTIVATIONS: &str = include_str!(concat!(env!("OUT_DIR"), "/activations.ptx"));
+}
