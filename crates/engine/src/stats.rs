@@ -120,4 +120,9 @@ impl Communicator for TimedComm {
     fn abort(&self, reason: &str) {
         self.inner.abort(reason);
     }
+
+    /// Not counted as collective time: on a GPU it waits for the whole step's work.
+    fn settle(&mut self) -> Result<()> {
+        self.inner.settle()
+    }
 }

@@ -1,11 +1,13 @@
 //! The collective operations that join tensor-parallel shards.
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 
-/// Precision of the data exchanged by all-reduce. Summation order is fixed by rank in
-/// every implementation, so results never depend on thread timing.
+/// Precision of the data exchanged by all-reduce. The communicators of this crate
+/// (`LocalComm`, `DeviceComm`) sum in rank order, so their results never depend on thread
+/// timing; NCCL chooses its own reduction order (ring or tree, by message size and
+/// topology) and promises none, but one NCCL group gives every rank the same sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AllReduceDtype {
     /// Exact f32 partial sums (the default on CPU).
@@ -30,16 +32,17 @@ impl std::str::FromStr for AllReduceDtype {
 }
 
 /// What a worker thread needs to join its group. Sent to the worker, which connects on
-/// its own thread: device communicators (NCCL) belong to the thread that made them and
-/// are never moved between threads.
+/// its own thread with its own device: device communicators (NCCL) belong to the thread
+/// that made them, launch on that thread's stream, and are never moved between threads.
 pub trait Endpoint: Send {
-    fn connect(self: Box<Self>) -> Result<Box<dyn Communicator>>;
+    fn connect(self: Box<Self>, device: &Device) -> Result<Box<dyn Communicator>>;
 }
 
 /// One rank's endpoint in a group. Every rank of a group must call the same collectives
 /// in the same order; a rank that fails calls [`Communicator::abort`] so the others return
-/// an error instead of waiting forever (NCCL cannot wake peers already inside a
-/// collective: there the engine's step timeout is the backstop).
+/// an error instead of waiting forever. Collectives take and return tensors on the rank's
+/// own device. On a GPU they may only be queued on the rank's stream when they return;
+/// [`Communicator::settle`] waits for them, bounded by the step timeout.
 pub trait Communicator {
     fn rank(&self) -> usize;
     fn world_size(&self) -> usize;
@@ -54,4 +57,10 @@ pub trait Communicator {
     fn barrier(&mut self) -> Result<()>;
     /// Fails every pending and future collective of the group with `reason`.
     fn abort(&self, reason: &str);
+    /// Waits until the collectives this rank has queued have completed; fails (and aborts
+    /// the group) when they do not within the step timeout or when the group was
+    /// aborted meanwhile. Collectives that complete before returning need nothing here.
+    fn settle(&mut self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -8,98 +8,14 @@
 //! collective suffices. No global lock, no polling: waiting is a condition variable with
 //! a timeout, and a rank that fails or hangs turns into an error on every other rank.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 
 use crate::error::{EngineError, Result};
+use crate::tp::barrier::AbortableBarrier;
 use crate::tp::comm::{AllReduceDtype, Communicator, Endpoint};
-
-/// A barrier that can be aborted and that gives up after a timeout, naming the ranks
-/// that did not arrive.
-struct AbortableBarrier {
-    state: Mutex<BarrierState>,
-    wake: Condvar,
-    world: usize,
-    timeout: Duration,
-}
-
-struct BarrierState {
-    arrived: Vec<bool>,
-    count: usize,
-    generation: u64,
-    aborted: Option<String>,
-}
-
-fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking rank never holds this lock across user code; recover the guard.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl AbortableBarrier {
-    fn new(world: usize, timeout: Duration) -> Self {
-        Self {
-            state: Mutex::new(BarrierState {
-                arrived: vec![false; world],
-                count: 0,
-                generation: 0,
-                aborted: None,
-            }),
-            wake: Condvar::new(),
-            world,
-            timeout,
-        }
-    }
-
-    fn wait(&self, rank: usize) -> Result<()> {
-        let mut st = relock(&self.state);
-        if let Some(reason) = &st.aborted {
-            return Err(EngineError::CommAborted(reason.clone()));
-        }
-        let generation = st.generation;
-        st.arrived[rank] = true;
-        st.count += 1;
-        if st.count == self.world {
-            st.count = 0;
-            st.arrived.iter_mut().for_each(|a| *a = false);
-            st.generation += 1;
-            self.wake.notify_all();
-            return Ok(());
-        }
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                let missing: Vec<usize> = (0..self.world).filter(|r| !st.arrived[*r]).collect();
-                let reason = format!(
-                    "rank {rank} waited {:?} for ranks {missing:?} at a collective",
-                    self.timeout
-                );
-                st.aborted.get_or_insert(reason.clone());
-                self.wake.notify_all();
-                return Err(EngineError::CommAborted(reason));
-            }
-            let (guard, _) = self
-                .wake
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner());
-            st = guard;
-            if st.generation != generation {
-                return Ok(());
-            }
-            if let Some(reason) = &st.aborted {
-                return Err(EngineError::CommAborted(reason.clone()));
-            }
-        }
-    }
-
-    fn abort(&self, reason: &str) {
-        let mut st = relock(&self.state);
-        st.aborted.get_or_insert_with(|| reason.to_string());
-        self.wake.notify_all();
-    }
-}
 
 struct Shared {
     world: usize,
@@ -169,7 +85,7 @@ fn round_bf16(v: &mut [f32]) {
 }
 
 impl Endpoint for LocalComm {
-    fn connect(self: Box<Self>) -> Result<Box<dyn Communicator>> {
+    fn connect(self: Box<Self>, _device: &Device) -> Result<Box<dyn Communicator>> {
         Ok(self)
     }
 }
@@ -258,6 +174,7 @@ impl Communicator for LocalComm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     fn run<F>(world: usize, dtype: AllReduceDtype, f: F) -> Vec<Result<Tensor>>
     where

@@ -1,6 +1,11 @@
 //! Tensor parallelism: split states, the shard plan, communicators.
 
+pub(crate) mod barrier;
 pub mod comm;
+#[cfg(feature = "cuda")]
+pub mod device_comm;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu_wait;
 pub mod local_comm;
 #[cfg(feature = "cuda")]
 pub mod nccl_comm;
@@ -8,6 +13,10 @@ pub mod plan;
 pub mod split;
 
 pub use comm::{AllReduceDtype, Communicator, Endpoint};
+#[cfg(feature = "cuda")]
+pub use device_comm::DeviceComm;
 pub use local_comm::LocalComm;
+#[cfg(feature = "cuda")]
+pub use nccl_comm::NcclEndpoint;
 pub use plan::{PlanOptions, RankShard, ShardPlan};
 pub use split::{Segment, SplitState};

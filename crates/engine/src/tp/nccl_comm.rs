@@ -1,57 +1,83 @@
-//! `NcclComm`: collectives between GPUs over NCCL (`cudarc::nccl`), feature `cuda`.
+//! `NcclComm`: collectives between GPUs over NCCL, on the CUDA buffers of the ranks'
+//! tensors (feature `cuda`).
 //!
-//! One communicator per worker thread, created on that thread from a unique id shared by
-//! the group ([`NcclEndpoint`]). Within one node the id is handed out in process
-//! ([`NcclEndpoint::group`]); across nodes the same 128-byte id would travel over a TCP
-//! rendezvous, which [`NcclEndpoint::from_id`] is the entry point for.
+//! One communicator per worker thread, initialised on that thread, on the stream its
+//! kernels use, from a unique id shared by the group ([`NcclEndpoint`]); the ranks of a
+//! node initialise concurrently. Across nodes the same 128-byte id travels over a
+//! rendezvous, for which [`NcclEndpoint::from_id`] is the entry point.
 //!
-//! Tensors reach the collectives through device buffers on the rank's stream. While the
-//! model runs on CPU tensors (the CUDA paged-attention kernel is not built yet), data is
-//! staged host → device → host around each collective; with CUDA tensors the staging
-//! disappears and the same NCCL calls apply.
+//! Collectives are queued on the rank's stream and return at once. A failing rank calls
+//! [`Communicator::abort`]: the group's ranks in this process see the flag, and every
+//! rank waiting for its queued work ([`Communicator::settle`]) gives up when the flag is
+//! set, when NCCL reports an asynchronous error, or at the step timeout; it then aborts
+//! its communicator (`ncclCommAbort`), which releases collectives stuck on peers that
+//! will never arrive. An aborted rank fails every later collective.
 
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use candle_core::{DType, Device, Tensor};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp};
+use candle_core::cuda::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use candle_core::cuda::cudarc::nccl::{result, safe::Id, sys};
+use candle_core::{CudaDevice, DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
+use crate::model::cuda::buffers::{cuda_device, wrap, Held};
 use crate::tp::comm::{AllReduceDtype, Communicator, Endpoint};
+use crate::tp::gpu_wait::{wait_for_stream, WaitEnd};
 
 fn nccl_err(what: &str, e: impl std::fmt::Debug) -> EngineError {
     EngineError::CommAborted(format!("NCCL {what}: {e:?}"))
 }
 
-/// True when the CUDA driver and NCCL libraries can be loaded (cudarc panics otherwise).
-pub fn nccl_available() -> bool {
-    // SAFETY: these only try to dlopen the libraries and report whether they loaded.
-    unsafe { cudarc::driver::sys::is_culib_present() && cudarc::nccl::sys::is_culib_present() }
+/// Shared by the ranks of a group in this process: why the group was aborted.
+#[derive(Debug, Default)]
+struct GroupState {
+    aborted: Mutex<Option<String>>,
+}
+
+impl GroupState {
+    fn reason(&self) -> Option<String> {
+        self.aborted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn abort(&self, reason: &str) {
+        self.aborted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| reason.to_string());
+    }
 }
 
 /// What a worker needs to join an NCCL group: sendable, connected on the worker thread.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct NcclEndpoint {
     id: Id,
     rank: usize,
     world: usize,
-    ordinal: usize,
     dtype: AllReduceDtype,
+    timeout: Duration,
+    group: Arc<GroupState>,
 }
 
 impl NcclEndpoint {
-    /// Endpoints for GPUs `ordinals[rank]` of one node, sharing a fresh unique id.
-    pub fn group(ordinals: &[usize], dtype: AllReduceDtype) -> Result<Vec<NcclEndpoint>> {
-        if !nccl_available() {
-            return Err(EngineError::Parallel(
-                "CUDA ranks need the CUDA driver and NCCL libraries (libcuda, libnccl), which cannot be loaded here".into(),
-            ));
-        }
+    /// Endpoints for `world` GPUs of one node, sharing a fresh unique id.
+    pub fn group(world: usize, dtype: AllReduceDtype, timeout: Duration) -> Result<Vec<Self>> {
         let id = Id::new().map_err(|e| nccl_err("unique id", e))?;
-        Ok(ordinals
-            .iter()
-            .enumerate()
-            .map(|(rank, &ordinal)| Self::from_id(id, rank, ordinals.len(), ordinal, dtype))
+        let group = Arc::new(GroupState::default());
+        Ok((0..world)
+            .map(|rank| Self {
+                id,
+                rank,
+                world,
+                dtype,
+                timeout,
+                group: group.clone(),
+            })
             .collect())
     }
 
@@ -60,91 +86,186 @@ impl NcclEndpoint {
         id: Id,
         rank: usize,
         world: usize,
-        ordinal: usize,
         dtype: AllReduceDtype,
+        timeout: Duration,
     ) -> Self {
         Self {
             id,
             rank,
             world,
-            ordinal,
             dtype,
+            timeout,
+            group: Arc::new(GroupState::default()),
         }
     }
 }
 
+/// An initialised NCCL communicator. Dropping it aborts it: `ncclCommAbort` frees its
+/// resources without waiting for peers, which may be gone.
+struct RawComm(sys::ncclComm_t);
+
+impl Drop for RawComm {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from ncclCommInitRank and is dropped exactly once.
+        let _ = unsafe { result::comm_abort(self.0) };
+    }
+}
+
 impl Endpoint for NcclEndpoint {
-    fn connect(self: Box<Self>) -> Result<Box<dyn Communicator>> {
-        let ctx = CudaContext::new(self.ordinal).map_err(|e| nccl_err("context", e))?;
-        let stream = ctx.default_stream();
-        let comm = Comm::from_rank(stream.clone(), self.rank, self.world, self.id)
+    fn connect(self: Box<Self>, device: &Device) -> Result<Box<dyn Communicator>> {
+        let dev = cuda_device(device)?.clone();
+        let stream = dev.cuda_stream();
+        // Initialisation needs the rank's context current on this thread.
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| nccl_err("context", e))?;
+        let world = i32::try_from(self.world).map_err(|e| nccl_err("world size", e))?;
+        let rank = i32::try_from(self.rank).map_err(|e| nccl_err("rank", e))?;
+        let id = sys::ncclUniqueId {
+            internal: *self.id.internal(),
+        };
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` is a valid out-pointer; every rank of the group calls this with
+        // the same id and its own rank, each on its own thread.
+        unsafe { result::comm_init_rank(&mut comm, world, id, rank) }
             .map_err(|e| nccl_err("init", e))?;
+        tracing::info!(
+            "rank {}: NCCL communicator ready ({} ranks)",
+            self.rank,
+            self.world
+        );
         Ok(Box::new(NcclComm {
-            comm,
+            comm: RefCell::new(Some(RawComm(comm))),
+            dev,
             stream,
             rank: self.rank,
             world: self.world,
             dtype: self.dtype,
-            aborted: None,
+            timeout: self.timeout,
+            group: self.group,
         }))
     }
 }
 
 /// One GPU rank's NCCL communicator. Not `Send`: it lives and dies on its worker thread.
 pub struct NcclComm {
-    comm: Comm,
+    comm: RefCell<Option<RawComm>>,
+    dev: CudaDevice,
     stream: Arc<CudaStream>,
     rank: usize,
     world: usize,
     dtype: AllReduceDtype,
-    aborted: Option<String>,
+    timeout: Duration,
+    group: Arc<GroupState>,
+}
+
+/// Element types the collectives move.
+fn nccl_type(dtype: DType) -> Result<sys::ncclDataType_t> {
+    match dtype {
+        DType::F32 => Ok(sys::ncclDataType_t::ncclFloat32),
+        DType::BF16 => Ok(sys::ncclDataType_t::ncclBfloat16),
+        DType::F16 => Ok(sys::ncclDataType_t::ncclFloat16),
+        DType::U32 => Ok(sys::ncclDataType_t::ncclUint32),
+        other => Err(EngineError::CommAborted(format!(
+            "NCCL collectives do not take {other:?} tensors here"
+        ))),
+    }
 }
 
 impl NcclComm {
-    fn check(&self) -> Result<()> {
-        match &self.aborted {
-            Some(reason) => Err(EngineError::CommAborted(reason.clone())),
-            None => Ok(()),
+    /// The live communicator, or why the group was aborted.
+    fn handle(&self) -> Result<sys::ncclComm_t> {
+        if let Some(reason) = self.group.reason() {
+            self.comm.borrow_mut().take();
+            return Err(EngineError::CommAborted(reason));
         }
-    }
-
-    fn host(x: &Tensor) -> Result<Vec<f32>> {
-        Ok(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-    }
-
-    fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
-        self.stream
-            .clone_htod(data)
-            .map_err(|e| nccl_err("copy", e))
-    }
-
-    fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
-        self.stream
-            .alloc_zeros::<T>(len)
-            .map_err(|e| nccl_err("alloc", e))
-    }
-
-    fn download<T: DeviceRepr>(&self, buf: &CudaSlice<T>) -> Result<Vec<T>> {
-        self.stream.clone_dtoh(buf).map_err(|e| nccl_err("copy", e))
-    }
-
-    /// Element-wise sum over the group, staged through device buffers.
-    fn sum<T: NcclType + DeviceRepr + ValidAsZeroBits>(&self, data: &[T]) -> Result<Vec<T>> {
-        let send = self.upload(data)?;
-        let mut recv = self.zeros::<T>(data.len())?;
         self.comm
-            .all_reduce(&send, &mut recv, &ReduceOp::Sum)
-            .map_err(|e| nccl_err("all-reduce", e))?;
-        self.download(&recv)
+            .borrow()
+            .as_ref()
+            .map(|c| c.0)
+            .ok_or_else(|| EngineError::CommAborted("the NCCL communicator was aborted".into()))
     }
 
-    fn sum_f32(&self, data: &[f32]) -> Result<Vec<f32>> {
-        self.sum(data)
+    /// Queues `op(send, recv, count, type, comm, stream)` on `x` (made contiguous) into a
+    /// new buffer of `out_len` elements; returns it as a tensor of `out_shape`.
+    fn run(
+        &self,
+        x: &Tensor,
+        out_len: usize,
+        out_shape: Vec<usize>,
+        what: &str,
+        op: impl FnOnce(
+            *const c_void,
+            *mut c_void,
+            usize,
+            sys::ncclDataType_t,
+            sys::ncclComm_t,
+            sys::cudaStream_t,
+        ) -> Result<()>,
+    ) -> Result<Tensor> {
+        let comm = self.handle()?;
+        let x = x.contiguous()?;
+        let ty = nccl_type(x.dtype())?;
+        let count = x.elem_count();
+        macro_rules! go {
+            ($t:ty) => {{
+                let held = Held::new(&x, "NCCL input")?;
+                let send = held.view::<$t>()?;
+                // SAFETY: NCCL writes every element of the output.
+                let mut recv: CudaSlice<$t> =
+                    unsafe { self.dev.alloc::<$t>(out_len) }.map_err(|e| nccl_err(what, e))?;
+                {
+                    let (sp, _s) = send.device_ptr(&self.stream);
+                    let (rp, _r) = recv.device_ptr_mut(&self.stream);
+                    op(
+                        sp as *const c_void,
+                        rp as *mut c_void,
+                        count,
+                        ty,
+                        comm,
+                        self.stream.cu_stream() as _,
+                    )?;
+                }
+                wrap(recv, &self.dev, out_shape)
+            }};
+        }
+        Ok(match x.dtype() {
+            DType::F32 => go!(f32),
+            DType::BF16 => go!(half::bf16),
+            DType::F16 => go!(half::f16),
+            _ => go!(u32),
+        })
     }
 
-    fn sum_bf16(&self, data: &[f32]) -> Result<Vec<f32>> {
-        let half: Vec<half::bf16> = data.iter().map(|v| half::bf16::from_f32(*v)).collect();
-        Ok(self.sum(&half)?.into_iter().map(|v| v.to_f32()).collect())
+    /// Waits for the queued work; aborts this rank's communicator when that fails.
+    fn wait(&self) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let comm = self.handle()?;
+        let group = self.group.clone();
+        let outcome = wait_for_stream(&self.stream, deadline, || {
+            if let Some(reason) = group.reason() {
+                return Some(reason);
+            }
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: `comm` is live (this rank has not aborted it) and `state` is a
+            // valid out-pointer.
+            let _ = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+            match state {
+                sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => None,
+                other => Some(format!("NCCL reported {other:?}")),
+            }
+        });
+        let reason = match outcome {
+            Ok(()) => return Ok(()),
+            Err(WaitEnd::TimedOut) => format!(
+                "rank {}: collectives did not finish within {:?}",
+                self.rank, self.timeout
+            ),
+            Err(WaitEnd::Interrupted(r) | WaitEnd::Failed(r)) => r,
+        };
+        self.abort(&reason);
+        Err(EngineError::CommAborted(reason))
     }
 }
 
@@ -158,98 +279,111 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce_sum(&mut self, x: &Tensor) -> Result<Tensor> {
-        self.check()?;
-        let data = Self::host(x)?;
-        let sum = match self.dtype {
-            AllReduceDtype::F32 => self.sum_f32(&data)?,
-            AllReduceDtype::Bf16 => self.sum_bf16(&data)?,
+        let wire = match self.dtype {
+            AllReduceDtype::F32 => DType::F32,
+            AllReduceDtype::Bf16 => DType::BF16,
         };
-        Ok(Tensor::from_vec(sum, x.shape(), &Device::Cpu)?.to_dtype(x.dtype())?)
+        let send = x.to_dtype(wire)?;
+        let sum = self.run(
+            &send,
+            send.elem_count(),
+            x.dims().to_vec(),
+            "all-reduce",
+            |s, r, n, ty, comm, stream| {
+                // SAFETY: send and receive buffers hold `n` elements of `ty` on this rank's
+                // device; the collective is queued on the rank's stream.
+                unsafe { result::all_reduce(s, r, n, ty, sys::ncclRedOp_t::ncclSum, comm, stream) }
+                    .map(|_| ())
+                    .map_err(|e| nccl_err("all-reduce", e))
+            },
+        )?;
+        Ok(sum.to_dtype(x.dtype())?)
     }
 
     fn all_gather(&mut self, x: &Tensor, dim: usize) -> Result<Tensor> {
-        self.check()?;
-        // NCCL gathers equal-sized buffers: share every rank's length along `dim`, pad to
-        // the longest, gather, then cut the padding off.
-        let mut lens = vec![0f32; self.world];
-        lens[self.rank] = x.dim(dim)? as f32;
-        let lens: Vec<usize> = self
-            .sum_f32(&lens)?
+        let world = self.world;
+        // NCCL gathers equal-sized buffers: share every rank's length along `dim`, pad
+        // to the longest, gather along a leading axis, then cut the padding off.
+        let mine = Tensor::from_vec(vec![x.dim(dim)? as u32], 1, &Device::Cuda(self.dev.clone()))?;
+        let lens = self.run(
+            &mine,
+            world,
+            vec![world],
+            "all-gather",
+            |s, r, n, ty, comm, stream| {
+                // SAFETY: `n` elements sent, `n * world` received, on this rank's stream.
+                unsafe { result::all_gather(s, r, n, ty, comm, stream) }
+                    .map(|_| ())
+                    .map_err(|e| nccl_err("all-gather", e))
+            },
+        )?;
+        self.wait()?;
+        let lens: Vec<usize> = lens
+            .to_vec1::<u32>()?
             .into_iter()
-            .map(|v| v as usize)
+            .map(|l| l as usize)
             .collect();
         let longest = lens.iter().copied().max().unwrap_or(0);
-        let mine = x.to_dtype(DType::F32)?;
-        let padded = if mine.dim(dim)? < longest {
-            mine.pad_with_zeros(dim, 0, longest - mine.dim(dim)?)?
+        let here = x.dim(dim)?;
+        let padded = if here < longest {
+            x.pad_with_zeros(dim, 0, longest - here)?
         } else {
-            mine
+            x.clone()
         };
         let moved = padded.transpose(0, dim)?.contiguous()?;
-        let data = Self::host(&moved)?;
-        let send = self.upload(&data)?;
-        let mut recv = self.zeros::<f32>(data.len() * self.world)?;
-        self.comm
-            .all_gather(&send, &mut recv)
-            .map_err(|e| nccl_err("all-gather", e))?;
-        let all = self.download(&recv)?;
         let mut shape = moved.dims().to_vec();
-        let mut parts = Vec::with_capacity(self.world);
-        for (r, chunk) in all
-            .chunks_exact(data.len().max(1))
+        let per_rank = moved.elem_count();
+        shape[0] = longest * world;
+        let all = self.run(
+            &moved,
+            per_rank * world,
+            shape,
+            "all-gather",
+            |s, r, n, ty, comm, stream| {
+                // SAFETY: as above.
+                unsafe { result::all_gather(s, r, n, ty, comm, stream) }
+                    .map(|_| ())
+                    .map_err(|e| nccl_err("all-gather", e))
+            },
+        )?;
+        let parts = lens
+            .iter()
             .enumerate()
-            .take(self.world)
-        {
-            shape[0] = longest;
-            let t = Tensor::from_vec(chunk.to_vec(), shape.clone(), &Device::Cpu)?;
-            parts.push(t.narrow(0, 0, lens[r])?);
-        }
-        Ok(Tensor::cat(&parts, 0)?
-            .transpose(0, dim)?
-            .contiguous()?
-            .to_dtype(x.dtype())?)
+            .map(|(r, len)| all.narrow(0, r * longest, *len))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&parts, 0)?.transpose(0, dim)?.contiguous()?)
     }
 
     fn broadcast(&mut self, x: &Tensor, root: usize) -> Result<Tensor> {
-        self.check()?;
-        let data = Self::host(x)?;
-        let send = self.upload(&data)?;
-        let mut recv = self.zeros::<f32>(data.len())?;
-        let root_i32 = i32::try_from(root).map_err(|e| nccl_err("root", e))?;
-        self.comm
-            .broadcast(Some(&send), &mut recv, root_i32)
-            .map_err(|e| nccl_err("broadcast", e))?;
-        let out = self.download(&recv)?;
-        Ok(Tensor::from_vec(out, x.shape(), &Device::Cpu)?.to_dtype(x.dtype())?)
+        let root = i32::try_from(root).map_err(|e| nccl_err("root", e))?;
+        self.run(
+            x,
+            x.elem_count(),
+            x.dims().to_vec(),
+            "broadcast",
+            |s, r, n, ty, comm, stream| {
+                // SAFETY: `n` elements each way on this rank's stream.
+                unsafe { result::broadcast(s, r, n, ty, root, comm, stream) }
+                    .map(|_| ())
+                    .map_err(|e| nccl_err("broadcast", e))
+            },
+        )
     }
 
     fn barrier(&mut self) -> Result<()> {
-        self.check()?;
-        self.sum_f32(&[0.0]).map(|_| ())
+        let one = Tensor::zeros(1, DType::F32, &Device::Cuda(self.dev.clone()))?;
+        self.all_reduce_sum(&one)?;
+        self.wait()
     }
 
     fn abort(&self, reason: &str) {
-        // The NCCL communicator is aborted when it is dropped with the failed worker;
-        // peers already inside a collective are released by the engine's step timeout.
-        tracing::error!("rank {}: NCCL group aborted: {reason}", self.rank);
+        tracing::error!("rank {}: aborting the NCCL group: {reason}", self.rank);
+        self.group.abort(reason);
+        // Dropping the communicator calls ncclCommAbort.
+        self.comm.borrow_mut().take();
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Without a GPU driver, asking for CUDA ranks is an error that says what is missing,
-    /// never cudarc's panic.
-    #[test]
-    fn missing_driver_is_a_clean_error() {
-        if nccl_available() {
-            return;
-        }
-        let err = NcclEndpoint::group(&[0, 1], AllReduceDtype::F32)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(err.contains("libnccl"), "{err}");
+    fn settle(&mut self) -> Result<()> {
+        self.wait()
     }
 }
