@@ -41,7 +41,10 @@ impl std::str::FromStr for DeviceSpec {
 }
 
 impl DeviceSpec {
-    /// Parses a comma-separated list; rejects duplicates and mixed kinds.
+    /// Parses a comma-separated list; rejects mixed kinds and repeated CPU ranks. A CUDA
+    /// device may be listed several times: its ranks then share the GPU (tensor
+    /// parallelism on one GPU, joined by [`crate::tp::DeviceComm`]), and then every rank
+    /// must be on that one GPU.
     pub fn parse_list(s: &str) -> Result<Vec<DeviceSpec>> {
         let list = s
             .split(',')
@@ -53,11 +56,6 @@ impl DeviceSpec {
                 "empty device list; write e.g. cpu:0,cpu:1".into(),
             ));
         }
-        for (i, d) in list.iter().enumerate() {
-            if list[..i].contains(d) {
-                return Err(EngineError::Parallel(format!("device {d} is listed twice")));
-            }
-        }
         let cuda = list
             .iter()
             .filter(|d| matches!(d, DeviceSpec::Cuda(_)))
@@ -67,14 +65,52 @@ impl DeviceSpec {
                 "mixing cpu and cuda ranks in one group is not supported".into(),
             ));
         }
+        let repeated = (0..list.len()).any(|i| list[..i].contains(&list[i]));
+        if repeated && cuda == 0 {
+            return Err(EngineError::Parallel(
+                "a cpu device is listed twice; name CPU ranks cpu:0, cpu:1, ...".into(),
+            ));
+        }
+        if repeated && list.iter().any(|d| *d != list[0]) {
+            return Err(EngineError::Parallel(format!(
+                "{s}: several ranks on one GPU run only when every rank is on that GPU \
+                 (e.g. cuda:0,cuda:0); otherwise give each rank its own GPU"
+            )));
+        }
         Ok(list)
     }
 
+    /// True when the list puts several ranks on one GPU.
+    pub fn shares_one_gpu(list: &[DeviceSpec]) -> bool {
+        list.len() > 1
+            && matches!(list[0], DeviceSpec::Cuda(_))
+            && list.iter().all(|d| *d == list[0])
+    }
+
+    /// Opens the device. A CUDA device is opened once per rank: candle's CUDA device
+    /// launches on the per-thread stream of whichever thread calls it, so each rank's
+    /// kernels run on its own worker thread's stream.
     pub fn open(&self) -> Result<Device> {
         match self {
             DeviceSpec::Cpu(_) => Ok(Device::Cpu),
+            #[cfg(feature = "cuda")]
+            DeviceSpec::Cuda(i) => {
+                let device = Device::new_cuda(*i).map_err(|e| {
+                    EngineError::Parallel(format!("cuda:{i}: cannot open the device: {e}"))
+                })?;
+                if let Device::Cuda(d) = &device {
+                    // SAFETY: each rank queues all its work on its own stream; where data
+                    // crosses streams (weights uploaded by the loading thread, tensors
+                    // shared by ranks on one GPU, stages handing on hidden states) the
+                    // engine synchronizes explicitly, so cudarc's per-buffer events, one
+                    // record per kernel argument, are not needed.
+                    unsafe { d.disable_event_tracking() };
+                }
+                Ok(device)
+            }
+            #[cfg(not(feature = "cuda"))]
             DeviceSpec::Cuda(i) => Err(EngineError::Parallel(format!(
-                "cuda:{i}: this build has no CUDA model support; use cpu ranks"
+                "cuda:{i}: this build has no CUDA support (build with --features cuda); use cpu ranks"
             ))),
         }
     }
@@ -91,9 +127,24 @@ mod tests {
             vec![DeviceSpec::Cpu(0), DeviceSpec::Cpu(1)]
         );
         assert_eq!(DeviceSpec::parse_list("cuda")?, vec![DeviceSpec::Cuda(0)]);
-        for bad in ["", "gpu:0", "cpu:x", "cpu:0,cpu:0", "cpu:0,cuda:0"] {
+        for bad in [
+            "",
+            "gpu:0",
+            "cpu:x",
+            "cpu:0,cpu:0",
+            "cpu:0,cuda:0",
+            "cuda:0,cuda:0,cuda:1",
+        ] {
             assert!(DeviceSpec::parse_list(bad).is_err(), "{bad}");
         }
+        let shared = DeviceSpec::parse_list("cuda:0,cuda:0,cuda:0")?;
+        assert!(DeviceSpec::shares_one_gpu(&shared));
+        assert!(!DeviceSpec::shares_one_gpu(&DeviceSpec::parse_list(
+            "cuda:0,cuda:1"
+        )?));
+        assert!(!DeviceSpec::shares_one_gpu(&DeviceSpec::parse_list(
+            "cuda:0"
+        )?));
         Ok(())
     }
 }

@@ -160,6 +160,25 @@ mod tests {
     }
 
     #[test]
+    fn gpu_stages_come_first_and_the_host_takes_the_rest() -> Result<()> {
+        let gpus = DeviceSpec::parse_list("cuda:0,cuda:1")?;
+        let stages = "1:3;0:2".parse::<LayerMap>()?.stages(&gpus, 8)?;
+        let got: Vec<(DeviceSpec, std::ops::Range<usize>, bool)> = stages
+            .into_iter()
+            .map(|s| (s.device, s.layers, s.host))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (DeviceSpec::Cuda(1), 0..3, false),
+                (DeviceSpec::Cuda(0), 3..5, false),
+                (DeviceSpec::Cpu(0), 5..8, true),
+            ]
+        );
+        Ok(())
+    }
+
+    #[test]
     fn bad_maps_say_what_would_work() {
         assert!(err("0:16;1:16"
             .parse::<LayerMap>()

@@ -15,7 +15,7 @@ use crate::device::DeviceSpec;
 use crate::device_map::LayerMap;
 use crate::error::{EngineError, Result};
 use crate::loader;
-use crate::model::{Batch, KvCache};
+use crate::model::{Batch, KvCache, RankCache};
 use crate::placement;
 use crate::sampler::Sampler;
 use crate::stats::EngineStats;
@@ -99,13 +99,6 @@ impl Engine {
             config.max_position_embeddings
         );
         let input_block = row_parallel_block(source.as_ref(), config.num_layers)?;
-        for d in &cfg.devices {
-            if !matches!(d, DeviceSpec::Cpu(_)) {
-                return Err(EngineError::Parallel(format!(
-                    "{d}: CUDA ranks need the paged-attention CUDA kernel, which this build does not have yet"
-                )));
-            }
-        }
         let placement = match &cfg.device_layers {
             Some(map) => placement::pipeline(source.as_ref(), cfg, &config, input_block, map)?,
             None => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
@@ -118,7 +111,8 @@ impl Engine {
             .members
             .iter()
             .map(|m| {
-                KvCache::bytes_per_token(
+                kv_bytes_per_token(
+                    m.device,
                     m.layers.len(),
                     m.shard.num_local_kv_heads(),
                     config.head_dim,
@@ -154,13 +148,13 @@ impl Engine {
         let stats = EngineStats::new(world);
         let mut workers = Vec::with_capacity(world);
         for (rank, m) in placement.members.into_iter().enumerate() {
-            let cache = KvCache::new(
+            let cache = new_cache(
+                &m.shard,
                 m.layers.len(),
                 num_blocks,
                 cfg.block_size_tokens,
-                m.shard.num_local_kv_heads(),
                 config.head_dim,
-            );
+            )?;
             tracing::debug!("worker {rank} on {}", m.device);
             workers.push(worker::spawn(WorkerState {
                 rank,
@@ -317,6 +311,54 @@ impl Engine {
         }
         Ok(StepOutput { samples })
     }
+}
+
+/// KV bytes per token of a member: f32 on CPU, bf16 on CUDA.
+fn kv_bytes_per_token(
+    device: DeviceSpec,
+    layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> usize {
+    match device {
+        DeviceSpec::Cpu(_) => KvCache::bytes_per_token(layers, kv_heads, head_dim),
+        #[cfg(feature = "cuda")]
+        DeviceSpec::Cuda(_) => {
+            crate::model::cuda::CudaKvCache::bytes_per_token(layers, kv_heads, head_dim)
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceSpec::Cuda(_) => KvCache::bytes_per_token(layers, kv_heads, head_dim),
+    }
+}
+
+/// A member's KV cache on its shard's device. A CUDA cache is allocated and zeroed on this
+/// thread's stream, which is synchronized before the worker (another thread, another
+/// stream) uses it.
+fn new_cache(
+    shard: &crate::model::LlamaShard,
+    layers: usize,
+    num_blocks: usize,
+    block_size: usize,
+    head_dim: usize,
+) -> Result<RankCache> {
+    let kv_heads = shard.num_local_kv_heads();
+    #[cfg(feature = "cuda")]
+    if shard.device().is_cuda() {
+        let cache = crate::model::cuda::CudaKvCache::new(
+            shard.device(),
+            layers,
+            num_blocks,
+            block_size,
+            kv_heads,
+            head_dim,
+            tessera_kernels::gpu::launch::KvDtype::Bf16,
+        )?;
+        shard.device().synchronize()?;
+        return Ok(RankCache::Cuda(cache));
+    }
+    Ok(RankCache::Cpu(KvCache::new(
+        layers, num_blocks, block_size, kv_heads, head_dim,
+    )))
 }
 
 /// Largest quantization block of the row-parallel weights of every layer (their input

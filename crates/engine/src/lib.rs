@@ -8,6 +8,7 @@ pub mod device_map;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod gpu_memory;
 pub mod loader;
 pub mod model;
 mod placement;

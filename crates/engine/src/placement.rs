@@ -71,7 +71,8 @@ pub(crate) fn tensor_parallel(
         .map(|d| d.open())
         .collect::<Result<Vec<_>>>()?;
     let shards = load_shards(source, &plan, &devices, 0..config.num_layers)?;
-    let comms = LocalComm::group(world, cfg.allreduce_dtype, cfg.step_timeout);
+    settle_uploads(&devices)?;
+    let comms = endpoints(cfg, &cfg.devices)?;
     let members = shards
         .into_iter()
         .zip(comms)
@@ -80,7 +81,7 @@ pub(crate) fn tensor_parallel(
             device: cfg.devices[rank],
             shard,
             layers: 0..config.num_layers,
-            endpoint: Box::new(comm),
+            endpoint: comm,
             links: StageLinks::default(),
             returns_logits: rank == 0,
         })
@@ -121,6 +122,7 @@ pub(crate) fn pipeline(
         )?
         .pop()
         .ok_or_else(|| EngineError::Parallel("no shard was loaded".into()))?;
+        settle_uploads(std::slice::from_ref(&device))?;
         let last = i + 1 == stages.len();
         let (next, next_prev) = if last {
             (None, None)
@@ -128,14 +130,14 @@ pub(crate) fn pipeline(
             let (tx, rx) = crossbeam_channel::bounded::<StageMsg>(1);
             (Some(tx), Some(rx))
         };
-        let comm = LocalComm::group(1, cfg.allreduce_dtype, cfg.step_timeout)
+        let comm = endpoints(cfg, std::slice::from_ref(&stage.device))?
             .pop()
             .ok_or_else(|| EngineError::Parallel("no communicator".into()))?;
         members.push(Member {
             device: stage.device,
             shard,
             layers: stage.layers.clone(),
-            endpoint: Box::new(comm),
+            endpoint: comm,
             links: StageLinks {
                 prev: prev.take(),
                 next,
@@ -146,4 +148,40 @@ pub(crate) fn pipeline(
         prev = next_prev;
     }
     Ok(Placement { plan, members })
+}
+
+/// The communicator endpoints of a group: in-process buffers for CPU ranks, NCCL for
+/// ranks on distinct GPUs, the same-GPU communicator for ranks sharing one GPU (and for
+/// a single GPU rank, whose only collective work is bounding its step).
+fn endpoints(cfg: &EngineConfig, devices: &[DeviceSpec]) -> Result<Vec<Box<dyn Endpoint>>> {
+    let world = devices.len();
+    let (dtype, timeout) = (cfg.allreduce_dtype, cfg.step_timeout);
+    match devices.first() {
+        #[cfg(feature = "cuda")]
+        Some(DeviceSpec::Cuda(_)) => {
+            if world == 1 || DeviceSpec::shares_one_gpu(devices) {
+                Ok(boxed(crate::tp::DeviceComm::group(world, dtype, timeout)))
+            } else {
+                Ok(boxed(crate::tp::NcclEndpoint::group(
+                    world, dtype, timeout,
+                )?))
+            }
+        }
+        _ => Ok(boxed(LocalComm::group(world, dtype, timeout))),
+    }
+}
+
+fn boxed<E: Endpoint + 'static>(endpoints: Vec<E>) -> Vec<Box<dyn Endpoint>> {
+    endpoints
+        .into_iter()
+        .map(|e| Box::new(e) as Box<dyn Endpoint>)
+        .collect()
+}
+
+/// Weights are uploaded from this thread's stream; the workers use them from theirs.
+fn settle_uploads(devices: &[candle_core::Device]) -> Result<()> {
+    for d in devices {
+        d.synchronize()?;
+    }
+    Ok(())
 }

@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::error::{EngineError, Result};
 use candle_core::Tensor;
 
-use crate::model::{Batch, KvCache, LlamaShard};
+use crate::model::{Batch, LlamaShard, RankCache};
 use crate::stats::{RankStats, TimedComm};
 use crate::tp::{Communicator, Endpoint};
 
@@ -56,7 +56,7 @@ pub(crate) struct StageLinks {
 pub(crate) struct WorkerState {
     pub rank: usize,
     pub shard: LlamaShard,
-    pub cache: KvCache,
+    pub cache: RankCache,
     pub endpoint: Box<dyn Endpoint>,
     pub threads: usize,
     pub links: StageLinks,
@@ -69,14 +69,15 @@ pub(crate) struct WorkerState {
 fn step(
     shard: &LlamaShard,
     batch: &Batch,
-    cache: &mut KvCache,
+    cache: &mut RankCache,
     comm: &mut dyn Communicator,
     links: &StageLinks,
 ) -> Result<Option<Tensor>> {
     let x = match &links.prev {
         None => shard.embed(batch)?,
         Some(rx) => match rx.recv_timeout(links.timeout) {
-            Ok(Ok(x)) => x,
+            // Stages may sit on different devices (GPUs, then the host).
+            Ok(Ok(x)) => x.to_device(shard.device())?,
             Ok(Err(upstream)) => return Err(EngineError::CommAborted(upstream)),
             Err(_) => {
                 return Err(EngineError::CommAborted(format!(
@@ -89,11 +90,16 @@ fn step(
     let x = shard.layers(x, batch, cache, comm)?;
     match &links.next {
         Some(tx) => {
+            comm.settle()?;
             tx.send(Ok(x))
                 .map_err(|_| EngineError::CommAborted("the next stage is gone".into()))?;
             Ok(None)
         }
-        None => Ok(Some(shard.head(&x, batch, comm)?)),
+        None => {
+            let logits = shard.head(&x, batch, comm)?;
+            comm.settle()?;
+            Ok(Some(logits))
+        }
     }
 }
 
@@ -138,7 +144,7 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
         stats,
         ..
     } = st;
-    let mut comm: Box<dyn Communicator> = match endpoint.connect() {
+    let mut comm: Box<dyn Communicator> = match endpoint.connect(shard.device()) {
         Ok(c) => Box::new(TimedComm {
             inner: c,
             stats: stats.clone(),

@@ -253,7 +253,11 @@ impl Matrix {
                 let q = qtensor_from_ggml(dtype, &data, vec![rows, cols], device)?;
                 Ok(QMatMul::from_qtensor(q)?)
             }
-            Matrix::Dense { weight, .. } => Ok(QMatMul::Tensor(weight.to_device(device)?)),
+            Matrix::Dense { weight, .. } => Ok(QMatMul::Tensor(
+                weight
+                    .to_device(device)?
+                    .to_dtype(crate::model::compute_dtype(device))?,
+            )),
         }
     }
 }

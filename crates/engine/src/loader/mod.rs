@@ -79,7 +79,10 @@ impl Embedding {
                 )?;
                 Ok(Embedding::Quantized(std::sync::Arc::new(q)))
             }
-            Embedding::Dense(w) => Ok(Embedding::Dense(w.to_device(device)?)),
+            Embedding::Dense(w) => Ok(Embedding::Dense(
+                w.to_device(device)?
+                    .to_dtype(crate::model::compute_dtype(device))?,
+            )),
         }
     }
 }

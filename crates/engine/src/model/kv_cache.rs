@@ -7,6 +7,14 @@
 //! positions is a contiguous row. The scheduler owns block ids; every rank holds the
 //! same blocks for its own KV heads.
 
+/// The KV cache of one rank, on its device.
+#[derive(Debug)]
+pub enum RankCache {
+    Cpu(KvCache),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::model::cuda::CudaKvCache),
+}
+
 /// K and V of one layer.
 #[derive(Debug)]
 pub struct LayerCache {

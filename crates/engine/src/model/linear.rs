@@ -33,6 +33,28 @@ impl Linear {
         Self { weight, bias }
     }
 
+    /// `x · Wᵀ` in f32 (`[tokens, out]`), whatever the weights: on CUDA a bf16 product
+    /// accumulates and returns f32 (cuBLAS GemmEx) and quantized weights read f32
+    /// activations; on CPU this is [`Linear::forward`].
+    pub fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let (LinearWeight::Candle(QMatMul::Tensor(w)), candle_core::Device::Cuda(dev)) =
+            (&self.weight, x.device())
+        {
+            let y = crate::model::cuda::gemm::matmul_f32_out(dev, &x.to_dtype(w.dtype())?, w)?;
+            return Ok(match &self.bias {
+                Some(b) => y.broadcast_add(&b.to_dtype(candle_core::DType::F32)?)?,
+                None => y,
+            });
+        }
+        if x.device().is_cuda() {
+            return Ok(self
+                .forward(&x.to_dtype(candle_core::DType::F32)?)?
+                .to_dtype(candle_core::DType::F32)?);
+        }
+        self.forward(x)
+    }
+
     /// `x`: `[tokens, in]` → `[tokens, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
@@ -89,7 +111,11 @@ impl ColumnParallel {
         let bias = if bias_parts.is_empty() {
             None
         } else {
-            Some(Tensor::cat(&bias_parts, 0)?.to_device(device)?)
+            Some(
+                Tensor::cat(&bias_parts, 0)?
+                    .to_device(device)?
+                    .to_dtype(crate::model::compute_dtype(device))?,
+            )
         };
         let parts = match Matrix::concat_rows(&shards, fused_name)? {
             Some(fused) => vec![Linear::new(fused.into_linear_weight(device)?, bias)],
@@ -123,6 +149,19 @@ impl ColumnParallel {
             return Ok(outs);
         }
         self.parts.iter().map(|p| p.forward(x)).collect()
+    }
+
+    /// All segments' outputs side by side, `[tokens, Σ width_i]`.
+    pub fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
+        if let [fused] = self.parts.as_slice() {
+            return fused.forward(x);
+        }
+        let outs = self
+            .parts
+            .iter()
+            .map(|p| p.forward(x)?.to_dtype(x.dtype()).map_err(Into::into))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&outs, 1)?)
     }
 
     /// Outputs of each segment as row-major `[tokens, width_i]` vectors.

@@ -16,11 +16,15 @@ use crate::error::{EngineError, Result};
 use crate::loader::{layer_name, Embedding, Matrix, TensorSource};
 use crate::model::batch::Batch;
 use crate::model::cpu_ops;
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, RankCache};
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::model::paged_attention::{attend, query_groups, write_kv, AttentionShape, QueryGroup};
 use crate::model::rope::RopeTable;
 use crate::tp::{Communicator, RankShard, ShardPlan};
+
+#[cfg(feature = "cuda")]
+#[path = "llama_cuda.rs"]
+mod cuda;
 
 #[derive(Debug)]
 struct Block {
@@ -44,6 +48,9 @@ pub struct LlamaShard {
     rope: Arc<RopeTable>,
     query_groups: Vec<QueryGroup>,
     device: Device,
+    /// The RoPE tables and launch facts of a CUDA rank.
+    #[cfg(feature = "cuda")]
+    gpu: Option<cuda::GpuParts>,
 }
 
 /// Loads every rank's shard of the decoder `layers`, reading each tensor once.
@@ -62,6 +69,9 @@ pub fn load_shards(
         )));
     }
     let (h, hd) = (config.hidden_size, config.head_dim);
+    if devices.iter().any(Device::is_cuda) {
+        tessera_kernels::gpu::launch::check_head_dim(hd).map_err(EngineError::Config)?;
+    }
     let started = Instant::now();
     let embedding = source.embedding()?;
     let (vocab, emb_h) = embedding.dims()?;
@@ -165,8 +175,15 @@ pub fn load_shards(
     for (rank, (blocks, dev)) in per_rank_blocks.into_iter().zip(devices).enumerate() {
         let head_rows = head_split.rank_ranges(rank).unwrap_or_default();
         let shard = plan.ranks[rank].clone();
+        let kv_of_q = shard.local_kv_of_q(config.group_size());
+        #[cfg(feature = "cuda")]
+        let gpu = if dev.is_cuda() {
+            Some(cuda::GpuParts::new(dev, &rope, &kv_of_q)?)
+        } else {
+            None
+        };
         shards.push(LlamaShard {
-            query_groups: query_groups(&shard.local_kv_of_q(config.group_size())),
+            query_groups: query_groups(&kv_of_q),
             config: config.clone(),
             shard,
             embedding: embedding.to_device(dev)?,
@@ -175,12 +192,18 @@ pub fn load_shards(
             lm_head: Linear::new(head.select_rows(&head_rows)?.into_linear_weight(dev)?, None),
             rope: rope.clone(),
             device: dev.clone(),
+            #[cfg(feature = "cuda")]
+            gpu,
         });
     }
     Ok(shards)
 }
 
 impl LlamaShard {
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     pub fn num_local_kv_heads(&self) -> usize {
         self.shard.kv_heads.len()
     }
@@ -191,8 +214,23 @@ impl LlamaShard {
         Ok(self.embedding.forward(&ids)?.to_dtype(DType::F32)?)
     }
 
-    /// This shard's decoder layers over the hidden states `x`.
+    /// This shard's decoder layers over the hidden states `x`, with the rank's KV cache.
     pub fn layers(
+        &self,
+        x: Tensor,
+        batch: &Batch,
+        cache: &mut RankCache,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
+        match cache {
+            RankCache::Cpu(cache) => self.layers_cpu(x, batch, cache, comm),
+            #[cfg(feature = "cuda")]
+            RankCache::Cuda(cache) => self.layers_cuda(x, batch, cache, comm),
+        }
+    }
+
+    /// The decoder layers on CPU: our SIMD kernels over host buffers.
+    fn layers_cpu(
         &self,
         mut x: Tensor,
         batch: &Batch,
@@ -248,6 +286,10 @@ impl LlamaShard {
                 DType::F32,
                 &self.device,
             )?);
+        }
+        #[cfg(feature = "cuda")]
+        if self.device.is_cuda() {
+            return self.head_cuda(x, batch, comm);
         }
         let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();
         let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;

@@ -2,6 +2,8 @@
 
 pub mod batch;
 pub mod cpu_ops;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod fast_math;
 pub mod kv_cache;
 pub mod linear;
@@ -9,7 +11,21 @@ pub mod llama;
 pub mod paged_attention;
 pub mod rope;
 pub mod simd;
+pub mod step_meta;
 
 pub use batch::{Batch, BatchSeq};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, RankCache};
 pub use llama::{load_shards, LlamaShard};
+
+use candle_core::{DType, Device};
+
+/// The dtype of dense weights and of the activations matmuls read on `device`: f32 on
+/// CPU (our kernels and candle's fast CPU paths), bf16 on CUDA (cuBLAS tensor cores;
+/// results accumulate in f32).
+pub(crate) fn compute_dtype(device: &Device) -> DType {
+    if device.is_cuda() {
+        DType::BF16
+    } else {
+        DType::F32
+    }
+}

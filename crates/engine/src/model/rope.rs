@@ -41,6 +41,23 @@ impl RopeTable {
         self.max_positions
     }
 
+    /// The `cos` and `sin` tables, `[max_positions, head_dim / 2]` f32, on `device`.
+    pub fn tables_on(
+        &self,
+        device: &candle_core::Device,
+    ) -> candle_core::Result<(candle_core::Tensor, candle_core::Tensor)> {
+        let shape = (self.max_positions, self.half);
+        Ok((
+            candle_core::Tensor::from_slice(&self.cos, shape, device)?,
+            candle_core::Tensor::from_slice(&self.sin, shape, device)?,
+        ))
+    }
+
+    /// Whether rotation pairs are `(2i, 2i + 1)` rather than `(i, i + head_dim / 2)`.
+    pub fn interleaved(&self) -> bool {
+        self.style == RopeStyle::Interleaved
+    }
+
     /// Rotates each `head_dim`-wide head in `heads` (several heads back to back) for `pos`.
     pub fn apply(&self, heads: &mut [f32], pos: usize) {
         let half = self.half;

@@ -1,0 +1,94 @@
+//! Matrix products with 16-bit inputs and f32 results (cuBLAS `GemmEx`, f32 compute).
+//!
+//! candle's CUDA matmul returns its inputs' dtype, so a bf16 product is rounded to bf16.
+//! The row-parallel layers (o_proj, down) and the LM head use this instead: their
+//! results are partial sums that an all-reduce adds up, and logits that the sampler
+//! reads, so they stay in f32 and the residual stream is rounded only where a matmul
+//! reads it. Tensor parallelism then changes only the order of f32 additions, as on CPU.
+
+use std::ffi::c_void;
+
+use candle_core::cuda::cudarc::cublas::{result::gemm_ex, sys as cublas_sys};
+use candle_core::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use candle_core::{CudaDevice, DType, Tensor};
+
+use crate::error::{EngineError, Result};
+use crate::model::cuda::buffers::{wrap, Held};
+
+/// `x · wᵀ` for `x` `[m, k]` and `w` `[n, k]` (both bf16 or both f16, contiguous):
+/// `[m, n]` in f32.
+pub fn matmul_f32_out(dev: &CudaDevice, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    let (n, k2) = w.dims2()?;
+    if k != k2 || x.dtype() != w.dtype() {
+        return Err(EngineError::Step(format!(
+            "gemm: x is [{m}, {k}] {:?}, w is [{n}, {k2}] {:?}",
+            x.dtype(),
+            w.dtype()
+        )));
+    }
+    let data_type = match x.dtype() {
+        DType::BF16 => cublas_sys::cudaDataType::CUDA_R_16BF,
+        DType::F16 => cublas_sys::cudaDataType::CUDA_R_16F,
+        other => {
+            return Err(EngineError::Step(format!(
+                "gemm: 16-bit inputs expected, found {other:?}"
+            )))
+        }
+    };
+    let dims = |v: usize| {
+        i32::try_from(v).map_err(|_| EngineError::Step(format!("gemm dimension {v} too large")))
+    };
+    let (mi, ni, ki) = (dims(m)?, dims(n)?, dims(k)?);
+    // SAFETY: with beta = 0 cuBLAS writes every element of the output without reading it.
+    let mut out: CudaSlice<f32> =
+        unsafe { dev.alloc::<f32>(m * n) }.map_err(|e| EngineError::Step(format!("gemm: {e}")))?;
+    if m == 0 || n == 0 {
+        return Ok(wrap(out, dev, (m, n)));
+    }
+    let stream = dev.cuda_stream();
+    let blas = dev.cublas_handle();
+    let (xh, wh) = (Held::new(x, "gemm x")?, Held::new(w, "gemm w")?);
+    let (alpha, beta) = (1f32, 0f32);
+    macro_rules! run {
+        ($t:ty) => {{
+            let (xv, wv) = (xh.view::<$t>()?, wh.view::<$t>()?);
+            let (xp, _xs) = xv.device_ptr(&stream);
+            let (wp, _ws) = wv.device_ptr(&stream);
+            let (op, _os) = out.device_ptr_mut(&stream);
+            // Row-major `out[m, n] = x[m, k] · w[n, k]ᵀ` is column-major
+            // `outᵀ[n, m] = w · xᵀ`: A = w read transposed (lda k), B = x (ldb k).
+            // SAFETY: the pointers cover m·k, n·k and m·n elements of the stated types,
+            // and the handle launches on this device's stream, where they are valid.
+            unsafe {
+                gemm_ex(
+                    *blas.handle(),
+                    cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                    cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    ni,
+                    mi,
+                    ki,
+                    (&alpha as *const f32).cast::<c_void>(),
+                    wp as *const c_void,
+                    data_type,
+                    ki,
+                    xp as *const c_void,
+                    data_type,
+                    ki,
+                    (&beta as *const f32).cast::<c_void>(),
+                    op as *mut c_void,
+                    cublas_sys::cudaDataType::CUDA_R_32F,
+                    ni,
+                    cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| EngineError::Step(format!("cuBLAS GemmEx: {e:?}")))?;
+        }};
+    }
+    match x.dtype() {
+        DType::BF16 => run!(half::bf16),
+        _ => run!(half::f16),
+    }
+    Ok(wrap(out, dev, (m, n)))
+}

@@ -1,0 +1,385 @@
+//! Launches of Tessera's own CUDA kernels (`kernels/cuda/*.cu`) on a rank's device.
+//!
+//! Each function takes candle tensors, checks their dtypes and shapes, and queues the
+//! kernel on the device's stream (the calling thread's per-thread stream). Element types
+//! are f16 or bf16 ([`KvDtype`]); rows are contiguous.
+
+use candle_core::cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda::CudaDType;
+use candle_core::{CudaDevice, DType, Tensor};
+use tessera_kernels::gpu::launch::{
+    attention_kernel, merge_kernel, KvDtype, TileLaunch, ATTENTION_THREADS, PREFILL_TILE,
+};
+use tessera_kernels::gpu::ptx;
+
+use crate::error::{EngineError, Result};
+use crate::model::cuda::buffers::{expect_dtype, wrap, Held};
+use crate::model::cuda::step_meta::StepMeta;
+
+fn launch_err(what: &str, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Step(format!("CUDA kernel {what}: {e}"))
+}
+
+/// The kernel `$name` of module `$module` (loaded into the device once).
+macro_rules! func {
+    ($dev:expr, $module:expr, $ptx:expr, $name:expr) => {
+        $dev.get_or_load_custom_func($name, $module, $ptx)
+            .map_err(|e| launch_err($name, e))
+    };
+}
+
+fn i32_of(x: usize, what: &str) -> Result<i32> {
+    i32::try_from(x)
+        .map_err(|_| EngineError::Step(format!("{what} {x} does not fit a kernel argument")))
+}
+
+/// The candle dtype of a KV element type.
+pub fn candle_dtype(d: KvDtype) -> DType {
+    match d {
+        KvDtype::Bf16 => DType::BF16,
+        KvDtype::F16 => DType::F16,
+    }
+}
+
+/// RoPE tables on the device: `cos` and `sin`, f32 `[max_positions, head_dim / 2]`.
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    pub cos: Tensor,
+    pub sin: Tensor,
+    pub interleaved: bool,
+}
+
+/// Geometry of this rank's attention.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadLayout {
+    pub num_q_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl HeadLayout {
+    /// Width of a fused QKV row.
+    pub fn qkv_width(&self) -> usize {
+        (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim
+    }
+}
+
+/// Rotates the queries and keys of `qkv` (`[tokens, qkv_width]`) for their positions,
+/// in place for the queries, and writes rotated keys and the values into the cache slots
+/// of `meta`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_write_kv(
+    dev: &CudaDevice,
+    dtype: KvDtype,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &StepMeta,
+    rope: &RopeTables,
+    heads: HeadLayout,
+) -> Result<()> {
+    match dtype {
+        KvDtype::Bf16 => {
+            rope_write_kv_t::<half::bf16>(dev, dtype, qkv, k_cache, v_cache, meta, rope, heads)
+        }
+        KvDtype::F16 => {
+            rope_write_kv_t::<half::f16>(dev, dtype, qkv, k_cache, v_cache, meta, rope, heads)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rope_write_kv_t<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    dtype: KvDtype,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &StepMeta,
+    rope: &RopeTables,
+    heads: HeadLayout,
+) -> Result<()> {
+    let want = candle_dtype(dtype);
+    for (t, what) in [(qkv, "qkv"), (k_cache, "K cache"), (v_cache, "V cache")] {
+        expect_dtype(t, want, what)?;
+    }
+    let (n, width) = qkv.dims2()?;
+    if width != heads.qkv_width() || n != meta.num_tokens {
+        return Err(EngineError::Step(format!(
+            "qkv is [{n}, {width}], expected [{}, {}]",
+            meta.num_tokens,
+            heads.qkv_width()
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (qkv_h, k_h, v_h) = (
+        Held::new(qkv, "qkv")?,
+        Held::new(k_cache, "K cache")?,
+        Held::new(v_cache, "V cache")?,
+    );
+    let (cos_h, sin_h) = (
+        Held::new(&rope.cos, "rope cos")?,
+        Held::new(&rope.sin, "rope sin")?,
+    );
+    let (qkv_v, k_v, v_v) = (qkv_h.view::<T>()?, k_h.view::<T>()?, v_h.view::<T>()?);
+    let (cos_v, sin_v) = (cos_h.view::<f32>()?, sin_h.view::<f32>()?);
+    let meta_h = meta.held()?;
+    let positions = meta.positions(&meta_h)?;
+    let slots = meta.slots(&meta_h)?;
+    let name = format!("rope_write_kv_{}", dtype.suffix());
+    let f = func!(dev, "tessera_kv_write", ptx::KV_WRITE, &name)?;
+    let stride = i32_of(width, "qkv width")?;
+    let nq = i32_of(heads.num_q_heads, "query heads")?;
+    let nkv = i32_of(heads.num_kv_heads, "KV heads")?;
+    let hd = i32_of(heads.head_dim, "head dim")?;
+    let interleaved = i32::from(rope.interleaved);
+    let mut b = f.builder();
+    b.arg(&qkv_v)
+        .arg(&stride)
+        .arg(&k_v)
+        .arg(&v_v)
+        .arg(&positions)
+        .arg(&slots);
+    b.arg(&cos_v)
+        .arg(&sin_v)
+        .arg(&nq)
+        .arg(&nkv)
+        .arg(&hd)
+        .arg(&interleaved);
+    let cfg = LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match the kernel's signature in kv_write.cu; every index the
+    // kernel forms is within the buffers: token rows < n, slots < the cache's slots
+    // (checked by `Batch::from_plan`), positions < the RoPE table (likewise).
+    unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
+    Ok(())
+}
+
+/// Attention of every token of the step over its sequence's cached context. `qkv` holds
+/// the rotated queries (its first `num_q_heads * head_dim` columns); returns
+/// `[tokens, num_q_heads * head_dim]`.
+pub fn paged_attention(
+    dev: &CudaDevice,
+    dtype: KvDtype,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &StepMeta,
+    heads: HeadLayout,
+) -> Result<Tensor> {
+    match dtype {
+        KvDtype::Bf16 => attention_t::<half::bf16>(dev, dtype, qkv, k_cache, v_cache, meta, heads),
+        KvDtype::F16 => attention_t::<half::f16>(dev, dtype, qkv, k_cache, v_cache, meta, heads),
+    }
+}
+
+fn attention_t<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    dtype: KvDtype,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &StepMeta,
+    heads: HeadLayout,
+) -> Result<Tensor> {
+    let want = candle_dtype(dtype);
+    for (t, what) in [(qkv, "qkv"), (k_cache, "K cache"), (v_cache, "V cache")] {
+        expect_dtype(t, want, what)?;
+    }
+    let n = meta.num_tokens;
+    let (hd, nq) = (heads.head_dim, heads.num_q_heads);
+    let out_width = nq * hd;
+    // SAFETY: every row of the output is written: each token is in exactly one tile.
+    let out: CudaSlice<T> =
+        unsafe { dev.alloc::<T>(n * out_width) }.map_err(|e| launch_err("alloc", e))?;
+    if n == 0 {
+        return Ok(wrap(out, dev, (0, out_width)));
+    }
+    let held = [
+        Held::new(qkv, "qkv")?,
+        Held::new(k_cache, "K cache")?,
+        Held::new(v_cache, "V cache")?,
+    ];
+    let q_v = held[0].view::<T>()?;
+    let k_v = held[1].view::<T>()?;
+    let v_v = held[2].view::<T>()?;
+    let meta_h = meta.held()?;
+    let args = AttentionArgs {
+        positions: meta.positions(&meta_h)?,
+        seq_of_token: meta.seq_of_token(&meta_h)?,
+        block_tables: meta.block_tables(&meta_h)?,
+        kv_of_q: meta.kv_of_q(&meta_h)?,
+        max_blocks: i32_of(meta.max_blocks, "blocks per sequence")?,
+        q_stride: i32_of(heads.qkv_width(), "qkv width")?,
+        out_stride: i32_of(out_width, "output width")?,
+        nq: i32_of(nq, "query heads")?,
+        nkv: i32_of(heads.num_kv_heads, "KV heads")?,
+        block_size: i32_of(meta.block_size, "block size")?,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    for (launch, tile, tiles) in [
+        (&meta.plan.decode, 1, meta.decode_tiles(&meta_h)?),
+        (
+            &meta.plan.prefill,
+            PREFILL_TILE,
+            meta.prefill_tiles(&meta_h)?,
+        ),
+    ] {
+        if launch.is_empty() {
+            continue;
+        }
+        launch_tiles::<T>(
+            dev, dtype, hd, tile, launch, &tiles, &q_v, &k_v, &v_v, &out, &args,
+        )?;
+    }
+    Ok(wrap(out, dev, (n, out_width)))
+}
+
+/// Arguments shared by the decode and prefill launches of one attention call.
+struct AttentionArgs<'a> {
+    positions: candle_core::cuda::cudarc::driver::CudaView<'a, u32>,
+    seq_of_token: candle_core::cuda::cudarc::driver::CudaView<'a, u32>,
+    block_tables: candle_core::cuda::cudarc::driver::CudaView<'a, u32>,
+    kv_of_q: candle_core::cuda::cudarc::driver::CudaView<'a, u32>,
+    max_blocks: i32,
+    q_stride: i32,
+    out_stride: i32,
+    nq: i32,
+    nkv: i32,
+    block_size: i32,
+    scale: f32,
+}
+
+type View<'a, T> = candle_core::cuda::cudarc::driver::CudaView<'a, T>;
+
+#[allow(clippy::too_many_arguments)]
+fn launch_tiles<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    dtype: KvDtype,
+    hd: usize,
+    tile: usize,
+    launch: &TileLaunch,
+    tiles: &(View<'_, u32>, View<'_, u32>),
+    q: &View<'_, T>,
+    k: &View<'_, T>,
+    v: &View<'_, T>,
+    out: &CudaSlice<T>,
+    a: &AttentionArgs<'_>,
+) -> Result<()> {
+    let num_tiles = launch.num_tiles();
+    let parts = launch.partitions.max(1);
+    let nq = a.nq as usize;
+    // Partial results of split contexts (unused, one element, when not split).
+    let partials = if parts > 1 { num_tiles * nq * parts } else { 1 };
+    let part_ms = dev
+        .alloc_zeros::<f32>(partials * 2)
+        .map_err(|e| launch_err("alloc", e))?;
+    let part_acc = dev
+        .alloc_zeros::<f32>(partials * hd)
+        .map_err(|e| launch_err("alloc", e))?;
+    let name = attention_kernel(dtype, hd, tile);
+    let f = func!(dev, "tessera_attention", ptx::ATTENTION, &name)?;
+    let partition_size = i32_of(launch.partition_size, "partition size")?;
+    let mut b = f.builder();
+    b.arg(out)
+        .arg(&a.out_stride)
+        .arg(&part_ms)
+        .arg(&part_acc)
+        .arg(q)
+        .arg(&a.q_stride);
+    b.arg(k)
+        .arg(v)
+        .arg(&a.positions)
+        .arg(&tiles.0)
+        .arg(&tiles.1)
+        .arg(&a.seq_of_token);
+    b.arg(&a.block_tables)
+        .arg(&a.max_blocks)
+        .arg(&a.kv_of_q)
+        .arg(&a.nq)
+        .arg(&a.nkv);
+    b.arg(&a.block_size).arg(&a.scale).arg(&partition_size);
+    let cfg = LaunchConfig {
+        grid_dim: (nq as u32, num_tiles as u32, parts as u32),
+        block_dim: (ATTENTION_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match attention.cu's signature; tiles, positions, block
+    // tables and kv_of_q come from `StepMeta`, which checks them against the cache.
+    unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
+    if parts > 1 {
+        let name = merge_kernel(dtype, hd);
+        let f = func!(dev, "tessera_attention", ptx::ATTENTION, &name)?;
+        let parts_i32 = i32_of(parts, "partitions")?;
+        let mut b = f.builder();
+        b.arg(out)
+            .arg(&a.out_stride)
+            .arg(&part_ms)
+            .arg(&part_acc)
+            .arg(&tiles.0);
+        b.arg(&a.nq).arg(&parts_i32);
+        let cfg = LaunchConfig {
+            grid_dim: (nq as u32, num_tiles as u32, 1),
+            block_dim: (hd.min(256) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as above; the partial buffers hold `num_tiles * nq * parts` entries.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
+    }
+    Ok(())
+}
+
+/// SiLU(gate) · up of a fused `[rows, 2 * width]` gate/up output: `[rows, width]`.
+pub fn silu_mul(
+    dev: &CudaDevice,
+    dtype: KvDtype,
+    gate_up: &Tensor,
+    width: usize,
+) -> Result<Tensor> {
+    match dtype {
+        KvDtype::Bf16 => silu_mul_t::<half::bf16>(dev, dtype, gate_up, width),
+        KvDtype::F16 => silu_mul_t::<half::f16>(dev, dtype, gate_up, width),
+    }
+}
+
+fn silu_mul_t<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    dtype: KvDtype,
+    gate_up: &Tensor,
+    width: usize,
+) -> Result<Tensor> {
+    expect_dtype(gate_up, candle_dtype(dtype), "gate/up")?;
+    let (rows, cols) = gate_up.dims2()?;
+    if cols != 2 * width {
+        return Err(EngineError::Step(format!(
+            "gate/up is {cols} wide, expected 2 x {width}"
+        )));
+    }
+    let total = rows * width;
+    // SAFETY: the kernel writes every one of the `total` elements.
+    let out: CudaSlice<T> = unsafe { dev.alloc::<T>(total) }.map_err(|e| launch_err("alloc", e))?;
+    if total == 0 {
+        return Ok(wrap(out, dev, (rows, width)));
+    }
+    let held = Held::new(gate_up, "gate/up")?;
+    let gu = held.view::<T>()?;
+    let name = format!("silu_mul_{}", dtype.suffix());
+    let f = func!(dev, "tessera_activations", ptx::ACTIVATIONS, &name)?;
+    let width_i32 = i32_of(width, "width")?;
+    let mut b = f.builder();
+    b.arg(&out).arg(&gu).arg(&width_i32).arg(&total);
+    let blocks = total.div_ceil(256).min(65_535) as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: matches activations.cu; a grid-stride loop covers `total` elements.
+    unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
+    Ok(wrap(out, dev, (rows, width)))
+}

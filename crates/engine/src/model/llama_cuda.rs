@@ -1,0 +1,146 @@
+//! The llama family's decoder layers on a CUDA rank.
+//!
+//! The residual stream stays in f32; each RMSNorm output is rounded to bf16 for the
+//! column-parallel matmuls (fused QKV, fused gate/up: cuBLAS, or candle's quantized
+//! kernels). RoPE and the KV-cache write are one kernel, attention reads the paged cache
+//! (`kernels/cuda`), and the row-parallel matmuls (o_proj, down) return f32 partial sums
+//! for the all-reduce. Nothing leaves the device but the sampled rows' logits.
+
+use candle_core::{DType, Device, Tensor};
+use tessera_kernels::gpu::launch::KvDtype;
+
+use super::{Block, LlamaShard};
+use crate::error::{EngineError, Result};
+use crate::model::batch::Batch;
+use crate::model::cuda::buffers::cuda_device;
+use crate::model::cuda::kernels::{self, HeadLayout, RopeTables};
+use crate::model::cuda::step_meta::StepMeta;
+use crate::model::cuda::CudaKvCache;
+use crate::model::rope::RopeTable;
+use crate::model::step_meta::PackedMeta;
+use crate::tp::Communicator;
+
+/// What a CUDA rank keeps beside its weights: the RoPE tables on the device, each local
+/// query head's local KV head, and how many thread blocks fill the GPU.
+#[derive(Debug, Clone)]
+pub(crate) struct GpuParts {
+    rope: RopeTables,
+    kv_of_q: Vec<u32>,
+    target_blocks: usize,
+    dtype: KvDtype,
+}
+
+impl GpuParts {
+    pub(crate) fn new(device: &Device, rope: &RopeTable, kv_of_q: &[usize]) -> Result<Self> {
+        let dev = cuda_device(device)?;
+        let (cos, sin) = rope.tables_on(device)?;
+        let sms = dev
+            .cuda_stream()
+            .context()
+            .attribute(
+                candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| EngineError::Parallel(format!("CUDA device attribute: {e}")))?;
+        Ok(Self {
+            rope: RopeTables {
+                cos,
+                sin,
+                interleaved: rope.interleaved(),
+            },
+            kv_of_q: kv_of_q.iter().map(|k| *k as u32).collect(),
+            target_blocks: 2 * sms.max(1) as usize,
+            dtype: KvDtype::Bf16,
+        })
+    }
+}
+
+impl LlamaShard {
+    fn gpu(&self) -> Result<&GpuParts> {
+        self.gpu
+            .as_ref()
+            .ok_or_else(|| EngineError::Step("this shard was not loaded for a CUDA device".into()))
+    }
+
+    /// This shard's decoder layers over the f32 hidden states `x` on its GPU.
+    pub(crate) fn layers_cuda(
+        &self,
+        mut x: Tensor,
+        batch: &Batch,
+        cache: &mut CudaKvCache,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
+        let gpu = self.gpu()?;
+        let dev = cuda_device(&self.device)?;
+        let eps = self.config.rms_norm_eps as f32;
+        let act = kernels::candle_dtype(gpu.dtype);
+        let heads = HeadLayout {
+            num_q_heads: self.shard.q_heads.len(),
+            num_kv_heads: self.shard.kv_heads.len(),
+            head_dim: self.config.head_dim,
+        };
+        let packed = PackedMeta::new(batch, &gpu.kv_of_q, gpu.target_blocks)?;
+        let meta = StepMeta::upload(packed, cache.block_size, &self.device)?;
+        if cache.k.len() != self.blocks.len() {
+            return Err(EngineError::Step(format!(
+                "the cache has {} layers, the shard {}",
+                cache.k.len(),
+                self.blocks.len()
+            )));
+        }
+        x = x.to_dtype(DType::F32)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = self.attention_cuda(block, &x, &cache.k[i], &cache.v[i], &meta, heads, comm)?;
+            let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, eps)?.to_dtype(act)?;
+            let gate_up = block.gate_up.forward_fused(&h)?.to_dtype(act)?;
+            let width = block.gate_up.widths().first().copied().unwrap_or(0);
+            let a = kernels::silu_mul(dev, gpu.dtype, &gate_up, width)?;
+            let d = comm.all_reduce_sum(&block.down.forward_f32(&a)?)?;
+            x = (x + d)?;
+        }
+        Ok(x)
+    }
+
+    /// One layer's attention half: `x + o_proj(attention(norm(x)))`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_cuda(
+        &self,
+        block: &Block,
+        x: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        meta: &StepMeta,
+        heads: HeadLayout,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
+        let gpu = self.gpu()?;
+        let dev = cuda_device(&self.device)?;
+        let act = kernels::candle_dtype(gpu.dtype);
+        let eps = self.config.rms_norm_eps as f32;
+        let h = candle_nn::ops::rms_norm(x, &block.attn_norm, eps)?.to_dtype(act)?;
+        let qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
+        kernels::rope_write_kv(
+            dev, gpu.dtype, &qkv, k_cache, v_cache, meta, &gpu.rope, heads,
+        )?;
+        let attn = kernels::paged_attention(dev, gpu.dtype, &qkv, k_cache, v_cache, meta, heads)?;
+        let o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
+        Ok((x + o)?)
+    }
+
+    /// Final norm and LM head on the GPU: f32 logits `[rows, vocab]` of the sampled rows.
+    pub(crate) fn head_cuda(
+        &self,
+        x: &Tensor,
+        batch: &Batch,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
+        let gpu = self.gpu()?;
+        let eps = self.config.rms_norm_eps as f32;
+        let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();
+        let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
+        let last = x.index_select(&rows, 0)?;
+        let last = candle_nn::ops::rms_norm(&last.contiguous()?, &self.norm, eps)?
+            .to_dtype(kernels::candle_dtype(gpu.dtype))?;
+        let logits = self.lm_head.forward_f32(&last)?;
+        comm.all_gather(&logits, 1)
+    }
+}

@@ -1,0 +1,141 @@
+//! Writes a Hugging Face llama or qwen2 folder (config.json + safetensors) as a GGUF file
+//! with its matrices quantized (Q4_1, Q8_0), the way llama.cpp's converter lays it out:
+//! GGUF tensor names, llama's query and key rows permuted for interleaved RoPE, norms
+//! and biases in f32.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use serde_json::Value as Json;
+
+fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(n) = fixed {
+        return Some(n.into());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, suffix) = rest.split_once('.')?;
+    let mapped = match suffix {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_proj.bias" => "attn_q.bias",
+        "self_attn.k_proj.bias" => "attn_k.bias",
+        "self_attn.v_proj.bias" => "attn_v.bias",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{mapped}"))
+}
+
+/// Rows of a query or key projection reordered from pairs (i, i + d/2) to (2i, 2i + 1).
+fn permute_rows(w: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
+    let (rows, cols) = w.dims2()?;
+    let hd = rows / heads;
+    w.reshape((heads, 2, hd / 2, cols))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((rows, cols))
+}
+
+pub fn write_gguf(dir: &Path, dtype: GgmlDType, out: &Path) {
+    let config: Json = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("config.json")).expect("config.json"),
+    )
+    .expect("config json");
+    let get = |k: &str| config[k].as_u64().unwrap_or_else(|| panic!("config {k}")) as u32;
+    let arch = match config["model_type"].as_str() {
+        Some("qwen2") => "qwen2",
+        _ => "llama",
+    };
+    let heads = get("num_attention_heads") as usize;
+    let kv_heads = get("num_key_value_heads") as usize;
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for entry in std::fs::read_dir(dir).expect("model dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            tensors
+                .extend(candle_core::safetensors::load(&path, &Device::Cpu).expect("safetensors"));
+        }
+    }
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    let mut quantized: Vec<(String, QTensor)> = Vec::new();
+    for hf in names {
+        let Some(name) = gguf_name(hf) else { continue };
+        let mut t = tensors[hf].to_dtype(DType::F32).expect("f32");
+        if arch == "llama" && hf.ends_with("q_proj.weight") {
+            t = permute_rows(&t, heads).expect("permute q");
+        }
+        if arch == "llama" && hf.ends_with("k_proj.weight") {
+            t = permute_rows(&t, kv_heads).expect("permute k");
+        }
+        let q = if t.rank() == 2 {
+            QTensor::quantize(&t, dtype)
+        } else {
+            QTensor::quantize(&t, GgmlDType::F32)
+        }
+        .expect("quantize");
+        quantized.push((name, q));
+    }
+    let eps = config["rms_norm_eps"].as_f64().unwrap_or(1e-5) as f32;
+    // transformers 5 writes RoPE settings under `rope_parameters`, older versions flat.
+    let theta = config["rope_theta"]
+        .as_f64()
+        .or_else(|| config["rope_parameters"]["rope_theta"].as_f64())
+        .unwrap_or(10_000.0) as f32;
+    let key = |k: &str| format!("{arch}.{k}");
+    let metadata: Vec<(String, gguf_file::Value)> = vec![
+        (
+            "general.architecture".into(),
+            gguf_file::Value::String(arch.into()),
+        ),
+        (
+            key("block_count"),
+            gguf_file::Value::U32(get("num_hidden_layers")),
+        ),
+        (
+            key("context_length"),
+            gguf_file::Value::U32(get("max_position_embeddings")),
+        ),
+        (
+            key("embedding_length"),
+            gguf_file::Value::U32(get("hidden_size")),
+        ),
+        (
+            key("feed_forward_length"),
+            gguf_file::Value::U32(get("intermediate_size")),
+        ),
+        (
+            key("attention.head_count"),
+            gguf_file::Value::U32(heads as u32),
+        ),
+        (
+            key("attention.head_count_kv"),
+            gguf_file::Value::U32(kv_heads as u32),
+        ),
+        (
+            key("attention.layer_norm_rms_epsilon"),
+            gguf_file::Value::F32(eps),
+        ),
+        (key("rope.freq_base"), gguf_file::Value::F32(theta)),
+        (key("vocab_size"), gguf_file::Value::U32(get("vocab_size"))),
+    ];
+    let md: Vec<(&str, &gguf_file::Value)> =
+        metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let ts: Vec<(&str, &QTensor)> = quantized.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut file = std::fs::File::create(out).expect("create gguf");
+    gguf_file::write(&mut file, &md, &ts).expect("write gguf");
+}

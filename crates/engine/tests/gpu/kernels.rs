@@ -1,0 +1,337 @@
+//! Our CUDA kernels against plain host references on random inputs: paged attention
+//! over every head dimension, both KV dtypes, many block sizes, and contexts that span
+//! many blocks and partitions; RoPE with the KV write; SiLU·up; the f32-output GEMM.
+
+use candle_core::{DType, Device, Tensor};
+use tessera_engine::model::batch::{Batch, BatchSeq};
+use tessera_engine::model::cuda::gemm::matmul_f32_out;
+use tessera_engine::model::cuda::kernels::{
+    candle_dtype, paged_attention, rope_write_kv, silu_mul, HeadLayout, RopeTables,
+};
+use tessera_engine::model::cuda::step_meta::StepMeta;
+use tessera_engine::model::rope::RopeTable;
+use tessera_engine::model::step_meta::PackedMeta;
+use tessera_engine::RopeStyle;
+use tessera_kernels::gpu::launch::{KvDtype, HEAD_DIMS};
+
+use crate::report::{check, download, gpu, max_abs_diff, rounded, upload, Lcg};
+
+/// Multiprocessors × 2 on an H100; only decides how decode contexts are split.
+const TARGET_BLOCKS: usize = 264;
+
+fn cuda(d: &Device) -> &candle_core::CudaDevice {
+    match d {
+        Device::Cuda(c) => c,
+        _ => panic!("not a CUDA device"),
+    }
+}
+
+/// A batch of sequences `(start_pos, new tokens)` whose blocks are scattered over a
+/// cache of `num_blocks` (shuffled, so tables are never in order).
+fn scattered_batch(seqs: &[(usize, usize)], bs: usize, rng: &mut Lcg) -> (Batch, usize) {
+    let needed: usize = seqs.iter().map(|(p, n)| (p + n).div_ceil(bs)).sum();
+    let num_blocks = needed + 3;
+    let mut free: Vec<u32> = (0..num_blocks as u32).collect();
+    rng.shuffle(&mut free);
+    let mut batch = Batch::default();
+    for &(start, n) in seqs {
+        let table: Vec<u32> = (0..(start + n).div_ceil(bs))
+            .map(|_| free.pop().expect("enough blocks"))
+            .collect();
+        let token_start = batch.token_ids.len();
+        for pos in start..start + n {
+            batch.token_ids.push(0);
+            batch.positions.push(pos);
+            batch.slots.push(table[pos / bs] as usize * bs + pos % bs);
+        }
+        batch.seqs.push(BatchSeq {
+            token_start,
+            num_tokens: n,
+            start_pos: start,
+            block_table: table,
+        });
+    }
+    (batch, num_blocks)
+}
+
+struct AttentionCase {
+    dtype: KvDtype,
+    head_dim: usize,
+    num_q_heads: usize,
+    num_kv_heads: usize,
+    block_size: usize,
+    seqs: Vec<(usize, usize)>,
+}
+
+/// Runs one case; returns (max |error|, partitions of the decode launch).
+fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, usize) {
+    let (hd, nq, nkv, bs) = (c.head_dim, c.num_q_heads, c.num_kv_heads, c.block_size);
+    let dt = candle_dtype(c.dtype);
+    let (batch, num_blocks) = scattered_batch(&c.seqs, bs, rng);
+    let n = batch.num_tokens();
+    let row = nkv * hd;
+    let k = rounded(&rng.values(num_blocks * bs * row), dt);
+    let v = rounded(&rng.values(num_blocks * bs * row), dt);
+    let width = (nq + 2 * nkv) * hd;
+    let qkv = rounded(&rng.values(n * width), dt);
+    let shape = [num_blocks, bs, nkv, hd];
+    let (k_dev, v_dev) = (
+        upload(&k, &shape, dt, device),
+        upload(&v, &shape, dt, device),
+    );
+    let qkv_dev = upload(&qkv, &[n, width], dt, device);
+    let group = nq / nkv;
+    let kv_of_q: Vec<u32> = (0..nq).map(|h| (h / group) as u32).collect();
+    let packed = PackedMeta::new(&batch, &kv_of_q, TARGET_BLOCKS).expect("pack");
+    let parts = packed.plan.decode.partitions;
+    let meta = StepMeta::upload(packed, bs, device).expect("upload");
+    let heads = HeadLayout {
+        num_q_heads: nq,
+        num_kv_heads: nkv,
+        head_dim: hd,
+    };
+    let out = paged_attention(
+        cuda(device),
+        c.dtype,
+        &qkv_dev,
+        &k_dev,
+        &v_dev,
+        &meta,
+        heads,
+    )
+    .expect("attention");
+    let got = download(&out);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut want = vec![0f32; n * nq * hd];
+    for s in &batch.seqs {
+        for t in s.token_start..s.token_start + s.num_tokens {
+            let pos = batch.positions[t];
+            for h in 0..nq {
+                let kvh = h / group;
+                let q = &qkv[t * width + h * hd..t * width + (h + 1) * hd];
+                let at = |buf: &[f32], j: usize| {
+                    let slot = s.block_table[j / bs] as usize * bs + j % bs;
+                    buf[slot * row + kvh * hd..slot * row + (kvh + 1) * hd].to_vec()
+                };
+                let scores: Vec<f32> = (0..=pos)
+                    .map(|j| q.iter().zip(at(&k, j)).map(|(a, b)| a * b).sum::<f32>() * scale)
+                    .collect();
+                let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let w: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
+                let z: f32 = w.iter().sum();
+                let o = &mut want[(t * nq + h) * hd..(t * nq + h + 1) * hd];
+                for (j, wj) in w.iter().enumerate() {
+                    for (od, vd) in o.iter_mut().zip(at(&v, j)) {
+                        *od += wj / z * vd;
+                    }
+                }
+            }
+        }
+    }
+    (max_abs_diff(&got, &want), parts)
+}
+
+#[test]
+fn paged_attention_matches_the_reference() {
+    let device = gpu();
+    let mut rng = Lcg(7);
+    // Mixed batches: a prefill from scratch, a chunked prefill over cached blocks, a long
+    // decode (split into partitions, since one token's heads cannot fill the GPU) and a
+    // short one (with partitions beyond its context).
+    let mixed = vec![(0, 37), (100, 21), (1500, 1), (5, 1)];
+    for dtype in [KvDtype::Bf16, KvDtype::F16] {
+        let bound = if dtype == KvDtype::Bf16 { 1e-2 } else { 2e-3 };
+        for hd in HEAD_DIMS {
+            for (nq, nkv, bs) in [(4, 2, 16), (6, 1, 7), (2, 2, 32)] {
+                let case = AttentionCase {
+                    dtype,
+                    head_dim: hd,
+                    num_q_heads: nq,
+                    num_kv_heads: nkv,
+                    block_size: bs,
+                    seqs: mixed.clone(),
+                };
+                let (err, parts) = attention_case(&case, &device, &mut rng);
+                check(
+                    &format!(
+                        "attention {} hd{hd} {nq}q/{nkv}kv block {bs}, prefill+chunk+decode",
+                        dtype.suffix()
+                    ),
+                    format!("max |err| {err:.2e} ({parts} decode partitions)"),
+                    format!("< {bound:.0e}"),
+                    err < bound && parts > 1,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn paged_attention_across_block_sizes_and_long_contexts() {
+    let device = gpu();
+    let mut rng = Lcg(11);
+    for bs in [1, 8, 16, 32, 64, 128] {
+        // Many decoding sequences (enough blocks: no partitions) with long contexts.
+        let seqs: Vec<(usize, usize)> = (0..70).map(|i| (50 + 37 * i, 1)).collect();
+        let case = AttentionCase {
+            dtype: KvDtype::Bf16,
+            head_dim: 128,
+            num_q_heads: 4,
+            num_kv_heads: 1,
+            block_size: bs,
+            seqs,
+        };
+        let (err, parts) = attention_case(&case, &device, &mut rng);
+        check(
+            &format!("attention bf16 hd128 block {bs}, 70 decodes up to 2.6k context"),
+            format!("max |err| {err:.2e} ({parts} partition)"),
+            "< 1e-2".into(),
+            err < 1e-2 && parts == 1,
+        );
+    }
+    // One 4000-token context: 32 partitions; and a 700-token prefill chunk after 3000
+    // cached tokens.
+    for seqs in [vec![(3999, 1)], vec![(3000, 700)]] {
+        let case = AttentionCase {
+            dtype: KvDtype::Bf16,
+            head_dim: 64,
+            num_q_heads: 8,
+            num_kv_heads: 2,
+            block_size: 16,
+            seqs: seqs.clone(),
+        };
+        let (err, parts) = attention_case(&case, &device, &mut rng);
+        check(
+            &format!("attention bf16 hd64 block 16, sequence {seqs:?}"),
+            format!("max |err| {err:.2e} ({parts} decode partitions)"),
+            "< 1e-2".into(),
+            err < 1e-2,
+        );
+    }
+}
+
+#[test]
+fn rope_and_kv_write_match_the_reference() {
+    let device = gpu();
+    let mut rng = Lcg(3);
+    for style in [RopeStyle::Half, RopeStyle::Interleaved] {
+        for hd in HEAD_DIMS {
+            let (nq, nkv, bs) = (6, 2, 16);
+            let dtype = KvDtype::Bf16;
+            let dt = candle_dtype(dtype);
+            let (batch, num_blocks) = scattered_batch(&[(0, 9), (300, 1), (40, 5)], bs, &mut rng);
+            let n = batch.num_tokens();
+            let width = (nq + 2 * nkv) * hd;
+            let qkv = rounded(&rng.values(n * width), dt);
+            let qkv_dev = upload(&qkv, &[n, width], dt, &device);
+            let shape = (num_blocks, bs, nkv, hd);
+            let k_dev = Tensor::zeros(shape, dt, &device).expect("zeros");
+            let v_dev = Tensor::zeros(shape, dt, &device).expect("zeros");
+            let table = RopeTable::new(hd, 10_000.0, 512, style);
+            let (cos, sin) = table.tables_on(&device).expect("tables");
+            let rope = RopeTables {
+                cos,
+                sin,
+                interleaved: table.interleaved(),
+            };
+            let kv_of_q: Vec<u32> = (0..nq).map(|h| (h / (nq / nkv)) as u32).collect();
+            let packed = PackedMeta::new(&batch, &kv_of_q, TARGET_BLOCKS).expect("pack");
+            let meta = StepMeta::upload(packed, bs, &device).expect("upload");
+            let heads = HeadLayout {
+                num_q_heads: nq,
+                num_kv_heads: nkv,
+                head_dim: hd,
+            };
+            rope_write_kv(
+                cuda(&device),
+                dtype,
+                &qkv_dev,
+                &k_dev,
+                &v_dev,
+                &meta,
+                &rope,
+                heads,
+            )
+            .expect("rope");
+            let (q_got, k_got, v_got) = (download(&qkv_dev), download(&k_dev), download(&v_dev));
+            let mut err = 0f32;
+            let mut v_exact = true;
+            for t in 0..n {
+                let pos = batch.positions[t];
+                let mut row = qkv[t * width..(t + 1) * width].to_vec();
+                table.apply(&mut row[..(nq + nkv) * hd], pos);
+                let slot = batch.slots[t];
+                let q_dev = &q_got[t * width..t * width + nq * hd];
+                err = err.max(max_abs_diff(q_dev, &row[..nq * hd]));
+                let cache_row = slot * nkv * hd..(slot + 1) * nkv * hd;
+                err = err.max(max_abs_diff(
+                    &k_got[cache_row.clone()],
+                    &row[nq * hd..(nq + nkv) * hd],
+                ));
+                v_exact &= v_got[cache_row] == row[(nq + nkv) * hd..];
+            }
+            check(
+                &format!("rope + KV write bf16 hd{hd} {style:?}"),
+                format!("max |err| {err:.2e}, values copied exactly: {v_exact}"),
+                "< 1e-2, exact".into(),
+                err < 1e-2 && v_exact,
+            );
+        }
+    }
+}
+
+#[test]
+fn silu_mul_and_f32_gemm_match_the_reference() {
+    let device = gpu();
+    let mut rng = Lcg(5);
+    for dtype in [KvDtype::Bf16, KvDtype::F16] {
+        let dt = candle_dtype(dtype);
+        let (rows, width) = (37, 300);
+        let gu = rounded(&rng.values(rows * 2 * width), dt);
+        let out = silu_mul(
+            cuda(&device),
+            dtype,
+            &upload(&gu, &[rows, 2 * width], dt, &device),
+            width,
+        )
+        .expect("silu_mul");
+        let want: Vec<f32> = (0..rows * width)
+            .map(|e| {
+                let (r, c) = (e / width, e % width);
+                let g = gu[r * 2 * width + c];
+                g / (1.0 + (-g).exp()) * gu[r * 2 * width + width + c]
+            })
+            .collect();
+        let err = max_abs_diff(&download(&out), &rounded(&want, dt));
+        let bound = if dtype == KvDtype::Bf16 { 1e-2 } else { 2e-3 };
+        check(
+            &format!("silu·up {}", dtype.suffix()),
+            format!("max |err| {err:.2e}"),
+            format!("< {bound:.0e}"),
+            err < bound,
+        );
+        let (m, k, n) = (19, 512, 333);
+        let x = rounded(&rng.values(m * k), dt);
+        let w = rounded(&rng.values(n * k), dt);
+        let y = matmul_f32_out(
+            cuda(&device),
+            &upload(&x, &[m, k], dt, &device),
+            &upload(&w, &[n, k], dt, &device),
+        )
+        .expect("gemm");
+        assert_eq!(y.dtype(), DType::F32);
+        let want: Vec<f32> = (0..m * n)
+            .map(|e| {
+                let (i, j) = (e / n, e % n);
+                (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum()
+            })
+            .collect();
+        let err = max_abs_diff(&download(&y), &want);
+        check(
+            &format!("GEMM {} in, f32 out, {m}x{k}x{n}", dtype.suffix()),
+            format!("max |err| {err:.2e}"),
+            "< 1e-3".into(),
+            err < 1e-3,
+        );
+    }
+}
