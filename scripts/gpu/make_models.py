@@ -1,0 +1,157 @@
+"""Random-weight test models for scripts/test-gpu, made where the GPU is (it has torch
+and transformers but no network): a byte-level BPE tokenizer trained on a fixed text, and
+from a fixed seed
+
+  llama/       LlamaForCausalLM, bf16: 6 query heads / 2 KV heads of dimension 64 (GQA;
+               4 ranks replicate KV heads and split 6 heads unevenly), tied embeddings
+  qwen2/       Qwen2ForCausalLM, bf16: 4 query heads / 2 KV heads of dimension 128, QKV
+               bias, untied LM head
+  llama-hd32/  a one-layer llama with head dimension 32, which CUDA ranks must refuse
+
+each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
+last-position logits transformers computes in float32 from the saved bf16 weights.
+Weights are drawn large enough that logits are spread (greedy choices are not ties).
+
+  python3 make_models.py OUT_DIR
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+SEED = 20261123
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = """
+The capital of France is Paris, a city on the river Seine. Paris is known for its museums,
+its cafes and the tower built for the world fair of 1889. Rome is the capital of Italy and
+Madrid the capital of Spain. Berlin lies on the Spree, Vienna on the Danube, and London on
+the Thames. A server that answers many clients at once batches their requests together,
+keeps the keys and values of every sequence in blocks of memory, and frees the blocks when
+a request ends. Tensor parallelism splits every weight matrix across devices; the partial
+results are added together by an all-reduce. The quick brown fox jumps over the lazy dog.
+Numbers: one two three four five six seven eight nine ten eleven twelve thirteen fourteen.
+Colours: red orange yellow green blue indigo violet black white grey brown pink purple.
+""".strip().splitlines()
+
+
+def make_tokenizer(vocab_size):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    return tok
+
+
+def save_tokenizer(tok, path):
+    tok.save(os.path.join(path, "tokenizer.json"))
+    config = {
+        "chat_template": CHATML,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "add_bos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 2048,
+    }
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+
+
+def init_weights(model, seed):
+    """Linears N(0, 1/sqrt(fan_in)), embeddings N(0, 0.25), norms 1 + N(0, 0.1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name or name == "lm_head.weight":
+                p.copy_(0.25 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+
+
+def prompts(tok):
+    texts = ["The capital of France is", CORPUS[4] + CORPUS[5], " ".join(CORPUS[:6])]
+    return [tok.encode(t).ids for t in texts]
+
+
+@torch.no_grad()
+def reference(path, cls, tok):
+    model = cls.from_pretrained(path, attn_implementation="eager").float().eval()
+    cases = []
+    for ids in prompts(tok):
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
+        top = torch.topk(logits, 2).values
+        cases.append({
+            "input_ids": ids,
+            "last_logits": [float(x) for x in logits],
+            "last_top2_gap": float(top[0] - top[1]),
+        })
+    doc = {
+        "generator": "scripts/gpu/make_models.py",
+        "seed": SEED,
+        "reference": "transformers float32 from the saved bf16 weights, eager attention",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "cases": cases,
+    }
+    with open(os.path.join(path, "reference.json"), "w") as f:
+        json.dump(doc, f)
+    gaps = ", ".join(f"{c['last_top2_gap']:.3f}" for c in cases)
+    print(f"{path}: prompts of {[len(c['input_ids']) for c in cases]} tokens, top-2 gaps {gaps}",
+          file=sys.stderr)
+
+
+def build(out, name, cls, config, tok, with_reference=True):
+    path = os.path.join(out, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    torch.manual_seed(SEED)
+    model = cls(config).to(torch.float32)
+    init_weights(model, SEED)
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    save_tokenizer(tok, path)
+    if with_reference:
+        reference(path, cls, tok)
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    tok = make_tokenizer(1024)
+    vocab = tok.get_vocab_size()
+    eos = tok.token_to_id("<|im_end|>")
+    common = dict(vocab_size=vocab, rms_norm_eps=1e-5, max_position_embeddings=2048,
+                  bos_token_id=None, eos_token_id=eos, hidden_act="silu")
+    build(out, "llama", LlamaForCausalLM, LlamaConfig(
+        hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=64, rope_theta=10000.0,
+        tie_word_embeddings=True, attention_bias=False, mlp_bias=False, **common), tok)
+    build(out, "qwen2", Qwen2ForCausalLM, Qwen2Config(
+        hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
+        tie_word_embeddings=False, use_sliding_window=False, **common), tok)
+    build(out, "llama-hd32", LlamaForCausalLM, LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        tie_word_embeddings=True, **common), tok, with_reference=False)
+
+
+if __name__ == "__main__":
+    main()
