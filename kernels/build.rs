@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: [&str; 3] = ["attention", "kv_write", "activations"];
+const SOURCES: [&str; 4] = ["attention", "kv_write", "activations", "norm"];
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda");

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 SEED = 20261123
+LINEAR_GAIN = float(os.environ.get("LINEAR_GAIN", "0.5"))
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
@@ -84,7 +85,7 @@ def init_weights(model, seed):
             elif "embed_tokens" in name or name == "lm_head.weight":
                 p.copy_(0.25 * torch.randn(p.shape, generator=gen))
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+                p.copy_(LINEAR_GAIN * torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
 
 
 def prompts(tok):
@@ -142,7 +143,7 @@ def main():
     build(out, "llama", LlamaForCausalLM, LlamaConfig(
         hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=6, num_key_value_heads=2, head_dim=64, rope_theta=10000.0,
-        tie_word_embeddings=True, attention_bias=False, mlp_bias=False, **common), tok)
+        tie_word_embeddings=False, attention_bias=False, mlp_bias=False, **common), tok)
     build(out, "qwen2", Qwen2ForCausalLM, Qwen2Config(
         hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,

@@ -1,4 +1,5 @@
-"""`tessera serve` on CUDA under 16 concurrent streaming clients (for scripts/test-gpu):
+"""`tessera serve` on CUDA under 16 concurrent streaming clients (for scripts/test-gpu), its
+KV cache sized by the default --gpu-memory-utilization:
 each request must get the text it gets alone, every stream must end with [DONE], and the
 KV blocks in use must return to zero. Only the standard library: the GPU machine has no
 network to install a client.
@@ -7,66 +8,14 @@ network to install a client.
 
 Prints `GPU-CHECK | ... | ... | ...` lines; exits 1 when a check fails.
 """
-import http.client
-import json
-import re
-import subprocess
 import sys
 import threading
 import time
 
+from client import complete, metric, start_server, stop_server
+
 CLIENTS = 16
 MAX_TOKENS = 40
-
-
-def request(port, body, stream):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-    if not stream:
-        doc = json.loads(resp.read())
-        return doc["choices"][0]["text"], doc["choices"][0]["finish_reason"], True
-    text, finish, done = "", None, False
-    for raw in resp:
-        line = raw.decode().strip()
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):]
-        if data == "[DONE]":
-            done = True
-            break
-        chunk = json.loads(data)
-        if "error" in chunk:
-            raise RuntimeError(f"stream error: {chunk['error']}")
-        for choice in chunk.get("choices", []):
-            text += choice.get("text", "")
-            finish = choice.get("finish_reason") or finish
-    return text, finish, done
-
-
-def metric(port, name):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", "/metrics")
-    body = conn.getresponse().read().decode()
-    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", body, re.M)
-    return float(m.group(1)) if m else None
-
-
-def wait_ready(port, proc, deadline):
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tessera exited with {proc.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("tessera did not become ready")
 
 
 def check(name, figure, bound, ok):
@@ -76,15 +25,10 @@ def check(name, figure, bound, ok):
 
 def main():
     binary, model, devices, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    log = open(f"serve-{port}.log", "w")
-    proc = subprocess.Popen(
-        [binary, "serve", "--model", model, "--devices", devices,
-         "--tensor-parallel-size", str(len(devices.split(","))),
-         "--port", str(port), "--kv-cache-memory-mib", "256", "--served-model-name", "m"],
-        stdout=log, stderr=subprocess.STDOUT)
     ok = True
+    proc = None
     try:
-        wait_ready(port, proc, time.time() + 300)
+        proc = start_server(binary, model, devices, port, f"serve-{port}.log")
         words = ("Paris Rome Madrid Berlin Vienna London server blocks tensor fox numbers "
                  "colours river city capital memory").split()
         prompts = [f"The {words[i]} and the {words[(i * 7 + 3) % len(words)]} are" for i in range(CLIENTS)]
@@ -98,7 +42,7 @@ def main():
 
         def client(i):
             try:
-                results[i] = request(port, body(prompts[i], True), True)
+                results[i] = complete(port, body(prompts[i], True))
             except Exception as e:  # noqa: BLE001 - reported as a failed check
                 errors.append(f"client {i}: {e}")
 
@@ -109,7 +53,7 @@ def main():
         for t in threads:
             t.join()
         wall = time.time() - started
-        alone = [request(port, body(p, False), False) for p in prompts]
+        alone = [complete(port, body(p, False)) for p in prompts]
         same = sum(1 for r, a in zip(results, alone) if r is not None and r[0] == a[0])
         done = sum(1 for r in results if r is not None and r[2])
         ok &= check(f"serve on {devices}: {CLIENTS} concurrent streams vs each alone",
@@ -131,13 +75,9 @@ def main():
     except Exception as e:  # noqa: BLE001
         ok &= check(f"serve on {devices}", f"failed: {e}", "runs", False)
     finally:
-        proc.terminate()
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = "killed"
-        ok &= check(f"serve on {devices}: exit after SIGTERM", f"{code}", "0", code == 0)
+        if proc is not None:
+            code = stop_server(proc)
+            ok &= check(f"serve on {devices}: exit after SIGTERM", f"{code}", "0", code == 0)
     sys.exit(0 if ok else 1)
 
 

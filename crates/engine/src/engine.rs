@@ -22,6 +22,9 @@ use crate::stats::EngineStats;
 use crate::tp::{AllReduceDtype, ShardPlan};
 use crate::worker::{self, Fault, Job, WorkerHandle, WorkerState};
 
+#[path = "engine_kv_sizing.rs"]
+mod kv_sizing;
+
 /// How to build an engine.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -32,8 +35,16 @@ pub struct EngineConfig {
     pub tensor_split: Option<Vec<f64>>,
     pub allreduce_dtype: AllReduceDtype,
     pub block_size_tokens: usize,
-    /// KV cache budget per rank; the number of blocks follows from it.
+    /// KV cache budget per rank; the number of blocks follows from it. CUDA ranks size
+    /// their cache from `gpu_memory_utilization` instead when that is set.
     pub kv_cache_bytes: usize,
+    /// Fraction of each GPU's memory the engine may use: the KV cache gets what the
+    /// weights and a profile step at the largest batch leave under it.
+    pub gpu_memory_utilization: Option<f64>,
+    /// The largest step the scheduler will send (tokens, sequences), for the profile
+    /// step that measures activation memory on GPUs.
+    pub max_batch_tokens: usize,
+    pub max_num_seqs: usize,
     /// Pipeline placement of whole layers (`--device-layers "0:16;1:14"`) instead of
     /// tensor parallelism over `devices`.
     pub device_layers: Option<LayerMap>,
@@ -53,6 +64,9 @@ impl EngineConfig {
             allreduce_dtype: AllReduceDtype::F32,
             block_size_tokens: 16,
             kv_cache_bytes: 256 << 20,
+            gpu_memory_utilization: None,
+            max_batch_tokens: 2048,
+            max_num_seqs: 64,
             device_layers: None,
             threads_per_rank: None,
             step_timeout: Duration::from_secs(120),
@@ -121,7 +135,24 @@ impl Engine {
             .max()
             .unwrap_or(1);
         let block_bytes = per_token * cfg.block_size_tokens;
-        let num_blocks = cfg.kv_cache_bytes / block_bytes.max(1);
+        let any_gpu = placement
+            .members
+            .iter()
+            .any(|m| matches!(m.device, DeviceSpec::Cuda(_)));
+        // With a utilization to honour, start with a cache just large enough for the
+        // profile step; it is resized once the step has measured the activations.
+        let gpu_sizing = cfg.gpu_memory_utilization.filter(|_| any_gpu);
+        let num_blocks = match gpu_sizing {
+            Some(_) => {
+                kv_sizing::profile_plan(
+                    cfg.max_batch_tokens,
+                    cfg.max_num_seqs,
+                    cfg.block_size_tokens,
+                )
+                .1
+            }
+            None => cfg.kv_cache_bytes / block_bytes.max(1),
+        };
         if num_blocks == 0 {
             return Err(EngineError::Config(format!(
                 "KV cache budget of {} bytes holds no block of {} tokens ({block_bytes} bytes); raise it",
@@ -133,7 +164,12 @@ impl Engine {
             block_size_tokens: cfg.block_size_tokens,
         };
         tracing::info!(
-            "KV cache: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per device)",
+            "KV cache{}: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per device)",
+            if gpu_sizing.is_some() {
+                " for the profile step"
+            } else {
+                ""
+            },
             cfg.block_size_tokens,
             kv.capacity_tokens(),
             (num_blocks * block_bytes) >> 20
@@ -147,14 +183,14 @@ impl Engine {
         let plan = placement.plan;
         let stats = EngineStats::new(world);
         let mut workers = Vec::with_capacity(world);
+        let mut memory = Vec::with_capacity(world);
         for (rank, m) in placement.members.into_iter().enumerate() {
-            let cache = new_cache(
-                &m.shard,
-                m.layers.len(),
-                num_blocks,
-                cfg.block_size_tokens,
-                config.head_dim,
-            )?;
+            let cache = RankCache::for_shard(&m.shard, num_blocks, cfg.block_size_tokens)?;
+            memory.push(kv_sizing::RankMemory {
+                device: m.device,
+                handle: m.shard.device().clone(),
+                block_bytes: cache.block_bytes(),
+            });
             tracing::debug!("worker {rank} on {}", m.device);
             workers.push(worker::spawn(WorkerState {
                 rank,
@@ -167,11 +203,8 @@ impl Engine {
                 stats: stats.rank(rank),
             })?);
         }
-        tracing::info!(
-            "engine ready: {world} rank(s), {threads} thread(s) each, loaded in {:.2}s",
-            started.elapsed().as_secs_f64()
-        );
-        Ok(Engine {
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut engine = Engine {
             workers,
             config,
             plan,
@@ -180,7 +213,24 @@ impl Engine {
             step_timeout: cfg.step_timeout,
             failed: None,
             stats,
-        })
+        };
+        #[cfg(feature = "cuda")]
+        if let Some(utilization) = gpu_sizing {
+            engine.size_kv_to_gpus(
+                &memory,
+                utilization,
+                cfg.kv_cache_bytes,
+                cfg.max_batch_tokens,
+                cfg.max_num_seqs,
+            )?;
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = (gpu_sizing, memory);
+        tracing::info!(
+            "engine ready: {world} rank(s), {threads} thread(s) each, loaded in {:.2}s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(engine)
     }
 
     /// Per-rank counters (steps, time in steps and in collectives); they keep counting
@@ -329,36 +379,6 @@ fn kv_bytes_per_token(
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(_) => KvCache::bytes_per_token(layers, kv_heads, head_dim),
     }
-}
-
-/// A member's KV cache on its shard's device. A CUDA cache is allocated and zeroed on this
-/// thread's stream, which is synchronized before the worker (another thread, another
-/// stream) uses it.
-fn new_cache(
-    shard: &crate::model::LlamaShard,
-    layers: usize,
-    num_blocks: usize,
-    block_size: usize,
-    head_dim: usize,
-) -> Result<RankCache> {
-    let kv_heads = shard.num_local_kv_heads();
-    #[cfg(feature = "cuda")]
-    if shard.device().is_cuda() {
-        let cache = crate::model::cuda::CudaKvCache::new(
-            shard.device(),
-            layers,
-            num_blocks,
-            block_size,
-            kv_heads,
-            head_dim,
-            tessera_kernels::gpu::launch::KvDtype::Bf16,
-        )?;
-        shard.device().synchronize()?;
-        return Ok(RankCache::Cuda(cache));
-    }
-    Ok(RankCache::Cpu(KvCache::new(
-        layers, num_blocks, block_size, kv_heads, head_dim,
-    )))
 }
 
 /// Largest quantization block of the row-parallel weights of every layer (their input

@@ -30,6 +30,12 @@ pub enum Fault {
 pub(crate) enum Job {
     Step(Arc<Batch>),
     Inject(Fault),
+    /// Replace the KV cache with one of this many blocks (after sizing it to the device).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    ResizeCache {
+        num_blocks: usize,
+        block_size: usize,
+    },
 }
 
 pub(crate) struct WorkerHandle {
@@ -170,6 +176,21 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
             Job::Step(b) => b,
             Job::Inject(f) => {
                 fault = Some(f);
+                continue;
+            }
+            Job::ResizeCache {
+                num_blocks,
+                block_size,
+            } => {
+                // The old cache goes first: on a GPU its memory is what the new one takes.
+                cache = RankCache::Cpu(crate::model::KvCache::new(0, 0, block_size, 0, 0));
+                let resized = RankCache::for_shard(&shard, num_blocks, block_size).map(|c| {
+                    cache = c;
+                    None
+                });
+                if results.send(resized).is_err() {
+                    break;
+                }
                 continue;
             }
         };

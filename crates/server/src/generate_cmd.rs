@@ -53,7 +53,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     eprintln!("[1/3] weights: {}", cfg.model_path.display());
     let mut engine = Engine::load(&cfg)?;
     eprintln!("[2/3] tokenizer");
-    let tokenizer = Arc::new(load_tokenizer(&cfg.model_path)?);
+    let tokenizer = Arc::new(load_tokenizer(&args.model.tokenizer_path()?)?);
     let text = if args.chat {
         let template = tokenizer
             .chat_template()

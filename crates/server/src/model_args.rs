@@ -15,6 +15,11 @@ pub struct ModelArgs {
     #[arg(long, env = "TESSERA_MODEL")]
     pub model: Option<PathBuf>,
 
+    /// Where the tokenizer and chat template come from, when not from the model itself: a
+    /// folder with tokenizer.json (and tokenizer_config.json), or a GGUF file.
+    #[arg(long, env = "TESSERA_TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
+
     /// Number of devices (ranks) the model is split over.
     #[arg(long, default_value_t = 1)]
     pub tensor_parallel_size: usize,
@@ -36,9 +41,16 @@ pub struct ModelArgs {
     #[arg(long, default_value = "f32")]
     pub allreduce_dtype: AllReduceDtype,
 
-    /// KV cache budget per rank, in MiB.
-    #[arg(long, default_value_t = 256)]
-    pub kv_cache_memory_mib: usize,
+    /// KV cache budget per rank, in MiB (default: 256 on CPU ranks; on GPUs, what
+    /// --gpu-memory-utilization leaves).
+    #[arg(long)]
+    pub kv_cache_memory_mib: Option<usize>,
+
+    /// Fraction of each GPU's memory Tessera may use: the KV cache gets what the weights
+    /// and a profile step at the largest batch leave under it. Not used when
+    /// --kv-cache-memory-mib is given, or on CPU ranks.
+    #[arg(long, default_value_t = 0.90)]
+    pub gpu_memory_utilization: f64,
 
     /// Tokens per KV cache block.
     #[arg(long, default_value_t = 16)]
@@ -70,6 +82,14 @@ impl ModelArgs {
         Ok(path)
     }
 
+    /// The tokenizer's source: `--tokenizer`, else the model.
+    pub fn tokenizer_path(&self) -> Result<PathBuf> {
+        match &self.tokenizer {
+            Some(p) => Ok(p.clone()),
+            None => self.model_path(),
+        }
+    }
+
     pub fn engine_config(&self) -> Result<EngineConfig> {
         let devices = match &self.devices {
             Some(list) => {
@@ -97,7 +117,17 @@ impl ModelArgs {
         cfg.tensor_split = self.tensor_split.clone();
         cfg.device_layers = self.device_layers.as_deref().map(str::parse).transpose()?;
         cfg.allreduce_dtype = self.allreduce_dtype;
-        cfg.kv_cache_bytes = self.kv_cache_memory_mib << 20;
+        cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(256) << 20;
+        if !(self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0) {
+            bail!(
+                "--gpu-memory-utilization must be above 0 and at most 1, not {}",
+                self.gpu_memory_utilization
+            );
+        }
+        cfg.gpu_memory_utilization = self
+            .kv_cache_memory_mib
+            .is_none()
+            .then_some(self.gpu_memory_utilization);
         cfg.block_size_tokens = self.block_size;
         cfg.threads_per_rank = self.threads_per_rank;
         cfg.step_timeout = Duration::from_secs(self.step_timeout.max(1));

@@ -14,4 +14,6 @@ pub mod ptx {
     pub const KV_WRITE: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_write.ptx"));
     /// `silu_mul_{bf16,f16}`: SiLU(gate) · up.
     pub const ACTIVATIONS: &str = include_str!(concat!(env!("OUT_DIR"), "/activations.ptx"));
+    /// `add_rms_norm_{bf16,f16}`: residual add and RMSNorm in one pass.
+    pub const NORM: &str = include_str!(concat!(env!("OUT_DIR"), "/norm.ptx"));
 }

@@ -15,6 +15,57 @@ pub enum RankCache {
     Cuda(crate::model::cuda::CudaKvCache),
 }
 
+impl RankCache {
+    /// A cache of `num_blocks` blocks for `shard` on its device. A CUDA cache is zeroed on
+    /// the calling thread's stream, which is synchronized before it returns: the worker
+    /// that uses the cache may run on another thread, another stream.
+    pub fn for_shard(
+        shard: &crate::model::LlamaShard,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> crate::error::Result<RankCache> {
+        let (layers, kv_heads, head_dim) = (
+            shard.num_layers(),
+            shard.num_local_kv_heads(),
+            shard.head_dim(),
+        );
+        #[cfg(feature = "cuda")]
+        if shard.device().is_cuda() {
+            let cache = crate::model::cuda::CudaKvCache::new(
+                shard.device(),
+                layers,
+                num_blocks,
+                block_size,
+                kv_heads,
+                head_dim,
+                tessera_kernels::gpu::launch::KvDtype::Bf16,
+            )?;
+            shard.device().synchronize()?;
+            return Ok(RankCache::Cuda(cache));
+        }
+        Ok(RankCache::Cpu(KvCache::new(
+            layers, num_blocks, block_size, kv_heads, head_dim,
+        )))
+    }
+
+    /// Bytes of one block of this cache.
+    pub fn block_bytes(&self) -> usize {
+        match self {
+            RankCache::Cpu(c) => {
+                KvCache::bytes_per_token(c.layers.len(), c.num_kv_heads, c.head_dim) * c.block_size
+            }
+            #[cfg(feature = "cuda")]
+            RankCache::Cuda(c) => {
+                crate::model::cuda::CudaKvCache::bytes_per_token(
+                    c.k.len(),
+                    c.num_kv_heads,
+                    c.head_dim,
+                ) * c.block_size
+            }
+        }
+    }
+}
+
 /// K and V of one layer.
 #[derive(Debug)]
 pub struct LayerCache {

@@ -208,6 +208,15 @@ impl LlamaShard {
         self.shard.kv_heads.len()
     }
 
+    /// Decoder layers this shard runs.
+    pub fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.config.head_dim
+    }
+
     /// Token embeddings of the batch, `[tokens, hidden]`.
     pub fn embed(&self, batch: &Batch) -> Result<Tensor> {
         let ids = Tensor::from_slice(&batch.token_ids, batch.num_tokens(), &self.device)?;

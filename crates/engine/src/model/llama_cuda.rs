@@ -9,7 +9,7 @@
 use candle_core::{DType, Device, Tensor};
 use tessera_kernels::gpu::launch::KvDtype;
 
-use super::{Block, LlamaShard};
+use super::LlamaShard;
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
 use crate::model::cuda::buffers::cuda_device;
@@ -61,10 +61,12 @@ impl LlamaShard {
             .ok_or_else(|| EngineError::Step("this shard was not loaded for a CUDA device".into()))
     }
 
-    /// This shard's decoder layers over the f32 hidden states `x` on its GPU.
+    /// This shard's decoder layers over the f32 hidden states `x` on its GPU. Between the
+    /// halves of each layer one kernel adds the half's output to the residual stream and
+    /// normalizes the result for the next matmul.
     pub(crate) fn layers_cuda(
         &self,
-        mut x: Tensor,
+        x: Tensor,
         batch: &Batch,
         cache: &mut CudaKvCache,
         comm: &mut dyn Communicator,
@@ -87,43 +89,37 @@ impl LlamaShard {
                 self.blocks.len()
             )));
         }
-        x = x.to_dtype(DType::F32)?;
+        let Some(first) = self.blocks.first() else {
+            return Ok(x);
+        };
+        let x = x.to_dtype(DType::F32)?.contiguous()?;
+        let (mut x, mut h) =
+            kernels::add_rms_norm(dev, gpu.dtype, &x, None, &first.attn_norm, eps)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            x = self.attention_cuda(block, &x, &cache.k[i], &cache.v[i], &meta, heads, comm)?;
-            let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, eps)?.to_dtype(act)?;
+            // Attention half, on h = norm(x).
+            let qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
+            let (k_cache, v_cache) = (&cache.k[i], &cache.v[i]);
+            kernels::rope_write_kv(
+                dev, gpu.dtype, &qkv, k_cache, v_cache, &meta, &gpu.rope, heads,
+            )?;
+            let attn =
+                kernels::paged_attention(dev, gpu.dtype, &qkv, k_cache, v_cache, &meta, heads)?;
+            let o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
+            (x, h) = kernels::add_rms_norm(dev, gpu.dtype, &x, Some(&o), &block.ffn_norm, eps)?;
+            // MLP half.
             let gate_up = block.gate_up.forward_fused(&h)?.to_dtype(act)?;
             let width = block.gate_up.widths().first().copied().unwrap_or(0);
             let a = kernels::silu_mul(dev, gpu.dtype, &gate_up, width)?;
             let d = comm.all_reduce_sum(&block.down.forward_f32(&a)?)?;
-            x = (x + d)?;
+            match self.blocks.get(i + 1) {
+                Some(next) => {
+                    (x, h) =
+                        kernels::add_rms_norm(dev, gpu.dtype, &x, Some(&d), &next.attn_norm, eps)?
+                }
+                None => x = (x + d)?,
+            }
         }
         Ok(x)
-    }
-
-    /// One layer's attention half: `x + o_proj(attention(norm(x)))`.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_cuda(
-        &self,
-        block: &Block,
-        x: &Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
-        meta: &StepMeta,
-        heads: HeadLayout,
-        comm: &mut dyn Communicator,
-    ) -> Result<Tensor> {
-        let gpu = self.gpu()?;
-        let dev = cuda_device(&self.device)?;
-        let act = kernels::candle_dtype(gpu.dtype);
-        let eps = self.config.rms_norm_eps as f32;
-        let h = candle_nn::ops::rms_norm(x, &block.attn_norm, eps)?.to_dtype(act)?;
-        let qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
-        kernels::rope_write_kv(
-            dev, gpu.dtype, &qkv, k_cache, v_cache, meta, &gpu.rope, heads,
-        )?;
-        let attn = kernels::paged_attention(dev, gpu.dtype, &qkv, k_cache, v_cache, meta, heads)?;
-        let o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
-        Ok((x + o)?)
     }
 
     /// Final norm and LM head on the GPU: f32 logits `[rows, vocab]` of the sampled rows.

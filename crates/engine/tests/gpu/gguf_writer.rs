@@ -8,6 +8,7 @@ use std::path::Path;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
 use serde_json::Value as Json;
 
 fn gguf_name(hf: &str) -> Option<String> {
@@ -72,24 +73,27 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, out: &Path) {
     }
     let mut names: Vec<&String> = tensors.keys().collect();
     names.sort();
-    let mut quantized: Vec<(String, QTensor)> = Vec::new();
-    for hf in names {
-        let Some(name) = gguf_name(hf) else { continue };
-        let mut t = tensors[hf].to_dtype(DType::F32).expect("f32");
-        if arch == "llama" && hf.ends_with("q_proj.weight") {
-            t = permute_rows(&t, heads).expect("permute q");
-        }
-        if arch == "llama" && hf.ends_with("k_proj.weight") {
-            t = permute_rows(&t, kv_heads).expect("permute k");
-        }
-        let q = if t.rank() == 2 {
-            QTensor::quantize(&t, dtype)
-        } else {
-            QTensor::quantize(&t, GgmlDType::F32)
-        }
-        .expect("quantize");
-        quantized.push((name, q));
-    }
+    // Tensors are quantized in parallel: an 8B model has 290 of them.
+    let quantized: Vec<(String, QTensor)> = names
+        .par_iter()
+        .filter_map(|hf| {
+            let name = gguf_name(hf)?;
+            let mut t = tensors[*hf].to_dtype(DType::F32).expect("f32");
+            if arch == "llama" && hf.ends_with("q_proj.weight") {
+                t = permute_rows(&t, heads).expect("permute q");
+            }
+            if arch == "llama" && hf.ends_with("k_proj.weight") {
+                t = permute_rows(&t, kv_heads).expect("permute k");
+            }
+            let q = if t.rank() == 2 {
+                QTensor::quantize(&t, dtype)
+            } else {
+                QTensor::quantize(&t, GgmlDType::F32)
+            }
+            .expect("quantize");
+            Some((name, q))
+        })
+        .collect();
     let eps = config["rms_norm_eps"].as_f64().unwrap_or(1e-5) as f32;
     // transformers 5 writes RoPE settings under `rope_parameters`, older versions flat.
     let theta = config["rope_theta"]
@@ -138,4 +142,22 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, out: &Path) {
     let ts: Vec<(&str, &QTensor)> = quantized.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(out).expect("create gguf");
     gguf_file::write(&mut file, &md, &ts).expect("write gguf");
+}
+
+/// Not a check: writes the Q4_1 GGUF of the benchmark model in `TESSERA_BENCH_MODEL`
+/// (a safetensors folder) next to it, for scripts/bench-gpu.
+#[test]
+#[ignore = "run by scripts/bench-gpu"]
+fn write_q4_1_for_the_benchmarks() {
+    let dir = std::path::PathBuf::from(
+        std::env::var("TESSERA_BENCH_MODEL").expect("TESSERA_BENCH_MODEL"),
+    );
+    let out = dir.with_extension("q4_1.gguf");
+    let started = std::time::Instant::now();
+    write_gguf(&dir, GgmlDType::Q4_1, &out);
+    println!(
+        "wrote {} in {:.1}s",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
 }

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use tessera_engine::model::batch::{Batch, BatchSeq};
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
-    candle_dtype, paged_attention, rope_write_kv, silu_mul, HeadLayout, RopeTables,
+    add_rms_norm, candle_dtype, paged_attention, rope_write_kv, silu_mul, HeadLayout, RopeTables,
 };
 use tessera_engine::model::cuda::step_meta::StepMeta;
 use tessera_engine::model::rope::RopeTable;
@@ -333,5 +333,46 @@ fn silu_mul_and_f32_gemm_match_the_reference() {
             "< 1e-3".into(),
             err < 1e-3,
         );
+    }
+}
+
+#[test]
+fn add_rms_norm_matches_the_reference() {
+    let device = gpu();
+    let mut rng = Lcg(17);
+    for (rows, cols) in [(1, 4096), (37, 384), (5, 5120)] {
+        let x: Vec<f32> = rng.values(rows * cols).iter().map(|v| 3.0 * v).collect();
+        let d = rng.values(rows * cols);
+        let w: Vec<f32> = rng.values(cols).iter().map(|v| 1.0 + 0.1 * v).collect();
+        let (xd, dd) = (
+            upload(&x, &[rows, cols], DType::F32, &device),
+            upload(&d, &[rows, cols], DType::F32, &device),
+        );
+        let wd = upload(&w, &[cols], DType::F32, &device);
+        for with_delta in [false, true] {
+            let delta = with_delta.then_some(&dd);
+            let (sum, h) = add_rms_norm(cuda(&device), KvDtype::Bf16, &xd, delta, &wd, 1e-5)
+                .expect("add_rms_norm");
+            let want_sum: Vec<f32> = (0..rows * cols)
+                .map(|e| if with_delta { x[e] + d[e] } else { x[e] })
+                .collect();
+            let mut want_h = vec![0f32; rows * cols];
+            for r in 0..rows {
+                let row = &want_sum[r * cols..(r + 1) * cols];
+                let ms = row.iter().map(|v| v * v).sum::<f32>() / cols as f32;
+                let inv = 1.0 / (ms + 1e-5).sqrt();
+                for c in 0..cols {
+                    want_h[r * cols + c] = row[c] * inv * w[c];
+                }
+            }
+            let sum_err = max_abs_diff(&download(&sum), &want_sum);
+            let h_err = max_abs_diff(&download(&h), &rounded(&want_h, DType::BF16));
+            check(
+                &format!("residual add + RMSNorm {rows}x{cols}, delta: {with_delta}"),
+                format!("sum max |err| {sum_err:.2e}, norm max |err| {h_err:.2e}"),
+                "0 (sum), < 2e-2 (bf16 norm)".into(),
+                sum_err == 0.0 && h_err < 2e-2,
+            );
+        }
     }
 }

@@ -4,8 +4,10 @@
 //!
 //! Bounds: CUDA computes matmul inputs in bf16 (f32 accumulation, f32 residual stream and
 //! logits) where the CPU engine computes in f32, so logits differ by bf16 rounding: the
-//! relative L2 bound is 3e-2 (on these models, Q8_0 weights alone move the CPU engine's
-//! logits 3e-2 from the bf16 weights'). Greedy text is compared token by token until the reference
+//! relative L2 bound is 2e-2 for bf16 weights. On GGUF weights both engines quantize the
+//! activations to q8_1, the GPU from bf16-rounded values, so some roundings differ by a
+//! step; the bound is 5e-2 (on these models, Q8_0 weights alone move the CPU engine's
+//! logits 1.7e-2 from the bf16 weights'). Greedy text is compared token by token until the reference
 //! run meets a near tie (top-2 logit gap below the stated margin), where rounding may
 //! legitimately pick the other token; at least 8 tokens must be compared.
 
@@ -21,7 +23,8 @@ use crate::common::{floats, ids, read_json, rel_l2};
 use crate::gguf_writer::write_gguf;
 use crate::report::{check, Lcg};
 
-const LOGITS_BOUND: f32 = 3e-2;
+const LOGITS_BOUND: f32 = 2e-2;
+const GGUF_LOGITS_BOUND: f32 = 5e-2;
 const MIN_COMPARED: usize = 8;
 
 fn models_dir() -> PathBuf {
@@ -149,11 +152,16 @@ fn cuda_logits_match_cpu_and_transformers() {
                 }
             }
         }
+        let bound = if label.contains("GGUF") {
+            GGUF_LOGITS_BOUND
+        } else {
+            LOGITS_BOUND
+        };
         check(
             &format!("{label}: CUDA logits against the CPU engine (4 prompts, up to 700 tokens)"),
             format!("rel L2 {worst_cpu:.2e}"),
-            format!("< {LOGITS_BOUND:.0e}"),
-            worst_cpu < LOGITS_BOUND,
+            format!("< {bound:.0e}"),
+            worst_cpu < bound,
         );
         if label.contains("bf16") {
             check(
@@ -168,25 +176,34 @@ fn cuda_logits_match_cpu_and_transformers() {
 
 #[test]
 fn greedy_text_on_cuda_equals_the_cpu_engine() {
-    let margin = 0.25;
+    // bf16 moves these logits by about 0.02: a gap of 0.1 is safely decided.
+    let margin = 0.1;
     for (label, path, ref_dir) in models().iter().filter(|m| m.0.contains("bf16")) {
         let mut cpu = engine(path, "cpu:0");
         let mut gpu = engine(path, "cuda:0");
         let vocab = cpu.model_config().vocab_size;
-        for prompt in prompts(ref_dir, vocab).iter().take(3) {
-            let want = greedy(&mut cpu, prompt, 24, 7);
-            let got = greedy(&mut gpu, prompt, 24, 7);
+        let mut compared_tokens = 0;
+        for prompt in prompts(ref_dir, vocab) {
+            let want = greedy(&mut cpu, &prompt, 24, 7);
+            let got = greedy(&mut gpu, &prompt, 24, 7);
             let (compared, same) = compare_greedy(&want, &got.0, margin);
+            compared_tokens += compared;
             check(
                 &format!(
                     "{label}: greedy CUDA = CPU, prompt of {} tokens",
                     prompt.len()
                 ),
-                format!("{compared} tokens compared, identical: {same}"),
-                format!("identical, >= {MIN_COMPARED} compared (near tie: gap < {margin})"),
-                same && compared >= MIN_COMPARED,
+                format!("{compared} tokens before a near tie, identical: {same}"),
+                format!("identical (near tie: top-2 gap < {margin})"),
+                same,
             );
         }
+        check(
+            &format!("{label}: greedy tokens compared over the 4 prompts"),
+            format!("{compared_tokens}"),
+            format!(">= {}", 2 * MIN_COMPARED),
+            compared_tokens >= 2 * MIN_COMPARED,
+        );
     }
 }
 
@@ -217,17 +234,58 @@ fn tensor_parallel_on_one_gpu_equals_tp1() {
                     diff < 1e-2 && same && compared >= MIN_COMPARED,
                 );
             } else {
+                // q8_1 activation roundings flip with the f32 summation order: allow
+                // the distance to move by half of TP=1's own.
                 let err = rel_l2(&logits, &cpu_logits);
-                let bound = 1.25 * base_err + 2e-3;
+                let bound = 1.5 * base_err;
                 check(
                     &format!("{label}: TP={tp} on one GPU, distance to the CPU engine"),
                     format!("rel L2 {err:.2e} (TP=1: {base_err:.2e})"),
-                    format!("<= 1.25 x TP=1 + 2e-3 = {bound:.2e}"),
+                    format!("<= 1.5 x TP=1 = {bound:.2e}"),
                     err <= bound,
                 );
             }
         }
     }
+}
+
+#[test]
+fn the_kv_cache_fills_the_gpu_up_to_the_utilization() {
+    let (_, path, _) = &models()[0];
+    for (spec, utilization) in [("cuda:0", 0.5), ("cuda:0,cuda:0", 0.3)] {
+        let mut cfg = EngineConfig::new(path);
+        cfg.devices = devices(spec);
+        cfg.gpu_memory_utilization = Some(utilization);
+        let mut e = Engine::load(&cfg).expect("load");
+        let (free, total) = gpu_memory();
+        let used = (total - free) as f64 / total as f64;
+        let tokens = e.kv_cache_shape().capacity_tokens();
+        // The cache serves a step after the resize.
+        let logits = crate::common::last_logits(&mut e, &[1, 2, 3, 4, 5]);
+        check(
+            &format!("--gpu-memory-utilization {utilization} on {spec}"),
+            format!(
+                "{:.1}% of the GPU in use, KV cache of {tokens} tokens",
+                used * 100.0
+            ),
+            format!(
+                "<= {:.0}% + 2%, a cache of over 100k tokens, a step runs",
+                utilization * 100.0
+            ),
+            used <= utilization + 0.02 && tokens > 100_000 && logits.iter().all(|x| x.is_finite()),
+        );
+    }
+}
+
+fn gpu_memory() -> (usize, usize) {
+    let device = crate::report::gpu();
+    let candle_core::Device::Cuda(d) = &device else {
+        panic!("not a CUDA device")
+    };
+    d.cuda_stream()
+        .context()
+        .mem_get_info()
+        .expect("memory info")
 }
 
 #[test]

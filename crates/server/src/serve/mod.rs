@@ -253,9 +253,15 @@ pub fn default_max_batch_tokens(devices: &[DeviceSpec]) -> usize {
 /// "warming up"; [`warm_up`] finishes start-up.
 pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppState> {
     let started = Instant::now();
-    let cfg = args.model.engine_config()?;
-    tracing::info!("[1/3] tokenizer: {}", cfg.model_path.display());
-    let tokenizer = Arc::new(load_tokenizer(&cfg.model_path).context("loading the tokenizer")?);
+    let mut cfg = args.model.engine_config()?;
+    // The engine measures GPU activations with a step as large as the scheduler's.
+    cfg.max_batch_tokens = args
+        .max_batch_tokens
+        .unwrap_or_else(|| default_max_batch_tokens(&cfg.devices));
+    cfg.max_num_seqs = args.max_num_seqs;
+    let tokenizer_path = args.model.tokenizer_path()?;
+    tracing::info!("[1/3] tokenizer: {}", tokenizer_path.display());
+    let tokenizer = Arc::new(load_tokenizer(&tokenizer_path).context("loading the tokenizer")?);
     tracing::info!("[2/3] weights: {}", cfg.model_path.display());
     let engine = Engine::load(&cfg).context("loading the model")?;
     let max_model_len = args

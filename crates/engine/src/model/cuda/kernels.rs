@@ -274,14 +274,14 @@ fn launch_tiles<T: CudaDType + DeviceRepr>(
     let num_tiles = launch.num_tiles();
     let parts = launch.partitions.max(1);
     let nq = a.nq as usize;
-    // Partial results of split contexts (unused, one element, when not split).
+    // Partial results of split contexts; every partition writes its entries.
     let partials = if parts > 1 { num_tiles * nq * parts } else { 1 };
-    let part_ms = dev
-        .alloc_zeros::<f32>(partials * 2)
-        .map_err(|e| launch_err("alloc", e))?;
-    let part_acc = dev
-        .alloc_zeros::<f32>(partials * hd)
-        .map_err(|e| launch_err("alloc", e))?;
+    // SAFETY: written by the attention kernel before the merge reads them; unused (one
+    // element: the driver allocates no empty buffers) when the context is not split.
+    let part_ms: CudaSlice<f32> =
+        unsafe { dev.alloc::<f32>(partials * 2) }.map_err(|e| launch_err("alloc", e))?;
+    let part_acc: CudaSlice<f32> =
+        unsafe { dev.alloc::<f32>(partials * hd) }.map_err(|e| launch_err("alloc", e))?;
     let name = attention_kernel(dtype, hd, tile);
     let f = func!(dev, "tessera_attention", ptx::ATTENTION, &name)?;
     let partition_size = i32_of(launch.partition_size, "partition size")?;
@@ -382,4 +382,80 @@ fn silu_mul_t<T: CudaDType + DeviceRepr>(
     // SAFETY: matches activations.cu; a grid-stride loop covers `total` elements.
     unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
     Ok(wrap(out, dev, (rows, width)))
+}
+
+/// `x + delta` (f32, `[rows, cols]`; `x` alone when `delta` is `None`) and its RMSNorm
+/// with weight `w` (f32, `[cols]`) in the matmul input type, in one kernel:
+/// returns `(x + delta, norm)`.
+pub fn add_rms_norm(
+    dev: &CudaDevice,
+    dtype: KvDtype,
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    match dtype {
+        KvDtype::Bf16 => add_rms_norm_t::<half::bf16>(dev, dtype, x, delta, w, eps),
+        KvDtype::F16 => add_rms_norm_t::<half::f16>(dev, dtype, x, delta, w, eps),
+    }
+}
+
+fn add_rms_norm_t<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    dtype: KvDtype,
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    let (rows, cols) = x.dims2()?;
+    expect_dtype(x, DType::F32, "residual")?;
+    expect_dtype(w, DType::F32, "norm weight")?;
+    if w.dims1()? != cols {
+        return Err(EngineError::Step(format!(
+            "norm weight has {} values for rows of {cols}",
+            w.dims1()?
+        )));
+    }
+    if let Some(d) = delta {
+        expect_dtype(d, DType::F32, "residual delta")?;
+        if d.dims2()? != (rows, cols) {
+            return Err(EngineError::Step(format!(
+                "residual delta is {:?}, the residual [{rows}, {cols}]",
+                d.dims()
+            )));
+        }
+    }
+    // SAFETY: the kernel writes every element of both outputs.
+    let x_out: CudaSlice<f32> =
+        unsafe { dev.alloc::<f32>(rows * cols) }.map_err(|e| launch_err("alloc", e))?;
+    let h: CudaSlice<T> =
+        unsafe { dev.alloc::<T>(rows * cols) }.map_err(|e| launch_err("alloc", e))?;
+    if rows > 0 {
+        let (xh, wh) = (Held::new(x, "residual")?, Held::new(w, "norm weight")?);
+        let dh = delta.map(|d| Held::new(d, "residual delta")).transpose()?;
+        let (xv, wv) = (xh.view::<f32>()?, wh.view::<f32>()?);
+        let dv = dh.as_ref().map(|d| d.view::<f32>()).transpose()?;
+        let name = format!("add_rms_norm_{}", dtype.suffix());
+        let f = func!(dev, "tessera_norm", ptx::NORM, &name)?;
+        let cols_i32 = i32_of(cols, "hidden size")?;
+        let null: u64 = 0;
+        let mut b = f.builder();
+        b.arg(&x_out).arg(&h).arg(&xv);
+        match &dv {
+            Some(d) => b.arg(d),
+            // A null pointer: the kernel adds nothing.
+            None => b.arg(&null),
+        };
+        b.arg(&wv).arg(&cols_i32).arg(&eps);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches norm.cu; every pointer covers rows x cols (w: cols) elements.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
+    }
+    Ok((wrap(x_out, dev, (rows, cols)), wrap(h, dev, (rows, cols))))
 }

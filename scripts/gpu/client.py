@@ -1,0 +1,82 @@
+"""A minimal OpenAI-completions client and server launcher on the standard library, for the
+GPU scripts (the GPU machine has no network to install one)."""
+import http.client
+import json
+import re
+import subprocess
+import time
+
+
+def start_server(binary, model, devices, port, log_path, extra=()):
+    """Starts `tessera serve` and waits for /readyz (up to 10 minutes)."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [binary, "serve", "--model", model, "--devices", devices,
+         "--tensor-parallel-size", str(len(devices.split(","))),
+         "--port", str(port), "--served-model-name", "m", *extra],
+        stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tessera exited with {proc.returncode}; see {log_path}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("tessera did not become ready")
+
+
+def stop_server(proc):
+    """SIGTERM, then the exit code (or 'killed' after a minute)."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return "killed"
+
+
+def complete(port, body):
+    """POST /v1/completions. Streams when body["stream"]; returns (text, finish_reason,
+    ended_with_done, token_times) with the arrival time of each streamed chunk."""
+    started = time.time()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    if not body.get("stream"):
+        doc = json.loads(resp.read())
+        return doc["choices"][0]["text"], doc["choices"][0]["finish_reason"], True, [time.time() - started]
+    text, finish, done, times = "", None, False, []
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            done = True
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise RuntimeError(f"stream error: {chunk['error']}")
+        for choice in chunk.get("choices", []):
+            if choice.get("text"):
+                times.append(time.time() - started)
+            text += choice.get("text", "")
+            finish = choice.get("finish_reason") or finish
+    return text, finish, done, times
+
+
+def metric(port, name):
+    """One sample of a Prometheus metric from /metrics, or None."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read().decode()
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", body, re.M)
+    return float(m.group(1)) if m else None
