@@ -38,6 +38,11 @@ pub(crate) fn tensor_parallel(
     input_block: usize,
 ) -> Result<Placement> {
     let world = cfg.devices.len();
+    let devices = cfg
+        .devices
+        .iter()
+        .map(|d| d.open())
+        .collect::<Result<Vec<_>>>()?;
     let ratios = match &cfg.tensor_split {
         Some(r) if r.len() != world => {
             return Err(EngineError::Parallel(format!(
@@ -46,7 +51,7 @@ pub(crate) fn tensor_parallel(
             )))
         }
         Some(r) => r.clone(),
-        None => vec![1.0; world],
+        None => default_ratios(&cfg.devices, &devices)?,
     };
     let plan = ShardPlan::new(
         config,
@@ -65,11 +70,6 @@ pub(crate) fn tensor_parallel(
             s.vocab
         );
     }
-    let devices = cfg
-        .devices
-        .iter()
-        .map(|d| d.open())
-        .collect::<Result<Vec<_>>>()?;
     let shards = load_shards(source, &plan, &devices, 0..config.num_layers)?;
     settle_uploads(&devices)?;
     let comms = endpoints(cfg, &cfg.devices)?;
@@ -168,6 +168,33 @@ fn endpoints(cfg: &EngineConfig, devices: &[DeviceSpec]) -> Result<Vec<Box<dyn E
             }
         }
         _ => Ok(boxed(LocalComm::group(world, dtype, timeout))),
+    }
+}
+
+/// Shares of the ranks when none are given: equal on CPU ranks and on one shared GPU;
+/// across distinct GPUs, in proportion to each one's free memory (a GPU that is half
+/// taken by another process gets half the share), rounded by the plan to its granules.
+fn default_ratios(specs: &[DeviceSpec], devices: &[candle_core::Device]) -> Result<Vec<f64>> {
+    let distinct_gpus = specs.len() > 1
+        && specs.iter().all(|d| matches!(d, DeviceSpec::Cuda(_)))
+        && !DeviceSpec::shares_one_gpu(specs);
+    if !distinct_gpus {
+        return Ok(vec![1.0; specs.len()]);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let mut free = Vec::with_capacity(devices.len());
+        for (spec, d) in specs.iter().zip(devices) {
+            let (bytes, _total, _) = crate::gpu_memory::measure(d)?;
+            tracing::info!("{spec}: {} MiB free", bytes >> 20);
+            free.push(bytes);
+        }
+        Ok(crate::gpu_memory::split_by_free_memory(&free))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = devices;
+        Ok(vec![1.0; specs.len()])
     }
 }
 

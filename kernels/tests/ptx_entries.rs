@@ -1,0 +1,54 @@
+//! With the `cuda` feature (CI builds the PTX with nvcc but has no GPU): every kernel the
+//! launch planner can name is an entry of the PTX it loads, so no launch can ask a device
+//! for a kernel that was never compiled.
+#![cfg(feature = "cuda")]
+
+use tessera_kernels::gpu::launch::{
+    attention_kernel, merge_kernel, KvDtype, HEAD_DIMS, PREFILL_TILE,
+};
+use tessera_kernels::gpu::ptx;
+
+fn entries(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter_map(|l| l.split(".entry ").nth(1))
+        .map(|rest| rest.trim_end_matches('(').trim())
+        .collect()
+}
+
+#[test]
+fn every_kernel_the_planner_names_is_compiled() {
+    let attention = entries(ptx::ATTENTION);
+    for dtype in [KvDtype::Bf16, KvDtype::F16] {
+        for hd in HEAD_DIMS {
+            for tile in [1, PREFILL_TILE] {
+                let name = attention_kernel(dtype, hd, tile);
+                assert!(attention.contains(&name.as_str()), "{name} missing");
+            }
+            let name = merge_kernel(dtype, hd);
+            assert!(attention.contains(&name.as_str()), "{name} missing");
+        }
+        for (module, name) in [
+            (ptx::KV_WRITE, "rope_write_kv"),
+            (ptx::ACTIVATIONS, "silu_mul"),
+            (ptx::NORM, "add_rms_norm"),
+        ] {
+            let name = format!("{name}_{}", dtype.suffix());
+            assert!(entries(module).contains(&name.as_str()), "{name} missing");
+        }
+    }
+    // 2 dtypes x 5 head dims x (2 tiles + merge).
+    assert_eq!(attention.len(), 30);
+}
+
+#[test]
+fn the_ptx_targets_a_version_the_gpu_driver_loads() {
+    // nvcc 13.0 writes PTX ISA 9.0, which driver 580 (CUDA 13.0) loads; a newer
+    // toolkit's PTX would be refused by that driver at module load.
+    for module in [ptx::ATTENTION, ptx::KV_WRITE, ptx::ACTIVATIONS, ptx::NORM] {
+        let version = module
+            .lines()
+            .find_map(|l| l.strip_prefix(".version "))
+            .unwrap_or_default();
+        assert_eq!(version.trim(), "9.0", "PTX ISA version");
+    }
+}
