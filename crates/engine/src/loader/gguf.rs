@@ -111,7 +111,7 @@ fn check_supported(dtype: GgmlDType, name: &str) -> Result<()> {
 }
 
 /// Maps a canonical (Hugging Face) tensor name to its GGUF name.
-fn gguf_name(canonical: &str) -> Option<String> {
+pub fn gguf_name(canonical: &str) -> Option<String> {
     let fixed = match canonical {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),

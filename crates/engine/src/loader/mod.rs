@@ -16,7 +16,7 @@ use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 
 pub use cache::{cache_dir, default_model_path, DEFAULT_MODEL_FILE};
-pub use gguf::{GgufHeader, GgufSource};
+pub use gguf::{gguf_name, GgufHeader, GgufSource};
 pub use gguf_header::read_gguf_header;
 pub use matrix::Matrix;
 pub use safetensors::{tensors_from_bytes, SafetensorsSource};

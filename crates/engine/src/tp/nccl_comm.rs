@@ -238,6 +238,25 @@ impl NcclComm {
         })
     }
 
+    /// Every rank's `x` (all of one size) one after another along a new leading extent:
+    /// a tensor of `out_shape`.
+    fn gather_equal(&self, x: &Tensor, out_shape: Vec<usize>) -> Result<Tensor> {
+        let len = x.elem_count() * self.world;
+        self.run(
+            x,
+            len,
+            out_shape,
+            "all-gather",
+            |s, r, n, ty, comm, stream| {
+                // SAFETY: `n` elements sent and `n * world` received, of type `ty`, on this
+                // rank's device and stream.
+                unsafe { result::all_gather(s, r, n, ty, comm, stream) }
+                    .map(|_| ())
+                    .map_err(|e| nccl_err("all-gather", e))
+            },
+        )
+    }
+
     /// Waits for the queued work; aborts this rank's communicator when that fails.
     fn wait(&self) -> Result<()> {
         let deadline = Instant::now() + self.timeout;
@@ -305,18 +324,7 @@ impl Communicator for NcclComm {
         // NCCL gathers equal-sized buffers: share every rank's length along `dim`, pad
         // to the longest, gather along a leading axis, then cut the padding off.
         let mine = Tensor::from_vec(vec![x.dim(dim)? as u32], 1, &Device::Cuda(self.dev.clone()))?;
-        let lens = self.run(
-            &mine,
-            world,
-            vec![world],
-            "all-gather",
-            |s, r, n, ty, comm, stream| {
-                // SAFETY: `n` elements sent, `n * world` received, on this rank's stream.
-                unsafe { result::all_gather(s, r, n, ty, comm, stream) }
-                    .map(|_| ())
-                    .map_err(|e| nccl_err("all-gather", e))
-            },
-        )?;
+        let lens = self.gather_equal(&mine, vec![world])?;
         self.wait()?;
         let lens: Vec<usize> = lens
             .to_vec1::<u32>()?
@@ -332,20 +340,8 @@ impl Communicator for NcclComm {
         };
         let moved = padded.transpose(0, dim)?.contiguous()?;
         let mut shape = moved.dims().to_vec();
-        let per_rank = moved.elem_count();
         shape[0] = longest * world;
-        let all = self.run(
-            &moved,
-            per_rank * world,
-            shape,
-            "all-gather",
-            |s, r, n, ty, comm, stream| {
-                // SAFETY: as above.
-                unsafe { result::all_gather(s, r, n, ty, comm, stream) }
-                    .map(|_| ())
-                    .map_err(|e| nccl_err("all-gather", e))
-            },
-        )?;
+        let all = self.gather_equal(&moved, shape)?;
         let parts = lens
             .iter()
             .enumerate()

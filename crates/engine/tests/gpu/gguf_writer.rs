@@ -10,36 +10,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 use serde_json::Value as Json;
-
-fn gguf_name(hf: &str) -> Option<String> {
-    let fixed = match hf {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
-        "model.norm.weight" => Some("output_norm.weight"),
-        "lm_head.weight" => Some("output.weight"),
-        _ => None,
-    };
-    if let Some(n) = fixed {
-        return Some(n.into());
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let mapped = match suffix {
-        "input_layernorm.weight" => "attn_norm.weight",
-        "post_attention_layernorm.weight" => "ffn_norm.weight",
-        "self_attn.q_proj.weight" => "attn_q.weight",
-        "self_attn.k_proj.weight" => "attn_k.weight",
-        "self_attn.v_proj.weight" => "attn_v.weight",
-        "self_attn.o_proj.weight" => "attn_output.weight",
-        "self_attn.q_proj.bias" => "attn_q.bias",
-        "self_attn.k_proj.bias" => "attn_k.bias",
-        "self_attn.v_proj.bias" => "attn_v.bias",
-        "mlp.gate_proj.weight" => "ffn_gate.weight",
-        "mlp.up_proj.weight" => "ffn_up.weight",
-        "mlp.down_proj.weight" => "ffn_down.weight",
-        _ => return None,
-    };
-    Some(format!("blk.{layer}.{mapped}"))
-}
+use tessera_engine::loader::gguf_name;
 
 /// Rows of a query or key projection reordered from pairs (i, i + d/2) to (2i, 2i + 1).
 fn permute_rows(w: &Tensor, heads: usize) -> candle_core::Result<Tensor> {

@@ -28,6 +28,29 @@ macro_rules! func {
     };
 }
 
+/// `$body` with the type `$t` standing for the element type of `$dtype`.
+macro_rules! with_element {
+    ($dtype:expr, $t:ident => $body:block) => {
+        match $dtype {
+            KvDtype::Bf16 => {
+                type $t = half::bf16;
+                $body
+            }
+            KvDtype::F16 => {
+                type $t = half::f16;
+                $body
+            }
+        }
+    };
+}
+
+/// Checks that every tensor has the element type of `dtype`.
+fn expect_all(dtype: KvDtype, tensors: &[(&Tensor, &str)]) -> Result<()> {
+    tensors
+        .iter()
+        .try_for_each(|(t, what)| expect_dtype(t, candle_dtype(dtype), what))
+}
+
 fn i32_of(x: usize, what: &str) -> Result<i32> {
     i32::try_from(x)
         .map_err(|_| EngineError::Step(format!("{what} {x} does not fit a kernel argument")))
@@ -78,86 +101,67 @@ pub fn rope_write_kv(
     rope: &RopeTables,
     heads: HeadLayout,
 ) -> Result<()> {
-    match dtype {
-        KvDtype::Bf16 => {
-            rope_write_kv_t::<half::bf16>(dev, dtype, qkv, k_cache, v_cache, meta, rope, heads)
+    with_element!(dtype, T => {
+        expect_all(
+            dtype,
+            &[(qkv, "qkv"), (k_cache, "K cache"), (v_cache, "V cache")],
+        )?;
+        let (n, width) = qkv.dims2()?;
+        if width != heads.qkv_width() || n != meta.num_tokens {
+            return Err(EngineError::Step(format!(
+                "qkv is [{n}, {width}], expected [{}, {}]",
+                meta.num_tokens,
+                heads.qkv_width()
+            )));
         }
-        KvDtype::F16 => {
-            rope_write_kv_t::<half::f16>(dev, dtype, qkv, k_cache, v_cache, meta, rope, heads)
+        if n == 0 {
+            return Ok(());
         }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn rope_write_kv_t<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    dtype: KvDtype,
-    qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    meta: &StepMeta,
-    rope: &RopeTables,
-    heads: HeadLayout,
-) -> Result<()> {
-    let want = candle_dtype(dtype);
-    for (t, what) in [(qkv, "qkv"), (k_cache, "K cache"), (v_cache, "V cache")] {
-        expect_dtype(t, want, what)?;
-    }
-    let (n, width) = qkv.dims2()?;
-    if width != heads.qkv_width() || n != meta.num_tokens {
-        return Err(EngineError::Step(format!(
-            "qkv is [{n}, {width}], expected [{}, {}]",
-            meta.num_tokens,
-            heads.qkv_width()
-        )));
-    }
-    if n == 0 {
-        return Ok(());
-    }
-    let (qkv_h, k_h, v_h) = (
-        Held::new(qkv, "qkv")?,
-        Held::new(k_cache, "K cache")?,
-        Held::new(v_cache, "V cache")?,
-    );
-    let (cos_h, sin_h) = (
-        Held::new(&rope.cos, "rope cos")?,
-        Held::new(&rope.sin, "rope sin")?,
-    );
-    let (qkv_v, k_v, v_v) = (qkv_h.view::<T>()?, k_h.view::<T>()?, v_h.view::<T>()?);
-    let (cos_v, sin_v) = (cos_h.view::<f32>()?, sin_h.view::<f32>()?);
-    let meta_h = meta.held()?;
-    let positions = meta.positions(&meta_h)?;
-    let slots = meta.slots(&meta_h)?;
-    let name = format!("rope_write_kv_{}", dtype.suffix());
-    let f = func!(dev, "tessera_kv_write", ptx::KV_WRITE, &name)?;
-    let stride = i32_of(width, "qkv width")?;
-    let nq = i32_of(heads.num_q_heads, "query heads")?;
-    let nkv = i32_of(heads.num_kv_heads, "KV heads")?;
-    let hd = i32_of(heads.head_dim, "head dim")?;
-    let interleaved = i32::from(rope.interleaved);
-    let mut b = f.builder();
-    b.arg(&qkv_v)
-        .arg(&stride)
-        .arg(&k_v)
-        .arg(&v_v)
-        .arg(&positions)
-        .arg(&slots);
-    b.arg(&cos_v)
-        .arg(&sin_v)
-        .arg(&nq)
-        .arg(&nkv)
-        .arg(&hd)
-        .arg(&interleaved);
-    let cfg = LaunchConfig {
-        grid_dim: (n as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: the arguments match the kernel's signature in kv_write.cu; every index the
-    // kernel forms is within the buffers: token rows < n, slots < the cache's slots
-    // (checked by `Batch::from_plan`), positions < the RoPE table (likewise).
-    unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
-    Ok(())
+        let (qkv_h, k_h, v_h) = (
+            Held::new(qkv, "qkv")?,
+            Held::new(k_cache, "K cache")?,
+            Held::new(v_cache, "V cache")?,
+        );
+        let (cos_h, sin_h) = (
+            Held::new(&rope.cos, "rope cos")?,
+            Held::new(&rope.sin, "rope sin")?,
+        );
+        let (qkv_v, k_v, v_v) = (qkv_h.view::<T>()?, k_h.view::<T>()?, v_h.view::<T>()?);
+        let (cos_v, sin_v) = (cos_h.view::<f32>()?, sin_h.view::<f32>()?);
+        let meta_h = meta.held()?;
+        let positions = meta.positions(&meta_h)?;
+        let slots = meta.slots(&meta_h)?;
+        let name = format!("rope_write_kv_{}", dtype.suffix());
+        let f = func!(dev, "tessera_kv_write", ptx::KV_WRITE, &name)?;
+        let stride = i32_of(width, "qkv width")?;
+        let nq = i32_of(heads.num_q_heads, "query heads")?;
+        let nkv = i32_of(heads.num_kv_heads, "KV heads")?;
+        let hd = i32_of(heads.head_dim, "head dim")?;
+        let interleaved = i32::from(rope.interleaved);
+        let mut b = f.builder();
+        b.arg(&qkv_v)
+            .arg(&stride)
+            .arg(&k_v)
+            .arg(&v_v)
+            .arg(&positions)
+            .arg(&slots);
+        b.arg(&cos_v)
+            .arg(&sin_v)
+            .arg(&nq)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&interleaved);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match the kernel's signature in kv_write.cu; every index the
+        // kernel forms is within the buffers: token rows < n, slots < the cache's slots
+        // (checked by `Batch::from_plan`), positions < the RoPE table (likewise).
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
+        Ok(())
+    })
 }
 
 /// Attention of every token of the step over its sequence's cached context. `qkv` holds
@@ -172,72 +176,59 @@ pub fn paged_attention(
     meta: &StepMeta,
     heads: HeadLayout,
 ) -> Result<Tensor> {
-    match dtype {
-        KvDtype::Bf16 => attention_t::<half::bf16>(dev, dtype, qkv, k_cache, v_cache, meta, heads),
-        KvDtype::F16 => attention_t::<half::f16>(dev, dtype, qkv, k_cache, v_cache, meta, heads),
-    }
-}
-
-fn attention_t<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    dtype: KvDtype,
-    qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    meta: &StepMeta,
-    heads: HeadLayout,
-) -> Result<Tensor> {
-    let want = candle_dtype(dtype);
-    for (t, what) in [(qkv, "qkv"), (k_cache, "K cache"), (v_cache, "V cache")] {
-        expect_dtype(t, want, what)?;
-    }
-    let n = meta.num_tokens;
-    let (hd, nq) = (heads.head_dim, heads.num_q_heads);
-    let out_width = nq * hd;
-    // SAFETY: every row of the output is written: each token is in exactly one tile.
-    let out: CudaSlice<T> =
-        unsafe { dev.alloc::<T>(n * out_width) }.map_err(|e| launch_err("alloc", e))?;
-    if n == 0 {
-        return Ok(wrap(out, dev, (0, out_width)));
-    }
-    let held = [
-        Held::new(qkv, "qkv")?,
-        Held::new(k_cache, "K cache")?,
-        Held::new(v_cache, "V cache")?,
-    ];
-    let q_v = held[0].view::<T>()?;
-    let k_v = held[1].view::<T>()?;
-    let v_v = held[2].view::<T>()?;
-    let meta_h = meta.held()?;
-    let args = AttentionArgs {
-        positions: meta.positions(&meta_h)?,
-        seq_of_token: meta.seq_of_token(&meta_h)?,
-        block_tables: meta.block_tables(&meta_h)?,
-        kv_of_q: meta.kv_of_q(&meta_h)?,
-        max_blocks: i32_of(meta.max_blocks, "blocks per sequence")?,
-        q_stride: i32_of(heads.qkv_width(), "qkv width")?,
-        out_stride: i32_of(out_width, "output width")?,
-        nq: i32_of(nq, "query heads")?,
-        nkv: i32_of(heads.num_kv_heads, "KV heads")?,
-        block_size: i32_of(meta.block_size, "block size")?,
-        scale: 1.0 / (hd as f32).sqrt(),
-    };
-    for (launch, tile, tiles) in [
-        (&meta.plan.decode, 1, meta.decode_tiles(&meta_h)?),
-        (
-            &meta.plan.prefill,
-            PREFILL_TILE,
-            meta.prefill_tiles(&meta_h)?,
-        ),
-    ] {
-        if launch.is_empty() {
-            continue;
-        }
-        launch_tiles::<T>(
-            dev, dtype, hd, tile, launch, &tiles, &q_v, &k_v, &v_v, &out, &args,
+    with_element!(dtype, T => {
+        expect_all(
+            dtype,
+            &[(qkv, "qkv"), (k_cache, "K cache"), (v_cache, "V cache")],
         )?;
-    }
-    Ok(wrap(out, dev, (n, out_width)))
+        let n = meta.num_tokens;
+        let (hd, nq) = (heads.head_dim, heads.num_q_heads);
+        let out_width = nq * hd;
+        // SAFETY: every row of the output is written: each token is in exactly one tile.
+        let out: CudaSlice<T> =
+            unsafe { dev.alloc::<T>(n * out_width) }.map_err(|e| launch_err("alloc", e))?;
+        if n == 0 {
+            return Ok(wrap(out, dev, (0, out_width)));
+        }
+        let held = [
+            Held::new(qkv, "qkv")?,
+            Held::new(k_cache, "K cache")?,
+            Held::new(v_cache, "V cache")?,
+        ];
+        let q_v = held[0].view::<T>()?;
+        let k_v = held[1].view::<T>()?;
+        let v_v = held[2].view::<T>()?;
+        let meta_h = meta.held()?;
+        let args = AttentionArgs {
+            positions: meta.positions(&meta_h)?,
+            seq_of_token: meta.seq_of_token(&meta_h)?,
+            block_tables: meta.block_tables(&meta_h)?,
+            kv_of_q: meta.kv_of_q(&meta_h)?,
+            max_blocks: i32_of(meta.max_blocks, "blocks per sequence")?,
+            q_stride: i32_of(heads.qkv_width(), "qkv width")?,
+            out_stride: i32_of(out_width, "output width")?,
+            nq: i32_of(nq, "query heads")?,
+            nkv: i32_of(heads.num_kv_heads, "KV heads")?,
+            block_size: i32_of(meta.block_size, "block size")?,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        for (launch, tile, tiles) in [
+            (&meta.plan.decode, 1, meta.decode_tiles(&meta_h)?),
+            (
+                &meta.plan.prefill,
+                PREFILL_TILE,
+                meta.prefill_tiles(&meta_h)?,
+            ),
+        ] {
+            if launch.is_empty() {
+                continue;
+            }
+            launch_tiles::<T>(
+                dev, dtype, hd, tile, launch, &tiles, &q_v, &k_v, &v_v, &out, &args,
+            )?;
+        }
+        Ok(wrap(out, dev, (n, out_width)))
+    })
 }
 
 /// Arguments shared by the decode and prefill launches of one attention call.
@@ -341,47 +332,37 @@ pub fn silu_mul(
     gate_up: &Tensor,
     width: usize,
 ) -> Result<Tensor> {
-    match dtype {
-        KvDtype::Bf16 => silu_mul_t::<half::bf16>(dev, dtype, gate_up, width),
-        KvDtype::F16 => silu_mul_t::<half::f16>(dev, dtype, gate_up, width),
-    }
-}
-
-fn silu_mul_t<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    dtype: KvDtype,
-    gate_up: &Tensor,
-    width: usize,
-) -> Result<Tensor> {
-    expect_dtype(gate_up, candle_dtype(dtype), "gate/up")?;
-    let (rows, cols) = gate_up.dims2()?;
-    if cols != 2 * width {
-        return Err(EngineError::Step(format!(
-            "gate/up is {cols} wide, expected 2 x {width}"
-        )));
-    }
-    let total = rows * width;
-    // SAFETY: the kernel writes every one of the `total` elements.
-    let out: CudaSlice<T> = unsafe { dev.alloc::<T>(total) }.map_err(|e| launch_err("alloc", e))?;
-    if total == 0 {
-        return Ok(wrap(out, dev, (rows, width)));
-    }
-    let held = Held::new(gate_up, "gate/up")?;
-    let gu = held.view::<T>()?;
-    let name = format!("silu_mul_{}", dtype.suffix());
-    let f = func!(dev, "tessera_activations", ptx::ACTIVATIONS, &name)?;
-    let width_i32 = i32_of(width, "width")?;
-    let mut b = f.builder();
-    b.arg(&out).arg(&gu).arg(&width_i32).arg(&total);
-    let blocks = total.div_ceil(256).min(65_535) as u32;
-    let cfg = LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: matches activations.cu; a grid-stride loop covers `total` elements.
-    unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
-    Ok(wrap(out, dev, (rows, width)))
+    with_element!(dtype, T => {
+        expect_all(dtype, &[(gate_up, "gate/up")])?;
+        let (rows, cols) = gate_up.dims2()?;
+        if cols != 2 * width {
+            return Err(EngineError::Step(format!(
+                "gate/up is {cols} wide, expected 2 x {width}"
+            )));
+        }
+        let total = rows * width;
+        // SAFETY: the kernel writes every one of the `total` elements.
+        let out: CudaSlice<T> = unsafe { dev.alloc::<T>(total) }.map_err(|e| launch_err("alloc", e))?;
+        if total == 0 {
+            return Ok(wrap(out, dev, (rows, width)));
+        }
+        let held = Held::new(gate_up, "gate/up")?;
+        let gu = held.view::<T>()?;
+        let name = format!("silu_mul_{}", dtype.suffix());
+        let f = func!(dev, "tessera_activations", ptx::ACTIVATIONS, &name)?;
+        let width_i32 = i32_of(width, "width")?;
+        let mut b = f.builder();
+        b.arg(&out).arg(&gu).arg(&width_i32).arg(&total);
+        let blocks = total.div_ceil(256).min(65_535) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches activations.cu; a grid-stride loop covers `total` elements.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
+        Ok(wrap(out, dev, (rows, width)))
+    })
 }
 
 /// `x + delta` (f32, `[rows, cols]`; `x` alone when `delta` is `None`) and its RMSNorm
@@ -395,67 +376,55 @@ pub fn add_rms_norm(
     w: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, Tensor)> {
-    match dtype {
-        KvDtype::Bf16 => add_rms_norm_t::<half::bf16>(dev, dtype, x, delta, w, eps),
-        KvDtype::F16 => add_rms_norm_t::<half::f16>(dev, dtype, x, delta, w, eps),
-    }
-}
-
-fn add_rms_norm_t<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    dtype: KvDtype,
-    x: &Tensor,
-    delta: Option<&Tensor>,
-    w: &Tensor,
-    eps: f32,
-) -> Result<(Tensor, Tensor)> {
-    let (rows, cols) = x.dims2()?;
-    expect_dtype(x, DType::F32, "residual")?;
-    expect_dtype(w, DType::F32, "norm weight")?;
-    if w.dims1()? != cols {
-        return Err(EngineError::Step(format!(
-            "norm weight has {} values for rows of {cols}",
-            w.dims1()?
-        )));
-    }
-    if let Some(d) = delta {
-        expect_dtype(d, DType::F32, "residual delta")?;
-        if d.dims2()? != (rows, cols) {
+    with_element!(dtype, T => {
+        let (rows, cols) = x.dims2()?;
+        expect_dtype(x, DType::F32, "residual")?;
+        expect_dtype(w, DType::F32, "norm weight")?;
+        if w.dims1()? != cols {
             return Err(EngineError::Step(format!(
-                "residual delta is {:?}, the residual [{rows}, {cols}]",
-                d.dims()
+                "norm weight has {} values for rows of {cols}",
+                w.dims1()?
             )));
         }
-    }
-    // SAFETY: the kernel writes every element of both outputs.
-    let x_out: CudaSlice<f32> =
-        unsafe { dev.alloc::<f32>(rows * cols) }.map_err(|e| launch_err("alloc", e))?;
-    let h: CudaSlice<T> =
-        unsafe { dev.alloc::<T>(rows * cols) }.map_err(|e| launch_err("alloc", e))?;
-    if rows > 0 {
-        let (xh, wh) = (Held::new(x, "residual")?, Held::new(w, "norm weight")?);
-        let dh = delta.map(|d| Held::new(d, "residual delta")).transpose()?;
-        let (xv, wv) = (xh.view::<f32>()?, wh.view::<f32>()?);
-        let dv = dh.as_ref().map(|d| d.view::<f32>()).transpose()?;
-        let name = format!("add_rms_norm_{}", dtype.suffix());
-        let f = func!(dev, "tessera_norm", ptx::NORM, &name)?;
-        let cols_i32 = i32_of(cols, "hidden size")?;
-        let null: u64 = 0;
-        let mut b = f.builder();
-        b.arg(&x_out).arg(&h).arg(&xv);
-        match &dv {
-            Some(d) => b.arg(d),
-            // A null pointer: the kernel adds nothing.
-            None => b.arg(&null),
-        };
-        b.arg(&wv).arg(&cols_i32).arg(&eps);
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches norm.cu; every pointer covers rows x cols (w: cols) elements.
-        unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
-    }
-    Ok((wrap(x_out, dev, (rows, cols)), wrap(h, dev, (rows, cols))))
+        if let Some(d) = delta {
+            expect_dtype(d, DType::F32, "residual delta")?;
+            if d.dims2()? != (rows, cols) {
+                return Err(EngineError::Step(format!(
+                    "residual delta is {:?}, the residual [{rows}, {cols}]",
+                    d.dims()
+                )));
+            }
+        }
+        // SAFETY: the kernel writes every element of both outputs.
+        let x_out: CudaSlice<f32> =
+            unsafe { dev.alloc::<f32>(rows * cols) }.map_err(|e| launch_err("alloc", e))?;
+        let h: CudaSlice<T> =
+            unsafe { dev.alloc::<T>(rows * cols) }.map_err(|e| launch_err("alloc", e))?;
+        if rows > 0 {
+            let (xh, wh) = (Held::new(x, "residual")?, Held::new(w, "norm weight")?);
+            let dh = delta.map(|d| Held::new(d, "residual delta")).transpose()?;
+            let (xv, wv) = (xh.view::<f32>()?, wh.view::<f32>()?);
+            let dv = dh.as_ref().map(|d| d.view::<f32>()).transpose()?;
+            let name = format!("add_rms_norm_{}", dtype.suffix());
+            let f = func!(dev, "tessera_norm", ptx::NORM, &name)?;
+            let cols_i32 = i32_of(cols, "hidden size")?;
+            let null: u64 = 0;
+            let mut b = f.builder();
+            b.arg(&x_out).arg(&h).arg(&xv);
+            match &dv {
+                Some(d) => b.arg(d),
+                // A null pointer: the kernel adds nothing.
+                None => b.arg(&null),
+            };
+            b.arg(&wv).arg(&cols_i32).arg(&eps);
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matches norm.cu; every pointer covers rows x cols (w: cols) elements.
+            unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
+        }
+        Ok((wrap(x_out, dev, (rows, cols)), wrap(h, dev, (rows, cols))))
+    })
 }
