@@ -1,0 +1,44 @@
+"""Writes docs/gpu-verification.md from the log of scripts/test-gpu: the machine's facts,
+then one row per `GPU-CHECK | check | figure | bound` line of the log (which may follow
+other output on its line, as the test harness prints `test name ... ` before it).
+
+  python3 write_report.py LOG REPORT STATUS COMMIT GPU DRIVER CUDA NCCL
+"""
+import datetime
+import re
+import sys
+
+
+def cell(text):
+    return text.strip().replace("|", "\\|")
+
+
+def main():
+    log, report, status, commit, gpu, driver, cuda, nccl = sys.argv[1:9]
+    rows = []
+    for line in open(log, errors="replace"):
+        m = re.search(r"GPU-CHECK \| (.*)$", line.rstrip("\n"))
+        if m:
+            parts = m.group(1).split(" | ")
+            if len(parts) >= 3:
+                rows.append((parts[0], " | ".join(parts[1:-1]), parts[-1]))
+    failed = status != "0"
+    with open(report, "w") as out:
+        out.write("# GPU verification\n\n")
+        out.write(f"Written by `scripts/test-gpu` on {datetime.date.today()}. Binaries built by "
+                  f"`scripts/build-gpu` at commit `{commit}`.\n\n")
+        out.write("| | |\n|---|---|\n")
+        out.write(f"| device | {cell(gpu)} |\n| driver | {cell(driver)} |\n")
+        out.write(f"| CUDA (toolkit on the machine; binaries built with 13.0) | {cell(cuda)} |\n")
+        out.write(f"| NCCL (library loaded) | {cell(nccl)} |\n")
+        out.write(f"| result | {'FAILED' if failed else 'all checks passed'} ({len(rows)} checks) |\n\n")
+        out.write("| check | figure | bound |\n|---|---|---|\n")
+        for name, figure, bound in rows:
+            out.write(f"| {cell(name)} | {cell(figure)} | {cell(bound)} |\n")
+        out.write("\nMulti-GPU NCCL (world size above 1) has not run: these machines have one GPU.\n"
+                  "Tensor parallelism on one GPU runs the same sharded code through the same-GPU\n"
+                  "communicator.\n")
+
+
+if __name__ == "__main__":
+    main()
