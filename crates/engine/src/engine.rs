@@ -262,7 +262,14 @@ impl Engine {
     }
 
     /// Runs the batch on every rank; returns rank 0's logits `[rows * vocab]`.
-    pub fn forward(&mut self, batch: Batch) -> Result<Vec<f32>> {
+    pub fn forward(&mut self, mut batch: Batch) -> Result<Vec<f32>> {
+        batch.argmax_rows.clear();
+        Ok(self.forward_rows(batch)?.values)
+    }
+
+    /// Runs the batch on every rank; returns the sampled rows as the logits-returning
+    /// rank handed them back (rows in `batch.argmax_rows` may come as their arg-max).
+    fn forward_rows(&mut self, batch: Batch) -> Result<worker::StepLogits> {
         if let Some(reason) = &self.failed {
             return Err(EngineError::Step(format!(
                 "engine failed earlier: {reason}"
@@ -334,25 +341,41 @@ impl Engine {
         if plan.scheduled.is_empty() {
             return Ok(StepOutput::default());
         }
-        let batch = Batch::from_plan(
+        let mut batch = Batch::from_plan(
             plan,
             self.kv.block_size_tokens,
             self.kv.num_blocks,
             self.config.max_position_embeddings,
         )?;
-        let mut logits = self.forward(batch)?;
+        let unknown = |id: SeqId| EngineError::Step(format!("{id} was never announced"));
+        batch.argmax_rows = plan
+            .scheduled
+            .iter()
+            .filter(|c| c.sample)
+            .map(|c| {
+                let state = self.sequences.get(&c.id).ok_or_else(|| unknown(c.id))?;
+                Ok(state.sampler.needs_only_argmax())
+            })
+            .collect::<Result<_>>()?;
+        let mut logits = self.forward_rows(batch)?;
         let vocab = self.config.vocab_size;
+        let mut rows = logits.values.chunks_exact_mut(vocab.max(1));
         let mut samples = Vec::new();
         let sampled = plan.scheduled.iter().filter(|c| c.sample);
         for (row, chunk) in sampled.enumerate() {
             let state = self
                 .sequences
                 .get_mut(&chunk.id)
-                .ok_or_else(|| EngineError::Step(format!("{} was never announced", chunk.id)))?;
-            let row_logits = logits
-                .get_mut(row * vocab..(row + 1) * vocab)
-                .ok_or_else(|| EngineError::Step("fewer logit rows than samples".into()))?;
-            let (token, logprobs) = state.sampler.sample(row_logits);
+                .ok_or_else(|| unknown(chunk.id))?;
+            let (token, logprobs) = match logits.argmax.get(row).copied().flatten() {
+                Some(token) => (state.sampler.accept(token), None),
+                None => {
+                    let row_logits = rows
+                        .next()
+                        .ok_or_else(|| EngineError::Step("fewer logit rows than samples".into()))?;
+                    state.sampler.sample(row_logits)
+                }
+            };
             samples.push(SampledToken {
                 id: chunk.id,
                 token,

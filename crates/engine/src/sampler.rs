@@ -40,9 +40,27 @@ impl Sampler {
             self.draw(logits)
         };
         let logprobs = self.params.logprobs.map(|k| logprobs_of(logits, token, k));
+        (self.accept(token), logprobs)
+    }
+
+    /// True when the next token is the arg-max of the raw logits: greedy, with no bias,
+    /// no penalties and no log-probabilities to report. The device may then reduce the
+    /// row itself and hand over only the token ([`Sampler::accept`]).
+    pub fn needs_only_argmax(&self) -> bool {
+        let p = &self.params;
+        p.is_greedy()
+            && p.logprobs.is_none()
+            && p.logit_bias.is_empty()
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+    }
+
+    /// Records `token`, chosen elsewhere as the arg-max, as this sequence's next token.
+    pub fn accept(&mut self, token: u32) -> u32 {
         self.seen.insert(token);
         *self.counts.entry(token).or_default() += 1;
-        (token, logprobs)
+        token
     }
 
     /// Logit bias and penalties: the distribution the model's choice is made from.

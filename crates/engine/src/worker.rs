@@ -16,8 +16,50 @@ use crate::model::{Batch, LlamaShard, RankCache};
 use crate::stats::{RankStats, TimedComm};
 use crate::tp::{Communicator, Endpoint};
 
-/// Logits of the sampled rows, `[rows, vocab]` row-major (rank 0 only).
-pub(crate) type StepResult = Result<Option<Vec<f32>>>;
+/// What the rank that returns logits hands back for the step's sampled rows.
+#[derive(Debug, Default)]
+pub(crate) struct StepLogits {
+    /// The logits of the rows that need them (`argmax[i]` is `None`), in row order,
+    /// `vocab` values each.
+    pub values: Vec<f32>,
+    /// Per sampled row, the arg-max token when the device reduced the row to it.
+    pub argmax: Vec<Option<u32>>,
+}
+
+/// `Some` from the rank that returns logits, `None` from the others.
+pub(crate) type StepResult = Result<Option<StepLogits>>;
+
+/// The sampled rows' logits on the host. On a GPU, rows that need only their arg-max
+/// (`batch.argmax_rows`) are reduced there: copying every row's logits (64 rows of a
+/// 128k vocabulary are 33 MB a step) and scanning them on one host thread cost more than
+/// the forward pass itself.
+fn logits_to_host(logits: &Tensor, batch: &Batch) -> Result<StepLogits> {
+    let rows = logits.dim(0)?;
+    let reduce: Vec<bool> = (0..rows)
+        .map(|r| batch.argmax_rows.get(r).copied().unwrap_or(false))
+        .collect();
+    if !logits.device().is_cuda() || !reduce.contains(&true) {
+        return Ok(StepLogits {
+            values: logits.flatten_all()?.to_vec1::<f32>()?,
+            argmax: vec![None; rows],
+        });
+    }
+    let ids = logits.argmax(1)?.to_vec1::<u32>()?;
+    let full: Vec<u32> = (0..rows as u32).filter(|r| !reduce[*r as usize]).collect();
+    let values = if full.is_empty() {
+        Vec::new()
+    } else {
+        let index = Tensor::from_slice(&full, full.len(), logits.device())?;
+        logits
+            .index_select(&index, 0)?
+            .flatten_all()?
+            .to_vec1::<f32>()?
+    };
+    Ok(StepLogits {
+        values,
+        argmax: (0..rows).map(|r| reduce[r].then(|| ids[r])).collect(),
+    })
+}
 
 /// Test-only fault injection: make a rank fail in a chosen way on a chosen step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,11 +253,7 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
             out
         }));
         let result = match outcome {
-            Ok(Ok(Some(logits))) if returns_logits => logits
-                .flatten_all()
-                .and_then(|t| t.to_vec1::<f32>())
-                .map(Some)
-                .map_err(EngineError::from),
+            Ok(Ok(Some(logits))) if returns_logits => logits_to_host(&logits, &batch).map(Some),
             Ok(Ok(_)) => Ok(None),
             Ok(Err(e)) => Err(e),
             Err(panic) => {

@@ -25,6 +25,10 @@ pub struct Batch {
     pub seqs: Vec<BatchSeq>,
     /// Flattened rows whose logits are wanted, one per sampled sequence, in plan order.
     pub sample_rows: Vec<usize>,
+    /// Per sample row, whether only its arg-max is needed (plain greedy sampling): a GPU
+    /// rank then reduces the row on the device instead of copying its logits. Empty:
+    /// every row's logits.
+    pub argmax_rows: Vec<bool>,
 }
 
 impl Batch {

@@ -396,6 +396,7 @@ mod tests {
                 block_table: table.clone(),
             }],
             sample_rows: vec![n - 1],
+            argmax_rows: vec![],
         };
         let mut layer = std::mem::take(&mut cache.layers);
         write_kv(&mut layer[0], &cache, &batch, &k, &v);

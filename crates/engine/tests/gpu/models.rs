@@ -16,8 +16,8 @@ use std::sync::OnceLock;
 
 use candle_core::quantized::GgmlDType;
 use tessera_engine::model::batch::Batch;
-use tessera_engine::{DeviceSpec, Engine, EngineConfig};
-use tessera_protocol::{Executor, ScheduledChunk, SeqId, StepPlan};
+use tessera_engine::{generate, DeviceSpec, Engine, EngineConfig, GenerateOptions};
+use tessera_protocol::{Executor, SamplingParams, ScheduledChunk, SeqId, StepPlan};
 
 use crate::common::{floats, ids, read_json, rel_l2};
 use crate::gguf_writer::write_gguf;
@@ -186,6 +186,20 @@ fn greedy_text_on_cuda_equals_the_cpu_engine() {
         for prompt in prompts(ref_dir, vocab) {
             let want = greedy(&mut cpu, &prompt, 24, 7);
             let got = greedy(&mut gpu, &prompt, 24, 7);
+            // The serving path: the GPU reduces greedy rows to their arg-max itself.
+            let opts = GenerateOptions {
+                max_tokens: 24,
+                sampling: SamplingParams::greedy(),
+                stop_token_ids: vec![],
+                prefill_chunk: 7,
+            };
+            let served = generate(&mut gpu, &prompt, &opts, |_| {}).expect("generate");
+            check(
+                &format!("{label}: arg-max on the GPU = arg-max of the copied logits, prompt of {} tokens", prompt.len()),
+                format!("identical: {}", served == got.0),
+                "identical".into(),
+                served == got.0,
+            );
             let (compared, same) = compare_greedy(&want, &got.0, margin);
             compared_tokens += compared;
             check(
