@@ -15,7 +15,7 @@ use crate::device::DeviceSpec;
 use crate::device_map::LayerMap;
 use crate::error::{EngineError, Result};
 use crate::loader;
-use crate::model::{Batch, KvCache, RankCache};
+use crate::model::{Batch, RankCache};
 use crate::placement;
 use crate::sampler::Sampler;
 use crate::stats::EngineStats;
@@ -125,8 +125,8 @@ impl Engine {
             .members
             .iter()
             .map(|m| {
-                kv_bytes_per_token(
-                    m.device,
+                RankCache::bytes_per_token(
+                    matches!(m.device, DeviceSpec::Cuda(_)),
                     m.layers.len(),
                     m.shard.num_local_kv_heads(),
                     config.head_dim,
@@ -383,24 +383,6 @@ impl Engine {
             });
         }
         Ok(StepOutput { samples })
-    }
-}
-
-/// KV bytes per token of a member: f32 on CPU, bf16 on CUDA.
-fn kv_bytes_per_token(
-    device: DeviceSpec,
-    layers: usize,
-    kv_heads: usize,
-    head_dim: usize,
-) -> usize {
-    match device {
-        DeviceSpec::Cpu(_) => KvCache::bytes_per_token(layers, kv_heads, head_dim),
-        #[cfg(feature = "cuda")]
-        DeviceSpec::Cuda(_) => {
-            crate::model::cuda::CudaKvCache::bytes_per_token(layers, kv_heads, head_dim)
-        }
-        #[cfg(not(feature = "cuda"))]
-        DeviceSpec::Cuda(_) => KvCache::bytes_per_token(layers, kv_heads, head_dim),
     }
 }
 

@@ -16,6 +16,17 @@ pub enum RankCache {
 }
 
 impl RankCache {
+    /// KV bytes per token of a rank's cache (K and V, every layer): f32 values on CPU,
+    /// 16-bit ones on a GPU.
+    pub fn bytes_per_token(on_gpu: bool, layers: usize, kv_heads: usize, head_dim: usize) -> usize {
+        let value = if on_gpu {
+            2
+        } else {
+            std::mem::size_of::<f32>()
+        };
+        2 * layers * kv_heads * head_dim * value
+    }
+
     /// A cache of `num_blocks` blocks for `shard` on its device. A CUDA cache is zeroed on
     /// the calling thread's stream, which is synchronized before it returns: the worker
     /// that uses the cache may run on another thread, another stream.
@@ -38,7 +49,7 @@ impl RankCache {
                 block_size,
                 kv_heads,
                 head_dim,
-                tessera_kernels::gpu::launch::KvDtype::Bf16,
+                crate::model::cuda::ACTIVATIONS,
             )?;
             shard.device().synchronize()?;
             return Ok(RankCache::Cuda(cache));
@@ -52,15 +63,12 @@ impl RankCache {
     pub fn block_bytes(&self) -> usize {
         match self {
             RankCache::Cpu(c) => {
-                KvCache::bytes_per_token(c.layers.len(), c.num_kv_heads, c.head_dim) * c.block_size
+                Self::bytes_per_token(false, c.layers.len(), c.num_kv_heads, c.head_dim)
+                    * c.block_size
             }
             #[cfg(feature = "cuda")]
             RankCache::Cuda(c) => {
-                crate::model::cuda::CudaKvCache::bytes_per_token(
-                    c.k.len(),
-                    c.num_kv_heads,
-                    c.head_dim,
-                ) * c.block_size
+                Self::bytes_per_token(true, c.k.len(), c.num_kv_heads, c.head_dim) * c.block_size
             }
         }
     }
@@ -106,11 +114,6 @@ impl KvCache {
             num_kv_heads,
             head_dim,
         }
-    }
-
-    /// Bytes per token per rank for a model shard (K and V, every layer, f32).
-    pub fn bytes_per_token(num_layers: usize, num_kv_heads: usize, head_dim: usize) -> usize {
-        2 * num_layers * num_kv_heads * head_dim * std::mem::size_of::<f32>()
     }
 
     /// Index in a layer's key buffer of `(block, kv_head)`: `head_dim` rows of

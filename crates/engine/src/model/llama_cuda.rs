@@ -7,7 +7,6 @@
 //! for the all-reduce. Nothing leaves the device but the sampled rows' logits.
 
 use candle_core::{DType, Device, Tensor};
-use tessera_kernels::gpu::launch::KvDtype;
 
 use super::LlamaShard;
 use crate::error::{EngineError, Result};
@@ -15,7 +14,7 @@ use crate::model::batch::Batch;
 use crate::model::cuda::buffers::cuda_device;
 use crate::model::cuda::kernels::{self, HeadLayout, RopeTables};
 use crate::model::cuda::step_meta::StepMeta;
-use crate::model::cuda::CudaKvCache;
+use crate::model::cuda::{CudaKvCache, ACTIVATIONS};
 use crate::model::rope::RopeTable;
 use crate::model::step_meta::PackedMeta;
 use crate::tp::Communicator;
@@ -27,7 +26,6 @@ pub(crate) struct GpuParts {
     rope: RopeTables,
     kv_of_q: Vec<u32>,
     target_blocks: usize,
-    dtype: KvDtype,
 }
 
 impl GpuParts {
@@ -49,7 +47,6 @@ impl GpuParts {
             },
             kv_of_q: kv_of_q.iter().map(|k| *k as u32).collect(),
             target_blocks: 2 * sms.max(1) as usize,
-            dtype: KvDtype::Bf16,
         })
     }
 }
@@ -74,7 +71,7 @@ impl LlamaShard {
         let gpu = self.gpu()?;
         let dev = cuda_device(&self.device)?;
         let eps = self.config.rms_norm_eps as f32;
-        let act = kernels::candle_dtype(gpu.dtype);
+        let act = kernels::candle_dtype(ACTIVATIONS);
         let heads = HeadLayout {
             num_q_heads: self.shard.q_heads.len(),
             num_kv_heads: self.shard.kv_heads.len(),
@@ -94,27 +91,34 @@ impl LlamaShard {
         };
         let x = x.to_dtype(DType::F32)?.contiguous()?;
         let (mut x, mut h) =
-            kernels::add_rms_norm(dev, gpu.dtype, &x, None, &first.attn_norm, eps)?;
+            kernels::add_rms_norm(dev, ACTIVATIONS, &x, None, &first.attn_norm, eps)?;
         for (i, block) in self.blocks.iter().enumerate() {
             // Attention half, on h = norm(x).
             let qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
             let (k_cache, v_cache) = (&cache.k[i], &cache.v[i]);
             kernels::rope_write_kv(
-                dev, gpu.dtype, &qkv, k_cache, v_cache, &meta, &gpu.rope, heads,
+                dev,
+                ACTIVATIONS,
+                &qkv,
+                k_cache,
+                v_cache,
+                &meta,
+                &gpu.rope,
+                heads,
             )?;
             let attn =
-                kernels::paged_attention(dev, gpu.dtype, &qkv, k_cache, v_cache, &meta, heads)?;
+                kernels::paged_attention(dev, ACTIVATIONS, &qkv, k_cache, v_cache, &meta, heads)?;
             let o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
-            (x, h) = kernels::add_rms_norm(dev, gpu.dtype, &x, Some(&o), &block.ffn_norm, eps)?;
+            (x, h) = kernels::add_rms_norm(dev, ACTIVATIONS, &x, Some(&o), &block.ffn_norm, eps)?;
             // MLP half.
             let gate_up = block.gate_up.forward_fused(&h)?.to_dtype(act)?;
             let width = block.gate_up.widths().first().copied().unwrap_or(0);
-            let a = kernels::silu_mul(dev, gpu.dtype, &gate_up, width)?;
+            let a = kernels::silu_mul(dev, ACTIVATIONS, &gate_up, width)?;
             let d = comm.all_reduce_sum(&block.down.forward_f32(&a)?)?;
             match self.blocks.get(i + 1) {
                 Some(next) => {
                     (x, h) =
-                        kernels::add_rms_norm(dev, gpu.dtype, &x, Some(&d), &next.attn_norm, eps)?
+                        kernels::add_rms_norm(dev, ACTIVATIONS, &x, Some(&d), &next.attn_norm, eps)?
                 }
                 None => x = (x + d)?,
             }
@@ -129,13 +133,12 @@ impl LlamaShard {
         batch: &Batch,
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
-        let gpu = self.gpu()?;
         let eps = self.config.rms_norm_eps as f32;
         let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();
         let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
         let last = x.index_select(&rows, 0)?;
         let last = candle_nn::ops::rms_norm(&last.contiguous()?, &self.norm, eps)?
-            .to_dtype(kernels::candle_dtype(gpu.dtype))?;
+            .to_dtype(kernels::candle_dtype(ACTIVATIONS))?;
         let logits = self.lm_head.forward_f32(&last)?;
         comm.all_gather(&logits, 1)
     }

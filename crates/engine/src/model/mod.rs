@@ -23,9 +23,10 @@ use candle_core::{DType, Device};
 /// CPU (our kernels and candle's fast CPU paths), bf16 on CUDA (cuBLAS tensor cores;
 /// results accumulate in f32).
 pub(crate) fn compute_dtype(device: &Device) -> DType {
+    #[cfg(feature = "cuda")]
     if device.is_cuda() {
-        DType::BF16
-    } else {
-        DType::F32
+        return cuda::kernels::candle_dtype(cuda::ACTIVATIONS);
     }
+    let _ = device;
+    DType::F32
 }

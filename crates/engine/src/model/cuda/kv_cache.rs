@@ -55,9 +55,4 @@ impl CudaKvCache {
             dtype,
         })
     }
-
-    /// Bytes per token per rank (K and V, every layer).
-    pub fn bytes_per_token(num_layers: usize, num_kv_heads: usize, head_dim: usize) -> usize {
-        2 * num_layers * num_kv_heads * head_dim * 2
-    }
 }

@@ -9,3 +9,8 @@ pub mod kv_cache;
 pub mod step_meta;
 
 pub use kv_cache::CudaKvCache;
+
+/// The element type of a CUDA rank's matmul inputs and KV cache. The kernels take f16
+/// as well; nothing chooses it yet.
+pub const ACTIVATIONS: tessera_kernels::gpu::launch::KvDtype =
+    tessera_kernels::gpu::launch::KvDtype::Bf16;
