@@ -16,4 +16,5 @@ mod gguf_writer;
 mod kernels;
 mod models;
 mod nccl;
+mod profile;
 mod report;
