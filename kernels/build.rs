@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: [&str; 4] = ["attention", "kv_write", "activations", "norm"];
+const SOURCES: [&str; 5] = ["attention", "kv_write", "activations", "norm", "argmax"];
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda");

@@ -76,6 +76,15 @@ __device__ __forceinline__ void attention_tile(
 #pragma unroll
     for (int k = 0; k < EPT; ++k) acc[k] = 0.f;
 
+    // Decode (QT == 1): G lanes per key, KPW keys per warp, KPB keys per block in flight.
+    constexpr int G = HD / 8;
+    constexpr int KPW = G <= 32 ? 32 / G : 1;
+    constexpr int KPB = KPW * NWARPS;
+    const int kk = lane / G, g8 = lane % G;
+    float acc8[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc8[u] = 0.f;
+
     const uint32_t* table = block_tables + (size_t)seq_of_token[t0] * max_blocks;
     const size_t row_stride = (size_t)nkv * HD;
     const size_t head_offset = (size_t)kv_of_q[head] * HD;
@@ -129,6 +138,26 @@ __device__ __forceinline__ void attention_tile(
         }
         __syncthreads();
         // 3. Weighted values.
+        if constexpr (QT == 1) {
+            // Keys spread over warps and lanes, 8 dimensions per lane (one 16-byte load):
+            // a decoding token's chunk is KPB keys at a time instead of one.
+            if (kk < KPW) {
+                const float r = r_s[0];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) acc8[u] *= r;
+                for (int c = warp * KPW + kk; c < n_keys; c += KPB) {
+                    const int j = c0 + c;
+                    const size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
+                    float vf[8];
+                    load8(v_cache + slot * row_stride + head_offset + g8 * 8, vf);
+                    const float p = sc[0][c];
+#pragma unroll
+                    for (int u = 0; u < 8; ++u) acc8[u] = fmaf(p, vf[u], acc8[u]);
+                }
+            }
+            __syncthreads();
+            continue;
+        }
 #pragma unroll
         for (int k = 0; k < EPT; ++k) {
             const int e = tid + k * NT;
@@ -146,6 +175,33 @@ __device__ __forceinline__ void attention_tile(
         __syncthreads();
     }
 
+    if constexpr (QT == 1) {
+        // Sum the key groups' partial outputs per dimension.
+        __shared__ float red[KPB][HD];
+        if (kk < KPW) {
+#pragma unroll
+            for (int u = 0; u < 8; ++u) red[warp * KPW + kk][g8 * 8 + u] = acc8[u];
+        }
+        __syncthreads();
+        for (int d = tid; d < HD; d += NT) {
+            float a = 0.f;
+#pragma unroll
+            for (int k = 0; k < KPB; ++k) a += red[k][d];
+            if (num_parts == 1) {
+                const float l = l_s[0];
+                out[(size_t)t0 * out_stride + (size_t)head * HD + d] =
+                    from_float<T>(l > 0.f ? a / l : 0.f);
+            } else {
+                const size_t base = ((size_t)tile * nq + head) * num_parts + part;
+                part_acc[base * HD + d] = a;
+                if (d == 0) {
+                    part_ms[base * 2] = m_s[0];
+                    part_ms[base * 2 + 1] = l_s[0];
+                }
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
         const int e = tid + k * NT;

@@ -17,34 +17,29 @@ __device__ __forceinline__ void rope_write(
     const uint32_t* __restrict__ positions, const uint32_t* __restrict__ slots,
     const float* __restrict__ cos_table, const float* __restrict__ sin_table,
     int nq, int nkv, int hd, int interleaved) {
+    // Grid (tokens, items / blockDim): thread e of a token rotates the e-th (head, pair)
+    // of its queries and keys and copies its e-th value element, so a decode step's
+    // single token is spread over many blocks instead of looping in one.
     const int t = blockIdx.x;
+    const int e = blockIdx.y * blockDim.x + threadIdx.x;
     const int half = hd / 2;
     const size_t pos = positions[t];
     const size_t slot = slots[t];
     T* row = qkv + (size_t)t * qkv_stride;
-    const float* c = cos_table + pos * half;
-    const float* s = sin_table + pos * half;
-    T* k_dst = k_cache + slot * nkv * hd;
-    for (int e = threadIdx.x; e < (nq + nkv) * half; e += blockDim.x) {
+    if (e < (nq + nkv) * half) {
         const int h = e / half, i = e % half;
         const int ia = interleaved ? 2 * i : i;
         const int ib = interleaved ? 2 * i + 1 : i + half;
         T* x = row + (size_t)h * hd;
+        const float c = cos_table[pos * half + i], s = sin_table[pos * half + i];
         const float a = to_float(x[ia]), b = to_float(x[ib]);
-        const float ra = a * c[i] - b * s[i];
-        const float rb = a * s[i] + b * c[i];
-        if (h < nq) {
-            x[ia] = from_float<T>(ra);
-            x[ib] = from_float<T>(rb);
-        } else {
-            T* k = k_dst + (size_t)(h - nq) * hd;
-            k[ia] = from_float<T>(ra);
-            k[ib] = from_float<T>(rb);
-        }
+        const float ra = a * c - b * s;
+        const float rb = a * s + b * c;
+        T* dst = h < nq ? x : k_cache + (slot * nkv + (size_t)(h - nq)) * hd;
+        dst[ia] = from_float<T>(ra);
+        dst[ib] = from_float<T>(rb);
     }
-    const T* v = row + (size_t)(nq + nkv) * hd;
-    T* v_dst = v_cache + slot * nkv * hd;
-    for (int e = threadIdx.x; e < nkv * hd; e += blockDim.x) v_dst[e] = v[e];
+    if (e < nkv * hd) v_cache[slot * nkv * hd + e] = row[(size_t)(nq + nkv) * hd + e];
 }
 
 }  // namespace

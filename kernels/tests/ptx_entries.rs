@@ -36,6 +36,7 @@ fn every_kernel_the_planner_names_is_compiled() {
             assert!(entries(module).contains(&name.as_str()), "{name} missing");
         }
     }
+    assert!(entries(ptx::ARGMAX).contains(&"argmax_rows_f32"));
     // 2 dtypes x 5 head dims x (2 tiles + merge).
     assert_eq!(attention.len(), 30);
 }
@@ -44,7 +45,13 @@ fn every_kernel_the_planner_names_is_compiled() {
 fn the_ptx_targets_a_version_the_gpu_driver_loads() {
     // nvcc 13.0 writes PTX ISA 9.0, which driver 580 (CUDA 13.0) loads; a newer
     // toolkit's PTX would be refused by that driver at module load.
-    for module in [ptx::ATTENTION, ptx::KV_WRITE, ptx::ACTIVATIONS, ptx::NORM] {
+    for module in [
+        ptx::ATTENTION,
+        ptx::KV_WRITE,
+        ptx::ACTIVATIONS,
+        ptx::NORM,
+        ptx::ARGMAX,
+    ] {
         let version = module
             .lines()
             .find_map(|l| l.strip_prefix(".version "))

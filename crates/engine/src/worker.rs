@@ -44,6 +44,12 @@ fn logits_to_host(logits: &Tensor, batch: &Batch) -> Result<StepLogits> {
             argmax: vec![None; rows],
         });
     }
+    #[cfg(feature = "cuda")]
+    let ids = match logits.device() {
+        candle_core::Device::Cuda(dev) => crate::model::cuda::kernels::argmax_rows(dev, logits)?,
+        _ => logits.argmax(1)?.to_vec1::<u32>()?,
+    };
+    #[cfg(not(feature = "cuda"))]
     let ids = logits.argmax(1)?.to_vec1::<u32>()?;
     let full: Vec<u32> = (0..rows as u32).filter(|r| !reduce[*r as usize]).collect();
     let values = if full.is_empty() {

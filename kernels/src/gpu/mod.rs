@@ -16,4 +16,6 @@ pub mod ptx {
     pub const ACTIVATIONS: &str = include_str!(concat!(env!("OUT_DIR"), "/activations.ptx"));
     /// `add_rms_norm_{bf16,f16}`: residual add and RMSNorm in one pass.
     pub const NORM: &str = include_str!(concat!(env!("OUT_DIR"), "/norm.ptx"));
+    /// `argmax_rows_f32`: the arg-max of each row of f32 logits.
+    pub const ARGMAX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
 }

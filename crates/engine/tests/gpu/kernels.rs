@@ -6,7 +6,8 @@ use candle_core::{DType, Device, Tensor};
 use tessera_engine::model::batch::{Batch, BatchSeq};
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
-    add_rms_norm, candle_dtype, paged_attention, rope_write_kv, silu_mul, HeadLayout, RopeTables,
+    add_rms_norm, argmax_rows, candle_dtype, paged_attention, rope_write_kv, silu_mul, HeadLayout,
+    RopeTables,
 };
 use tessera_engine::model::cuda::step_meta::StepMeta;
 use tessera_engine::model::rope::RopeTable;
@@ -340,7 +341,9 @@ fn silu_mul_and_f32_gemm_match_the_reference() {
 fn add_rms_norm_matches_the_reference() {
     let device = gpu();
     let mut rng = Lcg(17);
-    for (rows, cols) in [(1, 4096), (37, 384), (5, 5120)] {
+    // Rows held in registers (4096, 5120), wider than the registers hold (20000), and not a
+    // multiple of 4 wide (1001: the scalar path).
+    for (rows, cols) in [(1, 4096), (37, 384), (5, 5120), (3, 20000), (2, 1001)] {
         let x: Vec<f32> = rng.values(rows * cols).iter().map(|v| 3.0 * v).collect();
         let d = rng.values(rows * cols);
         let w: Vec<f32> = rng.values(cols).iter().map(|v| 1.0 + 0.1 * v).collect();
@@ -374,5 +377,38 @@ fn add_rms_norm_matches_the_reference() {
                 sum_err == 0.0 && h_err < 2e-2,
             );
         }
+    }
+}
+
+#[test]
+fn argmax_rows_matches_the_host_sampler() {
+    let device = gpu();
+    let mut rng = Lcg(23);
+    for (rows, cols) in [(1, 128_256), (7, 151_936), (3, 1000), (2, 5)] {
+        let mut logits = rng.values(rows * cols);
+        // Plant ties for the maximum in some rows: the lowest index must win.
+        for r in (0..rows).step_by(2) {
+            let (a, b) = (rng.below(cols), rng.below(cols));
+            logits[r * cols + a] = 7.0;
+            logits[r * cols + b] = 7.0;
+        }
+        let got = argmax_rows(
+            cuda(&device),
+            &upload(&logits, &[rows, cols], DType::F32, &device),
+        )
+        .expect("argmax");
+        let want: Vec<u32> = logits
+            .chunks(cols)
+            .map(tessera_engine::sampler::argmax)
+            .collect();
+        check(
+            &format!("arg-max of {rows} rows of {cols}"),
+            format!(
+                "{} of {rows} rows agree",
+                got.iter().zip(&want).filter(|(a, b)| a == b).count()
+            ),
+            "all, lowest index on ties".into(),
+            got == want,
+        );
     }
 }

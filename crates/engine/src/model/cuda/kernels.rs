@@ -16,6 +16,12 @@ use crate::error::{EngineError, Result};
 use crate::model::cuda::buffers::{expect_dtype, wrap, Held};
 use crate::model::cuda::step_meta::StepMeta;
 
+/// Most threads of an `add_rms_norm` block (norm.cu's launch bound).
+const NORM_MAX_THREADS: usize = 1024;
+/// Threads of an `argmax_rows_f32` block (argmax.cu), and the columns each block scans.
+const ARGMAX_THREADS: u32 = 256;
+const ARGMAX_COLS_PER_BLOCK: usize = 4096;
+
 fn launch_err(what: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::Step(format!("CUDA kernel {what}: {e}"))
 }
@@ -151,8 +157,11 @@ pub fn rope_write_kv(
             .arg(&nkv)
             .arg(&hd)
             .arg(&interleaved);
+        // One thread per rotated (head, pair) and per value element of a token.
+        let items = ((heads.num_q_heads + heads.num_kv_heads) * heads.head_dim / 2)
+            .max(heads.num_kv_heads * heads.head_dim);
         let cfg = LaunchConfig {
-            grid_dim: (n as u32, 1, 1),
+            grid_dim: (n as u32, items.div_ceil(128) as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -417,9 +426,11 @@ pub fn add_rms_norm(
                 None => b.arg(&null),
             };
             b.arg(&wv).arg(&cols_i32).arg(&eps);
+            // One float4 per thread where the row allows (norm.cu), in whole warps.
+            let threads = (cols.div_ceil(4).div_ceil(32) * 32).clamp(32, NORM_MAX_THREADS);
             let cfg = LaunchConfig {
                 grid_dim: (rows as u32, 1, 1),
-                block_dim: (256, 1, 1),
+                block_dim: (threads as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: matches norm.cu; every pointer covers rows x cols (w: cols) elements.
@@ -427,4 +438,43 @@ pub fn add_rms_norm(
         }
         Ok((wrap(x_out, dev, (rows, cols)), wrap(h, dev, (rows, cols))))
     })
+}
+
+/// The arg-max column of each row of f32 `logits` (`[rows, cols]`), the lowest index
+/// winning ties as in the host sampler; rows whose values are all NaN give 0.
+pub fn argmax_rows(dev: &CudaDevice, logits: &Tensor) -> Result<Vec<u32>> {
+    expect_dtype(logits, DType::F32, "logits")?;
+    let (rows, cols) = logits.dims2()?;
+    if rows == 0 || cols == 0 {
+        return Ok(vec![0; rows]);
+    }
+    let cols_i32 = i32_of(cols, "vocabulary size")?;
+    let per_block = ARGMAX_COLS_PER_BLOCK.min(cols);
+    let per_block_i32 = i32_of(per_block, "columns per block")?;
+    let stream = dev.cuda_stream();
+    let keys: CudaSlice<u64> = stream
+        .alloc_zeros::<u64>(rows)
+        .map_err(|e| launch_err("alloc", e))?;
+    let held = Held::new(logits, "logits")?;
+    let lv = held.view::<f32>()?;
+    let name = "argmax_rows_f32";
+    let f = func!(dev, "tessera_argmax", ptx::ARGMAX, name)?;
+    let mut b = f.builder();
+    b.arg(&keys).arg(&lv).arg(&cols_i32).arg(&per_block_i32);
+    let cfg = LaunchConfig {
+        grid_dim: (cols.div_ceil(per_block) as u32, rows as u32, 1),
+        block_dim: (ARGMAX_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: matches argmax.cu; `keys` holds one zeroed key per row and every block reads
+    // columns below `cols` of its own row.
+    unsafe { b.launch(cfg) }.map_err(|e| launch_err(name, e))?;
+    let keys = stream
+        .clone_dtoh(&keys)
+        .map_err(|e| launch_err("copy to host", e))?;
+    // The low half of a key is the complement of its column; 0 means no value beat NaN.
+    Ok(keys
+        .iter()
+        .map(|k| if *k == 0 { 0 } else { !(*k as u32) })
+        .collect())
 }
