@@ -30,6 +30,8 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// Attention Q/K/V projections carry a bias (qwen2).
     pub attention_bias: bool,
+    /// Each query and key head is RMS-normalized (weights of `head_dim`) before RoPE (qwen3).
+    pub qk_norm: bool,
     /// The LM head reuses the token embedding.
     pub tie_word_embeddings: bool,
 }
@@ -102,7 +104,7 @@ const MAX_CONTEXT: usize = 1 << 21;
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
         "llama" | "mistral" => Ok(RopeStyle::Interleaved),
-        "qwen2" => Ok(RopeStyle::Half),
+        "qwen2" | "qwen3" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -164,6 +166,7 @@ impl HfConfig {
             "llama" | "LlamaForCausalLM" => ("llama", false),
             "mistral" | "MistralForCausalLM" => ("mistral", false),
             "qwen2" | "Qwen2ForCausalLM" => ("qwen2", true),
+            "qwen3" | "Qwen3ForCausalLM" => ("qwen3", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         if let Some(scaling) = &self.rope_scaling {
@@ -214,6 +217,7 @@ impl HfConfig {
             rope_style: RopeStyle::Half,
             max_position_embeddings: self.max_position_embeddings,
             attention_bias: self.attention_bias.unwrap_or(default_bias),
+            qk_norm: architecture == "qwen3",
             tie_word_embeddings: self.tie_word_embeddings,
         };
         config.validate()?;
@@ -240,6 +244,7 @@ mod tests {
             rope_style: RopeStyle::Interleaved,
             max_position_embeddings: 8192,
             attention_bias: false,
+            qk_norm: false,
             tie_word_embeddings: true,
         }
     }

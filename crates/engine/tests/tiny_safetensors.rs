@@ -1,6 +1,8 @@
 //! Dense Hugging Face folders (random tiny models written by transformers) against
-//! transformers' own float32 logits: a sharded f32 llama with tied embeddings, and a
-//! bf16 qwen2 with QKV bias and an untied head.
+//! transformers' own float32 logits: a sharded f32 llama with tied embeddings, a bf16
+//! qwen2 with QKV bias and an untied head, and an f32 qwen3 with per-head query/key norms
+//! (at TP = 1..4: 6 query heads and 2 KV heads split unevenly from TP = 4 on), also
+//! from the same weights in a GGUF file.
 
 mod common;
 
@@ -9,9 +11,13 @@ use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
 use tessera_protocol::SamplingParams;
 
 fn check(model: &str, tp: usize, tolerance: f32) {
-    let dir = fixtures().join(model);
-    let reference = read_json(dir.join("reference.json"));
-    let mut engine = Engine::load(&EngineConfig::new(&dir).with_cpu_ranks(tp)).expect("load");
+    check_file(model, &fixtures().join(model), tp, tolerance);
+}
+
+/// The model file or folder `path` against the transformers reference of `model`.
+fn check_file(model: &str, path: &std::path::Path, tp: usize, tolerance: f32) {
+    let reference = read_json(fixtures().join(model).join("reference.json"));
+    let mut engine = Engine::load(&EngineConfig::new(path).with_cpu_ranks(tp)).expect("load");
     for case in reference["cases"].as_array().expect("cases") {
         let prompt = ids(&case["input_ids"]);
         let want = floats(&case["last_logits"]);
@@ -55,4 +61,22 @@ fn tiny_llama_sharded_f32_matches_transformers() {
 #[test]
 fn tiny_qwen2_bf16_matches_transformers() {
     check("tiny-qwen2", 1, 1e-5);
+}
+
+/// Per-head q/k RMSNorm, head_dim unlike hidden / heads, tied head; every TP size, with the
+/// heads split unevenly (and KV heads replicated) at 4 ranks.
+#[test]
+fn tiny_qwen3_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-qwen3", tp, 1e-5);
+    }
+}
+
+/// The same weights as a GGUF file laid out as llama.cpp lays out qwen3 (f32 tensors).
+#[test]
+fn tiny_qwen3_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-qwen3.gguf");
+    for tp in 1..=4 {
+        check_file("tiny-qwen3", &path, tp, 1e-5);
+    }
 }

@@ -133,6 +133,8 @@ pub fn gguf_name(canonical: &str) -> Option<String> {
         "self_attn.q_proj.bias" => "attn_q.bias",
         "self_attn.k_proj.bias" => "attn_k.bias",
         "self_attn.v_proj.bias" => "attn_v.bias",
+        "self_attn.q_norm.weight" => "attn_q_norm.weight",
+        "self_attn.k_norm.weight" => "attn_k_norm.weight",
         "mlp.gate_proj.weight" => "ffn_gate.weight",
         "mlp.up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
@@ -280,6 +282,7 @@ fn config_from_metadata(md: &HashMap<String, Value>) -> Result<ModelConfig> {
         rope_style,
         max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
         attention_bias: arch == "qwen2",
+        qk_norm: arch == "qwen3",
         tie_word_embeddings: false,
     };
     config.validate()?;

@@ -101,6 +101,18 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     }
 }
 
+/// RMSNorm of each head of `x` in place: `x` holds whole heads of `w.len()` values (the
+/// queries or keys of a step, `[tokens, heads, head_dim]`), each normalized on its own
+/// with the shared weight `w` (Qwen3's per-head query/key norm).
+pub fn rms_norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
+    let hd = w.len().max(1);
+    let mut normed = vec![0f32; hd];
+    for head in x.chunks_exact_mut(hd) {
+        rms_norm_row(head, w, eps, &mut normed);
+        head.copy_from_slice(&normed);
+    }
+}
+
 /// `x + delta`.
 pub fn add(x: &Tensor, delta: &Tensor) -> Result<Tensor> {
     let (n, h) = x.dims2()?;

@@ -1,6 +1,7 @@
-//! The llama family (Llama, Mistral, SmolLM2, Qwen2) as one tensor-parallel shard.
+//! The llama family (Llama, Mistral, SmolLM2, Qwen2, Qwen3) as one tensor-parallel shard.
 //!
-//! Per layer: RMSNorm → fused QKV (column-parallel) → RoPE → paged attention over this
+//! Per layer: RMSNorm → fused QKV (column-parallel) → (Qwen3: RMSNorm of each query and
+//! key head) → RoPE → paged attention over this
 //! rank's heads → o_proj (row-parallel) → all-reduce → residual; RMSNorm → fused gate/up
 //! (column-parallel) → SiLU·up → down (row-parallel) → all-reduce → residual. The
 //! embedding is mirrored (a lookup is cheaper than any collective); the LM head is split
@@ -30,10 +31,20 @@ mod cuda;
 struct Block {
     attn_norm: Tensor,
     qkv: ColumnParallel,
+    /// Per-head RMSNorm weights of queries and keys (`head_dim` each), where the model has
+    /// them; the same on every rank, since each head is normalized on its own.
+    qk_norm: Option<HeadNorms>,
     o_proj: Linear,
     ffn_norm: Tensor,
     gate_up: ColumnParallel,
     down: Linear,
+}
+
+/// Weights of the per-head query and key RMSNorm (Qwen3), on the host.
+#[derive(Debug, Clone)]
+struct HeadNorms {
+    q: Vec<f32>,
+    k: Vec<f32>,
 }
 
 /// One rank's part of the model. Owned by that rank's worker thread.
@@ -71,6 +82,13 @@ pub fn load_shards(
     let (h, hd) = (config.hidden_size, config.head_dim);
     if devices.iter().any(Device::is_cuda) {
         tessera_kernels::gpu::launch::check_head_dim(hd).map_err(EngineError::Config)?;
+        if config.qk_norm {
+            return Err(EngineError::Config(format!(
+                "{}: the per-head query/key norm runs on CPU ranks only so far; \
+                 serve this model with CPU devices",
+                config.architecture
+            )));
+        }
     }
     let started = Instant::now();
     let embedding = source.embedding()?;
@@ -133,6 +151,25 @@ pub fn load_shards(
             .chain([&o, &down])
             .map(Matrix::size_bytes)
             .sum::<usize>();
+        let qk_norm = if config.qk_norm {
+            let norm = |s: &str| -> Result<Vec<f32>> {
+                let v = source.vector(&name(s))?;
+                if v.dims1()? != hd {
+                    return Err(EngineError::ShapeMismatch {
+                        name: name(s),
+                        expected: vec![hd],
+                        found: v.dims().to_vec(),
+                    });
+                }
+                Ok(v.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+            };
+            Some(HeadNorms {
+                q: norm("self_attn.q_norm.weight")?,
+                k: norm("self_attn.k_norm.weight")?,
+            })
+        } else {
+            None
+        };
         let attn_norm = source.vector(&name("input_layernorm.weight"))?;
         let ffn_norm = source.vector(&name("post_attention_layernorm.weight"))?;
         for (rank, dev) in devices.iter().enumerate() {
@@ -146,6 +183,7 @@ pub fn load_shards(
                     dev,
                     "qkv",
                 )?,
+                qk_norm: qk_norm.clone(),
                 o_proj: row_parallel(&o, &o_split, rank, dev)?,
                 ffn_norm: ffn_norm.to_device(dev)?,
                 gate_up: ColumnParallel::load(&gate_up, None, &gu_split, rank, dev, "gate_up")?,
@@ -265,6 +303,10 @@ impl LlamaShard {
                     block.qkv.forward_vecs(&h)?.try_into().map_err(|_| {
                         EngineError::Parallel("qkv: expected three segments".into())
                     })?;
+                if let Some(norms) = &block.qk_norm {
+                    cpu_ops::rms_norm_heads(&mut q, &norms.q, eps);
+                    cpu_ops::rms_norm_heads(&mut k, &norms.k, eps);
+                }
                 for (t, &pos) in batch.positions.iter().enumerate() {
                     self.rope.apply(&mut q[t * nq * hd..(t + 1) * nq * hd], pos);
                     self.rope
