@@ -13,6 +13,28 @@ pub enum RopeStyle {
     Half,
 }
 
+/// The activation of the gated MLP: `act(gate) · up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// SiLU (llama, qwen).
+    #[default]
+    Silu,
+    /// GELU, tanh approximation (`gelu_pytorch_tanh`: gemma).
+    GeluTanh,
+}
+
+/// Sliding-window attention: layers marked in `layers` attend to their last `window`
+/// positions only (a token at position p sees keys p - window + 1 ..= p) and rotate with
+/// their own RoPE base.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    pub window: usize,
+    /// Per decoder layer: whether it is a sliding-window layer.
+    pub layers: Vec<bool>,
+    /// RoPE base of the sliding-window layers.
+    pub rope_theta: f32,
+}
+
 /// Architecture hyper-parameters that the forward pass and the shard plan need.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -30,8 +52,21 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// Attention Q/K/V projections carry a bias (qwen2).
     pub attention_bias: bool,
-    /// Each query and key head is RMS-normalized (weights of `head_dim`) before RoPE (qwen3).
+    /// Each query and key head is RMS-normalized (weights of `head_dim`) before RoPE
+    /// (qwen3, gemma3).
     pub qk_norm: bool,
+    /// Gemma's layer: RMSNorm also after attention and after the MLP (before each
+    /// residual add), and the MLP's own input norm named `pre_feedforward_layernorm`.
+    pub sandwich_norms: bool,
+    /// Added to every RMSNorm weight at load: gemma checkpoints store `w - 1` and scale by
+    /// `1 + w` (its GGUF files have the 1 added already).
+    pub norm_weight_offset: f32,
+    /// Token embeddings are multiplied by this (gemma: √hidden).
+    pub embed_scale: Option<f32>,
+    /// Attention scores are multiplied by this; `None`: 1/√head_dim.
+    pub attention_scale: Option<f32>,
+    pub activation: Activation,
+    pub sliding_window: Option<SlidingWindow>,
     /// The LM head reuses the token embedding.
     pub tie_word_embeddings: bool,
 }
@@ -79,6 +114,22 @@ impl ModelConfig {
                 return fail(format!("{name} {value} is above the supported {max}"));
             }
         }
+        if let Some(sw) = &self.sliding_window {
+            if sw.window == 0 || sw.layers.len() != self.num_layers {
+                return fail(format!(
+                    "sliding window of {} over {} layer types for {} layers",
+                    sw.window,
+                    sw.layers.len(),
+                    self.num_layers
+                ));
+            }
+            if !(sw.rope_theta.is_finite() && sw.rope_theta > 0.0) {
+                return fail(format!(
+                    "sliding-window rope theta {} must be positive",
+                    sw.rope_theta
+                ));
+            }
+        }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return fail(format!("rope theta {} must be positive", self.rope_theta));
         }
@@ -104,7 +155,7 @@ const MAX_CONTEXT: usize = 1 << 21;
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
         "llama" | "mistral" => Ok(RopeStyle::Interleaved),
-        "qwen2" | "qwen3" => Ok(RopeStyle::Half),
+        "qwen2" | "qwen3" | "gemma3" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -143,9 +194,29 @@ pub(crate) struct HfConfig {
     #[serde(default)]
     attention_bias: Option<bool>,
     #[serde(default)]
-    tie_word_embeddings: bool,
+    tie_word_embeddings: Option<bool>,
     #[serde(default)]
     rope_scaling: Option<serde_json::Value>,
+    // Gemma 3.
+    #[serde(default)]
+    hidden_activation: Option<String>,
+    #[serde(default)]
+    query_pre_attn_scalar: Option<f64>,
+    #[serde(default)]
+    sliding_window: Option<usize>,
+    #[serde(default)]
+    sliding_window_pattern: Option<usize>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    /// transformers 4's RoPE base of gemma's sliding-window layers.
+    #[serde(default)]
+    rope_local_base_freq: Option<f32>,
+    #[serde(default)]
+    final_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    attn_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    use_bidirectional_attention: bool,
 }
 
 fn default_eps() -> f64 {
@@ -167,6 +238,7 @@ impl HfConfig {
             "mistral" | "MistralForCausalLM" => ("mistral", false),
             "qwen2" | "Qwen2ForCausalLM" => ("qwen2", true),
             "qwen3" | "Qwen3ForCausalLM" => ("qwen3", false),
+            "gemma3_text" | "Gemma3ForCausalLM" => ("gemma3", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         if let Some(scaling) = &self.rope_scaling {
@@ -178,7 +250,12 @@ impl HfConfig {
         }
         let unsupported =
             |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
-        if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
+        let gemma = architecture == "gemma3";
+        if let Some(act) = self
+            .hidden_act
+            .as_deref()
+            .filter(|a| *a != "silu" && !gemma)
+        {
             return unsupported(format!("hidden_act '{act}'"));
         }
         if self.use_sliding_window {
@@ -188,7 +265,7 @@ impl HfConfig {
             return unsupported("mlp_bias".into());
         }
         let mut rope_theta = self.rope_theta.unwrap_or(10_000.0);
-        if let Some(params) = &self.rope_parameters {
+        if let (false, Some(params)) = (gemma, &self.rope_parameters) {
             if let Some(kind) = params
                 .get("rope_type")
                 .and_then(|t| t.as_str())
@@ -203,7 +280,12 @@ impl HfConfig {
         let head_dim = self
             .head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
-        let config = ModelConfig {
+        let gemma_parts = if gemma {
+            Some(self.gemma3(head_dim)?)
+        } else {
+            None
+        };
+        let mut config = ModelConfig {
             architecture: architecture.to_string(),
             vocab_size: self.vocab_size,
             hidden_size: self.hidden_size,
@@ -218,11 +300,120 @@ impl HfConfig {
             max_position_embeddings: self.max_position_embeddings,
             attention_bias: self.attention_bias.unwrap_or(default_bias),
             qk_norm: architecture == "qwen3",
-            tie_word_embeddings: self.tie_word_embeddings,
+            sandwich_norms: false,
+            norm_weight_offset: 0.0,
+            embed_scale: None,
+            attention_scale: None,
+            activation: Activation::Silu,
+            sliding_window: None,
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(gemma),
         };
+        if let Some(g) = gemma_parts {
+            config.rope_theta = g.rope_theta;
+            config.qk_norm = true;
+            config.sandwich_norms = true;
+            config.norm_weight_offset = 1.0;
+            config.embed_scale = Some((self.hidden_size as f32).sqrt());
+            config.attention_scale = g.attention_scale;
+            config.activation = Activation::GeluTanh;
+            config.sliding_window = Some(g.sliding);
+        }
         config.validate()?;
         Ok(config)
     }
+
+    /// Gemma 3's RoPE bases (full and sliding layers), window, layer pattern and scaling.
+    fn gemma3(&self, head_dim: usize) -> Result<GemmaParts> {
+        let unsupported =
+            |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
+        for (name, cap) in [
+            ("final_logit_softcapping", self.final_logit_softcapping),
+            ("attn_logit_softcapping", self.attn_logit_softcapping),
+        ] {
+            if cap.is_some_and(|c| c != 0.0) {
+                return unsupported(name.to_string());
+            }
+        }
+        if self.use_bidirectional_attention {
+            return unsupported("use_bidirectional_attention".into());
+        }
+        if let Some(act) = self
+            .hidden_activation
+            .as_deref()
+            .filter(|a| *a != "gelu_pytorch_tanh")
+        {
+            return unsupported(format!("hidden_activation '{act}'"));
+        }
+        // transformers 5: rope_parameters per layer type; 4: rope_theta and
+        // rope_local_base_freq (with rope_scaling for the full-attention layers).
+        let mut theta = [
+            self.rope_theta.unwrap_or(1_000_000.0),
+            self.rope_local_base_freq.unwrap_or(10_000.0),
+        ];
+        if let Some(params) = &self.rope_parameters {
+            for (i, kind) in ["full_attention", "sliding_attention"].iter().enumerate() {
+                let Some(p) = params.get(kind) else { continue };
+                if let Some(t) = p
+                    .get("rope_type")
+                    .and_then(|t| t.as_str())
+                    .filter(|t| *t != "default")
+                {
+                    return unsupported(format!("rope_parameters.{kind}.rope_type '{t}'"));
+                }
+                if let Some(t) = p.get("rope_theta").and_then(|t| t.as_f64()) {
+                    theta[i] = t as f32;
+                }
+            }
+        }
+        let window = self
+            .sliding_window
+            .ok_or_else(|| EngineError::Config("gemma3 config has no sliding_window".into()))?;
+        let layers: Vec<bool> = match &self.layer_types {
+            Some(types) => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "sliding_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(EngineError::Config(format!(
+                        "layer_types entry '{other}' is not supported"
+                    ))),
+                })
+                .collect::<Result<_>>()?,
+            None => gemma3_sliding_layers(
+                self.num_hidden_layers,
+                self.sliding_window_pattern
+                    .unwrap_or(GEMMA3_SLIDING_PATTERN),
+            ),
+        };
+        Ok(GemmaParts {
+            rope_theta: theta[0],
+            attention_scale: Some(
+                1.0 / self.query_pre_attn_scalar.unwrap_or(head_dim as f64).sqrt() as f32,
+            ),
+            sliding: SlidingWindow {
+                window,
+                layers,
+                rope_theta: theta[1],
+            },
+        })
+    }
+}
+
+/// What a gemma3 config adds to the llama layout.
+struct GemmaParts {
+    rope_theta: f32,
+    attention_scale: Option<f32>,
+    sliding: SlidingWindow,
+}
+
+/// Gemma 3 alternates five sliding-window layers with one global layer.
+pub(crate) const GEMMA3_SLIDING_PATTERN: usize = 6;
+
+/// Which of `layers` layers slide when every `pattern`-th layer is global.
+pub(crate) fn gemma3_sliding_layers(layers: usize, pattern: usize) -> Vec<bool> {
+    (0..layers)
+        .map(|i| pattern != 0 && (i + 1) % pattern != 0)
+        .collect()
 }
 
 #[cfg(test)]
@@ -245,6 +436,12 @@ mod tests {
             max_position_embeddings: 8192,
             attention_bias: false,
             qk_norm: false,
+            sandwich_norms: false,
+            norm_weight_offset: 0.0,
+            embed_scale: None,
+            attention_scale: None,
+            activation: Activation::Silu,
+            sliding_window: None,
             tie_word_embeddings: true,
         }
     }

@@ -2,7 +2,9 @@
 //! transformers' own float32 logits: a sharded f32 llama with tied embeddings, a bf16
 //! qwen2 with QKV bias and an untied head, and an f32 qwen3 with per-head query/key norms
 //! (at TP = 1..4: 6 query heads and 2 KV heads split unevenly from TP = 4 on), also
-//! from the same weights in a GGUF file.
+//! from the same weights in a GGUF file; and an f32 gemma3 (sliding-window layers with
+//! their own RoPE base, sandwich norms stored as `w - 1`, GELU MLP, scaled embeddings,
+//! one KV head replicated under TP), from safetensors and GGUF.
 
 mod common;
 
@@ -78,5 +80,24 @@ fn tiny_qwen3_gguf_matches_transformers_at_every_tp_size() {
     let path = fixtures().join("tiny-qwen3.gguf");
     for tp in 1..=4 {
         check_file("tiny-qwen3", &path, tp, 1e-5);
+    }
+}
+
+/// Gemma 3: a window of 8 positions in five of six layers (the 20- and 60-token prompts
+/// reach past it), one KV head for 4 query heads (TP = 3 splits them 2/1/1).
+#[test]
+fn tiny_gemma3_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-gemma3", tp, 1e-5);
+    }
+}
+
+/// The same weights as llama.cpp writes gemma3 (norms with the 1 added, every sixth layer
+/// global).
+#[test]
+fn tiny_gemma3_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-gemma3.gguf");
+    for tp in 1..=4 {
+        check_file("tiny-gemma3", &path, tp, 1e-5);
     }
 }

@@ -11,7 +11,10 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 
-use crate::config::{gguf_rope_style, ModelConfig};
+use crate::config::{
+    gemma3_sliding_layers, gguf_rope_style, Activation, ModelConfig, SlidingWindow,
+    GEMMA3_SLIDING_PATTERN,
+};
 use crate::error::{EngineError, Result};
 use crate::loader::gguf_header::{read_gguf_header, tensor_bytes};
 use crate::loader::{Embedding, Matrix, TensorSource};
@@ -143,8 +146,29 @@ pub fn gguf_name(canonical: &str) -> Option<String> {
     Some(format!("blk.{layer}.{mapped}"))
 }
 
-fn resolve(canonical: &str) -> Result<String> {
-    gguf_name(canonical).ok_or_else(|| EngineError::MissingTensor(canonical.to_string()))
+/// The GGUF name of `canonical` in a file of architecture `arch`: gemma's layers have
+/// four norms, and its `post_attention_layernorm` is the one after attention, not the
+/// MLP's input norm that llama's name means.
+fn resolve(arch: &str, canonical: &str) -> Result<String> {
+    let gemma = if arch == "gemma3" {
+        canonical
+            .strip_prefix("model.layers.")
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(layer, suffix)| {
+                let mapped = match suffix {
+                    "post_attention_layernorm.weight" => "post_attention_norm.weight",
+                    "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
+                    "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
+                    _ => return None,
+                };
+                Some(format!("blk.{layer}.{mapped}"))
+            })
+    } else {
+        None
+    };
+    gemma
+        .or_else(|| gguf_name(canonical))
+        .ok_or_else(|| EngineError::MissingTensor(canonical.to_string()))
 }
 
 impl TensorSource for GgufSource {
@@ -153,7 +177,7 @@ impl TensorSource for GgufSource {
     }
 
     fn matrix(&self, name: &str) -> Result<Matrix> {
-        let gname = resolve(name)?;
+        let gname = resolve(&self.config.architecture, name)?;
         let (dtype, dims, data) = self.raw(&gname, name)?;
         let [rows, cols] = dims[..] else {
             return Err(EngineError::ShapeMismatch {
@@ -186,7 +210,7 @@ impl TensorSource for GgufSource {
     }
 
     fn vector(&self, name: &str) -> Result<Tensor> {
-        let gname = resolve(name)?;
+        let gname = resolve(&self.config.architecture, name)?;
         let (dtype, dims, data) = self.raw(&gname, name)?;
         let q =
             candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
@@ -194,11 +218,12 @@ impl TensorSource for GgufSource {
     }
 
     fn contains(&self, name: &str) -> bool {
-        gguf_name(name).is_some_and(|g| self.content.tensor_infos.contains_key(&g))
+        resolve(&self.config.architecture, name)
+            .is_ok_and(|g| self.content.tensor_infos.contains_key(&g))
     }
 
     fn block_cols(&self, name: &str) -> Result<usize> {
-        let gname = resolve(name)?;
+        let gname = resolve(&self.config.architecture, name)?;
         let info = self
             .content
             .tensor_infos
@@ -212,7 +237,7 @@ impl TensorSource for GgufSource {
 
     fn embedding(&self) -> Result<Embedding> {
         let name = "model.embed_tokens.weight";
-        let gname = resolve(name)?;
+        let gname = resolve(&self.config.architecture, name)?;
         let (dtype, dims, data) = self.raw(&gname, name)?;
         let q =
             candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
@@ -245,6 +270,26 @@ fn meta_f32(md: &HashMap<String, Value>, key: &str) -> Result<f32> {
         .to_f32()
         .map_err(|e| EngineError::Config(format!("metadata '{key}': {e}")))
 }
+
+/// Gemma 3 as llama.cpp writes and reads it: norm weights with the 1 already added,
+/// embeddings scaled by √hidden, GELU (tanh) MLP, per-head q/k norms, and every sixth layer
+/// global, the others sliding-window layers with a RoPE base of 10000.
+fn gemma3_config(md: &HashMap<String, Value>, mut config: ModelConfig) -> Result<ModelConfig> {
+    let window = meta_usize(md, "gemma3.attention.sliding_window")?;
+    config.qk_norm = true;
+    config.sandwich_norms = true;
+    config.embed_scale = Some((config.hidden_size as f32).sqrt());
+    config.activation = Activation::GeluTanh;
+    config.sliding_window = Some(SlidingWindow {
+        window,
+        layers: gemma3_sliding_layers(config.num_layers, GEMMA3_SLIDING_PATTERN),
+        rope_theta: GEMMA3_SLIDING_ROPE_THETA,
+    });
+    Ok(config)
+}
+
+/// RoPE base of gemma 3's sliding-window layers (not stored in its GGUF files).
+const GEMMA3_SLIDING_ROPE_THETA: f32 = 10_000.0;
 
 fn config_from_metadata(md: &HashMap<String, Value>) -> Result<ModelConfig> {
     let arch = meta(md, "general.architecture")?
@@ -283,7 +328,18 @@ fn config_from_metadata(md: &HashMap<String, Value>) -> Result<ModelConfig> {
         max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
         attention_bias: arch == "qwen2",
         qk_norm: arch == "qwen3",
+        sandwich_norms: false,
+        norm_weight_offset: 0.0,
+        embed_scale: None,
+        attention_scale: None,
+        activation: Activation::Silu,
+        sliding_window: None,
         tie_word_embeddings: false,
+    };
+    let config = if arch == "gemma3" {
+        gemma3_config(md, config)?
+    } else {
+        config
     };
     config.validate()?;
     Ok(config)

@@ -9,8 +9,9 @@
 use candle_core::{CpuStorage, Storage, Tensor};
 use rayon::prelude::*;
 
+use crate::config::Activation;
 use crate::error::Result;
-use crate::model::fast_math::silu;
+use crate::model::fast_math::{gelu_tanh, silu};
 use crate::model::simd::simd_dispatch;
 
 /// Rows below this many values are computed without handing work to the pool.
@@ -69,6 +70,15 @@ simd_dispatch! {
     fn add_row(a: &[f32], b: &[f32], out: &mut [f32]) {
         for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
             *o = x + y;
+        }
+    }
+}
+
+simd_dispatch! {
+    /// `out = GELU(gate) · up`, GELU's tanh approximation (`gelu_pytorch_tanh`).
+    fn geglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+            *o = gelu_tanh(*g) * u;
         }
     }
 }
@@ -133,16 +143,19 @@ pub fn add(x: &Tensor, delta: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// SiLU(gate) · up of a fused `[tokens, 2·width]` output whose first `width` columns are
-/// the gate and the rest the up projection: `[tokens, width]`.
-pub fn swiglu_fused(gate_up: &Tensor, width: usize) -> Result<Tensor> {
+/// `act(gate) · up` of a fused `[tokens, 2·width]` output whose first `width` columns
+/// are the gate and the rest the up projection: `[tokens, width]`.
+pub fn gated_fused(gate_up: &Tensor, width: usize, act: Activation) -> Result<Tensor> {
     let (n, cols) = gate_up.dims2()?;
     let fast = if cols == 2 * width {
         with_cpu_f32(gate_up, |gu| {
             let mut out = vec![0f32; n * width];
             rows_mut(&mut out, width, |r, row| {
                 let (gate, up) = gu[r * cols..(r + 1) * cols].split_at(width);
-                swiglu_row(gate, up, row)
+                match act {
+                    Activation::Silu => swiglu_row(gate, up, row),
+                    Activation::GeluTanh => geglu_row(gate, up, row),
+                }
             });
             out
         })
@@ -153,14 +166,19 @@ pub fn swiglu_fused(gate_up: &Tensor, width: usize) -> Result<Tensor> {
         Some(out) => Ok(Tensor::from_vec(out, (n, width), gate_up.device())?),
         None => {
             let gate = gate_up.narrow(1, 0, width)?;
-            swiglu(&gate, &gate_up.narrow(1, width, cols - width)?)
+            gated(&gate, &gate_up.narrow(1, width, cols - width)?, act)
         }
     }
 }
 
-/// SiLU(gate) · up of two separate outputs.
-pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    Ok((gate.silu()? * up)?)
+/// `act(gate) · up` of two separate outputs.
+pub fn gated(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
+    let gate = match act {
+        Activation::Silu => gate.silu()?,
+        // candle's `gelu` is the tanh approximation.
+        Activation::GeluTanh => gate.gelu()?,
+    };
+    Ok((gate * up)?)
 }
 
 /// The columns `offset..offset + width` of every row of `y` (`[tokens, cols]`) as one
@@ -237,13 +255,17 @@ mod tests {
     }
 
     #[test]
-    fn swiglu_fused_matches_candle() -> R {
+    fn gated_fused_matches_candle() -> R {
         for (n, width) in [(2, 32), (40, 512)] {
             let gu = t(&values(n * 2 * width, 4), n, 2 * width)?;
-            let want = (gu.narrow(1, 0, width)?.silu()? * gu.narrow(1, width, width)?)?;
-            let got = swiglu_fused(&gu, width)?;
-            let diff = max_diff(&got, &want)?;
-            assert!(diff < 1e-5, "{diff}");
+            let (gate, up) = (gu.narrow(1, 0, width)?, gu.narrow(1, width, width)?);
+            for (act, want) in [
+                (Activation::Silu, (gate.silu()? * &up)?),
+                (Activation::GeluTanh, (gate.gelu()? * &up)?),
+            ] {
+                let diff = max_diff(&gated_fused(&gu, width, act)?, &want)?;
+                assert!(diff < 1e-5, "{act:?}: {diff}");
+            }
         }
         Ok(())
     }

@@ -40,9 +40,34 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp_clamped(-x))
 }
 
+/// GELU by its tanh approximation, `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`, as
+/// `gelu_pytorch_tanh`; tanh(u) written as `1 − 2 / (e^{2u} + 1)`.
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let u = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+    let tanh = 1.0 - 2.0 / (exp_clamped(2.0 * u) + 1.0);
+    0.5 * x * (1.0 + tanh)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gelu_tanh_matches_its_definition() {
+        for i in -400..=400 {
+            let x = i as f32 * 0.025;
+            let want = 0.5
+                * x
+                * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
+            let got = gelu_tanh(x);
+            assert!(
+                (got - want).abs() <= 2e-6 * want.abs().max(1.0),
+                "x {x}: {got} vs {want}"
+            );
+        }
+    }
 
     #[test]
     fn fast_exp_matches_the_library_exp() {

@@ -7,6 +7,7 @@ use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
 use tessera_kernels::QuantWeights;
 
+use crate::config::Activation;
 use crate::error::Result;
 use crate::loader::Matrix;
 use crate::model::cpu_ops;
@@ -186,12 +187,15 @@ impl ColumnParallel {
     }
 
     /// SiLU(gate) · up of a gate/up pair of segments, `[tokens, width]`.
-    pub fn forward_swiglu(&self, x: &Tensor) -> Result<Tensor> {
+    /// `act(gate) · up` of a gate/up pair (fused or two segments).
+    pub fn forward_gated(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
         match (self.parts.as_slice(), self.widths.as_slice()) {
-            ([fused], &[gate, up]) if gate == up => cpu_ops::swiglu_fused(&fused.forward(x)?, gate),
+            ([fused], &[gate, up]) if gate == up => {
+                cpu_ops::gated_fused(&fused.forward(x)?, gate, act)
+            }
             (_, [_, _]) => {
                 let gu = self.forward(x)?;
-                cpu_ops::swiglu(&gu[0], &gu[1])
+                cpu_ops::gated(&gu[0], &gu[1], act)
             }
             _ => Err(crate::error::EngineError::Parallel(format!(
                 "gate/up: expected two segments, found {}",

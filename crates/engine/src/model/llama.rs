@@ -1,11 +1,14 @@
-//! The llama family (Llama, Mistral, SmolLM2, Qwen2, Qwen3) as one tensor-parallel shard.
+//! The llama family (Llama, Mistral, SmolLM2, Qwen2, Qwen3, Gemma 3) as one
+//! tensor-parallel shard.
 //!
-//! Per layer: RMSNorm → fused QKV (column-parallel) → (Qwen3: RMSNorm of each query and
-//! key head) → RoPE → paged attention over this
+//! Per layer: RMSNorm → fused QKV (column-parallel) → (Qwen3, Gemma 3: RMSNorm of each
+//! query and key head) → RoPE → paged attention over this
 //! rank's heads → o_proj (row-parallel) → all-reduce → residual; RMSNorm → fused gate/up
 //! (column-parallel) → SiLU·up → down (row-parallel) → all-reduce → residual. The
 //! embedding is mirrored (a lookup is cheaper than any collective); the LM head is split
-//! by vocabulary and its logits are gathered.
+//! by vocabulary and its logits are gathered. Gemma 3 adds an RMSNorm after attention
+//! and after the MLP (on the all-reduced sums, before each residual add), scaled
+//! embeddings, a GELU MLP, and sliding-window layers with their own RoPE base.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +37,11 @@ struct Block {
     /// Per-head RMSNorm weights of queries and keys (`head_dim` each), where the model has
     /// them; the same on every rank, since each head is normalized on its own.
     qk_norm: Option<HeadNorms>,
+    /// Gemma's norms of the attention and MLP outputs.
+    post_attn_norm: Option<Tensor>,
+    post_ffn_norm: Option<Tensor>,
+    /// A sliding-window layer (attends to the model's window, rotates with its own base).
+    sliding: bool,
     o_proj: Linear,
     ffn_norm: Tensor,
     gate_up: ColumnParallel,
@@ -57,6 +65,8 @@ pub struct LlamaShard {
     norm: Tensor,
     lm_head: Linear,
     rope: Arc<RopeTable>,
+    /// RoPE of the sliding-window layers, where they have their own base.
+    rope_sliding: Option<Arc<RopeTable>>,
     query_groups: Vec<QueryGroup>,
     device: Device,
     /// The RoPE tables and launch facts of a CUDA rank.
@@ -106,6 +116,20 @@ pub fn load_shards(
         config.max_position_embeddings,
         config.rope_style,
     ));
+    let rope_sliding = config.sliding_window.as_ref().map(|sw| {
+        Arc::new(RopeTable::new(
+            hd,
+            sw.rope_theta,
+            config.max_position_embeddings,
+            config.rope_style,
+        ))
+    });
+    // An RMSNorm weight as the forward pass applies it (gemma stores it less 1).
+    let offset = f64::from(config.norm_weight_offset);
+    let norm_weight = |name: &str| -> Result<Tensor> {
+        let v = source.vector(name)?.to_dtype(DType::F32)?;
+        Ok(if offset == 0.0 { v } else { (v + offset)? })
+    };
     let mut per_rank_blocks: Vec<Vec<Block>> = (0..world)
         .map(|_| Vec::with_capacity(layers.len()))
         .collect();
@@ -153,7 +177,7 @@ pub fn load_shards(
             .sum::<usize>();
         let qk_norm = if config.qk_norm {
             let norm = |s: &str| -> Result<Vec<f32>> {
-                let v = source.vector(&name(s))?;
+                let v = norm_weight(&name(s))?;
                 if v.dims1()? != hd {
                     return Err(EngineError::ShapeMismatch {
                         name: name(s),
@@ -170,8 +194,24 @@ pub fn load_shards(
         } else {
             None
         };
-        let attn_norm = source.vector(&name("input_layernorm.weight"))?;
-        let ffn_norm = source.vector(&name("post_attention_layernorm.weight"))?;
+        let attn_norm = norm_weight(&name("input_layernorm.weight"))?;
+        let (ffn_norm, post_attn_norm, post_ffn_norm) = if config.sandwich_norms {
+            (
+                norm_weight(&name("pre_feedforward_layernorm.weight"))?,
+                Some(norm_weight(&name("post_attention_layernorm.weight"))?),
+                Some(norm_weight(&name("post_feedforward_layernorm.weight"))?),
+            )
+        } else {
+            (
+                norm_weight(&name("post_attention_layernorm.weight"))?,
+                None,
+                None,
+            )
+        };
+        let sliding = config
+            .sliding_window
+            .as_ref()
+            .is_some_and(|sw| sw.layers.get(layer).copied().unwrap_or(false));
         for (rank, dev) in devices.iter().enumerate() {
             per_rank_blocks[rank].push(Block {
                 attn_norm: attn_norm.to_device(dev)?,
@@ -184,6 +224,15 @@ pub fn load_shards(
                     "qkv",
                 )?,
                 qk_norm: qk_norm.clone(),
+                post_attn_norm: post_attn_norm
+                    .as_ref()
+                    .map(|n| n.to_device(dev))
+                    .transpose()?,
+                post_ffn_norm: post_ffn_norm
+                    .as_ref()
+                    .map(|n| n.to_device(dev))
+                    .transpose()?,
+                sliding,
                 o_proj: row_parallel(&o, &o_split, rank, dev)?,
                 ffn_norm: ffn_norm.to_device(dev)?,
                 gate_up: ColumnParallel::load(&gate_up, None, &gu_split, rank, dev, "gate_up")?,
@@ -200,7 +249,7 @@ pub fn load_shards(
             );
         }
     }
-    let norm = source.vector("model.norm.weight")?;
+    let norm = norm_weight("model.norm.weight")?;
     let head_name = if source.contains("lm_head.weight") && !config.tie_word_embeddings {
         "lm_head.weight"
     } else {
@@ -229,6 +278,7 @@ pub fn load_shards(
             norm: norm.to_device(dev)?,
             lm_head: Linear::new(head.select_rows(&head_rows)?.into_linear_weight(dev)?, None),
             rope: rope.clone(),
+            rope_sliding: rope_sliding.clone(),
             device: dev.clone(),
             #[cfg(feature = "cuda")]
             gpu,
@@ -258,7 +308,11 @@ impl LlamaShard {
     /// Token embeddings of the batch, `[tokens, hidden]`.
     pub fn embed(&self, batch: &Batch) -> Result<Tensor> {
         let ids = Tensor::from_slice(&batch.token_ids, batch.num_tokens(), &self.device)?;
-        Ok(self.embedding.forward(&ids)?.to_dtype(DType::F32)?)
+        let x = self.embedding.forward(&ids)?.to_dtype(DType::F32)?;
+        Ok(match self.config.embed_scale {
+            Some(scale) => (x * f64::from(scale))?,
+            None => x,
+        })
     }
 
     /// This shard's decoder layers over the hidden states `x`, with the rank's KV cache.
@@ -289,11 +343,19 @@ impl LlamaShard {
         let hd = self.config.head_dim;
         let nq = self.shard.q_heads.len();
         let nkv = self.shard.kv_heads.len();
-        let shape = AttentionShape {
+        let full = AttentionShape {
             num_q_heads: nq,
             head_dim: hd,
             groups: &self.query_groups,
-            scale: 1.0 / (hd as f32).sqrt(),
+            scale: self
+                .config
+                .attention_scale
+                .unwrap_or(1.0 / (hd as f32).sqrt()),
+            window: None,
+        };
+        let sliding = AttentionShape {
+            window: self.config.sliding_window.as_ref().map(|sw| sw.window),
+            ..full
         };
         let mut layers = std::mem::take(&mut cache.layers);
         let result = (|| -> Result<Tensor> {
@@ -307,19 +369,28 @@ impl LlamaShard {
                     cpu_ops::rms_norm_heads(&mut q, &norms.q, eps);
                     cpu_ops::rms_norm_heads(&mut k, &norms.k, eps);
                 }
+                let (rope, shape) = match (&self.rope_sliding, block.sliding) {
+                    (Some(r), true) => (r, sliding),
+                    _ => (&self.rope, full),
+                };
                 for (t, &pos) in batch.positions.iter().enumerate() {
-                    self.rope.apply(&mut q[t * nq * hd..(t + 1) * nq * hd], pos);
-                    self.rope
-                        .apply(&mut k[t * nkv * hd..(t + 1) * nkv * hd], pos);
+                    rope.apply(&mut q[t * nq * hd..(t + 1) * nq * hd], pos);
+                    rope.apply(&mut k[t * nkv * hd..(t + 1) * nkv * hd], pos);
                 }
                 write_kv(layer_cache, cache, batch, &k, &v);
                 let attn = attend(layer_cache, cache, batch, &q, shape);
                 let attn = Tensor::from_vec(attn, (n, nq * hd), &self.device)?;
-                let o = comm.all_reduce_sum(&block.o_proj.forward(&attn)?)?;
+                let mut o = comm.all_reduce_sum(&block.o_proj.forward(&attn)?)?;
+                if let Some(w) = &block.post_attn_norm {
+                    o = cpu_ops::rms_norm(&o, w, eps)?;
+                }
                 x = cpu_ops::add(&x, &o)?;
                 let h = cpu_ops::rms_norm(&x, &block.ffn_norm, eps)?;
-                let act = block.gate_up.forward_swiglu(&h)?;
-                let d = comm.all_reduce_sum(&block.down.forward(&act)?)?;
+                let act = block.gate_up.forward_gated(&h, self.config.activation)?;
+                let mut d = comm.all_reduce_sum(&block.down.forward(&act)?)?;
+                if let Some(w) = &block.post_ffn_norm {
+                    d = cpu_ops::rms_norm(&d, w, eps)?;
+                }
                 x = cpu_ops::add(&x, &d)?;
             }
             Ok(x)

@@ -43,6 +43,8 @@ pub struct AttentionShape<'a> {
     /// The local query heads of each local KV head ([`query_groups`]).
     pub groups: &'a [QueryGroup],
     pub scale: f32,
+    /// Sliding-window layers: a token attends to its last `window` positions only.
+    pub window: Option<usize>,
 }
 
 /// The local query heads that read one local KV head.
@@ -96,8 +98,11 @@ pub fn attend(
     let mut tasks: Vec<(usize, usize, std::ops::Range<usize>)> = Vec::new();
     for t in 0..n {
         let context = batch.positions[t] + 1;
+        // A sliding window starts the runs at the block holding its first position; the
+        // positions before it in that block are masked (`Group::first_visible`).
+        let first = window_start(context, shape.window) / cache.block_size * cache.block_size;
         for g in 0..groups.len() {
-            for start in (0..context).step_by(chunk) {
+            for start in (first..context).step_by(chunk) {
                 tasks.push((t, g, start..(start + chunk).min(context)));
             }
         }
@@ -119,6 +124,7 @@ pub fn attend(
                 q: &q[t * nq * hd..(t + 1) * nq * hd],
                 heads,
                 positions: positions.clone(),
+                first_visible: window_start(batch.positions[*t] + 1, shape.window),
                 scale: shape.scale,
             };
             attend_group_simd(&group, &mut part[..heads.len() * (2 + hd)]);
@@ -145,6 +151,11 @@ pub fn attend(
         first = end;
     }
     out
+}
+
+/// First position a token with `context` positions sees: 0, or the start of its window.
+fn window_start(context: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| context.saturating_sub(w))
 }
 
 /// Blocks of context one attention task covers. A decoding token's context is split into
@@ -192,6 +203,8 @@ struct Group<'a> {
     /// Positions attended by this task: a run of whole blocks (the last may be partial)
     /// of the token's context, its own position and earlier ones.
     positions: std::ops::Range<usize>,
+    /// Positions before this one are outside the token's sliding window: weight 0.
+    first_visible: usize,
     scale: f32,
 }
 
@@ -241,7 +254,10 @@ fn attend_group_with(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) 
             }
         }
     }
+    let hidden = group.first_visible.saturating_sub(lo).min(len);
     for (h, row) in scores.chunks_exact_mut(len).enumerate() {
+        let (masked, row) = row.split_at_mut(hidden);
+        masked.fill(0.0);
         let max = row
             .iter()
             .fold(f32::NEG_INFINITY, |m, s| m.max(*s * group.scale));
@@ -413,6 +429,7 @@ mod tests {
                 head_dim: hd,
                 groups: &query_groups(&kv_of_q),
                 scale: 0.35,
+                window: None,
             },
         );
         for t in 0..n {
