@@ -104,12 +104,21 @@ pub fn smollm2_both() -> Vec<(&'static str, Arc<Tokenizer>)> {
 
 /// The Qwen3 tokenizer fetched by `scripts/make-token-fixtures fetch`, if present.
 pub fn qwen3_dir() -> Option<PathBuf> {
-    let dir = cache_dir().join("tokenizers/qwen3");
+    npm_tokenizer_dir("qwen3")
+}
+
+pub fn gemma3_dir() -> Option<PathBuf> {
+    npm_tokenizer_dir("gemma3")
+}
+
+/// The cached official tokenizer `name` that `scripts/make-token-fixtures fetch` fetched.
+fn npm_tokenizer_dir(name: &str) -> Option<PathBuf> {
+    let dir = cache_dir().join("tokenizers").join(name);
     if dir.join("tokenizer.json").is_file() && dir.join("tokenizer_config.json").is_file() {
         Some(dir)
     } else {
         eprintln!(
-            "skipping: {} has no Qwen3 tokenizer (run `scripts/make-token-fixtures fetch`)",
+            "skipping: {} has no {name} tokenizer (run `scripts/make-token-fixtures fetch`)",
             dir.display()
         );
         None

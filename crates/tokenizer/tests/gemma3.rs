@@ -1,0 +1,77 @@
+//! Gemma 3's official tokenizer.json (a SentencePiece vocabulary with byte fallback) and
+//! its `<start_of_turn>` chat template against transformers
+//! (tests/fixtures/tokenizer/gemma3_*.json). The tokenizer is fetched into the cache by
+//! `scripts/make-token-fixtures fetch`; without it these tests skip.
+
+#![allow(clippy::unwrap_used)] // tests state their expectations by unwrapping
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{cases, gemma3_dir, ids_of, load_fixture};
+use tessera_tokenizer::{ChatRenderRequest, IncrementalDecoder, Tokenizer};
+
+fn gemma3() -> Option<Arc<Tokenizer>> {
+    let dir = gemma3_dir()?;
+    Some(Arc::new(Tokenizer::from_hf_dir(&dir).unwrap()))
+}
+
+#[test]
+fn gemma3_ids_and_decode_equal_transformers() {
+    let Some(tokenizer) = gemma3() else { return };
+    let fixture = load_fixture("gemma3_tokenize.json");
+    assert_eq!(
+        tokenizer.vocab_size(),
+        fixture["vocab_size"].as_u64().unwrap() as usize
+    );
+    for case in cases(&fixture) {
+        let name = case["name"].as_str().unwrap();
+        let ids = ids_of(&case["ids"]);
+        assert_eq!(
+            tokenizer
+                .encode(case["text"].as_str().unwrap(), false)
+                .unwrap(),
+            ids,
+            "{name}"
+        );
+        assert_eq!(
+            tokenizer.decode(&ids, false).unwrap(),
+            case["decoded"].as_str().unwrap(),
+            "{name}"
+        );
+        let mut decoder = IncrementalDecoder::new(tokenizer.clone(), false);
+        let mut streamed = String::new();
+        for &id in &ids {
+            streamed.push_str(&decoder.push(id).unwrap());
+        }
+        streamed.push_str(&decoder.finish().unwrap());
+        assert_eq!(streamed, case["decoded"].as_str().unwrap(), "{name}");
+    }
+}
+
+#[test]
+fn gemma3_chat_template_equals_transformers() {
+    let Some(tokenizer) = gemma3() else { return };
+    let template = tokenizer.chat_template().unwrap();
+    // <end_of_turn>, the declared eos of the chat tokenizer; <bos> starts every chat.
+    assert!(tokenizer.eos_token_ids().contains(&106));
+    assert_eq!(tokenizer.bos_token_id(), Some(2));
+    let fixture = load_fixture("gemma3_chat.json");
+    for case in cases(&fixture) {
+        let name = case["name"].as_str().unwrap();
+        let request = ChatRenderRequest {
+            messages: serde_json::from_value(case["messages"].clone()).unwrap(),
+            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            tools: None,
+            kwargs: Default::default(),
+        };
+        let rendered = template.render(&request).unwrap();
+        assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
+        assert_eq!(
+            tokenizer.encode(&rendered, false).unwrap(),
+            ids_of(&case["ids"]),
+            "{name}"
+        );
+    }
+}
