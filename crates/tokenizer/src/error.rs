@@ -39,7 +39,10 @@ pub enum TokenizerError {
     InvalidMetadata { key: String, reason: String },
 
     /// The GGUF `tokenizer.ggml.model` is not one this crate can build.
-    #[error("unsupported tokenizer model `{0}` (supported: gpt2 byte-level BPE)")]
+    #[error(
+        "the GGUF file's tokenizer model `{0}` is not supported (supported: gpt2 byte-level \
+         BPE); pass the model's tokenizer.json folder with --tokenizer DIR"
+    )]
     UnsupportedModel(String),
 
     /// The GGUF `tokenizer.ggml.pre` names a pre-tokenizer whose split rules are unknown.
