@@ -5,17 +5,16 @@
 //!   commands without blocking between steps.
 //! - `submit` answers on the caller's thread: admission uses shared atomics, and only an
 //!   admitted request is sent to the loop.
-//! - Executor error (or an output that does not match the plan): every in-flight request
-//!   gets `TokenEvent::Error`, all blocks are freed, the prefix cache is dropped, and the
-//!   loop keeps serving. A step error is usually transient (one bad batch, a device
-//!   hiccup) and the executor is told to drop the failed sequences through `finished`,
-//!   so its state is consistent again; refusing all later traffic would turn one bad
-//!   batch into an outage. An executor *panic* is different: its state cannot be
-//!   trusted, so in-flight requests get `Error`, admission closes and the loop ends.
-//!   So does an error after which the executor says it is failed for good
-//!   ([`Executor::is_failed`]: a device rank failed or hung): health shows
+//! - A failed step reaches no further than its cause ([`FailureScope`]): a sequence
+//!   the executor refused (`StepOutput::failed`) ends alone with `TokenEvent::Failed`;
+//!   a step error of scope `Step` ends the sequences of that step the same way, and
+//!   every other request goes on (one bad batch must not become an outage). An error
+//!   of scope `Group` (a device lost, a collective failed, a rank hung) and an
+//!   executor *panic* (its state cannot be trusted) fail every request with
+//!   `TokenEvent::Error`, close admission and end the loop: health shows
 //!   `executor_failed` before any request hears of it, and the server exits so the
-//!   orchestrator restarts it.
+//!   orchestrator restarts it. An output that does not match the plan (a broken
+//!   contract) fails every in-flight request and the loop keeps serving.
 //! - Shutdown (`shutdown()`, `join()`, or drop of the last handle): in-flight requests
 //!   get `Finished { reason: Abort }` and the thread exits; the last handle's drop joins it.
 //!   A request whose channel closes without `Finished` or `Error` (a submit racing
@@ -27,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tessera_protocol::{Executor, GenerationRequest, SeqId, TokenEvent};
+use tessera_protocol::{Executor, FailureScope, GenerationRequest, SeqId, TokenEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::admission::{Admission, AdmittedRequest};
@@ -319,7 +318,7 @@ impl<E: Executor> Worker<E> {
                 }
                 Flow::Continue
             }
-            Ok(Err(e)) if self.executor.is_failed() => {
+            Ok(Err(e)) if e.scope == FailureScope::Group => {
                 tracing::error!("executor failed for good, engine loop stops: {e}");
                 // Before any request hears of it, so health checks agree with them.
                 self.stats.mark_executor_failed();
@@ -328,8 +327,8 @@ impl<E: Executor> Worker<E> {
                 Flow::Stop
             }
             Ok(Err(e)) => {
-                tracing::error!("executor step failed: {e}");
-                self.scheduler.fail_all(&e.to_string());
+                tracing::error!("executor step failed, its sequences end: {e}");
+                self.scheduler.fail_in_flight(&e.to_string());
                 Flow::Continue
             }
             Err(_) => {

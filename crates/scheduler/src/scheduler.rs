@@ -6,6 +6,10 @@
 //! the executor failed). Each plan respects `max_batch_tokens` (tokens across all chunks)
 //! and `max_num_seqs` (running sequences).
 //!
+//! A sequence the executor refuses (`StepOutput::failed`) or whose step failed
+//! (`fail_in_flight`) ends alone with `TokenEvent::Failed`; `fail_all` is for an
+//! executor that is gone.
+//!
 //! Order of work in `schedule()` (after vLLM v1):
 //! 1. sequences whose receiver is gone are aborted and their blocks freed;
 //! 2. running sequences, oldest first, get their remaining tokens (1 for a decode, a
@@ -171,13 +175,23 @@ impl Scheduler {
     /// send events, and end finished sequences (their ids go into the next plan).
     pub fn update(&mut self, output: &StepOutput) -> Result<(), SchedulerError> {
         let chunks = mem::take(&mut self.in_flight);
-        let expected = chunks.iter().filter(|(_, s)| *s).map(|(id, _)| *id);
+        let failed: HashMap<SeqId, &str> = output
+            .failed
+            .iter()
+            .map(|f| (f.id, f.message.as_str()))
+            .collect();
+        if let Some(stray) = failed
+            .keys()
+            .find(|id| !chunks.iter().any(|(c, _)| c == *id))
+        {
+            return Err(SchedulerError::OutputMismatch(format!(
+                "{stray} reported failed but was not in the step"
+            )));
+        }
+        let sampled = |(id, sample): &&(SeqId, bool)| *sample && !failed.contains_key(id);
+        let expected = chunks.iter().filter(sampled).map(|(id, _)| *id);
         if !expected.eq(output.samples.iter().map(|s| s.id)) {
-            let want: Vec<_> = chunks
-                .iter()
-                .filter(|(_, s)| *s)
-                .map(|(id, _)| id)
-                .collect();
+            let want: Vec<_> = chunks.iter().filter(sampled).map(|(id, _)| id).collect();
             let got: Vec<_> = output.samples.iter().map(|s| s.id).collect();
             return Err(SchedulerError::OutputMismatch(format!(
                 "expected samples for {want:?}, got {got:?}"
@@ -185,6 +199,12 @@ impl Scheduler {
         }
         // The step succeeded: the KV of every scheduled chunk now exists and its full
         // blocks may be shared.
+        // A sequence that failed alone ends here; its blocks hold nothing anyone shares
+        // (only full, committed blocks are shared, and a step writes past them).
+        for (id, message) in failed {
+            tracing::warn!(seq = %id, "sequence failed: {message}");
+            self.end_with(id, TokenEvent::Failed(message.to_string()));
+        }
         for (id, _) in &chunks {
             if let Some(seq) = self.seqs.get(id) {
                 self.kv
@@ -218,6 +238,17 @@ impl Scheduler {
     pub fn fail_all(&mut self, message: &str) {
         self.end_all(|_| TokenEvent::Error(message.to_string()));
         self.kv.reset_prefix_cache();
+    }
+
+    /// The step in flight failed, and the executor can go on: the sequences of that
+    /// step get `TokenEvent::Failed(message)` and end; every other sequence (running
+    /// but not in the step, or waiting) is untouched, and so is the prefix cache: the
+    /// failed step wrote only into blocks of its own sequences past their shared,
+    /// committed prefix, and those blocks are freed here.
+    pub fn fail_in_flight(&mut self, message: &str) {
+        for (id, _) in mem::take(&mut self.in_flight) {
+            self.end_with(id, TokenEvent::Failed(message.to_string()));
+        }
     }
 
     /// Abort every sequence with `Finished { reason: Abort }` (shutdown).
@@ -398,6 +429,14 @@ impl Scheduler {
         if seq.announced {
             self.pending_finished.push(id);
         }
+    }
+
+    /// Remove a sequence for good with `event` as its last word.
+    fn end_with(&mut self, id: SeqId, event: TokenEvent) {
+        if let Some(seq) = self.seqs.get(&id) {
+            seq.send(event);
+        }
+        self.finish(id, None);
     }
 
     fn end_all(&mut self, event: impl Fn(&Sequence) -> TokenEvent) {

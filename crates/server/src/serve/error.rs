@@ -64,6 +64,10 @@ pub enum ServerError {
     /// The engine failed while running this request (503). The string is logged only.
     #[error("the engine failed")]
     EngineFailed(String),
+    /// The engine could not finish this request (its step failed, or its own input
+    /// was refused there) and goes on serving others (500). The string is logged only.
+    #[error("generation failed")]
+    GenerationFailed(String),
     /// The engine has failed and the process is about to exit for a restart; new
     /// requests are refused (503).
     #[error("the engine failed and the server is restarting; retry later")]
@@ -108,7 +112,9 @@ impl ServerError {
             ServerError::EngineFailed(_) | ServerError::EngineDown | ServerError::Starting => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ServerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ServerError::Internal(_) | ServerError::GenerationFailed(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -147,6 +153,7 @@ impl ServerError {
                 ("server_error", Some("engine_failed"))
             }
             ServerError::Starting => ("server_error", Some("model_loading")),
+            ServerError::GenerationFailed(_) => ("server_error", Some("generation_failed")),
             ServerError::Internal(_) => ("server_error", None),
         };
         let param = match self {
@@ -165,6 +172,10 @@ impl ServerError {
             ServerError::EngineFailed(_) => {
                 format!("the engine failed while running this request{request}; retry later")
             }
+            ServerError::GenerationFailed(_) => format!(
+                "the engine could not finish this request{request}; other requests are \
+                 unaffected, so it may be retried"
+            ),
             ServerError::Internal(_) => format!("internal server error{request}"),
             other => other.to_string(),
         };
@@ -175,6 +186,9 @@ impl ServerError {
     pub fn log(&self) {
         match self {
             ServerError::EngineFailed(detail) => tracing::error!("engine failure: {detail}"),
+            ServerError::GenerationFailed(detail) => {
+                tracing::error!("generation failed: {detail}")
+            }
             ServerError::Internal(detail) => tracing::error!("internal error: {detail}"),
             other => tracing::debug!("request refused ({}): {other}", other.status()),
         }

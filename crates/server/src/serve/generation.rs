@@ -209,6 +209,7 @@ impl ChoiceRun {
                 Ok(())
             }
             Some(TokenEvent::Error(message)) => Err(ServerError::EngineFailed(message)),
+            Some(TokenEvent::Failed(message)) => Err(ServerError::GenerationFailed(message)),
             // Closed without `Finished`: a submit that raced shutdown.
             None => Err(ServerError::Admission(AdmissionError::ShuttingDown)),
         }

@@ -352,7 +352,9 @@ pub fn warm_up(state: &AppState) -> Result<()> {
         match events.blocking_recv() {
             Some(TokenEvent::Token { .. }) => tokens += 1,
             Some(TokenEvent::Finished { .. }) => break,
-            Some(TokenEvent::Error(e)) => anyhow::bail!("warm-up generation failed: {e}"),
+            Some(TokenEvent::Error(e) | TokenEvent::Failed(e)) => {
+                anyhow::bail!("warm-up generation failed: {e}")
+            }
             None => anyhow::bail!("warm-up generation ended without finishing"),
         }
     }

@@ -196,10 +196,10 @@ impl Executor for FakeExecutor {
             panic!("fake executor panics at step {}", self.steps);
         }
         if Some(self.steps) == self.fail_at || self.fail_from.is_some_and(|f| self.steps >= f) {
-            return Err(ExecutorError {
-                rank: Some(0),
-                message: "SECRET-INTERNAL-DETAIL device fell over".into(),
-            });
+            return Err(ExecutorError::step(
+                Some(0),
+                "SECRET-INTERNAL-DETAIL device fell over",
+            ));
         }
         Ok(StepOutput {
             samples: plan
@@ -212,6 +212,7 @@ impl Executor for FakeExecutor {
                     logprobs: None,
                 })
                 .collect(),
+            failed: Vec::new(),
         })
     }
     fn kv_cache_shape(&self) -> KvCacheShape {

@@ -121,7 +121,8 @@ async fn an_executor_failing_step_after_step_is_not_ready_nor_live() {
     for i in 0..FAILED_STEPS_UNHEALTHY {
         assert_eq!(probe(&s.base, "/readyz").await.0, 200, "after {i} failures");
         let (status, body) = post(&s.url("/v1/chat/completions"), &chat(json!({}))).await;
-        assert_error(status, &body, 503, None);
+        assert_error(status, &body, 500, None);
+        assert_eq!(body["error"]["code"], "generation_failed");
     }
     let failing = (503, Some("engine_failing".to_string()));
     assert_eq!(probe(&s.base, "/readyz").await, failing);
