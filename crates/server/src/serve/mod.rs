@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tessera_engine::{load_tokenizer, DeviceSpec, Engine};
+use tessera_engine::{check_vocabulary, load_tokenizer, DeviceSpec, Engine};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerError, SchedulerHandle};
 
@@ -264,6 +264,8 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
     let tokenizer = Arc::new(load_tokenizer(&tokenizer_path).context("loading the tokenizer")?);
     tracing::info!("[2/3] weights: {}", cfg.model_path.display());
     let engine = Engine::load(&cfg).context("loading the model")?;
+    check_vocabulary(&tokenizer, engine.model_config()).context("checking the tokenizer")?;
+    let vocab_rows = engine.model_config().vocab_size;
     let max_model_len = args
         .max_model_len
         .unwrap_or_else(|| engine.max_context_tokens());
@@ -304,6 +306,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             served_model_name,
             max_model_len,
             kv_capacity_tokens,
+            vocab_rows,
             limits: args.request_limits(),
         }),
         api_keys: Arc::new(api_keys::collect(

@@ -281,6 +281,7 @@ pub fn fake_state<E: Executor + 'static>(
     AppState {
         scheduler,
         validation: Arc::new(ValidationContext {
+            vocab_rows: tokenizer.vocab_size(),
             tokenizer,
             served_model_name: "fake".into(),
             max_model_len,
