@@ -132,6 +132,13 @@ impl SchedulerHandle {
         self.inner.admission.num_waiting()
     }
 
+    /// Requests waiting to start or to restart, each counted once: those admitted that
+    /// have not run yet (live, wherever they are: on their way to the loop or in its
+    /// queue) and those preempted back into the queue (as of the last step).
+    pub fn num_waiting(&self) -> usize {
+        self.num_queued() + self.inner.metrics.snapshot().num_waiting_preempted
+    }
+
     /// Whether the loop is running and its executor is succeeding (for readiness).
     pub fn health(&self) -> LoopHealth {
         self.inner.stats.health()

@@ -266,6 +266,11 @@ impl Scheduler {
         SchedulerMetrics {
             num_running: self.running.len(),
             num_waiting: self.waiting.len(),
+            num_waiting_preempted: self
+                .waiting
+                .iter()
+                .filter(|id| self.seqs.get(id).is_some_and(|s| s.permit.is_none()))
+                .count(),
             kv_usage_fraction: self.kv.usage(),
             kv_blocks_in_use: self.kv.num_used_blocks(),
             kv_blocks_total: self.kv.num_blocks(),
