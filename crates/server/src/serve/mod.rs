@@ -11,8 +11,11 @@
 //! rest are aborted (their streams end with a `shutting_down` error event); then HTTP
 //! drains and the engine loop is joined. A clean drain exits 0.
 //!
-//! Engine failure (a device rank errored, panicked, or hung past `--step-timeout`): the
-//! engine cannot run another step, so the process does not try. In-flight requests end
+//! Failures stay as small as their cause. A request whose own input the engine cannot
+//! run is refused at validation (400); a rank that errors or panics in a step fails that
+//! step's requests only (500 `generation_failed`), and the engine serves on. Engine
+//! failure (a rank's device failed, or a rank hung past `--step-timeout`): the engine
+//! cannot run another step, so the process does not try. In-flight requests end
 //! with a 503 `engine_failed` error (streams: an error event, then `[DONE]`), `/readyz`
 //! and `/livez` answer 503 `engine_failed` and new requests 503 at once; after
 //! [`ENGINE_FAILED_LINGER`] (and until those responses are written, at most
