@@ -46,6 +46,10 @@ pub enum ServerError {
         size_bytes: usize,
         limit_bytes: usize,
     },
+    /// The HTTP parser refused the request head: more headers than it parses, or a head
+    /// larger than its buffer (431).
+    #[error("the request headers are too many (at most 100) or too large for the server to parse")]
+    HeadersRejected,
     /// The request ran longer than `--request-timeout`; it was cancelled (408).
     #[error("the request took longer than the limit of {limit_secs} seconds and was cancelled")]
     RequestTimeout { limit_secs: u64 },
@@ -98,7 +102,9 @@ impl ServerError {
             }
             ServerError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ServerError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ServerError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ServerError::HeadersTooLarge { .. } | ServerError::HeadersRejected => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
             ServerError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ServerError::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -136,7 +142,7 @@ impl ServerError {
             ServerError::UnsupportedMediaType(_) => {
                 ("invalid_request_error", Some("unsupported_media_type"))
             }
-            ServerError::HeadersTooLarge { .. } => {
+            ServerError::HeadersTooLarge { .. } | ServerError::HeadersRejected => {
                 ("invalid_request_error", Some("headers_too_large"))
             }
             ServerError::RequestTimeout { .. } => ("timeout_error", Some("request_timeout")),

@@ -36,6 +36,7 @@ pub mod json_body;
 pub mod lifecycle;
 pub mod limits;
 pub mod metrics;
+pub mod parser_refusal;
 pub mod request_context;
 pub mod router;
 pub mod state;
