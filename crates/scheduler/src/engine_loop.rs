@@ -15,6 +15,10 @@
 //!   `executor_failed` before any request hears of it, and the server exits so the
 //!   orchestrator restarts it. An output that does not match the plan (a broken
 //!   contract) fails every in-flight request and the loop keeps serving.
+//! - Backpressure: a request's channel is bounded; a sequence whose client has not
+//!   read what it was sent gets no step ([`crate::token_channel`]). When nothing else
+//!   can run the loop blocks on its commands, and the stalled client's receiver wakes
+//!   it when it reads or is dropped: no polling.
 //! - Shutdown (`shutdown()`, `join()`, or drop of the last handle): in-flight requests
 //!   get `Finished { reason: Abort }` and the thread exits; the last handle's drop joins it.
 //!   A request whose channel closes without `Finished` or `Error` (a submit racing
@@ -26,8 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tessera_protocol::{Executor, FailureScope, GenerationRequest, SeqId, TokenEvent};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tessera_protocol::{Executor, FailureScope, GenerationRequest, SeqId};
 
 use crate::admission::{Admission, AdmittedRequest};
 use crate::config::SchedulerConfig;
@@ -35,9 +38,12 @@ use crate::error::{AdmissionError, SchedulerError};
 use crate::loop_stats::{LoopHealth, LoopStats, StepDurations};
 use crate::metrics::{SchedulerMetrics, SharedMetrics};
 use crate::scheduler::Scheduler;
+use crate::token_channel::TokenReceiver;
 
 enum Command {
     Add(AdmittedRequest),
+    /// A stalled client read (or left): look again.
+    Wake,
     Shutdown,
 }
 
@@ -58,6 +64,11 @@ impl EngineLoop {
         metrics.publish(&scheduler.metrics());
         let stats = Arc::new(LoopStats::default());
         let (commands, receiver) = channel();
+        let waker = commands.clone();
+        admission.set_wake(Arc::new(move || {
+            // An error means the loop has exited: nothing to wake.
+            let _ = waker.send(Command::Wake);
+        }));
         let worker = Worker {
             scheduler,
             executor,
@@ -101,6 +112,7 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Command::Add(a) => write!(f, "Add({})", a.id),
+            Command::Wake => write!(f, "Wake"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }
@@ -112,7 +124,7 @@ impl SchedulerHandle {
     pub fn submit(
         &self,
         request: GenerationRequest,
-    ) -> Result<(SeqId, UnboundedReceiver<TokenEvent>), AdmissionError> {
+    ) -> Result<(SeqId, TokenReceiver), AdmissionError> {
         let (admitted, receiver) = self.inner.admission.admit(request)?;
         let id = admitted.id;
         self.inner
@@ -253,6 +265,18 @@ impl<E: Executor> Worker<E> {
             }
             if scheduled_any || !self.scheduler.has_work() {
                 empty_plans = 0;
+            } else if self.scheduler.num_stalled() > 0 {
+                // Nothing can run until a stalled client reads or leaves (its receiver
+                // wakes us), or a command comes.
+                empty_plans = 0;
+                match self.commands.recv() {
+                    Ok(cmd) => {
+                        if self.apply(cmd) == Flow::Stop {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
             } else {
                 empty_plans += 1;
                 if empty_plans > 2 {
@@ -278,6 +302,7 @@ impl<E: Executor> Worker<E> {
                 self.scheduler.add(a);
                 Flow::Continue
             }
+            Command::Wake => Flow::Continue,
             Command::Shutdown => Flow::Stop,
         }
     }

@@ -12,8 +12,9 @@
 //!
 //! Order of work in `schedule()` (after vLLM v1):
 //! 1. sequences whose receiver is gone are aborted and their blocks freed;
-//! 2. running sequences, oldest first, get their remaining tokens (1 for a decode, a
-//!    chunk for one still prefilling) while budget lasts; when blocks run out the newest
+//! 2. running sequences, oldest first, get their remaining tokens (unless their client
+//!    has not read what it was sent: see [`crate::token_channel`]), 1 for a decode or a
+//!    chunk for one still prefilling, while budget lasts; when blocks run out the newest
 //!    running sequence is preempted (blocks freed, back to the front of the queue,
 //!    recomputed later) until the current one fits or is itself preempted;
 //! 3. if nothing was preempted, waiting sequences are admitted in FCFS order while budget,
@@ -30,7 +31,6 @@ use tessera_protocol::{
     FinishReason, GenerationRequest, KvCacheShape, NewSequence, ScheduledChunk, SeqId, StepOutput,
     StepPlan, TokenEvent,
 };
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::admission::{Admission, AdmittedRequest};
 use crate::block_manager::KvCacheManager;
@@ -38,6 +38,7 @@ use crate::config::{ResolvedConfig, SchedulerConfig};
 use crate::error::{AdmissionError, SchedulerError};
 use crate::metrics::SchedulerMetrics;
 use crate::sequence::Sequence;
+use crate::token_channel::TokenReceiver;
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -69,6 +70,8 @@ pub struct Scheduler {
     /// Time from admission to first step of the sequences announced since the last
     /// [`Scheduler::take_queue_times`].
     queue_times: Vec<std::time::Duration>,
+    /// Running sequences the last plan skipped because their clients are not reading.
+    num_stalled: usize,
 }
 
 impl Scheduler {
@@ -100,6 +103,7 @@ impl Scheduler {
             in_flight: Vec::new(),
             counters: Counters::default(),
             queue_times: Vec::new(),
+            num_stalled: 0,
         }
     }
 
@@ -123,6 +127,12 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// Running sequences the last plan skipped because their clients are not reading
+    /// (their channels are full). They run again once their clients read.
+    pub fn num_stalled(&self) -> usize {
+        self.num_stalled
+    }
+
     /// True while there is anything to plan: sequences to run or ends to report.
     pub fn has_work(&self) -> bool {
         !self.running.is_empty() || !self.waiting.is_empty() || !self.pending_finished.is_empty()
@@ -132,7 +142,7 @@ impl Scheduler {
     pub fn submit(
         &mut self,
         request: GenerationRequest,
-    ) -> Result<(SeqId, UnboundedReceiver<TokenEvent>), AdmissionError> {
+    ) -> Result<(SeqId, TokenReceiver), AdmissionError> {
         let (admitted, receiver) = self.admission.admit(request)?;
         let id = admitted.id;
         self.add(admitted);
@@ -164,6 +174,7 @@ impl Scheduler {
             ..StepPlan::default()
         };
         let mut budget = self.cfg.max_batch_tokens;
+        self.num_stalled = 0;
         let preempted = self.schedule_running(&mut plan, &mut budget);
         if !preempted {
             self.schedule_waiting(&mut plan, &mut budget);
@@ -297,7 +308,9 @@ impl Scheduler {
                 continue;
             };
             let num_new = seq.num_uncomputed().min(*budget);
-            if num_new == 0 {
+            // Backpressure: a client that is not reading gets no more tokens made.
+            if num_new == 0 || !seq.sender.has_room_for_token() {
+                self.num_stalled += usize::from(num_new > 0);
                 i += 1;
                 continue;
             }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{expected_tokens, prompt, request, FakeExecutor};
 use tessera_protocol::{FinishReason, TokenEvent};
+use tessera_scheduler::TokenReceiver;
 use tessera_scheduler::{AdmissionError, EngineLoop, SchedulerConfig, SchedulerHandle};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 fn config() -> SchedulerConfig {
     SchedulerConfig {
@@ -22,7 +22,7 @@ fn config() -> SchedulerConfig {
 }
 
 /// Block until the terminal event; returns the tokens and it.
-fn collect(rx: &mut UnboundedReceiver<TokenEvent>) -> (Vec<u32>, Option<TokenEvent>) {
+fn collect(rx: &mut TokenReceiver) -> (Vec<u32>, Option<TokenEvent>) {
     let mut tokens = Vec::new();
     while let Some(ev) = rx.blocking_recv() {
         match ev {
@@ -324,5 +324,66 @@ fn one_token_requests_through_a_single_slot_all_complete() {
             })
         ));
     }
+    handle.join().unwrap();
+}
+
+/// Backpressure: a client that does not read gets only what its channel holds (less
+/// one slot kept for the final event), then no more steps; the loop does not spin
+/// meanwhile, other requests run, and once the client reads the request goes on to
+/// exactly the tokens it would have had.
+#[test]
+fn a_client_that_does_not_read_stops_being_scheduled() {
+    let mut ex = FakeExecutor::new(1024, 4, 4096);
+    ex.step_delay = Duration::from_millis(1);
+    let plans = Arc::clone(&ex.plans);
+    let cfg = SchedulerConfig {
+        max_buffered_events: 8,
+        ..config()
+    };
+    let handle = EngineLoop::spawn(cfg, ex).unwrap();
+    let slow_prompt = prompt(1, 5);
+    let (_, mut slow) = handle.submit(request(slow_prompt.clone(), 300)).unwrap();
+    let fast_prompt = prompt(2, 6);
+    let (_, mut fast) = handle.submit(request(fast_prompt.clone(), 40)).unwrap();
+    let (tokens, end) = collect(&mut fast);
+    assert_eq!(tokens, expected_tokens(&fast_prompt, 40));
+    assert!(finished_with_length(end));
+    // Stalled: 7 tokens made for the slow client, and no step runs while it waits.
+    std::thread::sleep(Duration::from_millis(100));
+    let steps = plans.lock().unwrap().len();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(plans.lock().unwrap().len(), steps, "the loop kept stepping");
+    let m = handle.metrics();
+    assert_eq!(m.generation_tokens_total, 40 + 7);
+    assert_eq!(m.num_running, 1);
+    // Reading lets it finish, with every token in order.
+    let (tokens, end) = collect(&mut slow);
+    assert_eq!(tokens, expected_tokens(&slow_prompt, 300));
+    assert!(finished_with_length(end));
+    handle.join().unwrap();
+}
+
+/// A stalled client that leaves is noticed at once, though nothing else runs.
+#[test]
+fn a_stalled_client_that_leaves_frees_its_blocks() {
+    let ex = FakeExecutor::new(64, 4, 4096);
+    let cfg = SchedulerConfig {
+        max_buffered_events: 4,
+        ..config()
+    };
+    let handle = EngineLoop::spawn(cfg, ex).unwrap();
+    let (_, slow) = handle.submit(request(prompt(1, 5), 200)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while handle.metrics().generation_tokens_total < 3 {
+        assert!(std::time::Instant::now() < deadline, "never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(handle.metrics().kv_blocks_in_use > 0);
+    drop(slow);
+    while handle.metrics().kv_blocks_in_use > 0 {
+        assert!(std::time::Instant::now() < deadline, "blocks never freed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(handle.metrics().generation_tokens_total, 3);
     handle.join().unwrap();
 }

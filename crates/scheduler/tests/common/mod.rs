@@ -13,7 +13,7 @@ use tessera_protocol::{
     SamplingParams, StepOutput, StepPlan, StopCondition, TokenEvent,
 };
 use tessera_scheduler::Scheduler;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tessera_scheduler::TokenReceiver;
 
 /// Decides whether a step fails (checked before it runs).
 pub type FailWhen = Box<dyn FnMut(&StepPlan) -> bool + Send>;
@@ -191,7 +191,7 @@ pub fn run(s: &mut Scheduler, ex: &mut FakeExecutor) -> Vec<StepPlan> {
 }
 
 /// Everything a receiver has buffered: tokens and the terminal event, if any.
-pub fn drain(rx: &mut UnboundedReceiver<TokenEvent>) -> (Vec<u32>, Option<TokenEvent>) {
+pub fn drain(rx: &mut TokenReceiver) -> (Vec<u32>, Option<TokenEvent>) {
     let mut tokens = Vec::new();
     let mut terminal = None;
     while let Ok(ev) = rx.try_recv() {

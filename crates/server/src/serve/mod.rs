@@ -286,6 +286,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             max_waiting: args.max_waiting,
             max_model_len: args.max_model_len,
             enable_prefix_caching: true,
+            ..SchedulerConfig::default()
         },
         engine,
     )
