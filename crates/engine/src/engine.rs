@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_protocol::{
-    Executor, ExecutorError, KvCacheShape, SampledToken, SeqId, StepOutput, StepPlan,
+    Executor, ExecutorError, FailedSequence, KvCacheShape, SampledToken, SeqId, StepOutput,
+    StepPlan,
 };
 
 use crate::config::ModelConfig;
@@ -15,7 +16,7 @@ use crate::device::DeviceSpec;
 use crate::device_map::LayerMap;
 use crate::error::{EngineError, Result};
 use crate::loader;
-use crate::model::{Batch, RankCache};
+use crate::model::{Batch, ChunkLimits, RankCache};
 use crate::placement;
 use crate::sampler::Sampler;
 use crate::stats::EngineStats;
@@ -92,8 +93,10 @@ pub struct Engine {
     kv: KvCacheShape,
     sequences: HashMap<SeqId, SeqState>,
     step_timeout: Duration,
-    /// Set when a rank failed: the group's communicator is aborted and nothing more runs.
+    /// Set when the group failed (a device, a collective, a hung rank): nothing more runs.
     failed: Option<String>,
+    /// How to give the ranks fresh communicators after a step-only failure.
+    groups: placement::CommGroups,
     stats: EngineStats,
 }
 
@@ -181,6 +184,7 @@ impl Engine {
             (cores / world).max(1)
         });
         let plan = placement.plan;
+        let groups = placement.groups;
         let stats = EngineStats::new(world);
         let mut workers = Vec::with_capacity(world);
         let mut memory = Vec::with_capacity(world);
@@ -212,6 +216,7 @@ impl Engine {
             sequences: HashMap::new(),
             step_timeout: cfg.step_timeout,
             failed: None,
+            groups,
             stats,
         };
         #[cfg(feature = "cuda")]
@@ -271,18 +276,19 @@ impl Engine {
     /// rank handed them back (rows in `batch.argmax_rows` may come as their arg-max).
     fn forward_rows(&mut self, batch: Batch) -> Result<worker::StepLogits> {
         if let Some(reason) = &self.failed {
-            return Err(EngineError::Step(format!(
-                "engine failed earlier: {reason}"
-            )));
+            return Err(EngineError::GroupFailed {
+                rank: None,
+                message: format!("engine failed earlier: {reason}"),
+            });
         }
         let batch = Arc::new(batch);
         for w in &self.workers {
-            w.jobs
-                .send(Job::Step(batch.clone()))
-                .map_err(|_| EngineError::Rank {
-                    rank: w.rank,
+            if w.jobs.send(Job::Step(batch.clone())).is_err() {
+                return Err(self.fail_group(EngineError::GroupFailed {
+                    rank: Some(w.rank),
                     message: "worker thread is gone".into(),
-                })?;
+                }));
+            }
         }
         // Ranks waiting on a hung peer give up after `step_timeout` and name it; allow them a
         // moment to say so before blaming whoever has not answered.
@@ -296,8 +302,8 @@ impl Engine {
                 Ok(Ok(Some(l))) => logits = Some(l),
                 Ok(Ok(None)) => {}
                 Ok(Err(e @ EngineError::CommAborted(_))) => {
-                    aborted.get_or_insert(EngineError::Rank {
-                        rank: w.rank,
+                    aborted.get_or_insert(EngineError::GroupFailed {
+                        rank: Some(w.rank),
                         message: e.to_string(),
                     });
                 }
@@ -305,25 +311,75 @@ impl Engine {
                     root_cause.get_or_insert(e);
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    root_cause.get_or_insert(EngineError::Rank {
-                        rank: w.rank,
+                    root_cause.get_or_insert(EngineError::GroupFailed {
+                        rank: Some(w.rank),
                         message: format!("did not finish the step within {:?}", self.step_timeout),
                     });
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    root_cause.get_or_insert(EngineError::Rank {
-                        rank: w.rank,
+                    root_cause.get_or_insert(EngineError::GroupFailed {
+                        rank: Some(w.rank),
                         message: "worker thread exited".into(),
                     });
                 }
             }
         }
-        if let Some(e) = root_cause.or(aborted) {
-            self.failed = Some(e.to_string());
-            tracing::error!("step failed: {e}");
-            return Err(e);
+        // A collective that failed with no rank to blame is a group failure.
+        match root_cause.or(aborted) {
+            None => logits.ok_or_else(|| EngineError::Step("no rank returned logits".into())),
+            Some(e) if e.fails_group() => Err(self.fail_group(e)),
+            Some(e) => {
+                tracing::error!("step failed, the group reconnects: {e}");
+                match self.reconnect() {
+                    Ok(()) => Err(e),
+                    Err(lost) => Err(self.fail_group(EngineError::GroupFailed {
+                        rank: None,
+                        message: format!("{e}; then the group could not reconnect: {lost}"),
+                    })),
+                }
+            }
         }
-        logits.ok_or_else(|| EngineError::Step("rank 0 returned no logits".into()))
+    }
+
+    /// Marks the group failed for good; nothing more runs.
+    fn fail_group(&mut self, e: EngineError) -> EngineError {
+        tracing::error!("device group failed: {e}");
+        self.failed = Some(e.to_string());
+        e
+    }
+
+    /// After a step-only failure every rank has answered and is idle, and the failing
+    /// one aborted the group's communicator: give every rank a fresh one.
+    fn reconnect(&mut self) -> Result<()> {
+        let endpoints = self.groups.endpoints()?;
+        for (w, endpoint) in self.workers.iter().zip(endpoints) {
+            w.jobs
+                .send(Job::Reconnect(endpoint))
+                .map_err(|_| EngineError::GroupFailed {
+                    rank: Some(w.rank),
+                    message: "worker thread is gone".into(),
+                })?;
+        }
+        let deadline = Instant::now() + self.step_timeout;
+        let mut first_error = None;
+        for w in &self.workers {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let outcome = match w.results.recv_timeout(wait) {
+                Ok(Ok(_)) => continue,
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "did not rejoin the group in time".into(),
+            };
+            first_error.get_or_insert(EngineError::GroupFailed {
+                rank: Some(w.rank),
+                message: outcome,
+            });
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Whether a device or collective failure has ended this engine.
+    pub fn is_failed(&self) -> bool {
+        self.failed.is_some()
     }
 
     fn run_step(&mut self, plan: &StepPlan) -> Result<StepOutput> {
@@ -338,18 +394,41 @@ impl Engine {
                 },
             );
         }
-        if plan.scheduled.is_empty() {
-            return Ok(StepOutput::default());
+        // A chunk that cannot run fails its own sequence; the rest of the step runs.
+        let limits = ChunkLimits {
+            block_size: self.kv.block_size_tokens,
+            num_blocks: self.kv.num_blocks,
+            max_positions: self.config.max_position_embeddings,
+            vocab_rows: self.config.vocab_size,
+        };
+        let mut failed = Vec::new();
+        let mut runnable = Vec::with_capacity(plan.scheduled.len());
+        for chunk in &plan.scheduled {
+            let refusal = match self.sequences.get(&chunk.id) {
+                None => Err(format!("{} was never announced", chunk.id)),
+                Some(_) => limits.check(chunk),
+            };
+            match refusal {
+                Ok(()) => runnable.push(chunk),
+                Err(message) => {
+                    tracing::warn!("{message}; the sequence fails alone");
+                    self.sequences.remove(&chunk.id);
+                    failed.push(FailedSequence {
+                        id: chunk.id,
+                        message,
+                    });
+                }
+            }
         }
-        let mut batch = Batch::from_plan(
-            plan,
-            self.kv.block_size_tokens,
-            self.kv.num_blocks,
-            self.config.max_position_embeddings,
-        )?;
+        if runnable.is_empty() {
+            return Ok(StepOutput {
+                samples: Vec::new(),
+                failed,
+            });
+        }
+        let mut batch = Batch::from_chunks(runnable.iter().copied(), &limits)?;
         let unknown = |id: SeqId| EngineError::Step(format!("{id} was never announced"));
-        batch.argmax_rows = plan
-            .scheduled
+        batch.argmax_rows = runnable
             .iter()
             .filter(|c| c.sample)
             .map(|c| {
@@ -361,7 +440,7 @@ impl Engine {
         let vocab = self.config.vocab_size;
         let mut rows = logits.values.chunks_exact_mut(vocab.max(1));
         let mut samples = Vec::new();
-        let sampled = plan.scheduled.iter().filter(|c| c.sample);
+        let sampled = runnable.iter().filter(|c| c.sample);
         for (row, chunk) in sampled.enumerate() {
             let state = self
                 .sequences
@@ -382,7 +461,7 @@ impl Engine {
                 logprobs,
             });
         }
-        Ok(StepOutput { samples })
+        Ok(StepOutput { samples, failed })
     }
 }
 
@@ -400,12 +479,18 @@ fn row_parallel_block(source: &dyn loader::TensorSource, num_layers: usize) -> R
 
 impl Executor for Engine {
     fn step(&mut self, plan: &StepPlan) -> Result<StepOutput, ExecutorError> {
-        self.run_step(plan).map_err(|e| ExecutorError {
-            rank: match &e {
-                EngineError::Rank { rank, .. } => Some(*rank),
-                _ => None,
-            },
-            message: e.to_string(),
+        self.run_step(plan).map_err(|e| {
+            let group = e.fails_group() || self.failed.is_some();
+            let (rank, message) = match e {
+                EngineError::Rank { rank, message } => (Some(rank), message),
+                EngineError::GroupFailed { rank, message } => (rank, message),
+                other => (None, other.to_string()),
+            };
+            if group {
+                ExecutorError::group(rank, message)
+            } else {
+                ExecutorError::step(rank, message)
+            }
         })
     }
 
@@ -415,10 +500,6 @@ impl Executor for Engine {
 
     fn max_context_tokens(&self) -> usize {
         self.config.max_position_embeddings
-    }
-
-    fn is_failed(&self) -> bool {
-        self.failed.is_some()
     }
 }
 

@@ -60,7 +60,7 @@ impl Engine {
 
         use crate::error::EngineError;
         use crate::gpu_memory::{kv_budget_per_rank, measure, reset_peak, DeviceUsage};
-        use crate::model::Batch;
+        use crate::model::{Batch, ChunkLimits};
         use crate::worker::Job;
         use tessera_protocol::KvCacheShape;
         let bs = self.kv.block_size_tokens;
@@ -77,8 +77,13 @@ impl Engine {
         }
         let (plan, _) = profile_plan(max_batch_tokens, max_num_seqs, bs);
         let started = std::time::Instant::now();
-        let max_pos = self.config.max_position_embeddings;
-        let batch = Batch::from_plan(&plan, bs, provisional_blocks, max_pos)?;
+        let limits = ChunkLimits {
+            block_size: bs,
+            num_blocks: provisional_blocks,
+            max_positions: self.config.max_position_embeddings,
+            vocab_rows: self.config.vocab_size,
+        };
+        let batch = Batch::from_plan(&plan, &limits)?;
         self.forward(batch)?;
         tracing::info!(
             "profile step of {max_batch_tokens} tokens in {} sequences: {:.2}s",
@@ -166,7 +171,7 @@ impl Engine {
 mod tests {
     use super::*;
     use crate::error::Result;
-    use crate::model::Batch;
+    use crate::model::{Batch, ChunkLimits};
 
     #[test]
     fn the_profile_step_is_the_largest_the_scheduler_sends() -> Result<()> {
@@ -176,7 +181,13 @@ mod tests {
         assert_eq!(tokens, 2048);
         assert_eq!(blocks, 64 * 2);
         // Every block is used once: the plan is a valid step over `blocks` blocks.
-        let batch = Batch::from_plan(&plan, 16, blocks, 4096)?;
+        let limits = ChunkLimits {
+            block_size: 16,
+            num_blocks: blocks,
+            max_positions: 4096,
+            vocab_rows: 1,
+        };
+        let batch = Batch::from_plan(&plan, &limits)?;
         assert_eq!(batch.sample_rows.len(), 64);
         // Fewer tokens than sequences: one token each.
         let (plan, blocks) = profile_plan(5, 64, 16);

@@ -32,8 +32,22 @@ pub enum EngineError {
     #[error("invalid tensor-parallel setup: {0}")]
     Parallel(String),
 
+    /// A rank failed this step in a way that spoils only the step (a kernel error on
+    /// the host, a panic): its peers were released and the group reconnects.
     #[error("rank {rank}: {message}")]
     Rank { rank: usize, message: String },
+
+    /// The group can run no more steps: a device failed, a collective failed or timed
+    /// out, a rank hung or its thread is gone.
+    #[error("{}{message}", rank.map(|r| format!("rank {r}: ")).unwrap_or_default())]
+    GroupFailed {
+        rank: Option<usize>,
+        message: String,
+    },
+
+    /// A device error on a rank (CUDA reports them sticky: the context is unusable).
+    #[error("device error: {0}")]
+    Device(String),
 
     #[error("collective aborted: {0}")]
     CommAborted(String),
@@ -46,6 +60,17 @@ pub enum EngineError {
 
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+impl EngineError {
+    /// Whether this error leaves the device group unable to run another step. Errors
+    /// that are not are confined to the step (or, caught before it, to one sequence).
+    pub fn fails_group(&self) -> bool {
+        matches!(
+            self,
+            EngineError::GroupFailed { .. } | EngineError::Device(_) | EngineError::CommAborted(_)
+        )
+    }
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

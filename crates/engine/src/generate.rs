@@ -24,10 +24,7 @@ pub fn generate(
     opts: &GenerateOptions,
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>, ExecutorError> {
-    let fail = |m: String| ExecutorError {
-        rank: None,
-        message: m,
-    };
+    let fail = |m: String| ExecutorError::step(None, m);
     if prompt.is_empty() {
         return Err(fail("empty prompt".into()));
     }
@@ -76,6 +73,9 @@ pub fn generate(
             finished: vec![],
         };
         let output = exec.step(&plan)?;
+        if let Some(refused) = output.failed.first() {
+            return Err(fail(refused.message.clone()));
+        }
         pos += tokens.len();
         if let Some(s) = output.samples.first() {
             out.push(s.token);

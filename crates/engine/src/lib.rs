@@ -23,7 +23,7 @@ pub use device_map::{LayerMap, Stage};
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateOptions};
-pub use loader::{default_model_path, load_tokenizer};
+pub use loader::{check_vocabulary, default_model_path, load_tokenizer};
 pub use stats::{EngineStats, RankSnapshot};
 pub use tessera_tokenizer::Tokenizer;
 pub use worker::Fault;

@@ -3,6 +3,7 @@
 //! layers). Either way the result is a list of members, each becoming one worker.
 
 use std::ops::Range;
+use std::time::Duration;
 
 use crate::config::ModelConfig;
 use crate::device::DeviceSpec;
@@ -11,7 +12,7 @@ use crate::engine::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::TensorSource;
 use crate::model::{load_shards, LlamaShard};
-use crate::tp::{Endpoint, LocalComm, PlanOptions, ShardPlan};
+use crate::tp::{AllReduceDtype, Endpoint, LocalComm, PlanOptions, ShardPlan};
 use crate::worker::{StageLinks, StageMsg};
 
 /// One future worker.
@@ -28,6 +29,37 @@ pub(crate) struct Placement {
     /// The tensor-parallel plan of each member (world size 1 for pipeline stages).
     pub plan: ShardPlan,
     pub members: Vec<Member>,
+    /// How to make the members' communicators again.
+    pub groups: CommGroups,
+}
+
+/// The communicator groups of a placement (all ranks in one for tensor parallelism, one
+/// per stage for a pipeline), to make fresh endpoints when a failed step aborted them.
+#[derive(Debug, Clone)]
+pub(crate) struct CommGroups {
+    /// The devices of each group; members are the groups' ranks, in order.
+    groups: Vec<Vec<DeviceSpec>>,
+    dtype: AllReduceDtype,
+    timeout: Duration,
+}
+
+impl CommGroups {
+    fn new(cfg: &EngineConfig, groups: Vec<Vec<DeviceSpec>>) -> Self {
+        Self {
+            groups,
+            dtype: cfg.allreduce_dtype,
+            timeout: cfg.step_timeout,
+        }
+    }
+
+    /// One new endpoint per member, in member order.
+    pub fn endpoints(&self) -> Result<Vec<Box<dyn Endpoint>>> {
+        let mut all = Vec::new();
+        for devices in &self.groups {
+            all.extend(endpoints(self.dtype, self.timeout, devices)?);
+        }
+        Ok(all)
+    }
 }
 
 /// Tensor parallelism over `cfg.devices`, split by `cfg.tensor_split` ratios.
@@ -72,7 +104,8 @@ pub(crate) fn tensor_parallel(
     }
     let shards = load_shards(source, &plan, &devices, 0..config.num_layers)?;
     settle_uploads(&devices)?;
-    let comms = endpoints(cfg, &cfg.devices)?;
+    let groups = CommGroups::new(cfg, vec![cfg.devices.clone()]);
+    let comms = groups.endpoints()?;
     let members = shards
         .into_iter()
         .zip(comms)
@@ -86,7 +119,11 @@ pub(crate) fn tensor_parallel(
             returns_logits: rank == 0,
         })
         .collect();
-    Ok(Placement { plan, members })
+    Ok(Placement {
+        plan,
+        members,
+        groups,
+    })
 }
 
 /// Pipeline stages from a layer map: whole layers per device, host layers last.
@@ -103,6 +140,8 @@ pub(crate) fn pipeline(
         ));
     }
     let stages: Vec<Stage> = map.stages(&cfg.devices, config.num_layers)?;
+    let groups = CommGroups::new(cfg, stages.iter().map(|s| vec![s.device]).collect());
+    let mut comms = groups.endpoints()?.into_iter();
     let plan = ShardPlan::new(config, &PlanOptions::equal(1, input_block))?;
     let mut members = Vec::with_capacity(stages.len());
     let mut prev: Option<crossbeam_channel::Receiver<StageMsg>> = None;
@@ -130,8 +169,8 @@ pub(crate) fn pipeline(
             let (tx, rx) = crossbeam_channel::bounded::<StageMsg>(1);
             (Some(tx), Some(rx))
         };
-        let comm = endpoints(cfg, std::slice::from_ref(&stage.device))?
-            .pop()
+        let comm = comms
+            .next()
             .ok_or_else(|| EngineError::Parallel("no communicator".into()))?;
         members.push(Member {
             device: stage.device,
@@ -147,15 +186,22 @@ pub(crate) fn pipeline(
         });
         prev = next_prev;
     }
-    Ok(Placement { plan, members })
+    Ok(Placement {
+        plan,
+        members,
+        groups,
+    })
 }
 
 /// The communicator endpoints of a group: in-process buffers for CPU ranks, NCCL for
 /// ranks on distinct GPUs, the same-GPU communicator for ranks sharing one GPU (and for
 /// a single GPU rank, whose only collective work is bounding its step).
-fn endpoints(cfg: &EngineConfig, devices: &[DeviceSpec]) -> Result<Vec<Box<dyn Endpoint>>> {
+fn endpoints(
+    dtype: AllReduceDtype,
+    timeout: Duration,
+    devices: &[DeviceSpec],
+) -> Result<Vec<Box<dyn Endpoint>>> {
     let world = devices.len();
-    let (dtype, timeout) = (cfg.allreduce_dtype, cfg.step_timeout);
     match devices.first() {
         #[cfg(feature = "cuda")]
         Some(DeviceSpec::Cuda(_)) => {

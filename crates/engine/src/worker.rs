@@ -1,7 +1,11 @@
 //! One worker thread per device. Each owns its model shard, its KV cache slice, its
 //! communicator and its thread pool, receives batches over a channel and runs forward in
 //! lock step with the others. A worker that fails (error or panic) aborts the group's
-//! communicator so no other rank waits forever, and reports an error naming its rank.
+//! communicator so no other rank waits forever, tells the next pipeline stage (which
+//! tells the one after it, so every stage hears), and reports an error naming its rank:
+//! [`EngineError::Rank`] when only the step is spoilt, [`EngineError::GroupFailed`]
+//! when its device is. After a step-only failure the engine hands every worker a fresh
+//! endpoint ([`Job::Reconnect`]) and the group serves the next step.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -70,14 +74,22 @@ fn logits_to_host(logits: &Tensor, batch: &Batch) -> Result<StepLogits> {
 /// Test-only fault injection: make a rank fail in a chosen way on a chosen step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
+    /// A plain error in the rank's step: fails the step only.
     Error,
+    /// A panic in the rank's step: fails the step only.
     Panic,
+    /// The rank stops answering: its peers time out and the group fails.
     Hang,
+    /// The rank's device fails: the group fails.
+    Device,
 }
 
 pub(crate) enum Job {
     Step(Arc<Batch>),
     Inject(Fault),
+    /// Join a fresh communicator after a failed step (the old one is aborted) and drop
+    /// hidden states a stage sent for that step but nobody took.
+    Reconnect(Box<dyn Endpoint>),
     /// Replace the KV cache with one of this many blocks (after sizing it to the device).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     ResizeCache {
@@ -157,6 +169,17 @@ fn step(
     }
 }
 
+/// Whether a rank's own error leaves its device unusable. CUDA errors are sticky (the
+/// context fails every later call) and cannot be told apart here, so any tensor error
+/// on a GPU counts; on the host a tensor error concerns only the step's data.
+fn spoils_device(e: &EngineError, on_gpu: bool) -> bool {
+    match e {
+        EngineError::Device(_) => true,
+        EngineError::Candle(_) => on_gpu,
+        _ => false,
+    }
+}
+
 pub(crate) fn spawn(state: WorkerState) -> Result<WorkerHandle> {
     let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
     let (res_tx, res_rx) = crossbeam_channel::unbounded::<StepResult>();
@@ -207,8 +230,8 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
             // Fail every step: the engine reports this rank as the cause.
             let message = format!("cannot join the tensor-parallel group: {e}");
             while jobs.recv().is_ok() {
-                let failure = Err(EngineError::Rank {
-                    rank,
+                let failure = Err(EngineError::GroupFailed {
+                    rank: Some(rank),
                     message: message.clone(),
                 });
                 if results.send(failure).is_err() {
@@ -218,12 +241,29 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
             return;
         }
     };
+    let on_gpu = shard.device().is_cuda();
     let mut fault = None;
     while let Ok(job) = jobs.recv() {
         let batch = match job {
             Job::Step(b) => b,
             Job::Inject(f) => {
                 fault = Some(f);
+                continue;
+            }
+            Job::Reconnect(endpoint) => {
+                if let Some(prev) = &links.prev {
+                    while prev.try_recv().is_ok() {}
+                }
+                let joined = endpoint.connect(shard.device()).map(|inner| {
+                    comm = Box::new(TimedComm {
+                        inner,
+                        stats: stats.clone(),
+                    });
+                    None
+                });
+                if results.send(joined).is_err() {
+                    break;
+                }
                 continue;
             }
             Job::ResizeCache {
@@ -246,6 +286,7 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
             match fault.take() {
                 Some(Fault::Error) => return Err(EngineError::Step("injected fault".into())),
                 Some(Fault::Panic) => panic!("injected panic"),
+                Some(Fault::Device) => return Err(EngineError::Device("injected fault".into())),
                 Some(Fault::Hang) => {
                     // Waits for the engine to shut down, like a stuck device would.
                     let _ = jobs.recv();
@@ -271,17 +312,34 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
                 Err(EngineError::Step(format!("panicked: {msg}")))
             }
         };
-        let result = result.map_err(|e| match e {
-            EngineError::CommAborted(m) => EngineError::CommAborted(m),
-            other => {
-                let message = other.to_string();
-                comm.abort(&format!("rank {rank} failed: {message}"));
-                if let Some(next) = &links.next {
-                    // Release the next stage, which is waiting for this one's output.
-                    let _ = next.send(Err(format!("stage {rank} failed: {message}")));
+        let result = result.map_err(|e| {
+            let (forwarded, failure) = match e {
+                // Another rank or stage failed first and has said so.
+                EngineError::CommAborted(m) => (m.clone(), EngineError::CommAborted(m)),
+                other => {
+                    let message = other.to_string();
+                    comm.abort(&format!("rank {rank} failed: {message}"));
+                    let failure = if spoils_device(&other, on_gpu) {
+                        EngineError::GroupFailed {
+                            rank: Some(rank),
+                            message: message.clone(),
+                        }
+                    } else {
+                        EngineError::Rank {
+                            rank,
+                            message: message.clone(),
+                        }
+                    };
+                    (format!("stage {rank} failed: {message}"), failure)
                 }
-                EngineError::Rank { rank, message }
+            };
+            // Release the next stage, which waits for this one's output, whatever the
+            // cause: it passes the word on, so the last stage hears it too. (A stage
+            // that sent its output has succeeded: errors come before the send.)
+            if let Some(next) = &links.next {
+                let _ = next.send(Err(forwarded));
             }
+            failure
         });
         if results.send(result).is_err() {
             break;

@@ -9,7 +9,7 @@ use common::*;
 use tessera_engine::{
     generate, DeviceSpec, Engine, EngineConfig, Fault, GenerateOptions, LayerMap,
 };
-use tessera_protocol::SamplingParams;
+use tessera_protocol::{FailureScope, SamplingParams};
 
 fn engine(path: std::path::PathBuf, map: Option<&str>) -> Engine {
     let mut cfg = EngineConfig::new(path).with_cpu_ranks(if map.is_some() { 2 } else { 1 });
@@ -81,7 +81,8 @@ fn bad_layer_maps_are_refused_with_the_fix() {
     );
 }
 
-/// A stage that fails releases the stages after it: the step fails fast, naming it.
+/// A stage that fails releases the stages after it: the step fails fast, naming it,
+/// and the stages serve the next step.
 #[test]
 fn a_failing_stage_surfaces_as_an_error_naming_it() {
     for fault in [Fault::Error, Fault::Panic] {
@@ -90,14 +91,63 @@ fn a_failing_stage_surfaces_as_an_error_naming_it() {
         cfg.step_timeout = Duration::from_secs(20);
         cfg.device_layers = Some("0:1;1:1".parse().expect("map"));
         let mut engine = Engine::load(&cfg).expect("load");
-        assert_eq!(greedy(&mut engine, &[1, 2, 3], 2).expect("runs").len(), 2);
+        let want = greedy(&mut engine, &[4, 5, 6], 2).expect("runs");
         engine.inject_fault(0, fault).expect("inject");
         let started = Instant::now();
         let err = greedy(&mut engine, &[4, 5, 6], 2).expect_err("must fail");
         assert_eq!(err.rank, Some(0), "{fault:?}: {err}");
+        assert_eq!(err.scope, FailureScope::Step, "{fault:?}: {err}");
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{fault:?} was not released promptly"
         );
+        assert_eq!(
+            greedy(&mut engine, &[4, 5, 6], 2).expect("runs again"),
+            want
+        );
+    }
+}
+
+/// With three stages and more, every stage after a failing one hears of it at once
+/// (not only the next one: the last would wait out the whole step timeout), whichever
+/// stage fails; and the pipeline then gives the tokens it gave before.
+#[test]
+fn every_stage_after_a_failing_one_is_released() {
+    let prompt = [1, 9038, 2501, 263, 48, 260];
+    let mut reference: Option<Vec<u32>> = None;
+    // Three stages (two device stages and the host), four, five.
+    for map in ["0:10;1:10", "0:8;1:8;2:8", "0:6;1:6;2:6;3:6"] {
+        let layer_map: LayerMap = map.parse().expect("map");
+        let stages = map.split(';').count() + 1;
+        let mut cfg = EngineConfig::new(smollm2_path()).with_cpu_ranks(stages - 1);
+        cfg.kv_cache_bytes = 16 << 20;
+        cfg.step_timeout = Duration::from_secs(30);
+        cfg.threads_per_rank = Some(1);
+        cfg.device_layers = Some(layer_map);
+        let mut engine = Engine::load(&cfg).expect("load");
+        let want = greedy(&mut engine, &prompt, 3).expect("runs");
+        if let Some(r) = &reference {
+            assert_eq!(&want, r, "{map}: placing layers changes nothing");
+        }
+        reference = Some(want.clone());
+        // The first stage, and one in the middle.
+        for failing in [0, stages / 2] {
+            engine.inject_fault(failing, Fault::Error).expect("inject");
+            let started = Instant::now();
+            let err = greedy(&mut engine, &prompt, 3).expect_err("must fail");
+            let took = started.elapsed();
+            println!("{map}: stage {failing} failed: {err} after {took:?}");
+            assert_eq!(err.rank, Some(failing), "{map}: {err}");
+            assert_eq!(err.scope, FailureScope::Step, "{map}: {err}");
+            assert!(
+                took < Duration::from_secs(10),
+                "{map}: stage {failing}'s failure took {took:?} to reach the last stage"
+            );
+            assert_eq!(
+                greedy(&mut engine, &prompt, 3).expect("runs again"),
+                want,
+                "{map}"
+            );
+        }
     }
 }

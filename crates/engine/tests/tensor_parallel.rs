@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use tessera_engine::tp::AllReduceDtype;
 use tessera_engine::{generate, Engine, EngineConfig, Fault, GenerateOptions};
-use tessera_protocol::{Executor, SamplingParams};
+use tessera_protocol::{
+    Executor, FailureScope, NewSequence, SamplingParams, ScheduledChunk, SeqId, StepPlan,
+};
 
 fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
     greedy_until(engine, prompt, n, &[])
@@ -169,33 +171,117 @@ fn dense_uneven_heads_every_tp_size_matches_tp1() {
     }
 }
 
-/// A rank that errors, panics or hangs fails the step with an error naming it, within a
-/// bounded time, and the engine refuses further steps instead of hanging.
+/// A rank whose step errors or panics fails that step alone: the error names the rank
+/// and comes within a bounded time, then the group reconnects and the next steps give
+/// the tokens they gave before. A lost device or a hung rank fails the group: the engine
+/// refuses further steps instead of hanging.
 #[test]
-fn a_failing_rank_surfaces_as_an_error_naming_it() {
+fn a_failing_rank_fails_its_step_and_a_lost_one_fails_the_group() {
     let dir = fixtures().join("tiny-llama");
-    for fault in [Fault::Error, Fault::Panic, Fault::Hang] {
-        let mut cfg = EngineConfig::new(&dir).with_cpu_ranks(3);
-        cfg.kv_cache_bytes = 8 << 20;
-        cfg.step_timeout = Duration::from_millis(500);
-        let mut engine = Engine::load(&cfg).expect("load");
-        assert_eq!(greedy(&mut engine, &[1, 2, 3], 2).len(), 2);
-        engine.inject_fault(1, fault).expect("inject");
-        let started = Instant::now();
-        let opts = GenerateOptions {
-            max_tokens: 2,
-            sampling: SamplingParams::greedy(),
-            stop_token_ids: vec![],
-            prefill_chunk: 0,
-        };
-        let err = generate(&mut engine, &[4, 5, 6], &opts, |_| {}).expect_err("the step must fail");
-        let took = started.elapsed();
-        println!("{fault:?}: {err} after {took:?}");
-        assert_eq!(err.rank, Some(1), "{fault:?}: {err}");
-        assert!(took < Duration::from_secs(5), "{fault:?} took {took:?}");
-        let again = engine.step(&Default::default());
-        assert!(again.is_ok(), "an empty plan runs nothing");
-        let err2 = generate(&mut engine, &[7], &opts, |_| {}).expect_err("engine stays failed");
-        assert!(err2.message.contains("failed earlier"), "{err2}");
+    let opts = GenerateOptions {
+        max_tokens: 4,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+        prefill_chunk: 0,
+    };
+    for tp in [2, 3] {
+        for (fault, scope) in [
+            (Fault::Error, FailureScope::Step),
+            (Fault::Panic, FailureScope::Step),
+            (Fault::Device, FailureScope::Group),
+            (Fault::Hang, FailureScope::Group),
+        ] {
+            let mut cfg = EngineConfig::new(&dir).with_cpu_ranks(tp);
+            cfg.kv_cache_bytes = 8 << 20;
+            cfg.step_timeout = Duration::from_millis(500);
+            let mut engine = Engine::load(&cfg).expect("load");
+            let want = greedy(&mut engine, &[4, 5, 6], 4);
+            engine.inject_fault(1, fault).expect("inject");
+            let started = Instant::now();
+            let err = generate(&mut engine, &[4, 5, 6], &opts, |_| {}).expect_err("must fail");
+            let took = started.elapsed();
+            println!("tp {tp} {fault:?}: {err} after {took:?}");
+            assert_eq!(err.rank, Some(1), "tp {tp} {fault:?}: {err}");
+            assert_eq!(err.scope, scope, "tp {tp} {fault:?}: {err}");
+            assert!(took < Duration::from_secs(5), "{fault:?} took {took:?}");
+            assert_eq!(engine.is_failed(), scope == FailureScope::Group);
+            match scope {
+                FailureScope::Step => {
+                    assert_eq!(
+                        greedy(&mut engine, &[4, 5, 6], 4),
+                        want,
+                        "tp {tp} {fault:?}"
+                    );
+                }
+                FailureScope::Group => {
+                    let again = generate(&mut engine, &[7], &opts, |_| {});
+                    let err = again.expect_err("the engine stays failed");
+                    assert_eq!(err.scope, FailureScope::Group);
+                    assert!(err.message.contains("failed earlier"), "{err}");
+                }
+            }
+        }
     }
+}
+
+/// A token id with no embedding row fails its own sequence in the step; the sequence
+/// beside it gets its sample, and later steps run as if nothing had happened.
+#[test]
+fn a_token_outside_the_embedding_fails_its_sequence_alone() {
+    let mut cfg = EngineConfig::new(fixtures().join("tiny-llama")).with_cpu_ranks(2);
+    cfg.kv_cache_bytes = 8 << 20;
+    let mut engine = Engine::load(&cfg).expect("load");
+    let want = greedy(&mut engine, &[1, 2, 3], 3);
+    let new = |id, prompt: &[u32]| NewSequence {
+        id: SeqId(id),
+        sampling: SamplingParams::greedy(),
+        prompt_ids: prompt.to_vec(),
+    };
+    let chunk = |id, tokens: Vec<u32>, start_pos, blocks: &[u32]| ScheduledChunk {
+        id: SeqId(id),
+        tokens,
+        start_pos,
+        block_table: blocks.to_vec(),
+        sample: true,
+    };
+    let vocab = engine.model_config().vocab_size as u32;
+    assert_eq!(vocab, 512);
+    let out = engine
+        .step(&StepPlan {
+            new_sequences: vec![new(1, &[1, 2, 3]), new(2, &[4, vocab, 5])],
+            scheduled: vec![
+                chunk(1, vec![1, 2, 3], 0, &[0]),
+                chunk(2, vec![4, vocab, 5], 0, &[1]),
+            ],
+            finished: vec![],
+        })
+        .expect("the step runs");
+    assert_eq!(out.samples.len(), 1);
+    assert_eq!(
+        (out.samples[0].id, out.samples[0].token),
+        (SeqId(1), want[0])
+    );
+    assert_eq!(out.failed.len(), 1);
+    assert_eq!(out.failed[0].id, SeqId(2));
+    assert!(
+        out.failed[0].message.contains("token id 512")
+            && out.failed[0].message.contains("512 rows"),
+        "{}",
+        out.failed[0].message
+    );
+    let mut tokens = vec![want[0]];
+    for pos in 3..5 {
+        let last = *tokens.last().expect("a token");
+        let out = engine
+            .step(&StepPlan {
+                scheduled: vec![chunk(1, vec![last], pos, &[0])],
+                finished: if pos == 3 { vec![SeqId(2)] } else { vec![] },
+                ..StepPlan::default()
+            })
+            .expect("later steps run");
+        assert!(out.failed.is_empty());
+        tokens.push(out.samples[0].token);
+    }
+    assert_eq!(tokens, want);
+    assert!(!engine.is_failed());
 }

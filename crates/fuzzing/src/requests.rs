@@ -20,6 +20,8 @@ const MAX_MODEL_LEN: usize = 2048;
 fn context() -> &'static ValidationContext {
     static CONTEXT: OnceLock<ValidationContext> = OnceLock::new();
     CONTEXT.get_or_init(|| ValidationContext {
+        // The default model's embedding has a row for every token of its tokenizer.
+        vocab_rows: tokenizer().vocab_size(),
         tokenizer: tokenizer(),
         served_model_name: SERVED_MODEL.to_string(),
         max_model_len: MAX_MODEL_LEN,

@@ -13,17 +13,54 @@ impl KvCacheShape {
     }
 }
 
+/// How far a failed step reaches. Failures stay as small as their cause: a sequence the
+/// executor cannot run is reported in [`crate::StepOutput::failed`] while the rest of
+/// the step goes on; an error that spoils the step fails the sequences of that step;
+/// only a lost device or a failed collective ends the executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureScope {
+    /// The step's sequences failed; the executor is consistent again and runs the next
+    /// step (sequences not in the step, queued or running, are untouched).
+    Step,
+    /// A device failed, a collective failed or timed out, or a rank hung: the executor
+    /// runs no more steps and every request fails.
+    Group,
+}
+
 /// Why a step failed. `rank` names the device worker that failed first, when known.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}{message}", rank.map(|r| format!("rank {r}: ")).unwrap_or_default())]
 pub struct ExecutorError {
     pub rank: Option<usize>,
     pub message: String,
+    pub scope: FailureScope,
+}
+
+impl ExecutorError {
+    /// A failure of this step only.
+    pub fn step(rank: Option<usize>, message: impl Into<String>) -> Self {
+        Self {
+            rank,
+            message: message.into(),
+            scope: FailureScope::Step,
+        }
+    }
+
+    /// A failure that ends the executor.
+    pub fn group(rank: Option<usize>, message: impl Into<String>) -> Self {
+        Self {
+            rank,
+            message: message.into(),
+            scope: FailureScope::Group,
+        }
+    }
 }
 
 /// Runs planned steps. The engine implements it for real models; tests use fakes.
 pub trait Executor: Send {
-    /// Run one step. Blocks until every device has finished it.
+    /// Run one step. Blocks until every device has finished it. A sequence the executor
+    /// refuses (its own input is at fault) goes into `StepOutput::failed`; an error says
+    /// with its [`FailureScope`] whether the executor can go on.
     fn step(&mut self, plan: &crate::StepPlan) -> Result<crate::StepOutput, ExecutorError>;
 
     /// The KV cache this executor owns.
@@ -31,12 +68,4 @@ pub trait Executor: Send {
 
     /// Longest context the model supports, in tokens.
     fn max_context_tokens(&self) -> usize;
-
-    /// Whether the executor can run no more steps (a device rank failed or hung and
-    /// its group is aborted). Asked after a failed step: the loop then fails every
-    /// request and stops instead of retrying. Executors whose errors are always
-    /// transient keep the default.
-    fn is_failed(&self) -> bool {
-        false
-    }
 }

@@ -8,9 +8,9 @@ mod executor;
 mod sampling;
 mod step;
 
-pub use executor::{Executor, ExecutorError, KvCacheShape};
+pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape};
 pub use sampling::{FinishReason, GenerationRequest, SamplingParams, StopCondition};
 pub use step::{
-    NewSequence, SampledToken, ScheduledChunk, SeqId, StepOutput, StepPlan, TokenEvent,
-    TokenLogprobs,
+    FailedSequence, NewSequence, SampledToken, ScheduledChunk, SeqId, StepOutput, StepPlan,
+    TokenEvent, TokenLogprobs,
 };

@@ -84,10 +84,21 @@ pub struct SampledToken {
     pub logprobs: Option<TokenLogprobs>,
 }
 
-/// The result of a step: one sample per chunk with `sample == true`, in plan order.
+/// A sequence the executor refused in a step that otherwise ran: its own input is at
+/// fault (a token id outside the model's embedding, a block outside the cache).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedSequence {
+    pub id: SeqId,
+    pub message: String,
+}
+
+/// The result of a step: one sample per chunk with `sample == true`, in plan order,
+/// except for the sequences listed in `failed`, which have none.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepOutput {
     pub samples: Vec<SampledToken>,
+    /// Sequences that failed alone; the scheduler ends them, the rest go on.
+    pub failed: Vec<FailedSequence>,
 }
 
 /// What a request's receiver gets from the scheduler.
@@ -104,6 +115,10 @@ pub enum TokenEvent {
         prompt_tokens: usize,
         completion_tokens: usize,
     },
-    /// The engine failed; no further events follow.
+    /// The engine failed (a device or collective): no further events follow, and no
+    /// later request can run.
     Error(String),
+    /// This sequence failed (its step, or its own input), and the engine keeps serving:
+    /// no further events follow.
+    Failed(String),
 }

@@ -8,14 +8,15 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tessera_protocol::{GenerationRequest, SeqId, TokenEvent};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use std::sync::OnceLock;
+use tessera_protocol::{GenerationRequest, SeqId};
+
+use crate::token_channel::{token_channel, TokenReceiver, TokenSender, Wake};
 
 use crate::config::ResolvedConfig;
 use crate::error::AdmissionError;
 
 /// Shared admission state: static limits plus the live count of waiting requests.
-#[derive(Debug)]
 pub struct Admission {
     max_waiting: usize,
     max_model_len: usize,
@@ -26,6 +27,20 @@ pub struct Admission {
     waiting: AtomicUsize,
     next_id: AtomicU64,
     closed: AtomicBool,
+    /// Events each request's channel holds unread.
+    max_buffered_events: usize,
+    /// Wakes the engine loop when a stalled client reads (set by the loop).
+    wake: OnceLock<Wake>,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("max_waiting", &self.max_waiting)
+            .field("waiting", &self.num_waiting())
+            .field("closed", &self.is_closed())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A slot in the waiting queue; dropping it gives the slot back.
@@ -46,7 +61,7 @@ impl Drop for QueuePermit {
 pub struct AdmittedRequest {
     pub id: SeqId,
     pub request: GenerationRequest,
-    pub sender: UnboundedSender<TokenEvent>,
+    pub sender: TokenSender,
     pub permit: QueuePermit,
     /// When admission accepted the request (queue time runs from here).
     pub submitted: std::time::Instant,
@@ -61,7 +76,14 @@ impl Admission {
             waiting: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            max_buffered_events: cfg.max_buffered_events,
+            wake: OnceLock::new(),
         })
+    }
+
+    /// How receivers wake the engine loop; set once, by the loop, before any admit.
+    pub(crate) fn set_wake(&self, wake: Wake) {
+        let _ = self.wake.set(wake);
     }
 
     /// Requests admitted and not yet running.
@@ -112,14 +134,14 @@ impl Admission {
     pub fn admit(
         self: &Arc<Self>,
         request: GenerationRequest,
-    ) -> Result<(AdmittedRequest, UnboundedReceiver<TokenEvent>), AdmissionError> {
+    ) -> Result<(AdmittedRequest, TokenReceiver), AdmissionError> {
         if self.is_closed() {
             return Err(AdmissionError::ShuttingDown);
         }
         self.check_fits(&request)?;
         let permit = self.reserve_slot()?;
         let id = SeqId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let (sender, receiver) = unbounded_channel();
+        let (sender, receiver) = token_channel(self.max_buffered_events, self.wake.get().cloned());
         Ok((
             AdmittedRequest {
                 id,

@@ -22,6 +22,9 @@ pub struct SchedulerConfig {
     pub max_model_len: Option<usize>,
     /// Share full KV blocks between sequences with the same token prefix.
     pub enable_prefix_caching: bool,
+    /// Events a request's channel holds unread. A sequence whose client lets them pile
+    /// up gets no more steps until it reads (backpressure); at least 2.
+    pub max_buffered_events: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -33,6 +36,7 @@ impl Default for SchedulerConfig {
             max_waiting: 256,
             max_model_len: None,
             enable_prefix_caching: true,
+            max_buffered_events: 64,
         }
     }
 }
@@ -47,6 +51,7 @@ pub struct ResolvedConfig {
     pub max_waiting: usize,
     pub max_model_len: usize,
     pub enable_prefix_caching: bool,
+    pub max_buffered_events: usize,
 }
 
 impl ResolvedConfig {
@@ -101,6 +106,12 @@ impl SchedulerConfig {
             }
             Some(n) => n,
         };
+        if self.max_buffered_events < 2 {
+            return bad(format!(
+                "max_buffered_events is {}; a request needs room for a token and its final event (2)",
+                self.max_buffered_events
+            ));
+        }
         if max_model_len == 0 {
             return bad("max_model_len must be at least 1".into());
         }
@@ -112,6 +123,7 @@ impl SchedulerConfig {
             max_waiting: self.max_waiting,
             max_model_len,
             enable_prefix_caching: self.enable_prefix_caching,
+            max_buffered_events: self.max_buffered_events,
         })
     }
 }

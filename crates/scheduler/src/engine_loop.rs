@@ -5,17 +5,20 @@
 //!   commands without blocking between steps.
 //! - `submit` answers on the caller's thread: admission uses shared atomics, and only an
 //!   admitted request is sent to the loop.
-//! - Executor error (or an output that does not match the plan): every in-flight request
-//!   gets `TokenEvent::Error`, all blocks are freed, the prefix cache is dropped, and the
-//!   loop keeps serving. A step error is usually transient (one bad batch, a device
-//!   hiccup) and the executor is told to drop the failed sequences through `finished`,
-//!   so its state is consistent again; refusing all later traffic would turn one bad
-//!   batch into an outage. An executor *panic* is different: its state cannot be
-//!   trusted, so in-flight requests get `Error`, admission closes and the loop ends.
-//!   So does an error after which the executor says it is failed for good
-//!   ([`Executor::is_failed`]: a device rank failed or hung): health shows
+//! - A failed step reaches no further than its cause ([`FailureScope`]): a sequence
+//!   the executor refused (`StepOutput::failed`) ends alone with `TokenEvent::Failed`;
+//!   a step error of scope `Step` ends the sequences of that step the same way, and
+//!   every other request goes on (one bad batch must not become an outage). An error
+//!   of scope `Group` (a device lost, a collective failed, a rank hung) and an
+//!   executor *panic* (its state cannot be trusted) fail every request with
+//!   `TokenEvent::Error`, close admission and end the loop: health shows
 //!   `executor_failed` before any request hears of it, and the server exits so the
-//!   orchestrator restarts it.
+//!   orchestrator restarts it. An output that does not match the plan (a broken
+//!   contract) fails every in-flight request and the loop keeps serving.
+//! - Backpressure: a request's channel is bounded; a sequence whose client has not
+//!   read what it was sent gets no step ([`crate::token_channel`]). When nothing else
+//!   can run the loop blocks on its commands, and the stalled client's receiver wakes
+//!   it when it reads or is dropped: no polling.
 //! - Shutdown (`shutdown()`, `join()`, or drop of the last handle): in-flight requests
 //!   get `Finished { reason: Abort }` and the thread exits; the last handle's drop joins it.
 //!   A request whose channel closes without `Finished` or `Error` (a submit racing
@@ -27,8 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tessera_protocol::{Executor, GenerationRequest, SeqId, TokenEvent};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tessera_protocol::{Executor, FailureScope, GenerationRequest, SeqId};
 
 use crate::admission::{Admission, AdmittedRequest};
 use crate::config::SchedulerConfig;
@@ -36,9 +38,12 @@ use crate::error::{AdmissionError, SchedulerError};
 use crate::loop_stats::{LoopHealth, LoopStats, StepDurations};
 use crate::metrics::{SchedulerMetrics, SharedMetrics};
 use crate::scheduler::Scheduler;
+use crate::token_channel::TokenReceiver;
 
 enum Command {
     Add(AdmittedRequest),
+    /// A stalled client read (or left): look again.
+    Wake,
     Shutdown,
 }
 
@@ -59,6 +64,11 @@ impl EngineLoop {
         metrics.publish(&scheduler.metrics());
         let stats = Arc::new(LoopStats::default());
         let (commands, receiver) = channel();
+        let waker = commands.clone();
+        admission.set_wake(Arc::new(move || {
+            // An error means the loop has exited: nothing to wake.
+            let _ = waker.send(Command::Wake);
+        }));
         let worker = Worker {
             scheduler,
             executor,
@@ -102,6 +112,7 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Command::Add(a) => write!(f, "Add({})", a.id),
+            Command::Wake => write!(f, "Wake"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }
@@ -113,7 +124,7 @@ impl SchedulerHandle {
     pub fn submit(
         &self,
         request: GenerationRequest,
-    ) -> Result<(SeqId, UnboundedReceiver<TokenEvent>), AdmissionError> {
+    ) -> Result<(SeqId, TokenReceiver), AdmissionError> {
         let (admitted, receiver) = self.inner.admission.admit(request)?;
         let id = admitted.id;
         self.inner
@@ -131,6 +142,13 @@ impl SchedulerHandle {
     /// Requests admitted that have not started running yet (live, not per step).
     pub fn num_queued(&self) -> usize {
         self.inner.admission.num_waiting()
+    }
+
+    /// Requests waiting to start or to restart, each counted once: those admitted that
+    /// have not run yet (live, wherever they are: on their way to the loop or in its
+    /// queue) and those preempted back into the queue (as of the last step).
+    pub fn num_waiting(&self) -> usize {
+        self.num_queued() + self.inner.metrics.snapshot().num_waiting_preempted
     }
 
     /// Whether the loop is running and its executor is succeeding (for readiness).
@@ -247,6 +265,18 @@ impl<E: Executor> Worker<E> {
             }
             if scheduled_any || !self.scheduler.has_work() {
                 empty_plans = 0;
+            } else if self.scheduler.num_stalled() > 0 {
+                // Nothing can run until a stalled client reads or leaves (its receiver
+                // wakes us), or a command comes.
+                empty_plans = 0;
+                match self.commands.recv() {
+                    Ok(cmd) => {
+                        if self.apply(cmd) == Flow::Stop {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
             } else {
                 empty_plans += 1;
                 if empty_plans > 2 {
@@ -272,6 +302,7 @@ impl<E: Executor> Worker<E> {
                 self.scheduler.add(a);
                 Flow::Continue
             }
+            Command::Wake => Flow::Continue,
             Command::Shutdown => Flow::Stop,
         }
     }
@@ -319,7 +350,7 @@ impl<E: Executor> Worker<E> {
                 }
                 Flow::Continue
             }
-            Ok(Err(e)) if self.executor.is_failed() => {
+            Ok(Err(e)) if e.scope == FailureScope::Group => {
                 tracing::error!("executor failed for good, engine loop stops: {e}");
                 // Before any request hears of it, so health checks agree with them.
                 self.stats.mark_executor_failed();
@@ -328,8 +359,8 @@ impl<E: Executor> Worker<E> {
                 Flow::Stop
             }
             Ok(Err(e)) => {
-                tracing::error!("executor step failed: {e}");
-                self.scheduler.fail_all(&e.to_string());
+                tracing::error!("executor step failed, its sequences end: {e}");
+                self.scheduler.fail_in_flight(&e.to_string());
                 Flow::Continue
             }
             Err(_) => {

@@ -17,6 +17,7 @@ pub mod loop_stats;
 pub mod metrics;
 pub mod scheduler;
 mod sequence;
+pub mod token_channel;
 
 pub use admission::{Admission, AdmittedRequest, QueuePermit};
 pub use block_manager::{KvCacheManager, OutOfBlocks, PrefixHit};
@@ -27,3 +28,4 @@ pub use error::{AdmissionError, SchedulerError};
 pub use loop_stats::{LoopHealth, StepDurations, STEP_DURATION_BUCKETS_SECONDS};
 pub use metrics::{SchedulerMetrics, SharedMetrics};
 pub use scheduler::Scheduler;
+pub use token_channel::{TokenReceiver, TryRecvError};

@@ -8,8 +8,13 @@ use std::time::Duration;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SchedulerMetrics {
     pub num_running: usize,
-    /// Sequences waiting to (re)start, including preempted ones.
+    /// Sequences in the scheduler's waiting queue, including preempted ones. (Requests
+    /// admitted but still on their way to the loop are not here: see
+    /// `SchedulerHandle::num_waiting` for the whole count.)
     pub num_waiting: usize,
+    /// Of `num_waiting`, sequences preempted and waiting to restart. They hold no
+    /// admission slot, unlike those that never ran.
+    pub num_waiting_preempted: usize,
     /// Blocks held by sequences / all blocks (cached-but-free blocks count as free).
     pub kv_usage_fraction: f64,
     pub kv_blocks_in_use: usize,
@@ -34,6 +39,7 @@ pub struct SchedulerMetrics {
 pub struct SharedMetrics {
     num_running: AtomicU64,
     num_waiting: AtomicU64,
+    num_waiting_preempted: AtomicU64,
     kv_usage_fraction_bits: AtomicU64,
     kv_blocks_in_use: AtomicU64,
     kv_blocks_total: AtomicU64,
@@ -51,6 +57,8 @@ impl SharedMetrics {
         let r = Ordering::Relaxed;
         self.num_running.store(m.num_running as u64, r);
         self.num_waiting.store(m.num_waiting as u64, r);
+        self.num_waiting_preempted
+            .store(m.num_waiting_preempted as u64, r);
         self.kv_usage_fraction_bits
             .store(m.kv_usage_fraction.to_bits(), r);
         self.kv_blocks_in_use.store(m.kv_blocks_in_use as u64, r);
@@ -73,6 +81,7 @@ impl SharedMetrics {
         SchedulerMetrics {
             num_running: self.num_running.load(r) as usize,
             num_waiting: self.num_waiting.load(r) as usize,
+            num_waiting_preempted: self.num_waiting_preempted.load(r) as usize,
             kv_usage_fraction: f64::from_bits(self.kv_usage_fraction_bits.load(r)),
             kv_blocks_in_use: self.kv_blocks_in_use.load(r) as usize,
             kv_blocks_total: self.kv_blocks_total.load(r) as usize,
@@ -96,6 +105,7 @@ mod tests {
         let m = SchedulerMetrics {
             num_running: 3,
             num_waiting: 2,
+            num_waiting_preempted: 1,
             kv_usage_fraction: 0.375,
             kv_blocks_in_use: 6,
             kv_blocks_total: 16,

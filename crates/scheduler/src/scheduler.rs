@@ -6,10 +6,15 @@
 //! the executor failed). Each plan respects `max_batch_tokens` (tokens across all chunks)
 //! and `max_num_seqs` (running sequences).
 //!
+//! A sequence the executor refuses (`StepOutput::failed`) or whose step failed
+//! (`fail_in_flight`) ends alone with `TokenEvent::Failed`; `fail_all` is for an
+//! executor that is gone.
+//!
 //! Order of work in `schedule()` (after vLLM v1):
 //! 1. sequences whose receiver is gone are aborted and their blocks freed;
-//! 2. running sequences, oldest first, get their remaining tokens (1 for a decode, a
-//!    chunk for one still prefilling) while budget lasts; when blocks run out the newest
+//! 2. running sequences, oldest first, get their remaining tokens (unless their client
+//!    has not read what it was sent: see [`crate::token_channel`]), 1 for a decode or a
+//!    chunk for one still prefilling, while budget lasts; when blocks run out the newest
 //!    running sequence is preempted (blocks freed, back to the front of the queue,
 //!    recomputed later) until the current one fits or is itself preempted;
 //! 3. if nothing was preempted, waiting sequences are admitted in FCFS order while budget,
@@ -26,7 +31,6 @@ use tessera_protocol::{
     FinishReason, GenerationRequest, KvCacheShape, NewSequence, ScheduledChunk, SeqId, StepOutput,
     StepPlan, TokenEvent,
 };
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::admission::{Admission, AdmittedRequest};
 use crate::block_manager::KvCacheManager;
@@ -34,6 +38,7 @@ use crate::config::{ResolvedConfig, SchedulerConfig};
 use crate::error::{AdmissionError, SchedulerError};
 use crate::metrics::SchedulerMetrics;
 use crate::sequence::Sequence;
+use crate::token_channel::TokenReceiver;
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -65,6 +70,8 @@ pub struct Scheduler {
     /// Time from admission to first step of the sequences announced since the last
     /// [`Scheduler::take_queue_times`].
     queue_times: Vec<std::time::Duration>,
+    /// Running sequences the last plan skipped because their clients are not reading.
+    num_stalled: usize,
 }
 
 impl Scheduler {
@@ -96,6 +103,7 @@ impl Scheduler {
             in_flight: Vec::new(),
             counters: Counters::default(),
             queue_times: Vec::new(),
+            num_stalled: 0,
         }
     }
 
@@ -119,6 +127,12 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// Running sequences the last plan skipped because their clients are not reading
+    /// (their channels are full). They run again once their clients read.
+    pub fn num_stalled(&self) -> usize {
+        self.num_stalled
+    }
+
     /// True while there is anything to plan: sequences to run or ends to report.
     pub fn has_work(&self) -> bool {
         !self.running.is_empty() || !self.waiting.is_empty() || !self.pending_finished.is_empty()
@@ -128,7 +142,7 @@ impl Scheduler {
     pub fn submit(
         &mut self,
         request: GenerationRequest,
-    ) -> Result<(SeqId, UnboundedReceiver<TokenEvent>), AdmissionError> {
+    ) -> Result<(SeqId, TokenReceiver), AdmissionError> {
         let (admitted, receiver) = self.admission.admit(request)?;
         let id = admitted.id;
         self.add(admitted);
@@ -160,6 +174,7 @@ impl Scheduler {
             ..StepPlan::default()
         };
         let mut budget = self.cfg.max_batch_tokens;
+        self.num_stalled = 0;
         let preempted = self.schedule_running(&mut plan, &mut budget);
         if !preempted {
             self.schedule_waiting(&mut plan, &mut budget);
@@ -171,13 +186,23 @@ impl Scheduler {
     /// send events, and end finished sequences (their ids go into the next plan).
     pub fn update(&mut self, output: &StepOutput) -> Result<(), SchedulerError> {
         let chunks = mem::take(&mut self.in_flight);
-        let expected = chunks.iter().filter(|(_, s)| *s).map(|(id, _)| *id);
+        let failed: HashMap<SeqId, &str> = output
+            .failed
+            .iter()
+            .map(|f| (f.id, f.message.as_str()))
+            .collect();
+        if let Some(stray) = failed
+            .keys()
+            .find(|id| !chunks.iter().any(|(c, _)| c == *id))
+        {
+            return Err(SchedulerError::OutputMismatch(format!(
+                "{stray} reported failed but was not in the step"
+            )));
+        }
+        let sampled = |(id, sample): &&(SeqId, bool)| *sample && !failed.contains_key(id);
+        let expected = chunks.iter().filter(sampled).map(|(id, _)| *id);
         if !expected.eq(output.samples.iter().map(|s| s.id)) {
-            let want: Vec<_> = chunks
-                .iter()
-                .filter(|(_, s)| *s)
-                .map(|(id, _)| id)
-                .collect();
+            let want: Vec<_> = chunks.iter().filter(sampled).map(|(id, _)| id).collect();
             let got: Vec<_> = output.samples.iter().map(|s| s.id).collect();
             return Err(SchedulerError::OutputMismatch(format!(
                 "expected samples for {want:?}, got {got:?}"
@@ -185,6 +210,12 @@ impl Scheduler {
         }
         // The step succeeded: the KV of every scheduled chunk now exists and its full
         // blocks may be shared.
+        // A sequence that failed alone ends here; its blocks hold nothing anyone shares
+        // (only full, committed blocks are shared, and a step writes past them).
+        for (id, message) in failed {
+            tracing::warn!(seq = %id, "sequence failed: {message}");
+            self.end_with(id, TokenEvent::Failed(message.to_string()));
+        }
         for (id, _) in &chunks {
             if let Some(seq) = self.seqs.get(id) {
                 self.kv
@@ -220,6 +251,17 @@ impl Scheduler {
         self.kv.reset_prefix_cache();
     }
 
+    /// The step in flight failed, and the executor can go on: the sequences of that
+    /// step get `TokenEvent::Failed(message)` and end; every other sequence (running
+    /// but not in the step, or waiting) is untouched, and so is the prefix cache: the
+    /// failed step wrote only into blocks of its own sequences past their shared,
+    /// committed prefix, and those blocks are freed here.
+    pub fn fail_in_flight(&mut self, message: &str) {
+        for (id, _) in mem::take(&mut self.in_flight) {
+            self.end_with(id, TokenEvent::Failed(message.to_string()));
+        }
+    }
+
     /// Abort every sequence with `Finished { reason: Abort }` (shutdown).
     pub fn abort_all(&mut self) {
         self.end_all(|seq| seq.finished_event(FinishReason::Abort));
@@ -235,6 +277,11 @@ impl Scheduler {
         SchedulerMetrics {
             num_running: self.running.len(),
             num_waiting: self.waiting.len(),
+            num_waiting_preempted: self
+                .waiting
+                .iter()
+                .filter(|id| self.seqs.get(id).is_some_and(|s| s.permit.is_none()))
+                .count(),
             kv_usage_fraction: self.kv.usage(),
             kv_blocks_in_use: self.kv.num_used_blocks(),
             kv_blocks_total: self.kv.num_blocks(),
@@ -261,7 +308,9 @@ impl Scheduler {
                 continue;
             };
             let num_new = seq.num_uncomputed().min(*budget);
-            if num_new == 0 {
+            // Backpressure: a client that is not reading gets no more tokens made.
+            if num_new == 0 || !seq.sender.has_room_for_token() {
+                self.num_stalled += usize::from(num_new > 0);
                 i += 1;
                 continue;
             }
@@ -398,6 +447,14 @@ impl Scheduler {
         if seq.announced {
             self.pending_finished.push(id);
         }
+    }
+
+    /// Remove a sequence for good with `event` as its last word.
+    fn end_with(&mut self, id: SeqId, event: TokenEvent) {
+        if let Some(seq) = self.seqs.get(&id) {
+            seq.send(event);
+        }
+        self.finish(id, None);
     }
 
     fn end_all(&mut self, event: impl Fn(&Sequence) -> TokenEvent) {

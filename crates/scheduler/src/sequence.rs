@@ -5,10 +5,9 @@
 //! scheduler runs `num_tokens - num_computed_tokens` more tokens in chunks, and a chunk
 //! that reaches `num_tokens` samples the next token.
 
-use tessera_protocol::{FinishReason, SamplingParams, SeqId, StopCondition, TokenEvent};
-use tokio::sync::mpsc::UnboundedSender;
-
 use crate::admission::{AdmittedRequest, QueuePermit};
+use crate::token_channel::TokenSender;
+use tessera_protocol::{FinishReason, SamplingParams, SeqId, StopCondition, TokenEvent};
 
 #[derive(Debug)]
 pub(crate) struct Sequence {
@@ -22,7 +21,7 @@ pub(crate) struct Sequence {
     pub num_computed_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: StopCondition,
-    pub sender: UnboundedSender<TokenEvent>,
+    pub sender: TokenSender,
     /// The executor has seen this sequence in `new_sequences` and holds state for it
     /// until it is listed in `finished`.
     pub announced: bool,
@@ -90,7 +89,7 @@ impl Sequence {
 
     /// Send an event; false when the receiver is gone.
     pub fn send(&self, event: TokenEvent) -> bool {
-        self.sender.send(event).is_ok()
+        self.sender.send(event)
     }
 
     pub fn finished_event(&self, reason: FinishReason) -> TokenEvent {

@@ -74,7 +74,7 @@ fn run(
                                 first.get_or_insert_with(|| start.elapsed());
                             }
                             TokenEvent::Finished { .. } => break,
-                            TokenEvent::Error(e) => panic!("{e}"),
+                            TokenEvent::Error(e) | TokenEvent::Failed(e) => panic!("{e}"),
                         }
                     }
                     first.unwrap_or_default()

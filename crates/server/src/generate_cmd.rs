@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tessera_engine::{generate, load_tokenizer, Engine, GenerateOptions};
+use tessera_engine::{check_vocabulary, generate, load_tokenizer, Engine, GenerateOptions};
 use tessera_protocol::SamplingParams;
 use tessera_tokenizer::{ChatMessage, ChatRenderRequest, IncrementalDecoder};
 
@@ -54,6 +54,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut engine = Engine::load(&cfg)?;
     eprintln!("[2/3] tokenizer");
     let tokenizer = Arc::new(load_tokenizer(&args.model.tokenizer_path()?)?);
+    check_vocabulary(&tokenizer, engine.model_config())?;
     let text = if args.chat {
         let template = tokenizer
             .chat_template()

@@ -102,7 +102,9 @@ fn run_concurrently(handle: &SchedulerHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u
                                 assert_eq!(completion_tokens, tokens.len());
                                 break;
                             }
-                            TokenEvent::Error(e) => panic!("engine error: {e}"),
+                            TokenEvent::Error(e) | TokenEvent::Failed(e) => {
+                                panic!("engine error: {e}")
+                            }
                         }
                     }
                     tokens

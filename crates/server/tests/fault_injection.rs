@@ -1,11 +1,16 @@
 //! A device rank failing under load, end to end: the real binary (built with the
 //! `fault-injection` feature) with `--tensor-parallel-size 2` on the default model and
-//! `--inject-fault 1:KIND:AFTER_STEPS`, for KIND error, panic and hang. While streaming
-//! and non-streaming requests run, rank 1 fails. Every in-flight request must end with
-//! the `engine_failed` error (streams: the error event, then `[DONE]`; others: 503 in the
-//! OpenAI envelope) with no internals in it, `/readyz` must answer 503 and new requests
-//! 503 `engine_failed`, the process must exit with `ENGINE_FAILED_EXIT_CODE`, and
-//! detection must take less than the step timeout plus 5 s.
+//! `--inject-fault 1:KIND:AFTER_STEPS`. While streaming and non-streaming requests run,
+//! rank 1 fails. Failures stay as small as their cause:
+//!
+//! - KIND error and panic spoil one step: the requests in that step end with the
+//!   `generation_failed` error (streams: the error event, then `[DONE]`; others: 500 in
+//!   the OpenAI envelope) with no internals in it, and the server stays ready and gives
+//!   the next request the text it gave before the fault.
+//! - KIND device and hang lose the group: every in-flight request ends with the
+//!   `engine_failed` error (streams as above; others: 503), `/readyz` answers 503 and new
+//!   requests 503 `engine_failed`, the process exits with `ENGINE_FAILED_EXIT_CODE`, and
+//!   detection takes less than the step timeout plus 5 s.
 //!
 //! `cargo test -p tessera-server --features fault-injection --test fault_injection -- --test-threads=1`
 
@@ -110,6 +115,140 @@ async fn non_streaming(client: reqwest::Client, url: String, body: Value) -> End
     }
 }
 
+/// Starts the four long requests (streaming or not, chat or completion) that are in
+/// flight when the fault fires.
+fn in_flight_requests(
+    client: &reqwest::Client,
+    base: &str,
+) -> Vec<tokio::task::JoinHandle<Ending>> {
+    let mut requests = Vec::new();
+    for (chat, stream) in [(false, true), (true, true), (false, false), (true, false)] {
+        let (path, b) = body(chat, stream);
+        let url = format!("{base}{path}");
+        requests.push(if stream {
+            tokio::spawn(streaming(client.clone(), url, b))
+        } else {
+            tokio::spawn(non_streaming(client.clone(), url, b))
+        });
+    }
+    requests
+}
+
+/// When the fault fired, from the server's log.
+async fn fault_fired(logs: Log) -> (Instant, Log) {
+    tokio::task::spawn_blocking(move || loop {
+        let (at, line) = logs
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the fault-injection line");
+        if line.contains("fault injection: rank 1") {
+            return (at, logs);
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// A request ended with the error `code` (`status` when not streamed), quickly.
+fn assert_ended_with(e: &Ending, code: &str, status: u16, fault_at: Instant, kind: &str) {
+    if e.what.starts_with("stream") {
+        assert_eq!(e.status, 200, "{e:?}");
+        let data: Vec<&str> = e
+            .text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        let n = data.len();
+        assert!(n >= 3, "{e:?}");
+        assert_eq!(data[n - 1], "[DONE]", "{e:?}");
+        let error: Value = serde_json::from_str(data[n - 2]).unwrap();
+        assert_eq!(error["error"]["code"], code, "{e:?}");
+        assert_eq!(error["error"]["type"], "server_error", "{e:?}");
+        assert!(!e.text.contains("\"finish_reason\":\"length\""), "{e:?}");
+        assert!(
+            e.text.contains("\"text\"") || e.text.contains("\"content\""),
+            "{}: no tokens before the fault, so it was not in flight",
+            e.what
+        );
+    } else {
+        assert_eq!(e.status, status, "{e:?}");
+        let b: Value = serde_json::from_str(&e.text).unwrap();
+        assert_eq!(b["error"]["code"], code, "{e:?}");
+        assert_eq!(b["error"]["type"], "server_error", "{e:?}");
+    }
+    assert_no_internals(e);
+    let took = e.at.saturating_duration_since(fault_at);
+    println!("{kind}: {} ended {took:?} after the fault", e.what);
+    let bound = Duration::from_secs(STEP_TIMEOUT_SECS + 5);
+    assert!(took < bound, "{kind}: {} took {took:?}", e.what);
+}
+
+/// A short greedy completion: its status and text.
+async fn short_completion(client: &reqwest::Client, base: &str) -> (u16, String) {
+    let resp = client
+        .post(format!("{base}/v1/completions"))
+        .json(
+            &json!({"model": "smollm2", "prompt": "The capital of France is",
+            "max_tokens": 8, "temperature": 0}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap();
+    (
+        status,
+        body["choices"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+async fn step_failure_fails_its_requests_and_the_server_serves_on(kind: &str) {
+    let (mut server, base, logs) = start(kind);
+    let client = reqwest::Client::new();
+    common::wait_ready(&client, &base, Duration::from_secs(300)).await;
+    let before = short_completion(&client, &base).await;
+    assert_eq!(before.0, 200, "{before:?}");
+    assert!(!before.1.is_empty(), "{before:?}");
+
+    let requests = in_flight_requests(&client, &base);
+    let (fault_at, _logs) = fault_fired(logs).await;
+    for request in requests {
+        let e = request.await.unwrap();
+        assert_ended_with(&e, "generation_failed", 500, fault_at, kind);
+    }
+
+    // Nothing else failed: the server is ready and serves as before.
+    for path in ["/readyz", "/livez"] {
+        let probe = probe(&client, &base, path).await;
+        assert_eq!(
+            probe.as_ref().map(|p| p.0),
+            Some(200),
+            "{kind}: {path} {probe:?}"
+        );
+    }
+    assert_eq!(short_completion(&client, &base).await, before, "{kind}");
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "tessera_step_failures_total 1"),
+        "{kind}: {metrics}"
+    );
+    assert!(
+        server.0.try_wait().unwrap().is_none(),
+        "{kind}: the server exited"
+    );
+}
+
 /// Nothing about ranks, devices or the injected fault reaches a client.
 fn assert_no_internals(e: &Ending) {
     for word in [
@@ -134,28 +273,9 @@ async fn rank_failure_fails_in_flight_requests_then_exits(kind: &str) {
     let client = reqwest::Client::new();
     common::wait_ready(&client, &base, Duration::from_secs(300)).await;
 
-    let mut requests = Vec::new();
-    for (chat, stream) in [(false, true), (true, true), (false, false), (true, false)] {
-        let (path, b) = body(chat, stream);
-        let url = format!("{base}{path}");
-        requests.push(if stream {
-            tokio::spawn(streaming(client.clone(), url, b))
-        } else {
-            tokio::spawn(non_streaming(client.clone(), url, b))
-        });
-    }
-
+    let requests = in_flight_requests(&client, &base);
     // The fault fires when the engine reaches its step.
-    let (fault_at, _logs) = tokio::task::spawn_blocking(move || loop {
-        let (at, line) = logs
-            .recv_timeout(Duration::from_secs(120))
-            .expect("the fault-injection line");
-        if line.contains("fault injection: rank 1") {
-            return (at, logs);
-        }
-    })
-    .await
-    .unwrap();
+    let (fault_at, _logs) = fault_fired(logs).await;
 
     // Readiness turns 503 once the failure is detected, and stays so until the exit.
     let mut not_ready_at = None;
@@ -185,38 +305,9 @@ async fn rank_failure_fails_in_flight_requests_then_exits(kind: &str) {
     let refused: Value = refused.json().await.unwrap();
     assert_eq!(refused["error"]["code"], "engine_failed", "{refused}");
 
-    let bound = Duration::from_secs(STEP_TIMEOUT_SECS + 5);
     for request in requests {
         let e = request.await.unwrap();
-        if e.what.starts_with("stream") {
-            assert_eq!(e.status, 200, "{e:?}");
-            let data: Vec<&str> = e
-                .text
-                .lines()
-                .filter_map(|l| l.strip_prefix("data: "))
-                .collect();
-            let n = data.len();
-            assert!(n >= 3, "{e:?}");
-            assert_eq!(data[n - 1], "[DONE]", "{e:?}");
-            let error: Value = serde_json::from_str(data[n - 2]).unwrap();
-            assert_eq!(error["error"]["code"], "engine_failed", "{e:?}");
-            assert_eq!(error["error"]["type"], "server_error", "{e:?}");
-            assert!(!e.text.contains("\"finish_reason\":\"length\""), "{e:?}");
-            assert!(
-                e.text.contains("\"text\"") || e.text.contains("\"content\""),
-                "{}: no tokens before the fault, so it was not in flight",
-                e.what
-            );
-        } else {
-            assert_eq!(e.status, 503, "{e:?}");
-            let b: Value = serde_json::from_str(&e.text).unwrap();
-            assert_eq!(b["error"]["code"], "engine_failed", "{e:?}");
-            assert_eq!(b["error"]["type"], "server_error", "{e:?}");
-        }
-        assert_no_internals(&e);
-        let took = e.at.saturating_duration_since(fault_at);
-        println!("{kind}: {} ended {took:?} after the fault", e.what);
-        assert!(took < bound, "{kind}: {} took {took:?}", e.what);
+        assert_ended_with(&e, "engine_failed", 503, fault_at, kind);
     }
 
     let exit_deadline = Instant::now() + Duration::from_secs(20);
@@ -242,12 +333,17 @@ async fn rank_failure_fails_in_flight_requests_then_exits(kind: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rank_error() {
-    rank_failure_fails_in_flight_requests_then_exits("error").await;
+    step_failure_fails_its_requests_and_the_server_serves_on("error").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rank_panic() {
-    rank_failure_fails_in_flight_requests_then_exits("panic").await;
+    step_failure_fails_its_requests_and_the_server_serves_on("panic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rank_device_lost() {
+    rank_failure_fails_in_flight_requests_then_exits("device").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -144,3 +144,36 @@ fn bad_models_fail_with_one_clear_error() {
     std::fs::write(unknown.join("config.json"), config("mamba")).expect("write");
     assert_clean_failure(&unknown, "unsupported model architecture 'mamba'");
 }
+
+/// A tokenizer whose ids run past the model's embedding (here SmolLM2's 49152 tokens
+/// with a test model of 512 rows) is refused at load with both sizes and the fix,
+/// before any text is tokenized into ids the model has no row for.
+#[test]
+fn a_tokenizer_larger_than_the_embedding_is_refused_at_load() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("tests/fixtures/models/tiny-llama");
+    let tokenizer = root.join("tests/fixtures/tokenizer/smollm2-hf");
+    let out = tessera(&[
+        "generate",
+        "--model",
+        model.to_str().expect("utf-8 path"),
+        "--tokenizer",
+        tokenizer.to_str().expect("utf-8 path"),
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("the tokenizer has a vocabulary of 49152 tokens but the model's token embedding has 512 rows")
+            && err.contains("use the tokenizer that belongs to this model"),
+        "{err}"
+    );
+}

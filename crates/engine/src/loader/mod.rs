@@ -20,7 +20,7 @@ pub use gguf::{gguf_name, GgufHeader, GgufSource};
 pub use gguf_header::read_gguf_header;
 pub use matrix::Matrix;
 pub use safetensors::{tensors_from_bytes, SafetensorsSource};
-pub use tokenizer::{load_tokenizer, tokenizer_from_metadata};
+pub use tokenizer::{check_vocabulary, load_tokenizer, tokenizer_from_metadata};
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::Value;
 use tessera_tokenizer::{GgufVocab, MetaValue, Tokenizer};
 
+use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::read_gguf_header;
 
@@ -28,6 +29,22 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
         message: format!("not a valid GGUF file: {message}"),
     })?;
     tokenizer_from_metadata(&content.metadata).map_err(tok_err)
+}
+
+/// Refuses a tokenizer whose ids run past the model's token embedding: text would
+/// tokenize into tokens the model has no row for (a `--tokenizer` of another model).
+/// Fewer tokens than rows is fine (embeddings are often padded).
+pub fn check_vocabulary(tokenizer: &Tokenizer, config: &ModelConfig) -> Result<()> {
+    let tokens = tokenizer.vocab_size();
+    if tokens > config.vocab_size {
+        return Err(EngineError::Config(format!(
+            "the tokenizer has a vocabulary of {tokens} tokens but the model's token \
+             embedding has {} rows: ids from {} up have no embedding; use the tokenizer \
+             that belongs to this model",
+            config.vocab_size, config.vocab_size
+        )));
+    }
+    Ok(())
 }
 
 /// The tokenizer (and chat template) described by a GGUF file's metadata.

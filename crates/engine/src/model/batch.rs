@@ -1,6 +1,6 @@
 //! A step's tokens flattened across sequences, with the KV slots they write.
 
-use tessera_protocol::StepPlan;
+use tessera_protocol::{ScheduledChunk, StepPlan};
 
 use crate::error::{EngineError, Result};
 
@@ -31,46 +31,77 @@ pub struct Batch {
     pub argmax_rows: Vec<bool>,
 }
 
+/// What a chunk must fit to run: the cache, the positions and the embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkLimits {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub max_positions: usize,
+    /// Rows of the token embedding: a token id at or past it has no embedding.
+    pub vocab_rows: usize,
+}
+
+impl ChunkLimits {
+    /// Why `chunk` cannot run, if it cannot. A refusal belongs to that chunk's sequence
+    /// alone: the rest of the step runs without it.
+    pub fn check(&self, chunk: &ScheduledChunk) -> std::result::Result<(), String> {
+        if chunk.tokens.is_empty() {
+            return Err(format!("{} scheduled with no tokens", chunk.id));
+        }
+        if let Some(bad) = chunk
+            .tokens
+            .iter()
+            .find(|t| **t as usize >= self.vocab_rows)
+        {
+            return Err(format!(
+                "{}: token id {bad} is outside the model's embedding of {} rows",
+                chunk.id, self.vocab_rows
+            ));
+        }
+        let end = chunk.end_pos();
+        if end > self.max_positions {
+            return Err(format!(
+                "{} reaches position {end}, beyond the model's {}",
+                chunk.id, self.max_positions
+            ));
+        }
+        let needed = end.div_ceil(self.block_size);
+        if chunk.block_table.len() < needed {
+            return Err(format!(
+                "{}: block table has {} blocks, {needed} needed for {end} tokens",
+                chunk.id,
+                chunk.block_table.len()
+            ));
+        }
+        if let Some(b) = chunk.block_table[..needed]
+            .iter()
+            .find(|b| **b as usize >= self.num_blocks)
+        {
+            return Err(format!(
+                "{}: block {b} is outside the cache of {} blocks",
+                chunk.id, self.num_blocks
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Batch {
-    /// Flattens a plan, checking every block table against the cache.
-    pub fn from_plan(
-        plan: &StepPlan,
-        block_size: usize,
-        num_blocks: usize,
-        max_positions: usize,
+    /// Flattens a plan, checking every chunk against `limits`; any refusal fails it.
+    pub fn from_plan(plan: &StepPlan, limits: &ChunkLimits) -> Result<Batch> {
+        Self::from_chunks(plan.scheduled.iter(), limits)
+    }
+
+    /// Flattens chunks, in order, checking each against `limits`.
+    pub fn from_chunks<'a>(
+        chunks: impl IntoIterator<Item = &'a ScheduledChunk>,
+        limits: &ChunkLimits,
     ) -> Result<Batch> {
+        let block_size = limits.block_size;
         let mut batch = Batch::default();
-        for chunk in &plan.scheduled {
-            if chunk.tokens.is_empty() {
-                return Err(EngineError::Step(format!(
-                    "{} scheduled with no tokens",
-                    chunk.id
-                )));
-            }
-            let end = chunk.end_pos();
-            if end > max_positions {
-                return Err(EngineError::Step(format!(
-                    "{} reaches position {end}, beyond the model's {max_positions}",
-                    chunk.id
-                )));
-            }
-            let needed = end.div_ceil(block_size);
-            if chunk.block_table.len() < needed {
-                return Err(EngineError::Step(format!(
-                    "{}: block table has {} blocks, {needed} needed for {end} tokens",
-                    chunk.id,
-                    chunk.block_table.len()
-                )));
-            }
-            if let Some(b) = chunk.block_table[..needed]
-                .iter()
-                .find(|b| **b as usize >= num_blocks)
-            {
-                return Err(EngineError::Step(format!(
-                    "{}: block {b} is outside the cache of {num_blocks} blocks",
-                    chunk.id
-                )));
-            }
+        for chunk in chunks {
+            limits.check(chunk).map_err(EngineError::Step)?;
+            let needed = chunk.end_pos().div_ceil(block_size);
             let token_start = batch.token_ids.len();
             for (i, &tok) in chunk.tokens.iter().enumerate() {
                 let pos = chunk.start_pos + i;

@@ -13,7 +13,7 @@ pub mod rope;
 pub mod simd;
 pub mod step_meta;
 
-pub use batch::{Batch, BatchSeq};
+pub use batch::{Batch, BatchSeq, ChunkLimits};
 pub use kv_cache::{KvCache, RankCache};
 pub use llama::{load_shards, LlamaShard};
 

@@ -7,7 +7,7 @@ use crate::error::Result;
 /// Precision of the data exchanged by all-reduce. The communicators of this crate
 /// (`LocalComm`, `DeviceComm`) sum in rank order, so their results never depend on thread
 /// timing; NCCL chooses its own reduction order (ring or tree, by message size and
-/// topology) and promises none, but one NCCL group gives every rank the same sum.
+/// topology) and promises none, so its sums may change with either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AllReduceDtype {
     /// Exact f32 partial sums (the default on CPU).
@@ -55,7 +55,9 @@ pub trait Communicator {
     fn broadcast(&mut self, x: &Tensor, root: usize) -> Result<Tensor>;
     /// Returns once every rank has arrived.
     fn barrier(&mut self) -> Result<()>;
-    /// Fails every pending and future collective of the group with `reason`.
+    /// Fails every pending and future collective of the group with `reason`. An aborted
+    /// group stays aborted; the engine replaces it with a fresh one (new endpoints for
+    /// every rank) when the failure spoilt only the step.
     fn abort(&self, reason: &str);
     /// Waits until the collectives this rank has queued have completed; fails (and aborts
     /// the group) when they do not within the step timeout or when the group was

@@ -11,7 +11,13 @@
 //! rank waiting for its queued work ([`Communicator::settle`]) gives up when the flag is
 //! set, when NCCL reports an asynchronous error, or at the step timeout; it then aborts
 //! its communicator (`ncclCommAbort`), which releases collectives stuck on peers that
-//! will never arrive. An aborted rank fails every later collective.
+//! will never arrive. An aborted rank fails every later collective; after a failure that
+//! spoils only the step, the engine gives every rank a fresh endpoint (a new unique id)
+//! and the ranks initialise a new communicator together.
+//!
+//! NCCL chooses its reduction order (ring or tree, by size and topology) and does not
+//! promise one: unlike the in-process communicators, its sums are not fixed in rank
+//! order, so results may change with the message size, the topology or the NCCL version.
 
 use std::cell::RefCell;
 use std::ffi::c_void;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use tessera_engine::model::Batch;
+use tessera_engine::model::{Batch, ChunkLimits};
 use tessera_engine::Engine;
 use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
 
@@ -86,7 +86,13 @@ pub fn last_logits(engine: &mut Engine, prompt: &[u32]) -> Vec<f32> {
         }],
         finished: vec![],
     };
-    let max_pos = engine.model_config().max_position_embeddings;
-    let batch = Batch::from_plan(&plan, 16, prompt.len().div_ceil(16), max_pos).expect("batch");
+    let config = engine.model_config();
+    let limits = ChunkLimits {
+        block_size: 16,
+        num_blocks: prompt.len().div_ceil(16),
+        max_positions: config.max_position_embeddings,
+        vocab_rows: config.vocab_size,
+    };
+    let batch = Batch::from_plan(&plan, &limits).expect("batch");
     engine.forward(batch).expect("forward")
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use candle_core::quantized::GgmlDType;
-use tessera_engine::model::batch::Batch;
+use tessera_engine::model::batch::{Batch, ChunkLimits};
 use tessera_engine::{generate, DeviceSpec, Engine, EngineConfig, GenerateOptions};
 use tessera_protocol::{Executor, SamplingParams, ScheduledChunk, SeqId, StepPlan};
 
@@ -108,7 +108,13 @@ fn greedy(engine: &mut Engine, prompt: &[u32], n: usize, chunk: usize) -> (Vec<u
             }],
             finished: vec![],
         };
-        let batch = Batch::from_plan(&plan, bs, num_blocks, max_pos).expect("batch");
+        let limits = ChunkLimits {
+            block_size: bs,
+            num_blocks,
+            max_positions: max_pos,
+            vocab_rows: engine.model_config().vocab_size,
+        };
+        let batch = Batch::from_plan(&plan, &limits).expect("batch");
         let logits = engine.forward(batch).expect("forward");
         pos += step.len();
         if sample {

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tessera_protocol::{
-    Executor, ExecutorError, GenerationRequest, KvCacheShape, SampledToken, SamplingParams,
-    StepOutput, StepPlan, StopCondition, TokenEvent,
+    Executor, ExecutorError, FailedSequence, GenerationRequest, KvCacheShape, SampledToken,
+    SamplingParams, StepOutput, StepPlan, StopCondition, TokenEvent,
 };
 use tessera_scheduler::Scheduler;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tessera_scheduler::TokenReceiver;
 
 /// Decides whether a step fails (checked before it runs).
 pub type FailWhen = Box<dyn FnMut(&StepPlan) -> bool + Send>;
@@ -26,9 +26,11 @@ pub struct FakeExecutor {
     known: HashSet<tessera_protocol::SeqId>,
     pub plans: Arc<Mutex<Vec<StepPlan>>>,
     pub fail_when: Option<FailWhen>,
-    /// An injected failure leaves the executor failed for good (`is_failed`).
+    /// An injected failure has scope `Group` (the executor is gone), else `Step`.
     pub failure_is_fatal: bool,
-    failed: bool,
+    /// A chunk with this token fails its sequence alone (`StepOutput::failed`), the
+    /// way a real executor refuses a token outside its embedding.
+    pub poison_token: Option<u32>,
     pub step_delay: Duration,
 }
 
@@ -45,16 +47,13 @@ impl FakeExecutor {
             plans: Arc::new(Mutex::new(Vec::new())),
             fail_when: None,
             failure_is_fatal: false,
-            failed: false,
+            poison_token: None,
             step_delay: Duration::ZERO,
         }
     }
 
     fn violation(msg: String) -> ExecutorError {
-        ExecutorError {
-            rank: None,
-            message: format!("contract violation: {msg}"),
-        }
+        ExecutorError::step(None, format!("contract violation: {msg}"))
     }
 }
 
@@ -88,16 +87,25 @@ impl Executor for FakeExecutor {
         // the failure is injected after the bookkeeping.
         if let Some(fail) = self.fail_when.as_mut() {
             if fail(plan) {
-                self.failed = self.failure_is_fatal;
-                return Err(ExecutorError {
-                    rank: Some(1),
-                    message: "injected device failure".into(),
+                let message = "injected device failure";
+                return Err(if self.failure_is_fatal {
+                    ExecutorError::group(Some(1), message)
+                } else {
+                    ExecutorError::step(Some(1), message)
                 });
             }
         }
         let bs = self.shape.block_size_tokens;
         let mut samples = Vec::new();
+        let mut failed = Vec::new();
         for c in &plan.scheduled {
+            if let Some(bad) = self.poison_token.filter(|t| c.tokens.contains(t)) {
+                failed.push(FailedSequence {
+                    id: c.id,
+                    message: format!("token {bad} is outside the embedding"),
+                });
+                continue;
+            }
             if !self.known.contains(&c.id) {
                 return Err(Self::violation(format!(
                     "{} scheduled, not announced",
@@ -136,7 +144,7 @@ impl Executor for FakeExecutor {
                 });
             }
         }
-        Ok(StepOutput { samples })
+        Ok(StepOutput { samples, failed })
     }
 
     fn kv_cache_shape(&self) -> KvCacheShape {
@@ -145,10 +153,6 @@ impl Executor for FakeExecutor {
 
     fn max_context_tokens(&self) -> usize {
         self.max_context
-    }
-
-    fn is_failed(&self) -> bool {
-        self.failed
     }
 }
 
@@ -187,7 +191,7 @@ pub fn run(s: &mut Scheduler, ex: &mut FakeExecutor) -> Vec<StepPlan> {
 }
 
 /// Everything a receiver has buffered: tokens and the terminal event, if any.
-pub fn drain(rx: &mut UnboundedReceiver<TokenEvent>) -> (Vec<u32>, Option<TokenEvent>) {
+pub fn drain(rx: &mut TokenReceiver) -> (Vec<u32>, Option<TokenEvent>) {
     let mut tokens = Vec::new();
     let mut terminal = None;
     while let Ok(ev) = rx.try_recv() {

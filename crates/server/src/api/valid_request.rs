@@ -25,6 +25,10 @@ pub struct ValidationContext {
     pub max_model_len: usize,
     /// Tokens the whole KV cache holds; a default `max_tokens` stays within it.
     pub kv_capacity_tokens: usize,
+    /// Rows of the model's token embedding (and of its logits): every prompt token id
+    /// and `logit_bias` key is below it, or the request is refused here with a 400
+    /// rather than failing in the engine.
+    pub vocab_rows: usize,
     /// Limits on `n`, `stop` and `logit_bias`.
     pub limits: RequestLimits,
 }
@@ -67,8 +71,7 @@ pub struct PlannedChoice {
 
 impl ValidRequest {
     pub async fn chat(req: ChatRequest, ctx: &ValidationContext) -> Result<Self, ServerError> {
-        let spec =
-            GenerationSpec::from_params(&req.params, ctx.tokenizer.vocab_size(), &ctx.limits)?;
+        let spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
         check_model(&spec.model, ctx)?;
         let logprobs = match (req.chat.logprobs, req.chat.top_logprobs) {
             (Some(true), top) => Some(LogprobsShape::Chat {
@@ -106,6 +109,7 @@ impl ValidRequest {
             }
             other => ServerError::from(other),
         })?;
+        check_token_ids(&ids, "messages", ctx)?;
         let prompt = budget(ids, text, spec.max_tokens, None, "messages", ctx)?;
         Ok(Self::assemble(vec![prompt], spec, logprobs, false, ctx))
     }
@@ -114,8 +118,7 @@ impl ValidRequest {
         req: CompletionRequest,
         ctx: &ValidationContext,
     ) -> Result<Self, ServerError> {
-        let spec =
-            GenerationSpec::from_params(&req.params, ctx.tokenizer.vocab_size(), &ctx.limits)?;
+        let spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
         check_model(&spec.model, ctx)?;
         let logprobs = match req.completion.logprobs {
             Some(top) => Some(LogprobsShape::Completion {
@@ -142,15 +145,9 @@ impl ValidRequest {
                 ),
             ));
         }
-        let vocab = ctx.tokenizer.vocab_size();
         for input in &inputs {
             if let PromptInput::Ids(ids) = input {
-                if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-                    return Err(ServerError::invalid(
-                        "prompt",
-                        format!("token id {bad} is out of range (vocabulary size {vocab})"),
-                    ));
-                }
+                check_token_ids(ids, "prompt", ctx)?;
             }
         }
         let tokenizer = Arc::clone(&ctx.tokenizer);
@@ -169,6 +166,7 @@ impl ValidRequest {
         .await??;
         let mut prompts = Vec::with_capacity(tokenized.len());
         for (text, ids) in tokenized {
+            check_token_ids(&ids, "prompt", ctx)?;
             prompts.push(budget(
                 ids,
                 text,
@@ -247,6 +245,19 @@ impl ValidRequest {
             }
         }
         out
+    }
+}
+
+/// Every token id must have a row in the model's embedding (and in the tokenizer, to
+/// be decoded): the smaller of the two bounds them.
+fn check_token_ids(ids: &[u32], param: &str, ctx: &ValidationContext) -> Result<(), ServerError> {
+    let vocab = ctx.vocab_rows.min(ctx.tokenizer.vocab_size());
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        Some(bad) => Err(ServerError::invalid(
+            param,
+            format!("token id {bad} is out of range (vocabulary size {vocab})"),
+        )),
+        None => Ok(()),
     }
 }
 

@@ -2,7 +2,9 @@
 //! connection holds a permit until hyper drops it. Over the limit a connection is
 //! answered with a 503 `too_many_connections` envelope and closed, by a short task
 //! with its own small limit (beyond which connections are closed at once), so a flood
-//! of connections costs a bounded amount of memory.
+//! of connections costs a bounded amount of memory. A bare error response hyper writes
+//! itself (a 431 for a request head it cannot parse) leaves in the OpenAI error
+//! envelope ([`parser_refusal`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -16,6 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::serve::error::ServerError;
+use crate::serve::parser_refusal;
 
 /// Refusals being written at once; more connections over the limit are just closed.
 const MAX_REFUSALS_IN_FLIGHT: usize = 64;
@@ -106,6 +109,7 @@ impl axum::serve::Listener for LimitedListener {
                         LimitedConnection {
                             stream,
                             _permit: permit,
+                            replacing: None,
                         },
                         addr,
                     );
@@ -127,6 +131,38 @@ impl axum::serve::Listener for LimitedListener {
 pub struct LimitedConnection {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
+    /// A replacement response being written, with the bytes of it written so far and
+    /// the length of what hyper asked to write (reported written once it is out).
+    replacing: Option<(Vec<u8>, usize, usize)>,
+}
+
+impl LimitedConnection {
+    /// Writes the replacement for hyper's `asked` bytes, if one is under way or `head`
+    /// calls for one; `None` when `head` goes out as it is.
+    fn poll_replacement(
+        &mut self,
+        cx: &mut Context<'_>,
+        head: impl FnOnce() -> Option<(Vec<u8>, usize)>,
+    ) -> Option<Poll<io::Result<usize>>> {
+        if self.replacing.is_none() {
+            let (bytes, asked) = head()?;
+            self.replacing = Some((bytes, 0, asked));
+        }
+        let (bytes, written, asked) = self.replacing.as_mut()?;
+        while *written < bytes.len() {
+            match Pin::new(&mut self.stream).poll_write(cx, &bytes[*written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Some(Poll::Ready(Err(io::ErrorKind::WriteZero.into())))
+                }
+                Poll::Ready(Ok(n)) => *written += n,
+                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
+                Poll::Pending => return Some(Poll::Pending),
+            }
+        }
+        let asked = *asked;
+        self.replacing = None;
+        Some(Poll::Ready(Ok(asked)))
+    }
 }
 
 impl AsyncRead for LimitedConnection {
@@ -145,7 +181,12 @@ impl AsyncWrite for LimitedConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let this = &mut *self;
+        let head = || parser_refusal::replacement(buf).map(|r| (r, buf.len()));
+        if let Some(poll) = this.poll_replacement(cx, head) {
+            return poll;
+        }
+        Pin::new(&mut this.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -161,7 +202,20 @@ impl AsyncWrite for LimitedConnection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        let head = || {
+            // A bare response is all head: only then is it worth joining the slices.
+            let first = bufs.iter().find(|b| !b.is_empty())?;
+            if !first.starts_with(b"HTTP/1.1 431 ") {
+                return None;
+            }
+            let joined: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            parser_refusal::replacement(&joined).map(|r| (r, joined.len()))
+        };
+        if let Some(poll) = this.poll_replacement(cx, head) {
+            return poll;
+        }
+        Pin::new(&mut this.stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {

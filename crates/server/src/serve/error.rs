@@ -46,6 +46,10 @@ pub enum ServerError {
         size_bytes: usize,
         limit_bytes: usize,
     },
+    /// The HTTP parser refused the request head: more headers than it parses, or a head
+    /// larger than its buffer (431).
+    #[error("the request headers are too many (at most 100) or too large for the server to parse")]
+    HeadersRejected,
     /// The request ran longer than `--request-timeout`; it was cancelled (408).
     #[error("the request took longer than the limit of {limit_secs} seconds and was cancelled")]
     RequestTimeout { limit_secs: u64 },
@@ -64,6 +68,10 @@ pub enum ServerError {
     /// The engine failed while running this request (503). The string is logged only.
     #[error("the engine failed")]
     EngineFailed(String),
+    /// The engine could not finish this request (its step failed, or its own input
+    /// was refused there) and goes on serving others (500). The string is logged only.
+    #[error("generation failed")]
+    GenerationFailed(String),
     /// The engine has failed and the process is about to exit for a restart; new
     /// requests are refused (503).
     #[error("the engine failed and the server is restarting; retry later")]
@@ -94,7 +102,9 @@ impl ServerError {
             }
             ServerError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ServerError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ServerError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ServerError::HeadersTooLarge { .. } | ServerError::HeadersRejected => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
             ServerError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ServerError::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -108,7 +118,9 @@ impl ServerError {
             ServerError::EngineFailed(_) | ServerError::EngineDown | ServerError::Starting => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ServerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ServerError::Internal(_) | ServerError::GenerationFailed(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -130,7 +142,7 @@ impl ServerError {
             ServerError::UnsupportedMediaType(_) => {
                 ("invalid_request_error", Some("unsupported_media_type"))
             }
-            ServerError::HeadersTooLarge { .. } => {
+            ServerError::HeadersTooLarge { .. } | ServerError::HeadersRejected => {
                 ("invalid_request_error", Some("headers_too_large"))
             }
             ServerError::RequestTimeout { .. } => ("timeout_error", Some("request_timeout")),
@@ -147,6 +159,7 @@ impl ServerError {
                 ("server_error", Some("engine_failed"))
             }
             ServerError::Starting => ("server_error", Some("model_loading")),
+            ServerError::GenerationFailed(_) => ("server_error", Some("generation_failed")),
             ServerError::Internal(_) => ("server_error", None),
         };
         let param = match self {
@@ -165,6 +178,10 @@ impl ServerError {
             ServerError::EngineFailed(_) => {
                 format!("the engine failed while running this request{request}; retry later")
             }
+            ServerError::GenerationFailed(_) => format!(
+                "the engine could not finish this request{request}; other requests are \
+                 unaffected, so it may be retried"
+            ),
             ServerError::Internal(_) => format!("internal server error{request}"),
             other => other.to_string(),
         };
@@ -175,6 +192,9 @@ impl ServerError {
     pub fn log(&self) {
         match self {
             ServerError::EngineFailed(detail) => tracing::error!("engine failure: {detail}"),
+            ServerError::GenerationFailed(detail) => {
+                tracing::error!("generation failed: {detail}")
+            }
             ServerError::Internal(detail) => tracing::error!("internal error: {detail}"),
             other => tracing::debug!("request refused ({}): {other}", other.status()),
         }

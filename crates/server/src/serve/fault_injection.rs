@@ -1,6 +1,6 @@
 //! Test hook, compiled only with the `fault-injection` feature (release builds have no
 //! such flag): `--inject-fault RANK:KIND:AFTER_STEPS` makes device rank RANK fail in the
-//! way KIND (`error`, `panic` or `hang`) in the step after AFTER_STEPS steps that ran
+//! way KIND (`error`, `panic`, `device` or `hang`) in the step after AFTER_STEPS steps that ran
 //! sequences (the warm-up's included). The fault goes through the engine's own
 //! [`Engine::inject_fault`], so what follows is exactly what a real device failure does.
 
@@ -21,7 +21,8 @@ impl FromStr for FaultSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let usage = || format!("`{s}`: expected RANK:KIND:AFTER_STEPS, KIND error|panic|hang");
+        let usage =
+            || format!("`{s}`: expected RANK:KIND:AFTER_STEPS, KIND error|panic|device|hang");
         let mut parts = s.split(':');
         let (Some(rank), Some(kind), Some(after), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -32,6 +33,7 @@ impl FromStr for FaultSpec {
             "error" => Fault::Error,
             "panic" => Fault::Panic,
             "hang" => Fault::Hang,
+            "device" => Fault::Device,
             _ => return Err(usage()),
         };
         Ok(FaultSpec {
@@ -75,9 +77,11 @@ impl Executor for FaultyEngine {
                 );
                 self.engine
                     .inject_fault(self.spec.rank, self.spec.fault)
-                    .map_err(|e| ExecutorError {
-                        rank: Some(self.spec.rank),
-                        message: format!("cannot inject the fault: {e}"),
+                    .map_err(|e| {
+                        ExecutorError::group(
+                            Some(self.spec.rank),
+                            format!("cannot inject the fault: {e}"),
+                        )
                     })?;
             }
             self.steps += 1;
@@ -91,10 +95,6 @@ impl Executor for FaultyEngine {
 
     fn max_context_tokens(&self) -> usize {
         self.engine.max_context_tokens()
-    }
-
-    fn is_failed(&self) -> bool {
-        self.engine.is_failed()
     }
 }
 
@@ -111,6 +111,10 @@ mod tests {
                 fault: Fault::Hang,
                 after_steps: 40
             })
+        );
+        assert_eq!(
+            "0:device:3".parse::<FaultSpec>().map(|f| f.fault),
+            Ok(Fault::Device)
         );
         for bad in ["1:hang", "1:melt:4", "x:error:1", "1:error:1:2", ""] {
             assert!(bad.parse::<FaultSpec>().is_err(), "{bad}");

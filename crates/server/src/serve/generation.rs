@@ -13,8 +13,8 @@ use std::time::Instant;
 use futures_util::future::try_join_all;
 use tessera_protocol::{FinishReason, TokenEvent, TokenLogprobs};
 use tessera_scheduler::AdmissionError;
+use tessera_scheduler::TokenReceiver;
 use tessera_tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::api::response::TokenLogprob;
 use crate::api::valid_request::ValidRequest;
@@ -45,7 +45,7 @@ pub struct ChoiceRun {
     pub index: usize,
     pub prompt_index: usize,
     /// `None` once the sequence ended (or was cancelled by a stop string).
-    receiver: Option<UnboundedReceiver<TokenEvent>>,
+    receiver: Option<TokenReceiver>,
     tokenizer: Arc<Tokenizer>,
     decoder: IncrementalDecoder,
     matcher: StopMatcher,
@@ -209,6 +209,7 @@ impl ChoiceRun {
                 Ok(())
             }
             Some(TokenEvent::Error(message)) => Err(ServerError::EngineFailed(message)),
+            Some(TokenEvent::Failed(message)) => Err(ServerError::GenerationFailed(message)),
             // Closed without `Finished`: a submit that raced shutdown.
             None => Err(ServerError::Admission(AdmissionError::ShuttingDown)),
         }

@@ -175,6 +175,8 @@ impl Writer {
 /// The whole exposition.
 pub fn render(app: &AppState) -> String {
     let m = app.scheduler.metrics();
+    // Each request once: admitted and not yet run, or preempted and not yet restarted.
+    let waiting = app.scheduler.num_waiting() as f64;
     let mut w = Writer {
         text: String::new(),
         model_label: format!("model_name=\"{}\"", escape(app.model_name())),
@@ -189,7 +191,7 @@ pub fn render(app: &AppState) -> String {
         "vllm:num_requests_waiting",
         "gauge",
         "Sequences waiting to start or restart (admitted, queued, preempted).",
-        (m.num_waiting + app.scheduler.num_queued()) as f64,
+        waiting,
     );
     w.vllm(
         "vllm:kv_cache_usage_perc",
@@ -265,7 +267,7 @@ pub fn render(app: &AppState) -> String {
         "tessera_num_requests_waiting",
         "gauge",
         "Same as vllm:num_requests_waiting.",
-        (m.num_waiting + app.scheduler.num_queued()) as f64,
+        waiting,
     );
     w.tessera(
         "tessera_kv_blocks_in_use",

@@ -11,8 +11,11 @@
 //! rest are aborted (their streams end with a `shutting_down` error event); then HTTP
 //! drains and the engine loop is joined. A clean drain exits 0.
 //!
-//! Engine failure (a device rank errored, panicked, or hung past `--step-timeout`): the
-//! engine cannot run another step, so the process does not try. In-flight requests end
+//! Failures stay as small as their cause. A request whose own input the engine cannot
+//! run is refused at validation (400); a rank that errors or panics in a step fails that
+//! step's requests only (500 `generation_failed`), and the engine serves on. Engine
+//! failure (a rank's device failed, or a rank hung past `--step-timeout`): the engine
+//! cannot run another step, so the process does not try. In-flight requests end
 //! with a 503 `engine_failed` error (streams: an error event, then `[DONE]`), `/readyz`
 //! and `/livez` answer 503 `engine_failed` and new requests 503 at once; after
 //! [`ENGINE_FAILED_LINGER`] (and until those responses are written, at most
@@ -33,6 +36,7 @@ pub mod json_body;
 pub mod lifecycle;
 pub mod limits;
 pub mod metrics;
+pub mod parser_refusal;
 pub mod request_context;
 pub mod router;
 pub mod state;
@@ -48,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tessera_engine::{load_tokenizer, DeviceSpec, Engine};
+use tessera_engine::{check_vocabulary, load_tokenizer, DeviceSpec, Engine};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerError, SchedulerHandle};
 
@@ -264,6 +268,8 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
     let tokenizer = Arc::new(load_tokenizer(&tokenizer_path).context("loading the tokenizer")?);
     tracing::info!("[2/3] weights: {}", cfg.model_path.display());
     let engine = Engine::load(&cfg).context("loading the model")?;
+    check_vocabulary(&tokenizer, engine.model_config()).context("checking the tokenizer")?;
+    let vocab_rows = engine.model_config().vocab_size;
     let max_model_len = args
         .max_model_len
         .unwrap_or_else(|| engine.max_context_tokens());
@@ -280,6 +286,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             max_waiting: args.max_waiting,
             max_model_len: args.max_model_len,
             enable_prefix_caching: true,
+            ..SchedulerConfig::default()
         },
         engine,
     )
@@ -304,6 +311,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             served_model_name,
             max_model_len,
             kv_capacity_tokens,
+            vocab_rows,
             limits: args.request_limits(),
         }),
         api_keys: Arc::new(api_keys::collect(
@@ -352,7 +360,9 @@ pub fn warm_up(state: &AppState) -> Result<()> {
         match events.blocking_recv() {
             Some(TokenEvent::Token { .. }) => tokens += 1,
             Some(TokenEvent::Finished { .. }) => break,
-            Some(TokenEvent::Error(e)) => anyhow::bail!("warm-up generation failed: {e}"),
+            Some(TokenEvent::Error(e) | TokenEvent::Failed(e)) => {
+                anyhow::bail!("warm-up generation failed: {e}")
+            }
             None => anyhow::bail!("warm-up generation ended without finishing"),
         }
     }

@@ -8,9 +8,10 @@
 //! - the client goes away (the body, and so the channel's receiver, is dropped);
 //! - the client reads nothing while the channel stays full for
 //!   `--stream-stall-timeout`: the stream is cut without `[DONE]`. A client that does
-//!   not read can hold at most the channel, the socket buffers and what the engine made
-//!   during the stall timeout (which itself is at most `max_tokens`), and never slows
-//!   the engine or other requests: the scheduler's sends never wait;
+//!   not read can hold at most the channel, the socket buffers and its sequences'
+//!   bounded event channels: once those are full the scheduler gives the sequence no
+//!   more steps until it reads. It never slows the engine or other requests: the
+//!   scheduler's sends never wait;
 //! - the request's deadline (`--request-timeout`) passes: a `request_timeout` error
 //!   event and `[DONE]` end the stream.
 

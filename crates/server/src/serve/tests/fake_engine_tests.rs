@@ -28,6 +28,7 @@ async fn engine_error_mid_stream_sends_error_event_then_done() {
     assert_eq!(events.last().unwrap(), "[DONE]");
     let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     assert_eq!(error["error"]["type"], "server_error");
+    assert_eq!(error["error"]["code"], "generation_failed");
     assert!(error["error"].get("param").is_some() && error["error"].get("code").is_some());
     assert!(!events.concat().contains("SECRET-INTERNAL-DETAIL"));
     let message = error["error"]["message"].as_str().unwrap();
@@ -46,8 +47,10 @@ async fn engine_error_mid_stream_sends_error_event_then_done() {
     assert!(text.contains("hello"), "{events:?}");
 }
 
+/// A failed step fails its request with a 500 (the engine goes on serving others, so
+/// no `Retry-After`); the next request is served.
 #[tokio::test]
-async fn engine_error_without_stream_is_503_without_internals() {
+async fn a_failed_step_without_stream_is_500_without_internals() {
     let s = fake_server(Some(1), 64, 16);
     let resp = reqwest::Client::new()
         .post(s.url("/v1/chat/completions"))
@@ -55,17 +58,21 @@ async fn engine_error_without_stream_is_503_without_internals() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 503);
-    assert!(resp.headers().get("retry-after").is_some());
+    assert_eq!(resp.status(), 500);
+    assert!(resp.headers().get("retry-after").is_none());
     let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
     let text = resp.text().await.unwrap();
     assert!(!text.contains("SECRET-INTERNAL-DETAIL"), "{text}");
     assert!(!text.contains("rank") && !text.contains('/'), "{text}");
     let body: Value = serde_json::from_str(&text).unwrap();
-    assert_error(reqwest::StatusCode::SERVICE_UNAVAILABLE, &body, 503, None);
+    assert_error(reqwest::StatusCode::INTERNAL_SERVER_ERROR, &body, 500, None);
+    assert_eq!(body["error"]["code"], "generation_failed");
     // The client gets the request id to quote; the details are in the server's log.
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains(&format!("request id {id}")), "{message}");
+    let (status, body) = post(&s.url("/v1/chat/completions"), &chat(json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
 }
 
 #[tokio::test]

@@ -196,10 +196,10 @@ impl Executor for FakeExecutor {
             panic!("fake executor panics at step {}", self.steps);
         }
         if Some(self.steps) == self.fail_at || self.fail_from.is_some_and(|f| self.steps >= f) {
-            return Err(ExecutorError {
-                rank: Some(0),
-                message: "SECRET-INTERNAL-DETAIL device fell over".into(),
-            });
+            return Err(ExecutorError::step(
+                Some(0),
+                "SECRET-INTERNAL-DETAIL device fell over",
+            ));
         }
         Ok(StepOutput {
             samples: plan
@@ -212,6 +212,7 @@ impl Executor for FakeExecutor {
                     logprobs: None,
                 })
                 .collect(),
+            failed: Vec::new(),
         })
     }
     fn kv_cache_shape(&self) -> KvCacheShape {
@@ -280,6 +281,7 @@ pub fn fake_state<E: Executor + 'static>(
     AppState {
         scheduler,
         validation: Arc::new(ValidationContext {
+            vocab_rows: tokenizer.vocab_size(),
             tokenizer,
             served_model_name: "fake".into(),
             max_model_len,

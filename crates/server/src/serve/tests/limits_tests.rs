@@ -217,3 +217,28 @@ async fn a_client_that_never_reads_its_stream_is_cut_off_without_stalling_others
     assert!(generated < max_tokens, "{generated} tokens generated");
     drop(stalled);
 }
+
+/// More headers than hyper parses: hyper answers 431 itself, before any route runs, and
+/// the answer still comes in the OpenAI error envelope.
+#[tokio::test]
+async fn headers_hyper_refuses_are_431_in_the_envelope() {
+    let app = router::build_router(model_state().clone(), &[]);
+    let base = serve_router_limited(app, Some(16));
+    let client = reqwest::Client::new();
+    let mut request = client.get(format!("{base}/v1/models"));
+    for i in 0..150 {
+        request = request.header(format!("x-filler-{i}"), "f");
+    }
+    let r = request.send().await.unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap();
+    assert_error(status, &body, 431, None);
+    assert_eq!(body["error"]["code"], "headers_too_large");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let r = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

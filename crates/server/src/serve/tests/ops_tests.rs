@@ -121,7 +121,8 @@ async fn an_executor_failing_step_after_step_is_not_ready_nor_live() {
     for i in 0..FAILED_STEPS_UNHEALTHY {
         assert_eq!(probe(&s.base, "/readyz").await.0, 200, "after {i} failures");
         let (status, body) = post(&s.url("/v1/chat/completions"), &chat(json!({}))).await;
-        assert_error(status, &body, 503, None);
+        assert_error(status, &body, 500, None);
+        assert_eq!(body["error"]["code"], "generation_failed");
     }
     let failing = (503, Some("engine_failing".to_string()));
     assert_eq!(probe(&s.base, "/readyz").await, failing);
@@ -365,4 +366,69 @@ async fn drain_waits_then_aborts_what_outlives_the_timeout() {
         probe(&s.base, "/readyz").await,
         (503, Some("draining".into()))
     );
+}
+
+/// The gauges under a known load: a KV cache that holds one request at a time and three
+/// requests sent, so one runs and two wait. Each waiting request counts once (it is both
+/// admitted and in the scheduler's queue; it was once counted in both).
+#[tokio::test]
+async fn gauges_count_each_waiting_request_once() {
+    let executor = FakeExecutor {
+        token: hello_token(),
+        step_delay: Some(std::time::Duration::from_millis(150)),
+        kv: KvCacheShape {
+            num_blocks: 2,
+            block_size_tokens: 16,
+        },
+        ..fake_executor()
+    };
+    let s = start(fake_state(executor, 2, 1024, 16), &[]);
+    // 17 prompt tokens take both blocks, so the next request waits for them.
+    let body = json!({"model": "fake", "prompt": (1..=17).collect::<Vec<u32>>(),
+        "max_tokens": 8, "ignore_eos": true});
+    let requests: Vec<_> = (0..3)
+        .map(|_| {
+            let (url, body) = (s.url("/v1/completions"), body.clone());
+            tokio::spawn(async move { post(&url, &body).await })
+        })
+        .collect();
+    let gauges = || async {
+        let text = reqwest::get(s.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let m = scrape(&text);
+        [
+            m["vllm:num_requests_running"],
+            m["vllm:num_requests_waiting"],
+            m["tessera_num_requests_running"],
+            m["tessera_num_requests_waiting"],
+        ]
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = gauges().await;
+    // Until all three have arrived (the first runs 9 steps of 150 ms, the others wait
+    // all that while).
+    while seen[0] != 1.0 || seen[1] < 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never loaded: {seen:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        seen = gauges().await;
+    }
+    assert_eq!(seen, [1.0, 2.0, 1.0, 2.0]);
+    for r in requests {
+        let (status, body) = r.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    // The loop publishes right after the step that finished the last one.
+    let mut idle = gauges().await;
+    while idle[0] != 0.0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        idle = gauges().await;
+    }
+    assert_eq!(idle, [0.0, 0.0, 0.0, 0.0]);
 }

@@ -346,3 +346,52 @@ async fn model_names_from_requests_are_compared_never_opened() {
     let (status, body) = get(&s.url("/v1/models/%2Fetc%2Fpasswd")).await;
     assert_error(status, &body, 404, Some("model"));
 }
+
+/// Token ids must have a row in the model's embedding, not only in the tokenizer: ids
+/// past it are a 400 at validation (they would fail in the engine), whether sent as ids
+/// or produced by tokenizing text, and `logit_bias` keys are held to the same bound.
+#[tokio::test]
+async fn token_ids_past_the_embedding_are_refused() {
+    let hello = hello_token();
+    let mut state = fake_server(None, 64, 16).state;
+    state.validation = Arc::new(ValidationContext {
+        vocab_rows: hello as usize,
+        ..ValidationContext::clone(&state.validation)
+    });
+    let s = start(state, &[]);
+    let bound = format!("is out of range (vocabulary size {hello})");
+    let cases = [
+        (
+            "/v1/completions",
+            json!({"model": "fake", "prompt": [1, hello], "max_tokens": 1}),
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "fake", "prompt": "Say hello", "max_tokens": 1}),
+            "prompt",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "fake", "messages": [{"role": "user", "content": "Say hello"}]}),
+            "messages",
+        ),
+    ];
+    for (path, body, param) in cases {
+        let (status, reply) = post(&s.url(path), &body).await;
+        assert_error(status, &reply, 400, Some(param));
+        let message = reply["error"]["message"].as_str().unwrap_or_default();
+        // Text may hold other ids past the bound before " hello".
+        assert!(
+            message.starts_with("token id ") && message.ends_with(&bound),
+            "{body}: {message}"
+        );
+    }
+    let biased = json!({"model": "fake", "prompt": [1], "max_tokens": 1,
+        "logit_bias": {hello.to_string(): 5}});
+    let (status, reply) = post(&s.url("/v1/completions"), &biased).await;
+    assert_error(status, &reply, 400, Some("logit_bias"));
+    let ok = json!({"model": "fake", "prompt": [1, hello - 1], "max_tokens": 1});
+    let (status, reply) = post(&s.url("/v1/completions"), &ok).await;
+    assert_eq!(status, 200, "{reply}");
+}
