@@ -38,7 +38,8 @@ use crate::metrics::{SchedulerMetrics, SharedMetrics};
 use crate::scheduler::Scheduler;
 
 enum Command {
-    Add(AdmittedRequest),
+    /// Boxed: a request (sampling parameters, response-format schema) dwarfs `Shutdown`.
+    Add(Box<AdmittedRequest>),
     Shutdown,
 }
 
@@ -118,7 +119,7 @@ impl SchedulerHandle {
         let id = admitted.id;
         self.inner
             .commands
-            .send(Command::Add(admitted))
+            .send(Command::Add(Box::new(admitted)))
             .map_err(|_| AdmissionError::ShuttingDown)?;
         Ok((id, receiver))
     }
@@ -259,7 +260,7 @@ impl<E: Executor> Worker<E> {
         // Requests that raced the shutdown get an answer too.
         while let Ok(cmd) = self.commands.try_recv() {
             if let Command::Add(a) = cmd {
-                self.scheduler.add(a);
+                self.scheduler.add(*a);
             }
         }
         self.scheduler.abort_all();
@@ -269,7 +270,7 @@ impl<E: Executor> Worker<E> {
     fn apply(&mut self, cmd: Command) -> Flow {
         match cmd {
             Command::Add(a) => {
-                self.scheduler.add(a);
+                self.scheduler.add(*a);
                 Flow::Continue
             }
             Command::Shutdown => Flow::Stop,
