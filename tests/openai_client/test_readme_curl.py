@@ -64,5 +64,9 @@ def test_curl_example(command, base_url):
     else:
         body = json.loads(out)
         assert "error" not in body
-        if "/chat/completions" in cmd:
+        if "/chat/completions" in cmd and "response_format" in cmd:
+            assert body["choices"][0]["finish_reason"] == "stop"
+            cat = json.loads(body["choices"][0]["message"]["content"])
+            assert set(cat) == {"name", "age"} and 0 <= cat["age"] <= 30
+        elif "/chat/completions" in cmd:
             assert body["choices"][0]["message"]["content"] == "The capital of France is Paris."

@@ -20,6 +20,7 @@ use crate::model::{Batch, ChunkLimits, RankCache};
 use crate::placement;
 use crate::sampler::Sampler;
 use crate::stats::EngineStats;
+use crate::structured::GrammarCompiler;
 use crate::tp::{AllReduceDtype, ShardPlan};
 use crate::worker::{self, Fault, Job, WorkerHandle, WorkerState};
 
@@ -98,6 +99,9 @@ pub struct Engine {
     /// How to give the ranks fresh communicators after a step-only failure.
     groups: placement::CommGroups,
     stats: EngineStats,
+    /// Compiles `response_format` constraints; without it constrained sequences are
+    /// refused.
+    grammar: Option<Arc<GrammarCompiler>>,
 }
 
 impl Engine {
@@ -218,6 +222,7 @@ impl Engine {
             failed: None,
             groups,
             stats,
+            grammar: None,
         };
         #[cfg(feature = "cuda")]
         if let Some(utilization) = gpu_sizing {
@@ -242,6 +247,12 @@ impl Engine {
     /// after the engine has moved to its loop.
     pub fn stats(&self) -> EngineStats {
         self.stats.clone()
+    }
+
+    /// Enables constrained decoding (`SamplingParams::constraint`) with `compiler`, built
+    /// from this model's tokenizer.
+    pub fn set_grammar_compiler(&mut self, compiler: Arc<GrammarCompiler>) {
+        self.grammar = Some(compiler);
     }
 
     pub fn model_config(&self) -> &ModelConfig {
@@ -387,12 +398,19 @@ impl Engine {
             self.sequences.remove(id);
         }
         for new in &plan.new_sequences {
-            self.sequences.insert(
-                new.id,
-                SeqState {
-                    sampler: Sampler::new(new.sampling.clone(), &new.prompt_ids),
-                },
-            );
+            let mut sampler = Sampler::new(new.sampling.clone(), &new.prompt_ids);
+            if let Some(constraint) = &new.sampling.constraint {
+                // The server compiled the same constraint with the same compiler before
+                // admitting the request, so this fails only on a misconfigured engine.
+                let compiler = self.grammar.as_ref().ok_or_else(|| {
+                    EngineError::Step(format!(
+                        "{} asks for structured output but the engine has no grammar compiler",
+                        new.id
+                    ))
+                })?;
+                sampler = sampler.with_constraint(compiler.compile(constraint)?);
+            }
+            self.sequences.insert(new.id, SeqState { sampler });
         }
         // A chunk that cannot run fails its own sequence; the rest of the step runs.
         let limits = ChunkLimits {

@@ -55,6 +55,20 @@ pub enum EngineError {
     #[error("invalid step: {0}")]
     Step(String),
 
+    /// A `response_format` schema uses a keyword the grammar compiler does not implement.
+    #[error(
+        "the JSON schema uses `{keyword}`, which structured output does not support: {message}"
+    )]
+    SchemaUnsupported { keyword: String, message: String },
+
+    /// A `response_format` schema that is not a valid schema.
+    #[error("invalid JSON schema: {0}")]
+    SchemaInvalid(String),
+
+    /// The tokenizer cannot be turned into the token trie constrained decoding needs.
+    #[error("structured output is unavailable for this tokenizer: {0}")]
+    TokenTrie(String),
+
     #[error("{0}")]
     Candle(#[from] candle_core::Error),
 

@@ -14,6 +14,7 @@ pub mod model;
 mod placement;
 pub mod sampler;
 pub mod stats;
+pub mod structured;
 pub mod tp;
 mod worker;
 
@@ -25,5 +26,6 @@ pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateOptions};
 pub use loader::{check_vocabulary, default_model_path, load_tokenizer};
 pub use stats::{EngineStats, RankSnapshot};
+pub use structured::{GrammarCompiler, TokenConstraint};
 pub use tessera_tokenizer::Tokenizer;
 pub use worker::Fault;

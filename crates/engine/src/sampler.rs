@@ -5,6 +5,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_protocol::{SamplingParams, TokenLogprobs};
 
+use crate::structured::TokenConstraint;
+
 /// Sampling state of one sequence, kept by the engine for the sequence's whole life
 /// (across preemptions), so seeded sampling does not depend on batching.
 #[derive(Debug)]
@@ -15,6 +17,8 @@ pub struct Sampler {
     seen: std::collections::HashSet<u32>,
     /// Occurrences of each generated token (presence / frequency penalties).
     counts: std::collections::HashMap<u32, u32>,
+    /// The grammar a constrained sequence must follow (`response_format`).
+    constraint: Option<TokenConstraint>,
 }
 
 impl Sampler {
@@ -28,12 +32,29 @@ impl Sampler {
             rng,
             seen: prompt.iter().copied().collect(),
             counts: Default::default(),
+            constraint: None,
         }
     }
 
-    /// Picks the next token from `logits` (modified in place) and records it.
+    /// Constrains every later token to `constraint`'s grammar.
+    pub fn with_constraint(mut self, constraint: TokenConstraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// The grammar state of a constrained sequence.
+    pub fn constraint(&self) -> Option<&TokenConstraint> {
+        self.constraint.as_ref()
+    }
+
+    /// Picks the next token from `logits` (modified in place) and records it. A
+    /// constrained sequence's grammar mask is applied after bias and penalties, so the
+    /// choice and the log-probabilities are those of the masked distribution.
     pub fn sample(&mut self, logits: &mut [f32]) -> (u32, Option<TokenLogprobs>) {
         self.adjust(logits);
+        if let Some(c) = &mut self.constraint {
+            c.apply_mask(logits);
+        }
         let token = if self.params.is_greedy() {
             argmax(logits)
         } else {
@@ -44,11 +65,12 @@ impl Sampler {
     }
 
     /// True when the next token is the arg-max of the raw logits: greedy, with no bias,
-    /// no penalties and no log-probabilities to report. The device may then reduce the
-    /// row itself and hand over only the token ([`Sampler::accept`]).
+    /// no penalties, no log-probabilities to report and no grammar mask. The device may
+    /// then reduce the row itself and hand over only the token ([`Sampler::accept`]).
     pub fn needs_only_argmax(&self) -> bool {
         let p = &self.params;
-        p.is_greedy()
+        self.constraint.is_none()
+            && p.is_greedy()
             && p.logprobs.is_none()
             && p.logit_bias.is_empty()
             && p.repetition_penalty == 1.0
@@ -58,6 +80,9 @@ impl Sampler {
 
     /// Records `token`, chosen elsewhere as the arg-max, as this sequence's next token.
     pub fn accept(&mut self, token: u32) -> u32 {
+        if let Some(c) = &mut self.constraint {
+            c.advance(token);
+        }
         self.seen.insert(token);
         *self.counts.entry(token).or_default() += 1;
         token
@@ -183,7 +208,12 @@ fn logprobs_of(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
                 .total_cmp(&logits[*a as usize])
                 .then(a.cmp(b))
         });
-        top = idx.into_iter().map(|t| (t, lp(t))).collect();
+        // Tokens a grammar mask ruled out (`-inf`) are not alternatives.
+        top = idx
+            .into_iter()
+            .map(|t| (t, lp(t)))
+            .filter(|(_, l)| l.is_finite())
+            .collect();
     }
     TokenLogprobs {
         logprob: lp(token),

@@ -4,6 +4,7 @@
 use std::sync::OnceLock;
 
 use axum::http::StatusCode;
+use tessera_engine::GrammarCompiler;
 use tessera_server::api::chat_request::ChatRequest;
 use tessera_server::api::completion_request::CompletionRequest;
 use tessera_server::api::request_limits::RequestLimits;
@@ -19,14 +20,21 @@ const MAX_MODEL_LEN: usize = 2048;
 
 fn context() -> &'static ValidationContext {
     static CONTEXT: OnceLock<ValidationContext> = OnceLock::new();
-    CONTEXT.get_or_init(|| ValidationContext {
-        // The default model's embedding has a row for every token of its tokenizer.
-        vocab_rows: tokenizer().vocab_size(),
-        tokenizer: tokenizer(),
-        served_model_name: SERVED_MODEL.to_string(),
-        max_model_len: MAX_MODEL_LEN,
-        kv_capacity_tokens: 4 * MAX_MODEL_LEN,
-        limits: RequestLimits::default(),
+    CONTEXT.get_or_init(|| {
+        let tokenizer = tokenizer();
+        // The real compiler, so `response_format` schemas are fuzzed through it too.
+        let grammar =
+            GrammarCompiler::new(&tokenizer, tokenizer.vocab_size()).map_err(|e| e.to_string());
+        ValidationContext {
+            // The default model's embedding has a row for every token of its tokenizer.
+            vocab_rows: tokenizer.vocab_size(),
+            tokenizer,
+            served_model_name: SERVED_MODEL.to_string(),
+            max_model_len: MAX_MODEL_LEN,
+            kv_capacity_tokens: 4 * MAX_MODEL_LEN,
+            limits: RequestLimits::default(),
+            grammar,
+        }
     })
 }
 

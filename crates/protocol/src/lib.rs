@@ -9,7 +9,9 @@ mod sampling;
 mod step;
 
 pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape};
-pub use sampling::{FinishReason, GenerationRequest, SamplingParams, StopCondition};
+pub use sampling::{
+    FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition,
+};
 pub use step::{
     FailedSequence, NewSequence, SampledToken, ScheduledChunk, SeqId, StepOutput, StepPlan,
     TokenEvent, TokenLogprobs,

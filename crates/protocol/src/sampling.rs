@@ -26,6 +26,19 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// Return the chosen token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Constrained decoding: every token must keep the output a prefix of this format.
+    #[serde(default)]
+    pub constraint: Option<OutputConstraint>,
+}
+
+/// A format the output must follow, enforced token by token by masking the logits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputConstraint {
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// A value valid under this JSON schema, given as JSON text (`json_schema`).
+    JsonSchema { schema: String },
 }
 
 impl Default for SamplingParams {
@@ -41,6 +54,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
             logprobs: None,
+            constraint: None,
         }
     }
 }

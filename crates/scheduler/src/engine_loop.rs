@@ -41,7 +41,8 @@ use crate::scheduler::Scheduler;
 use crate::token_channel::TokenReceiver;
 
 enum Command {
-    Add(AdmittedRequest),
+    /// Boxed: a request (sampling parameters, response-format schema) dwarfs `Shutdown`.
+    Add(Box<AdmittedRequest>),
     /// A stalled client read (or left): look again.
     Wake,
     Shutdown,
@@ -129,7 +130,7 @@ impl SchedulerHandle {
         let id = admitted.id;
         self.inner
             .commands
-            .send(Command::Add(admitted))
+            .send(Command::Add(Box::new(admitted)))
             .map_err(|_| AdmissionError::ShuttingDown)?;
         Ok((id, receiver))
     }
@@ -289,7 +290,7 @@ impl<E: Executor> Worker<E> {
         // Requests that raced the shutdown get an answer too.
         while let Ok(cmd) = self.commands.try_recv() {
             if let Command::Add(a) = cmd {
-                self.scheduler.add(a);
+                self.scheduler.add(*a);
             }
         }
         self.scheduler.abort_all();
@@ -299,7 +300,7 @@ impl<E: Executor> Worker<E> {
     fn apply(&mut self, cmd: Command) -> Flow {
         match cmd {
             Command::Add(a) => {
-                self.scheduler.add(a);
+                self.scheduler.add(*a);
                 Flow::Continue
             }
             Command::Wake => Flow::Continue,

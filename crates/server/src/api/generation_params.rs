@@ -52,6 +52,8 @@ pub struct GenerationParams {
     /// vLLM extension: keep generating past end-of-sequence tokens.
     pub ignore_eos: Option<bool>,
     pub best_of: Option<u64>,
+    /// `text`, `json_object` or `json_schema`; checked by `GenerationSpec`.
+    pub response_format: Option<Value>,
 }
 
 /// Deserialize `T` from the body, naming the field at fault in the error.
@@ -114,23 +116,6 @@ pub fn refuse_unsupported(body: &Map<String, Value>, route: Route) -> Result<(),
                     key,
                     format!("`{key}` is not supported: only \"none\" is accepted"),
                 ));
-            }
-        }
-    }
-    if let Some(format) = present("response_format") {
-        match format.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(t @ ("json_object" | "json_schema")) => {
-                return Err(ServerError::invalid(
-                    "response_format",
-                    format!("response_format type `{t}` is not supported yet"),
-                ))
-            }
-            _ => {
-                return Err(ServerError::invalid(
-                    "response_format",
-                    "response_format must be an object with `type`: \"text\"",
-                ))
             }
         }
     }

@@ -4,6 +4,7 @@ use tessera_protocol::SamplingParams;
 
 use crate::api::generation_params::{GenerationParams, StopField};
 use crate::api::request_limits::RequestLimits;
+use crate::api::response_format::parse_response_format;
 use crate::serve::error::ServerError;
 
 /// Most alternatives per token in logprobs (OpenAI's limit for chat).
@@ -177,6 +178,15 @@ impl GenerationSpec {
                 "stop strings must not be empty",
             ));
         }
+        sampling.constraint = parse_response_format(p.response_format.as_ref())?;
+        let ignore_eos = p.ignore_eos.unwrap_or(false);
+        if ignore_eos && sampling.constraint.is_some() {
+            return Err(ServerError::invalid(
+                "ignore_eos",
+                "`ignore_eos` cannot be combined with a JSON `response_format`: the output \
+                 ends when the JSON value is complete",
+            ));
+        }
         let stream = p.stream.unwrap_or(false);
         let include_usage = match &p.stream_options {
             Some(o) if !stream => {
@@ -197,7 +207,7 @@ impl GenerationSpec {
             n,
             sampling,
             stop_strings,
-            ignore_eos: p.ignore_eos.unwrap_or(false),
+            ignore_eos,
             stream,
             include_usage,
         })

@@ -11,5 +11,6 @@ pub mod models;
 pub mod openapi;
 pub mod request_limits;
 pub mod response;
+pub mod response_format;
 pub mod tokenize;
 pub mod valid_request;

@@ -49,7 +49,24 @@ fn generation_properties() -> Value {
         "stream": { "type": ["boolean", "null"] },
         "stream_options": { "type": ["object", "null"], "properties": { "include_usage": { "type": "boolean" } } },
         "ignore_eos": { "type": ["boolean", "null"] },
-        "best_of": { "type": ["integer", "null"] }
+        "best_of": { "type": ["integer", "null"] },
+        "response_format": {
+            "type": ["object", "null"],
+            "required": ["type"],
+            "properties": {
+                "type": { "enum": ["text", "json_object", "json_schema"] },
+                "json_schema": {
+                    "type": "object",
+                    "required": ["name", "schema"],
+                    "properties": {
+                        "name": { "type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$" },
+                        "description": { "type": "string" },
+                        "schema": { "type": ["object", "boolean"] },
+                        "strict": { "type": ["boolean", "null"] }
+                    }
+                }
+            }
+        }
     })
 }
 

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use tessera_engine::GrammarCompiler;
 use tessera_protocol::{GenerationRequest, StopCondition};
 use tessera_tokenizer::{ChatRenderRequest, Tokenizer, TokenizerError};
 
@@ -11,6 +12,7 @@ use crate::api::chat_request::ChatRequest;
 use crate::api::completion_request::{CompletionRequest, PromptInput};
 use crate::api::generation_spec::{check_top_logprobs, GenerationSpec};
 use crate::api::request_limits::RequestLimits;
+use crate::api::response_format::schema_error;
 use crate::serve::error::ServerError;
 
 /// Default `max_tokens` of `/v1/completions`, as OpenAI's.
@@ -31,6 +33,8 @@ pub struct ValidationContext {
     pub vocab_rows: usize,
     /// Limits on `n`, `stop` and `logit_bias`.
     pub limits: RequestLimits,
+    /// Compiles `response_format` schemas; `Err` says why this model has none.
+    pub grammar: Result<Arc<GrammarCompiler>, String>,
 }
 
 /// A tokenized prompt and its completion budget.
@@ -73,6 +77,7 @@ impl ValidRequest {
     pub async fn chat(req: ChatRequest, ctx: &ValidationContext) -> Result<Self, ServerError> {
         let spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
         check_model(&spec.model, ctx)?;
+        check_constraint(&spec, ctx).await?;
         let logprobs = match (req.chat.logprobs, req.chat.top_logprobs) {
             (Some(true), top) => Some(LogprobsShape::Chat {
                 top: check_top_logprobs("top_logprobs", top.unwrap_or(0))?,
@@ -120,6 +125,7 @@ impl ValidRequest {
     ) -> Result<Self, ServerError> {
         let spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
         check_model(&spec.model, ctx)?;
+        check_constraint(&spec, ctx).await?;
         let logprobs = match req.completion.logprobs {
             Some(top) => Some(LogprobsShape::Completion {
                 top: check_top_logprobs("logprobs", top)?,
@@ -266,6 +272,26 @@ fn check_model(model: &str, ctx: &ValidationContext) -> Result<(), ServerError> 
         return Err(ServerError::ModelNotFound(model.to_string()));
     }
     Ok(())
+}
+
+/// Compile the `response_format` schema, if any, so a schema the engine cannot enforce
+/// is refused here with a 400 rather than failing in the engine.
+async fn check_constraint(
+    spec: &GenerationSpec,
+    ctx: &ValidationContext,
+) -> Result<(), ServerError> {
+    let Some(constraint) = spec.sampling.constraint.clone() else {
+        return Ok(());
+    };
+    let compiler = ctx.grammar.clone().map_err(|why| {
+        ServerError::invalid(
+            "response_format",
+            format!("structured output is not available for this model: {why}"),
+        )
+    })?;
+    blocking(move || compiler.check(&constraint))
+        .await?
+        .map_err(schema_error)
 }
 
 /// Check the prompt against the context and settle `max_tokens` (default: `default`,

@@ -332,6 +332,21 @@ pub fn render(app: &AppState) -> String {
             }
         }
     }
+    if let Ok(grammar) = &app.validation.grammar {
+        let (masks, seconds) = grammar.mask_counters();
+        w.tessera(
+            "tessera_structured_output_masks_total",
+            "counter",
+            "Token masks computed for sequences under a response_format (one per constrained token).",
+            masks as f64,
+        );
+        w.tessera(
+            "tessera_structured_output_mask_seconds_total",
+            "counter",
+            "Seconds spent computing and applying those masks on the sampling thread.",
+            seconds,
+        );
+    }
     let http = app
         .metrics
         .http_requests

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tessera_engine::{check_vocabulary, load_tokenizer, DeviceSpec, Engine};
+use tessera_engine::{check_vocabulary, load_tokenizer, DeviceSpec, Engine, GrammarCompiler};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerError, SchedulerHandle};
 
@@ -267,9 +267,14 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
     tracing::info!("[1/3] tokenizer: {}", tokenizer_path.display());
     let tokenizer = Arc::new(load_tokenizer(&tokenizer_path).context("loading the tokenizer")?);
     tracing::info!("[2/3] weights: {}", cfg.model_path.display());
-    let engine = Engine::load(&cfg).context("loading the model")?;
+    let mut engine = Engine::load(&cfg).context("loading the model")?;
     check_vocabulary(&tokenizer, engine.model_config()).context("checking the tokenizer")?;
     let vocab_rows = engine.model_config().vocab_size;
+    let grammar = GrammarCompiler::new(&tokenizer, engine.model_config().vocab_size);
+    match &grammar {
+        Ok(compiler) => engine.set_grammar_compiler(Arc::clone(compiler)),
+        Err(e) => tracing::warn!("response_format json_object/json_schema will be refused: {e}"),
+    }
     let max_model_len = args
         .max_model_len
         .unwrap_or_else(|| engine.max_context_tokens());
@@ -313,6 +318,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             kv_capacity_tokens,
             vocab_rows,
             limits: args.request_limits(),
+            grammar: grammar.map_err(|e| e.to_string()),
         }),
         api_keys: Arc::new(api_keys::collect(
             &args.api_keys,

@@ -287,6 +287,7 @@ pub fn fake_state<E: Executor + 'static>(
             max_model_len,
             kv_capacity_tokens: num_blocks * 16,
             limits: RequestLimits::default(),
+            grammar: Err("the fake executor has no grammar compiler".into()),
         }),
         api_keys: Arc::new(Vec::new()),
         max_body_bytes: 1 << 20,

@@ -51,12 +51,21 @@ async fn chat_parameters_out_of_range_are_refused_by_name() {
         (json!({"tool_choice": "auto"}), "tool_choice"),
         (json!({"functions": [{"name": "f"}]}), "functions"),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "yaml"}}),
             "response_format",
         ),
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
             "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema",
+                   "json_schema": {"name": "t", "schema": {"type": "fish"}}}}),
+            "response_format",
+        ),
+        (
+            json!({"ignore_eos": true, "response_format": {"type": "json_object"}}),
+            "ignore_eos",
         ),
         (json!({"best_of": 3}), "best_of"),
         (json!({"messages": []}), "messages"),
@@ -77,13 +86,16 @@ async fn chat_parameters_out_of_range_are_refused_by_name() {
     }
     let (_, body) = post(
         &model_server().url("/v1/chat/completions"),
-        &france(json!({"response_format": {"type": "json_object"}})),
+        &france(
+            json!({"response_format": {"type": "json_schema", "json_schema":
+            {"name": "t", "schema": {"type": "array", "uniqueItems": true}}}}),
+        ),
     )
     .await;
     assert!(body["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("not supported yet"));
+        .contains("`uniqueItems`"));
 }
 
 #[tokio::test]

@@ -1,0 +1,177 @@
+//! One constrained sequence's grammar state: the mask for its next token, advanced by
+//! every token it accepts. Lives in the sequence's sampler, so it survives preemption
+//! (recompute replays tokens the matcher has already consumed and samples nothing).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llguidance::toktrie::SimpleVob;
+use llguidance::Matcher;
+
+/// Masks computed and the time they took, over every constrained sequence of a model
+/// (the `tessera_structured_output_*` metrics).
+#[derive(Debug, Default)]
+pub struct MaskCounters {
+    masks: AtomicU64,
+    mask_nanos: AtomicU64,
+}
+
+impl MaskCounters {
+    fn record(&self, took: Duration) {
+        self.masks.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.mask_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Masks so far and the seconds they took.
+    pub fn snapshot(&self) -> (u64, f64) {
+        (
+            self.masks.load(Ordering::Relaxed),
+            self.mask_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+        )
+    }
+}
+
+/// The grammar matcher of one sequence.
+pub struct TokenConstraint {
+    matcher: Matcher,
+    counters: Arc<MaskCounters>,
+    /// Time spent computing and applying this sequence's masks.
+    mask_time: Duration,
+    masks: u64,
+}
+
+impl std::fmt::Debug for TokenConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenConstraint")
+            .field("stopped", &self.matcher.is_stopped())
+            .field("error", &self.matcher.get_error())
+            .field("masks", &self.masks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenConstraint {
+    pub(crate) fn new(matcher: Matcher, counters: Arc<MaskCounters>) -> Self {
+        Self {
+            matcher,
+            counters,
+            mask_time: Duration::ZERO,
+            masks: 0,
+        }
+    }
+
+    /// Sets every token the grammar does not allow next to `-inf`. Once the grammar is
+    /// complete only end-of-sequence tokens remain, so the sequence stops there.
+    pub fn apply_mask(&mut self, logits: &mut [f32]) {
+        let started = Instant::now();
+        let mask = match self.matcher.compute_mask_or_eos() {
+            Ok(mask) => mask,
+            Err(e) => {
+                // A token the mask allowed was refused: a grammar engine fault. End the
+                // sequence rather than let it leave the grammar.
+                tracing::error!("constrained decoding failed, ending the sequence: {e}");
+                self.eos_only()
+            }
+        };
+        mask_logits(&mask, logits);
+        let took = started.elapsed();
+        self.counters.record(took);
+        self.mask_time += took;
+        self.masks += 1;
+    }
+
+    /// Advances the grammar past `token`, the sequence's next token.
+    pub fn advance(&mut self, token: u32) {
+        if self.matcher.is_stopped() {
+            // Past the end of the grammar only end-of-sequence tokens were allowed.
+            return;
+        }
+        if let Err(e) = self.matcher.consume_token(token) {
+            tracing::error!("constrained decoding refused token {token}: {e}");
+        }
+    }
+
+    /// Whether the output so far is a complete value of the grammar.
+    pub fn is_complete(&mut self) -> bool {
+        self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Masks computed and the time they took.
+    pub fn mask_stats(&self) -> (u64, Duration) {
+        (self.masks, self.mask_time)
+    }
+
+    fn eos_only(&self) -> SimpleVob {
+        match self.matcher.tok_env() {
+            Ok(env) => env.tok_trie().eos_token_set(),
+            Err(_) => SimpleVob::new(),
+        }
+    }
+}
+
+/// Sets logits of tokens not in `mask` to `-inf`. Rows longer than the mask lose their
+/// tail; a mask allowing nothing in the row leaves the row unchanged rather than all
+/// `-inf` (the caller's error path has already logged why).
+pub fn mask_logits(mask: &SimpleVob, logits: &mut [f32]) {
+    let words = mask.as_slice();
+    let limit = mask.len().min(logits.len());
+    if mask.num_set() == 0 {
+        return;
+    }
+    for (w, chunk) in logits[..limit].chunks_mut(32).enumerate() {
+        let bits = words.get(w).copied().unwrap_or(0);
+        if bits == u32::MAX {
+            continue;
+        }
+        for (b, l) in chunk.iter_mut().enumerate() {
+            if bits & (1 << b) == 0 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    logits[limit..].fill(f32::NEG_INFINITY);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vob(len: usize, allowed: &[u32]) -> SimpleVob {
+        let mut v = SimpleVob::alloc(len);
+        for &t in allowed {
+            v.allow_token(t);
+        }
+        v
+    }
+
+    #[test]
+    fn disallowed_tokens_become_neg_infinity() {
+        let mut logits: Vec<f32> = (0..70).map(|i| i as f32).collect();
+        mask_logits(&vob(70, &[0, 31, 32, 69]), &mut logits);
+        for (i, l) in logits.iter().enumerate() {
+            if [0, 31, 32, 69].contains(&i) {
+                assert_eq!(*l, i as f32, "allowed token {i} kept");
+            } else {
+                assert_eq!(*l, f32::NEG_INFINITY, "token {i} masked");
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_word_is_left_alone_and_the_tail_past_the_mask_is_masked() {
+        let all: Vec<u32> = (0..64).collect();
+        let mut logits = vec![1.0f32; 80];
+        mask_logits(&vob(64, &all), &mut logits);
+        assert!(logits[..64].iter().all(|l| *l == 1.0));
+        assert!(logits[64..].iter().all(|l| *l == f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn an_empty_mask_leaves_the_row() {
+        let mut logits = vec![0.5f32; 10];
+        mask_logits(&vob(10, &[]), &mut logits);
+        assert!(logits.iter().all(|l| *l == 0.5));
+    }
+}

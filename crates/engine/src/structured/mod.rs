@@ -1,0 +1,10 @@
+//! Structured output: constrained decoding with llguidance. A [`GrammarCompiler`] built
+//! once per model turns a `response_format` into a [`TokenConstraint`] per sequence; the
+//! sampler masks that sequence's logits with it before every choice.
+
+mod compiler;
+mod constraint;
+mod token_env;
+
+pub use compiler::GrammarCompiler;
+pub use constraint::{mask_logits, MaskCounters, TokenConstraint};
