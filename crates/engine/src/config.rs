@@ -72,6 +72,17 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Gemma 3's layer on top of the llama layout, the same from safetensors and GGUF:
+    /// per-head q/k norms, norms around attention and the MLP, √hidden-scaled
+    /// embeddings, a GELU MLP, and `sliding` for the window layers.
+    pub(crate) fn set_gemma3_layers(&mut self, sliding: SlidingWindow) {
+        self.qk_norm = true;
+        self.sandwich_norms = true;
+        self.embed_scale = Some((self.hidden_size as f32).sqrt());
+        self.activation = Activation::GeluTanh;
+        self.sliding_window = Some(sliding);
+    }
+
     /// Query heads that share one KV head.
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads
@@ -266,15 +277,8 @@ impl HfConfig {
         }
         let mut rope_theta = self.rope_theta.unwrap_or(10_000.0);
         if let (false, Some(params)) = (gemma, &self.rope_parameters) {
-            if let Some(kind) = params
-                .get("rope_type")
-                .and_then(|t| t.as_str())
-                .filter(|t| *t != "default")
-            {
-                return unsupported(format!("rope_type '{kind}'"));
-            }
-            if let Some(theta) = params.get("rope_theta").and_then(|t| t.as_f64()) {
-                rope_theta = theta as f32;
+            if let Some(theta) = default_rope_theta(params, "rope_type")? {
+                rope_theta = theta;
             }
         }
         let head_dim = self
@@ -310,13 +314,10 @@ impl HfConfig {
         };
         if let Some(g) = gemma_parts {
             config.rope_theta = g.rope_theta;
-            config.qk_norm = true;
-            config.sandwich_norms = true;
+            // Checkpoints store gemma's norm weights less 1.
             config.norm_weight_offset = 1.0;
-            config.embed_scale = Some((self.hidden_size as f32).sqrt());
             config.attention_scale = g.attention_scale;
-            config.activation = Activation::GeluTanh;
-            config.sliding_window = Some(g.sliding);
+            config.set_gemma3_layers(g.sliding);
         }
         config.validate()?;
         Ok(config)
@@ -353,15 +354,10 @@ impl HfConfig {
         if let Some(params) = &self.rope_parameters {
             for (i, kind) in ["full_attention", "sliding_attention"].iter().enumerate() {
                 let Some(p) = params.get(kind) else { continue };
-                if let Some(t) = p
-                    .get("rope_type")
-                    .and_then(|t| t.as_str())
-                    .filter(|t| *t != "default")
+                if let Some(t) =
+                    default_rope_theta(p, &format!("rope_parameters.{kind}.rope_type"))?
                 {
-                    return unsupported(format!("rope_parameters.{kind}.rope_type '{t}'"));
-                }
-                if let Some(t) = p.get("rope_theta").and_then(|t| t.as_f64()) {
-                    theta[i] = t as f32;
+                    theta[i] = t;
                 }
             }
         }
@@ -397,6 +393,24 @@ impl HfConfig {
             },
         })
     }
+}
+
+/// `rope_theta` of a transformers-5 `rope_parameters` entry, refusing any `rope_type` but
+/// "default" (named as `field` in the error).
+fn default_rope_theta(params: &serde_json::Value, field: &str) -> Result<Option<f32>> {
+    if let Some(kind) = params
+        .get("rope_type")
+        .and_then(|t| t.as_str())
+        .filter(|t| *t != "default")
+    {
+        return Err(EngineError::Config(format!(
+            "{field} '{kind}' is not supported yet"
+        )));
+    }
+    Ok(params
+        .get("rope_theta")
+        .and_then(|t| t.as_f64())
+        .map(|t| t as f32))
 }
 
 /// What a gemma3 config adds to the llama layout.

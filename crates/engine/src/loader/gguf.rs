@@ -276,11 +276,7 @@ fn meta_f32(md: &HashMap<String, Value>, key: &str) -> Result<f32> {
 /// global, the others sliding-window layers with a RoPE base of 10000.
 fn gemma3_config(md: &HashMap<String, Value>, mut config: ModelConfig) -> Result<ModelConfig> {
     let window = meta_usize(md, "gemma3.attention.sliding_window")?;
-    config.qk_norm = true;
-    config.sandwich_norms = true;
-    config.embed_scale = Some((config.hidden_size as f32).sqrt());
-    config.activation = Activation::GeluTanh;
-    config.sliding_window = Some(SlidingWindow {
+    config.set_gemma3_layers(SlidingWindow {
         window,
         layers: gemma3_sliding_layers(config.num_layers, GEMMA3_SLIDING_PATTERN),
         rope_theta: GEMMA3_SLIDING_ROPE_THETA,
