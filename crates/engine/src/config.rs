@@ -1,8 +1,15 @@
-//! The shape of a llama-family model, read from GGUF metadata or a HF `config.json`.
+//! The shape of a llama-family model, read from GGUF metadata or a HF `config.json`, and
+//! how to build an engine from one ([`EngineConfig`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::device::DeviceSpec;
+use crate::device_map::LayerMap;
 use crate::error::{EngineError, Result};
+use crate::tp::AllReduceDtype;
 
 /// How rotary embeddings pair the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,6 +435,61 @@ pub(crate) fn gemma3_sliding_layers(layers: usize, pattern: usize) -> Vec<bool> 
     (0..layers)
         .map(|i| pattern != 0 && (i + 1) % pattern != 0)
         .collect()
+}
+
+/// How to build an engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model_path: PathBuf,
+    /// One entry per rank (`cpu:0,cpu:1`); its length is the tensor-parallel size.
+    pub devices: Vec<DeviceSpec>,
+    /// Relative share of each rank; equal when `None`.
+    pub tensor_split: Option<Vec<f64>>,
+    pub allreduce_dtype: AllReduceDtype,
+    pub block_size_tokens: usize,
+    /// KV cache budget per rank; the number of blocks follows from it. CUDA ranks size
+    /// their cache from `gpu_memory_utilization` instead when that is set.
+    pub kv_cache_bytes: usize,
+    /// Fraction of each GPU's memory the engine may use: the KV cache gets what the
+    /// weights and a profile step at the largest batch leave under it.
+    pub gpu_memory_utilization: Option<f64>,
+    /// The largest step the scheduler will send (tokens, sequences), for the profile
+    /// step that measures activation memory on GPUs.
+    pub max_batch_tokens: usize,
+    pub max_num_seqs: usize,
+    /// Pipeline placement of whole layers (`--device-layers "0:16;1:14"`) instead of
+    /// tensor parallelism over `devices`.
+    pub device_layers: Option<LayerMap>,
+    /// Worker threads per rank; by default the machine's cores divided among the ranks.
+    pub threads_per_rank: Option<usize>,
+    /// A collective waiting longer than this for other ranks fails; a step taking longer
+    /// fails the engine.
+    pub step_timeout: Duration,
+}
+
+impl EngineConfig {
+    pub fn new(model_path: impl Into<PathBuf>) -> Self {
+        Self {
+            model_path: model_path.into(),
+            devices: vec![DeviceSpec::Cpu(0)],
+            tensor_split: None,
+            allreduce_dtype: AllReduceDtype::F32,
+            block_size_tokens: 16,
+            kv_cache_bytes: 256 << 20,
+            gpu_memory_utilization: None,
+            max_batch_tokens: 2048,
+            max_num_seqs: 64,
+            device_layers: None,
+            threads_per_rank: None,
+            step_timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// CPU ranks `cpu:0 .. cpu:n-1`.
+    pub fn with_cpu_ranks(mut self, n: usize) -> Self {
+        self.devices = (0..n).map(DeviceSpec::Cpu).collect();
+        self
+    }
 }
 
 #[cfg(test)]

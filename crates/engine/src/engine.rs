@@ -2,7 +2,6 @@
 //! and implements the scheduler's [`Executor`] (the driver samples on the calling thread).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,9 +10,8 @@ use tessera_protocol::{
     StepPlan,
 };
 
-use crate::config::ModelConfig;
+use crate::config::{EngineConfig, ModelConfig};
 use crate::device::DeviceSpec;
-use crate::device_map::LayerMap;
 use crate::error::{EngineError, Result};
 use crate::loader;
 use crate::model::{Batch, ChunkLimits, RankCache};
@@ -21,66 +19,11 @@ use crate::placement;
 use crate::sampler::Sampler;
 use crate::stats::EngineStats;
 use crate::structured::GrammarCompiler;
-use crate::tp::{AllReduceDtype, ShardPlan};
+use crate::tp::ShardPlan;
 use crate::worker::{self, Fault, Job, WorkerHandle, WorkerState};
 
 #[path = "engine_kv_sizing.rs"]
 mod kv_sizing;
-
-/// How to build an engine.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub model_path: PathBuf,
-    /// One entry per rank (`cpu:0,cpu:1`); its length is the tensor-parallel size.
-    pub devices: Vec<DeviceSpec>,
-    /// Relative share of each rank; equal when `None`.
-    pub tensor_split: Option<Vec<f64>>,
-    pub allreduce_dtype: AllReduceDtype,
-    pub block_size_tokens: usize,
-    /// KV cache budget per rank; the number of blocks follows from it. CUDA ranks size
-    /// their cache from `gpu_memory_utilization` instead when that is set.
-    pub kv_cache_bytes: usize,
-    /// Fraction of each GPU's memory the engine may use: the KV cache gets what the
-    /// weights and a profile step at the largest batch leave under it.
-    pub gpu_memory_utilization: Option<f64>,
-    /// The largest step the scheduler will send (tokens, sequences), for the profile
-    /// step that measures activation memory on GPUs.
-    pub max_batch_tokens: usize,
-    pub max_num_seqs: usize,
-    /// Pipeline placement of whole layers (`--device-layers "0:16;1:14"`) instead of
-    /// tensor parallelism over `devices`.
-    pub device_layers: Option<LayerMap>,
-    /// Worker threads per rank; by default the machine's cores divided among the ranks.
-    pub threads_per_rank: Option<usize>,
-    /// A collective waiting longer than this for other ranks fails; a step taking longer
-    /// fails the engine.
-    pub step_timeout: Duration,
-}
-
-impl EngineConfig {
-    pub fn new(model_path: impl Into<PathBuf>) -> Self {
-        Self {
-            model_path: model_path.into(),
-            devices: vec![DeviceSpec::Cpu(0)],
-            tensor_split: None,
-            allreduce_dtype: AllReduceDtype::F32,
-            block_size_tokens: 16,
-            kv_cache_bytes: 256 << 20,
-            gpu_memory_utilization: None,
-            max_batch_tokens: 2048,
-            max_num_seqs: 64,
-            device_layers: None,
-            threads_per_rank: None,
-            step_timeout: Duration::from_secs(120),
-        }
-    }
-
-    /// CPU ranks `cpu:0 .. cpu:n-1`.
-    pub fn with_cpu_ranks(mut self, n: usize) -> Self {
-        self.devices = (0..n).map(DeviceSpec::Cpu).collect();
-        self
-    }
-}
 
 struct SeqState {
     sampler: Sampler,

@@ -18,10 +18,10 @@ pub mod structured;
 pub mod tp;
 mod worker;
 
-pub use config::{ModelConfig, RopeStyle};
+pub use config::{EngineConfig, ModelConfig, RopeStyle};
 pub use device::DeviceSpec;
 pub use device_map::{LayerMap, Stage};
-pub use engine::{Engine, EngineConfig};
+pub use engine::Engine;
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateOptions};
 pub use loader::{check_vocabulary, default_model_path, load_tokenizer};

@@ -5,10 +5,9 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use crate::config::ModelConfig;
+use crate::config::{EngineConfig, ModelConfig};
 use crate::device::DeviceSpec;
 use crate::device_map::{LayerMap, Stage};
-use crate::engine::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::TensorSource;
 use crate::model::{load_shards, LlamaShard};
