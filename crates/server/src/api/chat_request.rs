@@ -4,10 +4,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use tessera_tokenizer::{ChatMessage, MessageContent};
 
+use crate::api::error::ServerError;
 use crate::api::generation_params::{
     as_object, parse_fields, refuse_unsupported, GenerationParams, Route,
 };
-use crate::serve::error::ServerError;
 
 /// Chat-only fields; the shared ones are in [`GenerationParams`].
 #[derive(Debug, Clone, Deserialize)]

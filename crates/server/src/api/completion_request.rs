@@ -3,10 +3,10 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::api::error::ServerError;
 use crate::api::generation_params::{
     as_object, parse_fields, refuse_unsupported, GenerationParams, Route,
 };
-use crate::serve::error::ServerError;
 
 /// `prompt`: text, texts, token ids, or lists of token ids.
 #[derive(Debug, Clone, Deserialize)]

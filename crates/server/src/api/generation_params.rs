@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::serve::error::ServerError;
+use crate::api::error::ServerError;
 
 /// `stop`: one string or a list.
 #[derive(Debug, Clone, Deserialize)]

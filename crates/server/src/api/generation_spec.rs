@@ -2,10 +2,10 @@
 
 use tessera_protocol::SamplingParams;
 
+use crate::api::error::ServerError;
 use crate::api::generation_params::{GenerationParams, StopField};
 use crate::api::request_limits::RequestLimits;
 use crate::api::response_format::parse_response_format;
-use crate::serve::error::ServerError;
 
 /// Most alternatives per token in logprobs (OpenAI's limit for chat).
 pub const MAX_TOP_LOGPROBS: usize = 20;

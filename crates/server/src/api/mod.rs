@@ -1,9 +1,10 @@
 //! The OpenAI wire format: request bodies as sent, their validation into a
-//! [`valid_request::ValidRequest`], response bodies, and the OpenAPI document. Nothing
-//! here knows axum; the `serve` module does the HTTP.
+//! [`valid_request::ValidRequest`], response bodies, errors and their envelopes, and the
+//! OpenAPI document. Nothing here knows axum; the `serve` module does the HTTP.
 
 pub mod chat_request;
 pub mod completion_request;
+pub mod error;
 pub mod error_body;
 pub mod generation_params;
 pub mod generation_spec;

@@ -6,7 +6,7 @@ use serde_json::Value;
 use tessera_engine::EngineError;
 use tessera_protocol::OutputConstraint;
 
-use crate::serve::error::ServerError;
+use crate::api::error::ServerError;
 
 const PARAM: &str = "response_format";
 

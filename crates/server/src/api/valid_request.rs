@@ -10,10 +10,10 @@ use tessera_tokenizer::{ChatRenderRequest, Tokenizer, TokenizerError};
 
 use crate::api::chat_request::ChatRequest;
 use crate::api::completion_request::{CompletionRequest, PromptInput};
+use crate::api::error::ServerError;
 use crate::api::generation_spec::{check_top_logprobs, GenerationSpec};
 use crate::api::request_limits::RequestLimits;
 use crate::api::response_format::schema_error;
-use crate::serve::error::ServerError;
 
 /// Default `max_tokens` of `/v1/completions`, as OpenAI's.
 pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;

@@ -8,7 +8,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-use crate::serve::error::ServerError;
+use crate::api::error::ServerError;
 use crate::serve::state::AppState;
 
 /// Middleware: with keys configured, a request needs `Authorization: Bearer <key>`.

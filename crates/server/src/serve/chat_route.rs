@@ -5,12 +5,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::api::chat_request::ChatRequest;
+use crate::api::error::ServerError;
 use crate::api::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
     ChatLogprobs, TokenLogprob, Usage,
 };
 use crate::api::valid_request::ValidRequest;
-use crate::serve::error::ServerError;
 use crate::serve::generation::{collect_all, log_end_user, Submitted};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;

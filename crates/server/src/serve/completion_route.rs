@@ -7,9 +7,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::api::completion_request::CompletionRequest;
+use crate::api::error::ServerError;
 use crate::api::response::{Completion, CompletionChoice, CompletionLogprobs, TokenLogprob, Usage};
 use crate::api::valid_request::ValidRequest;
-use crate::serve::error::ServerError;
 use crate::serve::generation::{collect_all, log_end_user, Submitted};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::serve::error::ServerError;
+use crate::api::error::ServerError;
 use crate::serve::parser_refusal;
 
 /// Refusals being written at once; more connections over the limit are just closed.

@@ -16,9 +16,9 @@ use tessera_scheduler::AdmissionError;
 use tessera_scheduler::TokenReceiver;
 use tessera_tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
 
+use crate::api::error::ServerError;
 use crate::api::response::TokenLogprob;
 use crate::api::valid_request::ValidRequest;
-use crate::serve::error::ServerError;
 use crate::serve::lifecycle::InFlightGuard;
 use crate::serve::metrics::ServerMetrics;
 use crate::serve::state::{random_id, unix_now, AppState};

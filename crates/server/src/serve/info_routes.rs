@@ -5,8 +5,8 @@ use axum::extract::{Path, State};
 use axum::http::{Method, Uri};
 use axum::Json;
 
+use crate::api::error::ServerError;
 use crate::api::models::{ModelCard, ModelList};
-use crate::serve::error::ServerError;
 use crate::serve::state::AppState;
 
 fn card(app: &AppState) -> ModelCard {

@@ -7,7 +7,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use serde_json::Value;
 
-use crate::serve::error::ServerError;
+use crate::api::error::ServerError;
 use crate::serve::state::AppState;
 
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 //! envelope (`headers_too_large`). Responses the application writes always have a
 //! body, so they are never mistaken for it.
 
-use crate::serve::error::ServerError;
+use crate::api::error::ServerError;
 
 /// The enveloped response to write instead of `head`, when `head` is hyper's own bare
 /// 431.

@@ -19,7 +19,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
-use crate::serve::error::ServerError;
+use crate::api::error::ServerError;
 use crate::serve::limits::{header_bytes, ServerLimits};
 use crate::serve::router::route_template;
 use crate::serve::state::{random_id, AppState};

@@ -12,7 +12,7 @@ use axum::Router;
 use tower::ServiceExt;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::serve::error::ServerError;
+use crate::api::error::ServerError;
 use crate::serve::lifecycle::{self, Lifecycle};
 use crate::serve::state::AppState;
 use crate::serve::{

@@ -28,8 +28,8 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::SendTimeoutError;
 use tracing::Instrument;
 
+use crate::api::error::ServerError;
 use crate::api::response::{TokenLogprob, Usage};
-use crate::serve::error::ServerError;
 use crate::serve::generation::{ChoiceEvent, ChoiceRun};
 use crate::serve::limits::ServerLimits;
 use crate::serve::request_context::{current_request, within};

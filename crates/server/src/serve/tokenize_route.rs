@@ -7,11 +7,11 @@ use axum::Json;
 use tessera_tokenizer::{ChatRenderRequest, TokenizerError};
 
 use crate::api::chat_request::template_messages;
+use crate::api::error::ServerError;
 use crate::api::generation_params::parse_fields;
 use crate::api::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
-use crate::serve::error::ServerError;
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
 
