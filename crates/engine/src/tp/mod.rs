@@ -11,6 +11,8 @@ pub mod local_comm;
 pub mod nccl_comm;
 pub mod plan;
 pub mod split;
+pub mod tcp_comm;
+pub(crate) mod wire;
 
 pub use comm::{AllReduceDtype, Communicator, Endpoint};
 #[cfg(feature = "cuda")]
@@ -20,3 +22,4 @@ pub use local_comm::LocalComm;
 pub use nccl_comm::NcclEndpoint;
 pub use plan::{PlanOptions, RankShard, ShardPlan};
 pub use split::{Segment, SplitState};
+pub use tcp_comm::{GroupToken, TcpComm, TcpEndpoint};
