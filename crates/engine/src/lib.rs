@@ -2,6 +2,7 @@
 //! parallelism (shard plans, communicators, one worker thread per device), sampling.
 //! It implements the scheduler's `Executor`; it knows nothing of HTTP or scheduling.
 
+pub mod cluster;
 pub mod config;
 pub mod device;
 pub mod device_map;

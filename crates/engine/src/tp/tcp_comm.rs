@@ -175,70 +175,38 @@ fn accept_spokes(
     if missing == 0 {
         return Ok(Vec::new());
     }
-    let local = listener.local_addr()?;
-    let listener = listener.try_clone()?;
-    let (tx, rx) = crossbeam_channel::unbounded::<std::io::Result<TcpStream>>();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let acceptor = {
-        let stop = stop.clone();
-        std::thread::Builder::new()
-            .name("tessera-tcp-accept".into())
-            .spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    let accepted = listener.accept().map(|(s, _)| s);
-                    if tx.send(accepted).is_err() {
-                        break;
-                    }
-                }
-            })?
-    };
-    let result = (|| {
-        while missing > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut s = match rx.recv_timeout(left) {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return Err(EngineError::Io(e)),
-                Err(_) => {
-                    let absent: Vec<usize> = slots
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, s)| s.is_none())
-                        .map(|(i, _)| i + 1)
-                        .collect();
-                    return Err(EngineError::CommAborted(format!(
-                        "rank 0 waited for ranks {absent:?} to connect and gave up"
-                    )));
-                }
-            };
-            let hello = wire::expect_frame(&mut s, Kind::Hello, 0, 24, deadline);
-            let Ok(hello) = hello else { continue };
-            let mut c = Cursor::new(&hello);
-            let (Ok(t), Ok(rank), Ok(w)) = (c.u64(), c.u64(), c.u64()) else {
-                continue;
-            };
-            let rank = rank as usize;
-            if t != token.0 || w as usize != world || rank == 0 || rank >= world {
-                tracing::warn!("rank 0 turned away a connection that is not a rank of its group");
-                continue;
-            }
-            if slots[rank - 1].is_some() {
-                continue;
-            }
-            s.set_nodelay(true)?;
-            slots[rank - 1] = Some(s);
-            missing -= 1;
+    let complete = wire::accept_until(listener, deadline, |mut s| {
+        let Ok(hello) = wire::expect_frame(&mut s, Kind::Hello, 0, 24, deadline) else {
+            return Ok(false);
+        };
+        let mut c = Cursor::new(&hello);
+        let (Ok(t), Ok(rank), Ok(w)) = (c.u64(), c.u64(), c.u64()) else {
+            return Ok(false);
+        };
+        let rank = rank as usize;
+        if t != token.0 || w as usize != world || rank == 0 || rank >= world {
+            tracing::warn!("rank 0 turned away a connection that is not a rank of its group");
+            return Ok(false);
         }
-        Ok(())
-    })();
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    // Wake the acceptor so it sees `stop` and ends.
-    let wake = match local.ip().is_unspecified() {
-        true => SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), local.port()),
-        false => local,
-    };
-    let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
-    let _ = acceptor.join();
-    result?;
+        if slots[rank - 1].is_some() {
+            return Ok(false);
+        }
+        s.set_nodelay(true)?;
+        slots[rank - 1] = Some(s);
+        missing -= 1;
+        Ok(missing == 0)
+    })?;
+    if !complete {
+        let absent: Vec<usize> = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_none())
+            .map(|(i, _)| i + 1)
+            .collect();
+        return Err(EngineError::CommAborted(format!(
+            "rank 0 waited for ranks {absent:?} to connect and gave up"
+        )));
+    }
     Ok(slots.into_iter().flatten().collect())
 }
 

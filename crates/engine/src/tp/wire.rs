@@ -213,6 +213,54 @@ pub(crate) fn expect_frame(
     Ok(f.payload)
 }
 
+/// Accepts connections on `listener` until `take` says it has all it needs or `deadline`
+/// passes (then `Ok(false)`). A blocking accept has no timeout, so it runs on its own
+/// thread and is woken by a connection to the listener when the wait ends.
+pub(crate) fn accept_until(
+    listener: &std::net::TcpListener,
+    deadline: Instant,
+    mut take: impl FnMut(TcpStream) -> Result<bool, std::io::Error>,
+) -> Result<bool, std::io::Error> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let local = listener.local_addr()?;
+    let acceptor_listener = listener.try_clone()?;
+    let (tx, rx) = crossbeam_channel::unbounded::<std::io::Result<TcpStream>>();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let acceptor = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("tessera-accept".into())
+            .spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    if tx.send(acceptor_listener.accept().map(|(s, _)| s)).is_err() {
+                        break;
+                    }
+                }
+            })?
+    };
+    let outcome = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Ok(s)) => match take(s) {
+                Ok(true) => break Ok(true),
+                Ok(false) => {}
+                Err(e) => break Err(e),
+            },
+            Ok(Err(e)) => break Err(e),
+            Err(_) => break Ok(false),
+        }
+    };
+    stop.store(true, Ordering::SeqCst);
+    let wake = if local.ip().is_unspecified() {
+        std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), local.port())
+    } else {
+        local
+    };
+    let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+    let _ = acceptor.join();
+    outcome
+}
+
 /// Little-endian readers over a payload; every read is bounds-checked.
 pub(crate) struct Cursor<'a> {
     data: &'a [u8],
