@@ -465,6 +465,9 @@ pub struct EngineConfig {
     /// A collective waiting longer than this for other ranks fails; a step taking longer
     /// fails the engine.
     pub step_timeout: Duration,
+    /// This process's place in a group of nodes; `None`: every rank is in this process.
+    /// With N nodes, `devices` are this node's ranks, a 1/N of the group.
+    pub nodes: Option<crate::cluster::NodeTopology>,
 }
 
 impl EngineConfig {
@@ -482,6 +485,7 @@ impl EngineConfig {
             device_layers: None,
             threads_per_rank: None,
             step_timeout: Duration::from_secs(120),
+            nodes: None,
         }
     }
 

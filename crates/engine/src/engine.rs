@@ -36,7 +36,7 @@ pub struct Engine {
     plan: ShardPlan,
     kv: KvCacheShape,
     sequences: HashMap<SeqId, SeqState>,
-    step_timeout: Duration,
+    pub(crate) step_timeout: Duration,
     /// Set when the group failed (a device, a collective, a hung rank): nothing more runs.
     failed: Option<String>,
     /// How to give the ranks fresh communicators after a step-only failure.
@@ -45,6 +45,8 @@ pub struct Engine {
     /// Compiles `response_format` constraints; without it constrained sequences are
     /// refused.
     grammar: Option<Arc<GrammarCompiler>>,
+    /// On a worker node of a group of nodes: the connection its steps come from.
+    pub(crate) leader: Option<crate::cluster::LeaderLink>,
 }
 
 impl Engine {
@@ -63,9 +65,12 @@ impl Engine {
             config.max_position_embeddings
         );
         let input_block = row_parallel_block(source.as_ref(), config.num_layers)?;
-        let placement = match &cfg.device_layers {
-            Some(map) => placement::pipeline(source.as_ref(), cfg, &config, input_block, map)?,
-            None => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
+        let placement = match (&cfg.device_layers, &cfg.nodes) {
+            (_, Some(nodes)) if nodes.nnodes > 1 => {
+                crate::cluster::placement::nodes(source.as_ref(), cfg, &config, input_block, nodes)?
+            }
+            (Some(map), _) => placement::pipeline(source.as_ref(), cfg, &config, input_block, map)?,
+            (None, _) => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
         };
         tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
         let world = placement.members.len();
@@ -78,7 +83,9 @@ impl Engine {
                 RankCache::bytes_per_token(
                     matches!(m.device, DeviceSpec::Cuda(_)),
                     m.layers.len(),
-                    m.shard.num_local_kv_heads(),
+                    placement
+                        .kv_heads_max
+                        .unwrap_or_else(|| m.shard.num_local_kv_heads()),
                     config.head_dim,
                 )
             })
@@ -135,7 +142,8 @@ impl Engine {
         let stats = EngineStats::new(world);
         let mut workers = Vec::with_capacity(world);
         let mut memory = Vec::with_capacity(world);
-        for (rank, m) in placement.members.into_iter().enumerate() {
+        for (i, m) in placement.members.into_iter().enumerate() {
+            let rank = placement.first_rank + i;
             let cache = RankCache::for_shard(&m.shard, num_blocks, cfg.block_size_tokens)?;
             memory.push(kv_sizing::RankMemory {
                 device: m.device,
@@ -151,9 +159,10 @@ impl Engine {
                 threads,
                 links: m.links,
                 returns_logits: m.returns_logits,
-                stats: stats.rank(rank),
+                stats: stats.rank(i),
             })?);
         }
+        let leader = crate::cluster::attach_nodes(placement.links, &mut workers, &plan, cfg)?;
         #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
         let mut engine = Engine {
             workers,
@@ -166,6 +175,7 @@ impl Engine {
             groups,
             stats,
             grammar: None,
+            leader,
         };
         #[cfg(feature = "cuda")]
         if let Some(utilization) = gpu_sizing {
@@ -229,6 +239,13 @@ impl Engine {
     /// Runs the batch on every rank; returns the sampled rows as the logits-returning
     /// rank handed them back (rows in `batch.argmax_rows` may come as their arg-max).
     fn forward_rows(&mut self, batch: Batch) -> Result<worker::StepLogits> {
+        self.dispatch(batch)?
+            .ok_or_else(|| EngineError::Step("no rank returned logits".into()))
+    }
+
+    /// Runs the batch on every rank this engine drives; the logits come back when one
+    /// of them returns them (on a worker node of a group of nodes, none does).
+    pub(crate) fn dispatch(&mut self, batch: Batch) -> Result<Option<worker::StepLogits>> {
         if let Some(reason) = &self.failed {
             return Err(EngineError::GroupFailed {
                 rank: None,
@@ -280,7 +297,7 @@ impl Engine {
         }
         // A collective that failed with no rank to blame is a group failure.
         match root_cause.or(aborted) {
-            None => logits.ok_or_else(|| EngineError::Step("no rank returned logits".into())),
+            None => Ok(logits),
             Some(e) if e.fails_group() => Err(self.fail_group(e)),
             Some(e) => {
                 tracing::error!("step failed, the group reconnects: {e}");

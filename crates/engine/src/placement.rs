@@ -30,6 +30,14 @@ pub(crate) struct Placement {
     pub members: Vec<Member>,
     /// How to make the members' communicators again.
     pub groups: CommGroups,
+    /// Global rank of the first member (members are consecutive ranks): 0 unless this
+    /// process is a worker node of a group of nodes.
+    pub first_rank: usize,
+    /// KV heads of the rank that holds the most, across every node: all nodes size
+    /// their caches alike. `None`: the members are the whole group.
+    pub kv_heads_max: Option<usize>,
+    /// The connections to the other nodes.
+    pub links: crate::cluster::NodeLinks,
 }
 
 /// The communicator groups of a placement (all ranks in one for tensor parallelism, one
@@ -40,6 +48,8 @@ pub(crate) struct CommGroups {
     groups: Vec<Vec<DeviceSpec>>,
     dtype: AllReduceDtype,
     timeout: Duration,
+    /// Why the group cannot be made again, when it cannot (ranks in other processes).
+    fixed: Option<&'static str>,
 }
 
 impl CommGroups {
@@ -48,11 +58,23 @@ impl CommGroups {
             groups,
             dtype: cfg.allreduce_dtype,
             timeout: cfg.step_timeout,
+            fixed: None,
+        }
+    }
+
+    /// A group that spans processes: it is made once, at rendezvous.
+    pub fn spanning_nodes(cfg: &EngineConfig) -> Self {
+        Self {
+            fixed: Some("a group spanning nodes is formed once, at rendezvous: restart the group"),
+            ..Self::new(cfg, Vec::new())
         }
     }
 
     /// One new endpoint per member, in member order.
     pub fn endpoints(&self) -> Result<Vec<Box<dyn Endpoint>>> {
+        if let Some(why) = self.fixed {
+            return Err(EngineError::Parallel(why.into()));
+        }
         let mut all = Vec::new();
         for devices in &self.groups {
             all.extend(endpoints(self.dtype, self.timeout, devices)?);
@@ -122,6 +144,9 @@ pub(crate) fn tensor_parallel(
         plan,
         members,
         groups,
+        first_rank: 0,
+        kv_heads_max: None,
+        links: crate::cluster::NodeLinks::Single,
     })
 }
 
@@ -189,6 +214,9 @@ pub(crate) fn pipeline(
         plan,
         members,
         groups,
+        first_rank: 0,
+        kv_heads_max: None,
+        links: crate::cluster::NodeLinks::Single,
     })
 }
 
@@ -219,7 +247,10 @@ fn endpoints(
 /// Shares of the ranks when none are given: equal on CPU ranks and on one shared GPU;
 /// across distinct GPUs, in proportion to each one's free memory (a GPU that is half
 /// taken by another process gets half the share), rounded by the plan to its granules.
-fn default_ratios(specs: &[DeviceSpec], devices: &[candle_core::Device]) -> Result<Vec<f64>> {
+pub(crate) fn default_ratios(
+    specs: &[DeviceSpec],
+    devices: &[candle_core::Device],
+) -> Result<Vec<f64>> {
     let distinct_gpus = specs.len() > 1
         && specs.iter().all(|d| matches!(d, DeviceSpec::Cuda(_)))
         && !DeviceSpec::shares_one_gpu(specs);
@@ -251,7 +282,7 @@ fn boxed<E: Endpoint + 'static>(endpoints: Vec<E>) -> Vec<Box<dyn Endpoint>> {
 }
 
 /// Weights are uploaded from this thread's stream; the workers use them from theirs.
-fn settle_uploads(devices: &[candle_core::Device]) -> Result<()> {
+pub(crate) fn settle_uploads(devices: &[candle_core::Device]) -> Result<()> {
     for d in devices {
         d.synchronize()?;
     }

@@ -30,3 +30,47 @@ impl NodeTopology {
         self.node_rank == 0
     }
 }
+
+pub(crate) mod placement;
+pub(crate) mod remote;
+pub(crate) mod step_wire;
+pub(crate) mod worker_node;
+
+pub(crate) use worker_node::LeaderLink;
+
+/// A node's connections to the other nodes of its group.
+pub(crate) enum NodeLinks {
+    /// Every rank is in this process.
+    Single,
+    /// The leader's connection to each worker node, in node order.
+    Leader(Vec<std::net::TcpStream>),
+    /// A worker node's connection to its leader.
+    Worker(LeaderLink),
+}
+
+/// Adds a stand-in worker for each worker node to the leader's `workers`; returns a
+/// worker node's link to its leader.
+pub(crate) fn attach_nodes(
+    links: NodeLinks,
+    workers: &mut Vec<crate::worker::WorkerHandle>,
+    plan: &crate::tp::ShardPlan,
+    cfg: &crate::config::EngineConfig,
+) -> crate::error::Result<Option<LeaderLink>> {
+    match links {
+        NodeLinks::Single => Ok(None),
+        NodeLinks::Worker(link) => Ok(Some(link)),
+        NodeLinks::Leader(streams) => {
+            let per_node = plan.world_size / (streams.len() + 1);
+            for (i, stream) in streams.into_iter().enumerate() {
+                let node = i + 1;
+                workers.push(remote::spawn(
+                    stream,
+                    node,
+                    node * per_node,
+                    cfg.step_timeout,
+                )?);
+            }
+            Ok(None)
+        }
+    }
+}

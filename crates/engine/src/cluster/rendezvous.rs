@@ -46,7 +46,8 @@ pub struct NodeIdentity {
 }
 
 impl NodeIdentity {
-    /// The first field in which `other` differs, as "FIELD: leader has A, node N has B".
+    /// Every field in which `other` differs, as "FIELD differs: the leader has A, node N
+    /// has B", joined by `; `.
     pub fn mismatch(&self, other: &NodeIdentity, other_rank: usize) -> Option<String> {
         let (serde_json::Value::Object(mine), serde_json::Value::Object(theirs)) = (
             serde_json::to_value(self).ok()?,
@@ -54,12 +55,18 @@ impl NodeIdentity {
         ) else {
             return Some("the identities cannot be compared".into());
         };
-        mine.iter().find_map(|(field, value)| {
-            let theirs = theirs.get(field).unwrap_or(&serde_json::Value::Null);
-            (value != theirs).then(|| {
-                format!("{field} differs: the leader has {value}, node {other_rank} has {theirs}")
+        let differences: Vec<String> = mine
+            .iter()
+            .filter_map(|(field, value)| {
+                let theirs = theirs.get(field).unwrap_or(&serde_json::Value::Null);
+                (value != theirs).then(|| {
+                    format!(
+                        "{field} differs: the leader has {value}, node {other_rank} has {theirs}"
+                    )
+                })
             })
-        })
+            .collect();
+        (!differences.is_empty()).then(|| differences.join("; "))
     }
 }
 

@@ -81,11 +81,23 @@ pub fn load_shards(
     devices: &[Device],
     layers: std::ops::Range<usize>,
 ) -> Result<Vec<LlamaShard>> {
+    load_rank_shards(source, plan, 0..plan.world_size, devices, layers)
+}
+
+/// Loads the shards of the plan's ranks `ranks` only (one device each): a node of a
+/// group of nodes holds a slice of the group's ranks.
+pub fn load_rank_shards(
+    source: &dyn TensorSource,
+    plan: &ShardPlan,
+    ranks: std::ops::Range<usize>,
+    devices: &[Device],
+    layers: std::ops::Range<usize>,
+) -> Result<Vec<LlamaShard>> {
     let config = source.config().clone();
     let world = plan.world_size;
-    if devices.len() != world {
+    if devices.len() != ranks.len() || ranks.end > world {
         return Err(EngineError::Parallel(format!(
-            "{} devices for {world} ranks",
+            "{} devices for ranks {ranks:?} of {world}",
             devices.len()
         )));
     }
@@ -130,7 +142,7 @@ pub fn load_shards(
         let v = source.vector(name)?.to_dtype(DType::F32)?;
         Ok(if offset == 0.0 { v } else { (v + offset)? })
     };
-    let mut per_rank_blocks: Vec<Vec<Block>> = (0..world)
+    let mut per_rank_blocks: Vec<Vec<Block>> = (0..devices.len())
         .map(|_| Vec::with_capacity(layers.len()))
         .collect();
     let (qkv_split, o_split, gu_split, down_split) =
@@ -212,8 +224,9 @@ pub fn load_shards(
             .sliding_window
             .as_ref()
             .is_some_and(|sw| sw.layers.get(layer).copied().unwrap_or(false));
-        for (rank, dev) in devices.iter().enumerate() {
-            per_rank_blocks[rank].push(Block {
+        for (i, dev) in devices.iter().enumerate() {
+            let rank = ranks.start + i;
+            per_rank_blocks[i].push(Block {
                 attn_norm: attn_norm.to_device(dev)?,
                 qkv: ColumnParallel::load(
                     &qkv,
@@ -258,8 +271,9 @@ pub fn load_shards(
     let head = source.matrix(head_name)?;
     head.check_dims((config.vocab_size, h))?;
     let head_split = plan.lm_head();
-    let mut shards = Vec::with_capacity(world);
-    for (rank, (blocks, dev)) in per_rank_blocks.into_iter().zip(devices).enumerate() {
+    let mut shards = Vec::with_capacity(devices.len());
+    for (i, (blocks, dev)) in per_rank_blocks.into_iter().zip(devices).enumerate() {
+        let rank = ranks.start + i;
         let head_rows = head_split.rank_ranges(rank).unwrap_or_default();
         let shard = plan.ranks[rank].clone();
         let kv_of_q = shard.local_kv_of_q(config.group_size());

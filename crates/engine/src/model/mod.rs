@@ -15,7 +15,7 @@ pub mod step_meta;
 
 pub use batch::{Batch, BatchSeq, ChunkLimits};
 pub use kv_cache::{KvCache, RankCache};
-pub use llama::{load_shards, LlamaShard};
+pub use llama::{load_rank_shards, load_shards, LlamaShard};
 
 use candle_core::{DType, Device};
 

@@ -53,6 +53,8 @@ pub struct TcpEndpoint {
     token: GroupToken,
     dtype: AllReduceDtype,
     timeout: Duration,
+    /// How long rank 0 waits for the others to connect (by default `timeout`).
+    connect_timeout: Duration,
     role: Role,
 }
 
@@ -71,6 +73,7 @@ impl TcpEndpoint {
             token,
             dtype,
             timeout,
+            connect_timeout: timeout,
             role: Role::Hub(listener),
         }
     }
@@ -90,6 +93,7 @@ impl TcpEndpoint {
             token,
             dtype,
             timeout,
+            connect_timeout: timeout,
             role: Role::Spoke(hub),
         }
     }
@@ -108,9 +112,16 @@ impl TcpEndpoint {
         Ok(all)
     }
 
+    /// Gives the ranks `timeout` to connect (ranks on other nodes may still be loading
+    /// their weights when rank 0 starts waiting).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     /// Opens the group's connections on this thread. Also [`Endpoint::connect`].
     pub fn open(self) -> Result<TcpComm> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.connect_timeout;
         let links = match self.role {
             Role::Hub(listener) => accept_spokes(&listener, self.world, self.token, deadline)?,
             Role::Spoke(addr) => vec![connect_hub(addr, self.rank, self.world, self.token)?],

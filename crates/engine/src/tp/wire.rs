@@ -32,6 +32,8 @@ pub(crate) enum Kind {
     Rendezvous = 7,
     Step = 8,
     StepResult = 9,
+    /// "Still here": the leader's word to an idle worker node.
+    Ping = 10,
 }
 
 impl Kind {
@@ -46,6 +48,7 @@ impl Kind {
             7 => Kind::Rendezvous,
             8 => Kind::Step,
             9 => Kind::StepResult,
+            10 => Kind::Ping,
             _ => return None,
         })
     }
