@@ -293,7 +293,7 @@ mod tests {
         let args = serve(cli);
         assert_eq!(args.max_num_seqs, 8, "file");
         assert_eq!(args.max_waiting, 19, "env over file");
-        assert_eq!(args.port, 9100, "flag over env and file");
+        assert_eq!(args.port, Some(9100), "flag over env and file");
         assert_eq!(args.allowed_origins, ["https://a", "https://b"]);
         assert_eq!(args.max_batch_tokens, None, "default");
     }

@@ -52,6 +52,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let cfg = args.model.engine_config()?;
     eprintln!("[1/3] weights: {}", cfg.model_path.display());
     let mut engine = Engine::load(&cfg)?;
+    if engine.is_worker_node() {
+        // In a group of nodes the leader generates; this node runs its steps.
+        return engine.serve_leader().map_err(Into::into);
+    }
     eprintln!("[2/3] tokenizer");
     let tokenizer = Arc::new(load_tokenizer(&args.model.tokenizer_path()?)?);
     check_vocabulary(&tokenizer, engine.model_config())?;

@@ -10,4 +10,5 @@ pub mod cli;
 pub mod config_layers;
 pub mod generate_cmd;
 pub mod model_args;
+pub mod node_args;
 pub mod serve;

@@ -63,6 +63,9 @@ pub struct ModelArgs {
     /// Seconds a step may take before the engine is declared failed.
     #[arg(long, default_value_t = 120)]
     pub step_timeout: u64,
+
+    #[command(flatten)]
+    pub nodes: crate::node_args::NodeArgs,
 }
 
 impl ModelArgs {
@@ -91,26 +94,26 @@ impl ModelArgs {
     }
 
     pub fn engine_config(&self) -> Result<EngineConfig> {
+        if self.tensor_parallel_size == 0 {
+            bail!("--tensor-parallel-size must be at least 1");
+        }
+        // With several nodes, this node's devices run its share of the ranks.
+        let ranks_here = self.nodes.local_ranks(self.tensor_parallel_size)?;
         let devices = match &self.devices {
             Some(list) => {
                 let d = DeviceSpec::parse_list(list)?;
-                if self.tensor_parallel_size != 1 && d.len() != self.tensor_parallel_size {
+                if self.tensor_parallel_size != 1 && d.len() != ranks_here {
                     bail!(
-                        "--devices lists {} devices but --tensor-parallel-size is {}; give one device per rank",
+                        "--devices lists {} devices but this node runs {ranks_here} ranks \
+                         (--tensor-parallel-size {} over --nnodes {}); give one device per rank",
                         d.len(),
-                        self.tensor_parallel_size
+                        self.tensor_parallel_size,
+                        self.nodes.nnodes
                     );
                 }
                 d
             }
-            None => {
-                if self.tensor_parallel_size == 0 {
-                    bail!("--tensor-parallel-size must be at least 1");
-                }
-                (0..self.tensor_parallel_size)
-                    .map(DeviceSpec::Cpu)
-                    .collect()
-            }
+            None => (0..ranks_here).map(DeviceSpec::Cpu).collect(),
         };
         let mut cfg = EngineConfig::new(self.model_path().context("choosing the model")?);
         cfg.devices = devices;
@@ -131,6 +134,7 @@ impl ModelArgs {
         cfg.block_size_tokens = self.block_size;
         cfg.threads_per_rank = self.threads_per_rank;
         cfg.step_timeout = Duration::from_secs(self.step_timeout.max(1));
+        cfg.nodes = self.nodes.topology();
         Ok(cfg)
     }
 }

@@ -42,6 +42,7 @@ pub mod router;
 pub mod state;
 pub mod stream;
 pub mod tokenize_route;
+mod worker_node;
 
 #[cfg(test)]
 mod tests;
@@ -74,9 +75,10 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
 
-    /// Port to listen on (0 picks a free one).
-    #[arg(long, default_value_t = 8000)]
-    pub port: u16,
+    /// Port to listen on (0 picks a free one; default 8000). A worker node of a group
+    /// (`--node-rank` above 0) serves its probes on it only when it is given.
+    #[arg(long)]
+    pub port: Option<u16>,
 
     /// Model name clients must send in `model` (default: the model file stem).
     #[arg(long)]
@@ -394,17 +396,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 fn listen_addr(args: &ServeArgs) -> Result<SocketAddr> {
-    format!("{}:{}", args.host, args.port)
+    let port = args.port.unwrap_or(DEFAULT_PORT);
+    format!("{}:{port}", args.host)
         .parse()
-        .with_context(|| {
-            format!(
-                "--host {} --port {} is not an address",
-                args.host, args.port
-            )
-        })
+        .with_context(|| format!("--host {} --port {port} is not an address", args.host))
 }
 
+/// `--port` when none is given.
+pub const DEFAULT_PORT: u16 = 8000;
+
 async fn serve(args: ServeArgs) -> Result<()> {
+    if args.model.nodes.is_worker() {
+        return worker_node::serve(args).await;
+    }
     let addr = listen_addr(&args)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -1,0 +1,77 @@
+//! `tessera serve --nnodes N --node-rank R` with R > 0: a worker node. It joins the
+//! leader at rendezvous, loads its share of the ranks and runs the leader's steps; it
+//! serves no API. With `--port` it answers the probes of its pod: `/livez` 200 while
+//! the process runs, `/readyz` 200 once it has joined and loaded, 503 before.
+//!
+//! Exit status: 1 when it could not join (no leader within `--node-join-timeout`, or
+//! refused at rendezvous: the message names the field the nodes disagree on);
+//! [`ENGINE_FAILED_EXIT_CODE`](super::ENGINE_FAILED_EXIT_CODE) when the group it
+//! served in ended (the leader went away or went quiet, or a rank failed), so that the
+//! orchestrator restarts the group; 0 on SIGTERM/Ctrl-C.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use tessera_engine::Engine;
+
+use super::{shutdown_signal, EngineFailure, ServeArgs};
+
+async fn livez() -> (StatusCode, &'static str) {
+    (StatusCode::OK, "ok")
+}
+
+async fn readyz(State(ready): State<Arc<AtomicBool>>) -> (StatusCode, &'static str) {
+    if ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
+
+pub(super) async fn serve(args: ServeArgs) -> Result<()> {
+    let cfg = args.model.engine_config()?;
+    let node = args.model.nodes.node_rank;
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(port) = args.port {
+        let addr = format!("{}:{port}", args.host);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        let app = Router::new()
+            .route("/livez", get(livez))
+            .route("/readyz", get(readyz))
+            .with_state(Arc::clone(&ready));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        tracing::info!("listening on http://{local} (worker node {node}: probes only)");
+    }
+    let work = {
+        let ready = Arc::clone(&ready);
+        tokio::task::spawn_blocking(move || {
+            let mut engine = Engine::load(&cfg).context("joining the group of nodes")?;
+            ready.store(true, Ordering::SeqCst);
+            let why = match engine.serve_leader() {
+                Ok(()) => "the leader's steps ended".to_string(),
+                Err(e) => e.to_string(),
+            };
+            ready.store(false, Ordering::SeqCst);
+            Ok::<_, anyhow::Error>(why)
+        })
+    };
+    tokio::select! {
+        done = work => {
+            let why = done.context("the node task")??;
+            tracing::error!("worker node {node} stops: {why}");
+            Err(EngineFailure("the group of nodes this worker served ended").into())
+        }
+        _ = shutdown_signal() => {
+            tracing::info!("signal: worker node {node} exits");
+            Ok(())
+        }
+    }
+}
