@@ -272,3 +272,48 @@ async fn a_worker_whose_leader_never_appears_exits_with_an_error() {
     let log = rest_of_log(&worker.log);
     assert!(log.contains("no leader at 127.0.0.1:"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_worker_fails_the_streams_and_the_leader_exits_75() {
+    let client = reqwest::Client::new();
+    let port = free_port();
+    let mut worker = node(2, 2, 1, &port, &["--step-timeout", "3"]);
+    let leader = node(2, 2, 0, &port, &["--step-timeout", "3"]);
+    common::wait_ready(&client, &leader.base, Duration::from_secs(300)).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let stream = tokio::spawn(stream_until_it_ends(
+        client.clone(),
+        leader.base.clone(),
+        tx,
+    ));
+    for _ in 0..4 {
+        rx.recv().await.expect("tokens before the worker hangs");
+    }
+    // The worker stops answering without closing anything, as a hung machine would.
+    let pid = worker.server.0.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let text = stream.await.unwrap();
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    let n = data.len();
+    assert!(n >= 3, "{text}");
+    assert_eq!(data[n - 1], "[DONE]");
+    let error: Value = serde_json::from_str(data[n - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "engine_failed", "{text}");
+    let mut leader_server = leader.server;
+    let status = exit_status(&mut leader_server);
+    assert_eq!(status.code(), Some(i32::from(ENGINE_FAILED_EXIT_CODE)));
+    let log = rest_of_log(&leader.log);
+    assert!(
+        log.contains("rank 1") || log.contains("node 1"),
+        "the log names the hung node: {log}"
+    );
+    worker.server.0.kill().unwrap();
+    let _ = exit_status(&mut worker.server);
+}
