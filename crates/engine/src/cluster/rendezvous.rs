@@ -143,6 +143,8 @@ pub fn accept_workers(
     }
     let mut refusals = Vec::new();
     let complete = wire::accept_until(listener, deadline, |mut s| {
+        // Step plans and their answers are small frames, latency-bound.
+        s.set_nodelay(true)?;
         // A joining node has a few seconds to say who it is, whatever the group's timeout.
         let hello_by = deadline.min(Instant::now() + Duration::from_secs(10));
         let (node_rank, theirs) = match receive(&mut s, hello_by) {
