@@ -150,14 +150,21 @@ def serve_section(d, max_tokens, threads):
     return "\n\n".join(p for p in parts if p)
 
 
+# Sections of earlier reports that no run makes any more.
+RETIRED = {"Server under load: Tessera against llama.cpp"}
+
+
 def previous_sections(path, notes):
     """{title: body} of the `## ` sections of a previous docs/benchmarks.md, without the
     notes (they are appended fresh), each body starting with when it was measured."""
     text = read(path) if path else None
     if not text:
         return {}
-    if notes and notes in text:
-        text = text.replace(notes, "")
+    if notes:
+        # The notes (however they read then) start at their first heading and run to the end.
+        head = notes.lstrip().splitlines()[0]
+        if head in text:
+            text = text[: text.index(head)]
     made = re.search(r"Made by `scripts/bench` on (\S+), commit (\w+)\.", text)
     parts = re.split(r"^## (.+)$", text, flags=re.M)
     out = {}
@@ -230,6 +237,20 @@ def main():
         for label, m in zip(labels, metas):
             if m:
                 out.extend(["", f"{label}: {m[0].lower()}{m[1:]}"])
+
+    # Sections this script does not make (the GPU results, written by hand from
+    # scripts/bench-gpu's output) are kept as they were, after the headline.
+    own = {
+        "Tessera against llama.cpp",
+        "Engine: Tessera against llama.cpp",
+        "Server under load: Tessera against llama-server",
+        "All-reduce between CPU ranks (LocalComm)",
+        "Engine speed, TP=1 against TP=2 (CPU ranks)",
+        "Continuous batching and prefix caching (engine + scheduler, no HTTP)",
+    }
+    for title, body in previous.items():
+        if title not in own and title not in RETIRED:
+            out.extend(["", f"## {title}", "", body])
 
     section("Engine: Tessera against llama.cpp", "engine", read(os.path.join(d, "engine-compare.md")))
     section("Server under load: Tessera against llama-server", "serve", serve_section(d, args.max_tokens, args.threads))
