@@ -300,6 +300,18 @@ impl Tokenizer {
         }
     }
 
+    /// Replaces the model's chat template with `source` (a Jinja template, as in
+    /// `tokenizer_config.json`); an error when it does not compile.
+    pub fn with_chat_template(mut self, source: &str) -> Result<Self> {
+        let template = ChatTemplate::new(
+            source,
+            self.special_strings.clone(),
+            &ChatTemplateConfig::default(),
+        )?;
+        self.chat_template = Some(Ok(template));
+        Ok(self)
+    }
+
     /// The underlying Hugging Face tokenizer.
     pub fn backend(&self) -> &tokenizers::Tokenizer {
         &self.inner

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tessera_engine::{check_vocabulary, load_tokenizer, DeviceSpec, Engine, GrammarCompiler};
+use tessera_engine::{check_vocabulary, DeviceSpec, Engine, GrammarCompiler};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerError, SchedulerHandle};
 
@@ -265,7 +265,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
     cfg.max_num_seqs = args.max_num_seqs;
     let tokenizer_path = args.model.tokenizer_path()?;
     tracing::info!("[1/3] tokenizer: {}", tokenizer_path.display());
-    let tokenizer = Arc::new(load_tokenizer(&tokenizer_path).context("loading the tokenizer")?);
+    let tokenizer = Arc::new(args.model.load_tokenizer()?);
     tracing::info!("[2/3] weights: {}", cfg.model_path.display());
     let mut engine = Engine::load(&cfg).context("loading the model")?;
     check_vocabulary(&tokenizer, engine.model_config()).context("checking the tokenizer")?;
