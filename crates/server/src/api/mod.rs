@@ -14,4 +14,8 @@ pub mod request_limits;
 pub mod response;
 pub mod response_format;
 pub mod tokenize;
+pub mod tool_messages;
+pub mod tool_parsers;
+pub mod tool_prompt;
+pub mod tools;
 pub mod valid_request;
