@@ -97,7 +97,8 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerErr
     if m.role == "tool" {
         extra.insert("tool_call_id".into(), Value::String(tool_call_id(i, m)?));
     }
-    // An assistant turn that only calls tools has no content.
+    // An assistant turn that only calls tools has no content; templates join content
+    // to strings, so it is rendered as "".
     if tool_calls.is_some() && m.content.as_ref().is_none_or(Value::is_null) {
         extra.insert("tool_calls".into(), tool_calls.unwrap_or_default());
         if let Some(name) = &m.name {
@@ -105,7 +106,7 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerErr
         }
         return Ok(ChatMessage {
             role: m.role.clone(),
-            content: None,
+            content: Some(MessageContent::Text(String::new())),
             extra,
         });
     }

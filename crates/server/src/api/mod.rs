@@ -19,3 +19,6 @@ pub mod tool_parsers;
 pub mod tool_prompt;
 pub mod tools;
 pub mod valid_request;
+
+#[cfg(test)]
+mod tool_chat_tests;
