@@ -98,6 +98,46 @@ fn schemas() -> Value {
             "bytes": { "type": "array", "items": { "type": "integer" } }
         }
     });
+    let tool_call = json!({
+        "type": "object",
+        "required": ["id", "type", "function"],
+        "properties": {
+            "id": { "type": "string" },
+            "type": { "const": "function" },
+            "function": { "type": "object", "required": ["name", "arguments"], "properties": {
+                "name": { "type": "string" }, "arguments": { "type": "string" } } }
+        }
+    });
+    let function_tool = json!({
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {
+            "type": { "const": "function" },
+            "function": { "type": "object", "required": ["name"], "properties": {
+                "name": { "type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$" },
+                "description": { "type": "string" },
+                "parameters": { "type": "object" },
+                "strict": { "type": ["boolean", "null"] }
+            } }
+        }
+    });
+    let tool_choice = json!({ "oneOf": [
+        { "type": "string", "enum": ["none", "auto", "required"] },
+        { "type": "object", "required": ["type", "function"], "properties": {
+            "type": { "const": "function" },
+            "function": { "type": "object", "required": ["name"],
+                "properties": { "name": { "type": "string" } } } } },
+        { "type": "null" }
+    ] });
+    let tool_call_delta = json!({
+        "type": "object", "required": ["index", "function"], "properties": {
+            "index": { "type": "integer" },
+            "id": { "type": "string" },
+            "type": { "const": "function" },
+            "function": { "type": "object", "required": ["arguments"], "properties": {
+                "name": { "type": "string" },
+                "arguments": { "type": "string" } } } }
+    });
     json!({
         "ErrorResponse": {
             "type": "object",
@@ -114,17 +154,22 @@ fn schemas() -> Value {
             } }
         },
         "Usage": usage,
+        "ToolCall": tool_call,
+        "FunctionTool": function_tool,
         "ChatMessage": {
             "type": "object",
-            "required": ["role", "content"],
+            "required": ["role"],
             "properties": {
-                "role": { "type": "string", "enum": ["system", "user", "assistant"] },
+                "role": { "type": "string", "enum": ["system", "user", "assistant", "tool"] },
                 "content": { "oneOf": [
                     { "type": "string" },
                     { "type": "array", "items": { "type": "object", "required": ["type", "text"],
-                        "properties": { "type": { "const": "text" }, "text": { "type": "string" } } } }
+                        "properties": { "type": { "const": "text" }, "text": { "type": "string" } } } },
+                    { "type": "null" }
                 ] },
-                "name": { "type": "string" }
+                "name": { "type": "string" },
+                "tool_calls": { "type": "array", "items": reference("ToolCall") },
+                "tool_call_id": { "type": "string" }
             }
         },
         "ChatCompletionRequest": {
@@ -132,6 +177,9 @@ fn schemas() -> Value {
             "required": ["model", "messages"],
             "properties": with_properties(generation_properties(), json!({
                 "messages": { "type": "array", "items": reference("ChatMessage") },
+                "tools": { "type": ["array", "null"], "items": reference("FunctionTool") },
+                "tool_choice": tool_choice,
+                "parallel_tool_calls": { "type": ["boolean", "null"] },
                 "logprobs": { "type": ["boolean", "null"] },
                 "top_logprobs": { "type": ["integer", "null"], "minimum": 0, "maximum": 20 }
             }))
@@ -179,9 +227,11 @@ fn schemas() -> Value {
                     "properties": {
                         "index": { "type": "integer" },
                         "message": { "type": "object", "required": ["role", "content"],
-                            "properties": { "role": { "const": "assistant" }, "content": { "type": "string" } } },
+                            "properties": { "role": { "const": "assistant" },
+                                "content": { "type": ["string", "null"] },
+                                "tool_calls": { "type": "array", "items": reference("ToolCall") } } },
                         "logprobs": reference("ChatLogprobs"),
-                        "finish_reason": { "type": "string", "enum": ["stop", "length"] }
+                        "finish_reason": { "type": "string", "enum": ["stop", "length", "tool_calls"] }
                     }
                 } },
                 "usage": reference("Usage")
@@ -201,7 +251,8 @@ fn schemas() -> Value {
                     "properties": {
                         "index": { "type": "integer" },
                         "delta": { "type": "object", "properties": {
-                            "role": { "const": "assistant" }, "content": { "type": "string" } } },
+                            "role": { "const": "assistant" }, "content": { "type": "string" },
+                            "tool_calls": { "type": "array", "items": tool_call_delta } } },
                         "logprobs": reference("ChatLogprobs"),
                         "finish_reason": { "type": ["string", "null"] }
                     }
