@@ -22,6 +22,58 @@ fn errors() -> Value {
     })
 }
 
+/// `/v1/responses`: a Responses object, or its event stream.
+fn responses_response() -> Value {
+    json!({
+        "description": "The response, or with `stream` its events (server-sent events)",
+        "content": {
+            "application/json": { "schema": reference("Response") },
+            "text/event-stream": { "schema": { "type": "string" } }
+        }
+    })
+}
+
+/// The schemas of `/v1/responses`.
+fn responses_schemas() -> Value {
+    json!({
+        "ResponsesRequest": {
+            "type": "object",
+            "required": ["model", "input"],
+            "properties": {
+                "model": { "type": "string" },
+                "input": { "oneOf": [
+                    { "type": "string" },
+                    { "type": "array", "items": { "type": "object" } }
+                ] },
+                "instructions": { "type": ["string", "null"] },
+                "max_output_tokens": { "type": ["integer", "null"], "minimum": 1 },
+                "temperature": { "type": ["number", "null"], "minimum": 0, "maximum": 2 },
+                "top_p": { "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1 },
+                "stream": { "type": ["boolean", "null"] },
+                "store": { "type": ["boolean", "null"] },
+                "text": { "type": ["object", "null"] },
+                "tools": { "type": ["array", "null"], "items": { "type": "object" } },
+                "tool_choice": { "type": ["string", "object", "null"] },
+                "parallel_tool_calls": { "type": ["boolean", "null"] }
+            }
+        },
+        "Response": {
+            "type": "object",
+            "required": ["id", "object", "created_at", "status", "model", "output"],
+            "properties": {
+                "id": { "type": "string" },
+                "object": { "const": "response" },
+                "created_at": { "type": "integer" },
+                "status": { "type": "string", "enum": ["completed", "incomplete"] },
+                "model": { "type": "string" },
+                "output": { "type": "array", "items": { "type": "object", "required": ["type", "id"] } },
+                "usage": { "type": "object",
+                    "required": ["input_tokens", "output_tokens", "total_tokens"] }
+            }
+        }
+    })
+}
+
 fn json_body(schema: &str) -> Value {
     json!({
         "required": true,
@@ -408,7 +460,7 @@ pub fn document() -> Value {
             "description": "OpenAI-compatible LLM inference server"
         },
         "components": {
-            "schemas": schemas(),
+            "schemas": with_properties(schemas(), responses_schemas()),
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
         },
         "security": [ { "bearer": [] } ],
@@ -422,6 +474,12 @@ pub fn document() -> Value {
                 "operationId": "createCompletion",
                 "requestBody": json_body("CompletionRequest"),
                 "responses": { "200": stream_or_json("Completion", "Completion"), "default": errors() }
+            } },
+            "/v1/responses": { "post": {
+                "operationId": "createResponse",
+                "description": "Stateless: `store: true` and `previous_response_id` are refused.",
+                "requestBody": json_body("ResponsesRequest"),
+                "responses": { "200": responses_response(), "default": errors() }
             } },
             "/v1/models": { "get": {
                 "operationId": "listModels",

@@ -39,6 +39,7 @@ pub mod limits;
 pub mod metrics;
 pub mod parser_refusal;
 pub mod request_context;
+pub mod responses_route;
 pub mod router;
 pub mod state;
 pub mod stream;
