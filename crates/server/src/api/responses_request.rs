@@ -288,3 +288,79 @@ fn chat_tool_choice(choice: &Value) -> Result<Value, ServerError> {
         )),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn param_of(e: ServerError) -> Option<String> {
+        match e {
+            ServerError::InvalidRequest { param, .. } => param,
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn items_become_chat_messages() {
+        let chat = chat_body(&json!({
+            "model": "m", "instructions": "Be brief.", "max_output_tokens": 9,
+            "input": [
+                {"role": "developer", "content": "Use tools."},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{\"a\": 1}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+            ],
+            "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}},
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "f"}
+        }))
+        .unwrap();
+        assert_eq!(chat["max_completion_tokens"], 9);
+        let roles: Vec<&str> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "system", "user", "assistant", "tool"]);
+        assert_eq!(chat["messages"][2]["content"], "Hi");
+        assert_eq!(
+            chat["messages"][3]["tool_calls"].as_array().unwrap().len(),
+            2
+        );
+        assert_eq!(chat["messages"][4]["tool_call_id"], "c1");
+        assert_eq!(chat["response_format"]["json_schema"]["name"], "s");
+        assert_eq!(chat["tools"][0]["function"]["name"], "f");
+        assert_eq!(chat["tool_choice"]["function"]["name"], "f");
+    }
+
+    #[test]
+    fn stored_and_unsupported_requests_are_refused_by_name() {
+        for (body, param) in [
+            (json!({"model": "m", "input": "x", "store": true}), "store"),
+            (
+                json!({"model": "m", "input": "x", "previous_response_id": "r"}),
+                "previous_response_id",
+            ),
+            (json!({"model": "m"}), "input"),
+            (
+                json!({"model": "m", "input": [{"type": "image", "url": "u"}]}),
+                "input[0].type",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "file_search"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"model": "m", "input": "x", "reasoning": {"effort": "low"}}),
+                "reasoning",
+            ),
+        ] {
+            let e = chat_body(&body).expect_err(&body.to_string());
+            assert_eq!(param_of(e).as_deref(), Some(param), "{body}");
+        }
+        assert!(chat_body(&json!({"model": "m", "input": "x", "store": false})).is_ok());
+    }
+}
