@@ -416,6 +416,16 @@ impl Engine {
                     state.sampler.sample(row_logits)
                 }
             };
+            if let Some(fault) = state.sampler.grammar_fault() {
+                // The sequence fails alone, with the reason; the rest of the step goes on.
+                let message = fault.to_string();
+                self.sequences.remove(&chunk.id);
+                failed.push(FailedSequence {
+                    id: chunk.id,
+                    message,
+                });
+                continue;
+            }
             samples.push(SampledToken {
                 id: chunk.id,
                 token,

@@ -25,6 +25,7 @@
 pub mod api_keys;
 pub mod auth;
 pub mod chat_route;
+pub mod chat_tools;
 pub mod completion_route;
 pub mod conn_limit;
 pub mod error;
@@ -38,6 +39,7 @@ pub mod limits;
 pub mod metrics;
 pub mod parser_refusal;
 pub mod request_context;
+pub mod responses_route;
 pub mod router;
 pub mod state;
 pub mod stream;
@@ -96,6 +98,11 @@ pub struct ServeArgs {
     /// `--api-key`. Keeps keys out of the process list and the environment.
     #[arg(long)]
     pub api_key_file: Option<std::path::PathBuf>,
+
+    /// How tool calls are found in replies under `tool_choice` "auto": hermes,
+    /// llama3_json or mistral (default: chosen from the chat template).
+    #[arg(long)]
+    pub tool_call_parser: Option<crate::api::tool_parsers::ToolParserKind>,
 
     /// Origins allowed by CORS, comma-separated, or `*`. CORS is off by default.
     #[arg(long, value_delimiter = ',')]
@@ -319,6 +326,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             vocab_rows,
             limits: args.request_limits(),
             grammar: grammar.map_err(|e| e.to_string()),
+            tool_parser: args.tool_call_parser,
         }),
         api_keys: Arc::new(api_keys::collect(
             &args.api_keys,
