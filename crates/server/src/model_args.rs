@@ -212,7 +212,10 @@ mod tests {
     #[test]
     fn a_chat_template_that_does_not_compile_is_refused_by_name() {
         let path = scratch("bad.jinja", "{% for m in messages %}");
-        let err = format!("{:#}", model_args(&path).load_tokenizer().expect_err("refused"));
+        let err = format!(
+            "{:#}",
+            model_args(&path).load_tokenizer().expect_err("refused")
+        );
         assert!(err.contains("compiling --chat-template"), "{err}");
         let missing = model_args(std::path::Path::new("/no/such/template.jinja"));
         let err = format!("{:#}", missing.load_tokenizer().expect_err("refused"));
