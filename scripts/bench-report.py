@@ -61,7 +61,7 @@ def headline(d, threads):
     et = load(os.path.join(d, "engine-tessera.json"))
     el = load(os.path.join(d, "engine-llamacpp.json"))
     st = load(os.path.join(d, "serve-tessera.json"))
-    sl = load(os.path.join(d, "serve-llamacpp.json"))
+    sl = load(os.path.join(d, "serve-llama-server.json"))
     if not (et or el or st or sl):
         return None
     et1 = next((r for r in (et or []) if r["tp"] == 1), None)
@@ -71,19 +71,21 @@ def headline(d, threads):
 
     t1, l1 = level(st, 1), level(sl, 1)
     t16, l16 = level(st, 16), level(sl, 16)
-    # (metric, Tessera, llama.cpp, unit, digits, target ratio, higher is better)
+    server_peer = "`llama-server -np 16`"
+    engine_peer = "llama.cpp (llama-cpp-python API)"
+    # (metric, peer, Tessera, peer's value, unit, digits, target ratio, higher is better)
     rows = [
-        ("prefill, 512-token prompt (engine)", get(et1, "prefill_tok_s"), get(el, "prefill_tok_s"), "tok/s", 0, 1.0, True),
-        ("decode, 128 tokens (engine)", get(et1, "decode_tok_s"), get(el, "decode_tok_s"), "tok/s", 1, None, True),
-        ("server, 1 client: output tok/s", get(t1, "output_tok_s"), get(l1, "output_tok_s"), "tok/s", 1, 1.3, True),
-        ("server, 16 clients: aggregate output tok/s", get(t16, "output_tok_s"), get(l16, "output_tok_s"), "tok/s", 1, 2.0, True),
-        ("server, 16 clients: median TTFT", get(t16, "ttft_median_ms"), get(l16, "ttft_median_ms"), "ms", 0, 0.25, False),
+        ("server, 1 client: output tok/s", server_peer, get(t1, "output_tok_s"), get(l1, "output_tok_s"), "tok/s", 1, 1.3, True),
+        ("server, 16 clients: aggregate output tok/s", server_peer, get(t16, "output_tok_s"), get(l16, "output_tok_s"), "tok/s", 1, 2.0, True),
+        ("server, 16 clients: median TTFT", server_peer, get(t16, "ttft_median_ms"), get(l16, "ttft_median_ms"), "ms", 0, 0.25, False),
+        ("prefill, 512-token prompt (engine)", engine_peer, get(et1, "prefill_tok_s"), get(el, "prefill_tok_s"), "tok/s", 0, 1.0, True),
+        ("decode, 128 tokens (engine)", engine_peer, get(et1, "decode_tok_s"), get(el, "decode_tok_s"), "tok/s", 1, None, True),
     ]
     out = [
-        "| metric | Tessera | llama.cpp | Tessera / llama.cpp | target | met |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| metric | peer | Tessera | peer's | Tessera / peer | target | met |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, t, l, unit, digits, target, higher in rows:
+    for name, peer, t, l, unit, digits, target, higher in rows:
         ratio = t / l if (t is not None and l) else None
         if target is None:
             tgt, met = "–", "–"
@@ -94,7 +96,7 @@ def headline(d, threads):
             else:
                 met = "yes" if (ratio >= target if higher else ratio <= target) else "**no**"
         out.append(
-            f"| {name} | {fmt(t, unit, digits)} | {fmt(l, unit, digits)} | "
+            f"| {name} | {peer} | {fmt(t, unit, digits)} | {fmt(l, unit, digits)} | "
             f"{'–' if ratio is None else f'{ratio:.2f}×'} | {tgt} | {met} |"
         )
     return "\n".join(out)
@@ -102,7 +104,7 @@ def headline(d, threads):
 
 def serve_section(d, max_tokens, threads):
     st = load(os.path.join(d, "serve-tessera.json"))
-    sl = load(os.path.join(d, "serve-llamacpp.json"))
+    sl = load(os.path.join(d, "serve-llama-server.json"))
     if not (st or sl):
         return None
     any_run = st or sl
@@ -122,21 +124,20 @@ def serve_section(d, max_tokens, threads):
             f"({', '.join(map(str, any_run['no_stop_ids']))}), so every request streams exactly "
             f"{max_tokens} tokens (`short` counts those that did not). "
             if any_run.get("no_stop_ids")
-            else "no `logit_bias` (llama-cpp-python applies one in Python on every token, which "
-            "cost it ~15% here): the prompts are prose the model continues past "
+            else "no `logit_bias`: the prompts are prose the model continues past "
             f"{max_tokens} tokens, and `short` counts any request that ended sooner. "
         )
         + "Output tok/s is all output "
         "tokens over the wall time of the level; ITL is the mean gap between streamed chunks; "
         "E2E is request latency. Both servers warmed up first, run one at a time.",
-        "llama-cpp-python's server (0.3.x) keeps one llama.cpp context behind a lock: it runs "
-        "one request at a time, with no continuous batching and no parallel slots, so at C "
-        "clients the others wait in line (and `--interrupt_requests` must be off, or each new "
-        "request cuts the running stream short).",
+        "The peer is llama.cpp's own server, `llama-server`, built from the llama.cpp vendored in "
+        "the same llama-cpp-python sdist (`scripts/build-llama-server`, release, native CPU "
+        f"flags) and run with 16 parallel slots and continuous batching, {threads} threads: at 64 "
+        "clients 48 requests wait for a slot, as they wait for KV room in Tessera.",
     ]
     for label, res, extra in (
         ("Tessera", st, "`tessera serve --model MODEL.gguf --port PORT` (release build, default flags)"),
-        ("llama.cpp", sl, "`" + (read(os.path.join(d, "serve-llamacpp.args")) or "python -m llama_cpp.server") + "`"),
+        ("llama-server", sl, "`" + (read(os.path.join(d, "serve-llama-server.args")) or "llama-server") + "`"),
     ):
         if not res:
             continue
@@ -145,8 +146,12 @@ def serve_section(d, max_tokens, threads):
             f"**{label}**: {extra}. Check request: {chk['completion_tokens']} of {max_tokens} tokens, "
             f"finish_reason `{chk['finish_reason']}`."
         )
-        parts.append(read(os.path.join(d, "serve-tessera.md" if label == "Tessera" else "serve-llamacpp.md")))
+        parts.append(read(os.path.join(d, "serve-tessera.md" if label == "Tessera" else "serve-llama-server.md")))
     return "\n\n".join(p for p in parts if p)
+
+
+# Sections of earlier reports that no run makes any more.
+RETIRED = {"Server under load: Tessera against llama.cpp"}
 
 
 def previous_sections(path, notes):
@@ -155,8 +160,11 @@ def previous_sections(path, notes):
     text = read(path) if path else None
     if not text:
         return {}
-    if notes and notes in text:
-        text = text.replace(notes, "")
+    if notes:
+        # The notes (however they read then) start at their first heading and run to the end.
+        head = notes.lstrip().splitlines()[0]
+        if head in text:
+            text = text[: text.index(head)]
     made = re.search(r"Made by `scripts/bench` on (\S+), commit (\w+)\.", text)
     parts = re.split(r"^## (.+)$", text, flags=re.M)
     out = {}
@@ -191,8 +199,10 @@ def main():
         f"Made by `scripts/bench`, last run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}. "
         "Each section below says when, at which commit and by which command it was measured.",
         f"Machine: {machine()}. Model: SmolLM2-135M-Instruct Q4_1 (GGUF, `scripts/fetch-model`). "
-        f"Reference: llama.cpp through llama-cpp-python {llama_version} (`scripts/reference-env llamacpp`, "
-        f"built from its sdist with GGML_NATIVE=ON), same GGUF, {args.threads} threads on both sides.",
+        f"Reference: llama.cpp as vendored in llama-cpp-python {llama_version}: its own `llama-server` "
+        "for the server rows (`scripts/build-llama-server`), the low-level API for the engine rows "
+        f"(`scripts/reference-env llamacpp`); both built with GGML_NATIVE=ON, same GGUF, {args.threads} "
+        "threads on both sides.",
     ]
     if os.environ.get("BENCH_NOTE"):
         out += ["", "> " + os.environ["BENCH_NOTE"]]
@@ -215,8 +225,8 @@ def main():
         metas = [read(os.path.join(d, n + ".meta")) for n in ("engine", "serve")]
         out.extend(["", "## Tessera against llama.cpp", ""])
         out.append(
-            "Engine rows: engine only (no HTTP). Server rows: the HTTP servers under load (below). "
-            "Targets are for Tessera / llama.cpp."
+            "Server rows: the HTTP servers under load (below), against llama.cpp's own server. "
+            "Engine rows: engine only (no HTTP). Targets are for Tessera / peer."
         )
         out.extend(["", h])
         if metas[0] and metas[0] == metas[1]:
@@ -228,8 +238,22 @@ def main():
             if m:
                 out.extend(["", f"{label}: {m[0].lower()}{m[1:]}"])
 
+    # Sections this script does not make (the GPU results, written by hand from
+    # scripts/bench-gpu's output) are kept as they were, after the headline.
+    own = {
+        "Tessera against llama.cpp",
+        "Engine: Tessera against llama.cpp",
+        "Server under load: Tessera against llama-server",
+        "All-reduce between CPU ranks (LocalComm)",
+        "Engine speed, TP=1 against TP=2 (CPU ranks)",
+        "Continuous batching and prefix caching (engine + scheduler, no HTTP)",
+    }
+    for title, body in previous.items():
+        if title not in own and title not in RETIRED:
+            out.extend(["", f"## {title}", "", body])
+
     section("Engine: Tessera against llama.cpp", "engine", read(os.path.join(d, "engine-compare.md")))
-    section("Server under load: Tessera against llama.cpp", "serve", serve_section(d, args.max_tokens, args.threads))
+    section("Server under load: Tessera against llama-server", "serve", serve_section(d, args.max_tokens, args.threads))
     section(
         "All-reduce between CPU ranks (LocalComm)",
         "allreduce",

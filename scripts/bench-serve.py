@@ -135,7 +135,9 @@ async def run_level(args, concurrency, n_requests, prompts):
     queue = list(range(n_requests))
     results = []
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    # A fresh connection per request: llama-server closes a connection after a streamed
+    # response without saying so, and a reused one fails the next request.
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=True)
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 

@@ -1,7 +1,8 @@
 //! Hot kernels of Tessera.
 //!
 //! CPU: matrix products for GGML block-quantized weights, computed the way ggml computes
-//! them (activations quantized to Q8_1 for Q4_1 weights and to Q8_0 for Q8_0 weights,
+//! them (activations quantized to Q8_1 for Q4_1 weights, to Q8_0 for Q5_0 and Q8_0
+//! weights and to Q8_K for the k-quants Q4_K and Q6_K,
 //! rounded as ggml's x86 SIMD code rounds; an exact integer dot product per block, scaled
 //! in f32), so results follow llama.cpp's arithmetic. Weights are repacked at load time
 //! into the layout of [`cpu::layout`]. Each kernel has a scalar reference and
@@ -15,5 +16,5 @@ pub mod gpu;
 pub mod memory;
 
 pub use cpu::isa::Isa;
-pub use cpu::layout::{WeightFormat, QK};
+pub use cpu::layout::{WeightFormat, QK, QK_K};
 pub use cpu::matmul::QuantWeights;

@@ -3,18 +3,36 @@
 //! dequantized weights.
 
 use rand::{Rng, SeedableRng};
-use tessera_kernels::{Isa, QuantWeights, WeightFormat, QK};
+use tessera_kernels::{Isa, QuantWeights, WeightFormat, QK, QK_K};
 
 fn rng() -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(42)
 }
 
-/// GGUF bytes of `n` random blocks.
+/// GGUF bytes of `n` random blocks (super-blocks for the k-quants).
 fn random_blocks(rng: &mut impl Rng, format: WeightFormat, n: usize) -> Vec<u8> {
     let mut bytes = Vec::new();
+    let f16 = |rng: &mut dyn FnMut() -> f32| half::f16::from_f32(rng()).to_le_bytes();
     for _ in 0..n {
+        match format {
+            // Every byte of quants, high bits and packed scales random.
+            WeightFormat::Q4K => {
+                bytes.extend(f16(&mut || rng.random_range(0.0001..0.005)));
+                bytes.extend(f16(&mut || rng.random_range(0.0..0.01)));
+                bytes.extend((0..12 + QK_K / 2).map(|_| rng.random::<u8>()));
+                continue;
+            }
+            WeightFormat::Q6K => {
+                bytes.extend((0..QK_K / 2 + QK_K / 4 + QK_K / 16).map(|_| rng.random::<u8>()));
+                bytes.extend(f16(&mut || rng.random_range(0.0001..0.002)));
+                continue;
+            }
+            _ => {}
+        }
         bytes.extend(half::f16::from_f32(rng.random_range(0.001..0.05)).to_le_bytes());
         match format {
+            WeightFormat::Q5_0 => bytes.extend((0..4 + QK / 2).map(|_| rng.random::<u8>())),
+            WeightFormat::Q4K | WeightFormat::Q6K => {}
             WeightFormat::Q4_1 => {
                 bytes.extend(half::f16::from_f32(rng.random_range(-0.4..0.0)).to_le_bytes());
                 bytes.extend((0..QK / 2).map(|_| rng.random::<u8>()));
@@ -32,11 +50,26 @@ fn random_matrix(
     rows: usize,
     cols: usize,
 ) -> QuantWeights {
-    let bytes = random_blocks(rng, format, rows * cols / QK);
+    let bytes = random_blocks(rng, format, rows * cols / format.block_values());
     QuantWeights::from_ggml_bytes(format, rows, cols, &bytes).expect("weights")
 }
 
-const FORMATS: [WeightFormat; 2] = [WeightFormat::Q4_1, WeightFormat::Q8_0];
+const FORMATS: [WeightFormat; 5] = [
+    WeightFormat::Q4_1,
+    WeightFormat::Q5_0,
+    WeightFormat::Q8_0,
+    WeightFormat::Q4K,
+    WeightFormat::Q6K,
+];
+
+/// Widths to try for a format: every one a whole number of its blocks.
+fn widths(format: WeightFormat, pair_widths: &[usize]) -> Vec<usize> {
+    if format.is_k() {
+        vec![QK_K, 3 * QK_K, 2048]
+    } else {
+        pair_widths.to_vec()
+    }
+}
 
 #[test]
 fn every_implementation_equals_the_scalar_reference() {
@@ -44,8 +77,8 @@ fn every_implementation_equals_the_scalar_reference() {
     let isas = Isa::supported();
     println!("kernels on this CPU: {isas:?}");
     // Odd block counts exercise the zero padding block; 37 rows and 9 tokens the tails.
-    for cols in [32, 96, 288, 576, 1536] {
-        for format in FORMATS {
+    for format in FORMATS {
+        for cols in widths(format, &[32, 96, 288, 576, 1536]) {
             let w = random_matrix(&mut r, format, 37, cols);
             let wf = w.dequantize();
             for m in [1, 4, 9] {
@@ -75,7 +108,7 @@ fn every_implementation_equals_the_scalar_reference() {
 fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
     let mut r = rng();
     for format in FORMATS {
-        let (rows, cols) = (23, 192);
+        let (rows, cols) = (23, if format.is_k() { 2 * QK_K } else { 192 });
         let w = random_matrix(&mut r, format, rows, cols);
         let m = 11;
         let x: Vec<f32> = (0..m * cols).map(|_| r.random_range(-2.0..2.0)).collect();
@@ -98,8 +131,8 @@ fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
 #[test]
 fn quantized_matmul_is_close_to_the_float_product() {
     let mut r = rng();
-    let (rows, cols) = (37, 128);
     for format in FORMATS {
+        let (rows, cols) = (37, if format.is_k() { QK_K } else { 128 });
         let w = random_matrix(&mut r, format, rows, cols);
         let wf = w.dequantize();
         for m in [1, 3] {
@@ -144,7 +177,51 @@ fn dequantize_reads_the_file_layout_back() {
 }
 
 #[test]
+fn dequantize_reads_q5_0_and_the_k_quants_back() {
+    // Q5_0: d = 0.5, fifth bits set on values 0 and 17; nibbles j | (15 - j) << 4.
+    let mut bytes = half::f16::from_f32(0.5).to_le_bytes().to_vec();
+    bytes.extend(((1u32 << 0) | (1u32 << 17)).to_le_bytes());
+    bytes.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let w = QuantWeights::from_ggml_bytes(WeightFormat::Q5_0, 1, 32, &bytes).expect("q5_0");
+    let got = w.dequantize();
+    assert_eq!(got[0], 0.5 * (16 - 16) as f32);
+    assert_eq!(got[1], 0.5 * (1 - 16) as f32);
+    assert_eq!(got[16], 0.5 * (15 - 16) as f32);
+    assert_eq!(got[17], 0.5 * (14 + 16 - 16) as f32);
+    // Q4_K: d = 1, dmin = 0.5; sub-block 5 (j >= 4) scale 33 = 1 | 2 << 4 and min 18 =
+    // 2 | 1 << 4 split over the 12 bytes; quant byte 32·2 + 3 = 0x7A.
+    let mut b = vec![0u8; 144];
+    b[0..2].copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
+    b[2..4].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+    let s = &mut b[4..16];
+    s[9] = 1 | (2 << 4); // scale low bits, min low bits of sub-block 5
+    s[1] = 2 << 6; // scale high bits of sub-block 5
+    s[5] = 1 << 6; // min high bits of sub-block 5
+    b[16 + 64 + 3] = 0x7A;
+    let w = QuantWeights::from_ggml_bytes(WeightFormat::Q4K, 1, QK_K, &b).expect("q4_k");
+    let got = w.dequantize();
+    // Value 160 + 3 is the high nibble (7) of that byte, in sub-block 5.
+    assert_eq!(got[163], 33.0 * 7.0 - 0.5 * 18.0);
+    // Value 128 + 3, the low nibble (10), is sub-block 4: scale and min 0.
+    assert_eq!(got[131], 0.0);
+    // Q6_K: d = 0.25; value 128 + 64 + 5 is the high nibble of ql[64 + 5] and bits 4-5
+    // of qh[32 + 5]; sub-block 12 has scale -3.
+    let mut b = vec![0u8; 210];
+    b[64 + 5] = 0x90;
+    b[128 + 32 + 5] = 0b10 << 4;
+    b[192 + 12] = (-3i8) as u8;
+    b[208..210].copy_from_slice(&half::f16::from_f32(0.25).to_le_bytes());
+    let w = QuantWeights::from_ggml_bytes(WeightFormat::Q6K, 1, QK_K, &b).expect("q6_k");
+    let got = w.dequantize();
+    assert_eq!(got[197], 0.25 * -3.0 * ((9 | (2 << 4)) - 32) as f32);
+    // Value 5 (sub-block 0, scale 0) stays 0.
+    assert_eq!(got[5], 0.0);
+}
+
+#[test]
 fn shapes_that_do_not_fit_are_refused() {
+    assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q4K, 1, 128, &[0; 72]).is_err());
+    assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q6K, 1, 256, &[0; 209]).is_err());
     assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q4_1, 2, 30, &[]).is_err());
     assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q8_0, 2, 32, &[0; 33]).is_err());
 }

@@ -79,8 +79,9 @@ def test_errors_surface_as_openai_exceptions(client, model):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model, messages=FRANCE, temperature=7)
     assert e.value.body["param"] == "temperature"
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=model, messages=FRANCE, tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=FRANCE, tools=[{"type": "function", "function": {"description": "f"}}])
+    assert e.value.body["param"] == "tools[0].function.name"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=FRANCE, max_tokens=1)
     with pytest.raises(openai.NotFoundError):

@@ -68,5 +68,11 @@ def test_curl_example(command, base_url):
             assert body["choices"][0]["finish_reason"] == "stop"
             cat = json.loads(body["choices"][0]["message"]["content"])
             assert set(cat) == {"name", "age"} and 0 <= cat["age"] <= 30
+        elif "/chat/completions" in cmd and '"tools"' in cmd:
+            assert body["choices"][0]["finish_reason"] == "tool_calls"
+            call = body["choices"][0]["message"]["tool_calls"][0]
+            assert call["function"]["name"] == "get_weather"
+            args = json.loads(call["function"]["arguments"])
+            assert set(args) == {"city"} and len(args["city"]) <= 20
         elif "/chat/completions" in cmd:
             assert body["choices"][0]["message"]["content"] == "The capital of France is Paris."

@@ -6,7 +6,9 @@
 //! - `TESSERA_BENCH_PROMPT_FILE`: a text file whose first 512 tokens (Tessera's own
 //!   tokenizer) are the prompt, instead of synthetic token ids;
 //! - `TESSERA_BENCH_TP1_ONLY=1`: only the TP=1 row;
-//! - `TESSERA_BENCH_JSON`: also write the rows as JSON to this file.
+//! - `TESSERA_BENCH_JSON`: also write the rows as JSON to this file;
+//! - `TESSERA_BENCH_MODEL`: another GGUF file instead of the default model (for
+//!   Gemma 3 270M: `~/.cache/tessera/models/gemma-3-270m-q4_k_m.gguf`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -15,7 +17,9 @@ use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
 use tessera_protocol::SamplingParams;
 
 fn model() -> PathBuf {
-    tessera_engine::default_model_path()
+    std::env::var_os("TESSERA_BENCH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(tessera_engine::default_model_path)
 }
 
 fn prompt() -> Vec<u32> {

@@ -42,6 +42,21 @@ pub struct SlidingWindow {
     pub rope_theta: f32,
 }
 
+/// A mixture-of-experts MLP (Qwen3-MoE): in the layers marked in `layers`, a router picks
+/// `top_k` of `num_experts` SiLU-gated experts per token; the other layers keep the dense
+/// MLP of `intermediate_size`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Intermediate size of each expert (`moe_intermediate_size`).
+    pub intermediate_size: usize,
+    /// The chosen experts' probabilities are divided by their sum (`norm_topk_prob`).
+    pub norm_topk_prob: bool,
+    /// Per decoder layer: whether its MLP is the mixture.
+    pub layers: Vec<bool>,
+}
+
 /// Architecture hyper-parameters that the forward pass and the shard plan need.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -76,6 +91,8 @@ pub struct ModelConfig {
     pub sliding_window: Option<SlidingWindow>,
     /// The LM head reuses the token embedding.
     pub tie_word_embeddings: bool,
+    /// Mixture-of-experts MLPs (Qwen3-MoE), where the model has them.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -88,6 +105,13 @@ impl ModelConfig {
         self.embed_scale = Some((self.hidden_size as f32).sqrt());
         self.activation = Activation::GeluTanh;
         self.sliding_window = Some(sliding);
+    }
+
+    /// Whether decoder layer `layer`'s MLP is a mixture of experts.
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| m.layers.get(layer).copied().unwrap_or(false))
     }
 
     /// Query heads that share one KV head.
@@ -151,6 +175,33 @@ impl ModelConfig {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return fail(format!("rope theta {} must be positive", self.rope_theta));
         }
+        if let Some(moe) = &self.moe {
+            if moe.num_experts == 0 || moe.num_experts > MAX_EXPERTS {
+                return fail(format!(
+                    "num_experts {} must be between 1 and {MAX_EXPERTS}",
+                    moe.num_experts
+                ));
+            }
+            if moe.top_k == 0 || moe.top_k > moe.num_experts {
+                return fail(format!(
+                    "num_experts_per_tok {} must be between 1 and num_experts ({})",
+                    moe.top_k, moe.num_experts
+                ));
+            }
+            if moe.intermediate_size == 0 || moe.intermediate_size > MAX_WIDTH {
+                return fail(format!(
+                    "moe_intermediate_size {} must be between 1 and {MAX_WIDTH}",
+                    moe.intermediate_size
+                ));
+            }
+            if moe.layers.len() != self.num_layers {
+                return fail(format!(
+                    "mixture-of-experts layer types: {} for {} layers",
+                    moe.layers.len(),
+                    self.num_layers
+                ));
+            }
+        }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return fail(format!(
                 "RMSNorm epsilon {} must be >= 0",
@@ -168,6 +219,7 @@ const MAX_LAYERS: usize = 1024;
 const MAX_HEADS: usize = 1024;
 const MAX_HEAD_DIM: usize = 1024;
 const MAX_CONTEXT: usize = 1 << 21;
+const MAX_EXPERTS: usize = 1 << 12;
 
 /// Architectures of the llama family, with the rope style of their GGUF files.
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
@@ -235,6 +287,21 @@ pub(crate) struct HfConfig {
     attn_logit_softcapping: Option<f64>,
     #[serde(default)]
     use_bidirectional_attention: bool,
+    // Qwen3-MoE (transformers 5 writes num_local_experts, earlier checkpoints num_experts).
+    #[serde(default)]
+    num_experts: Option<usize>,
+    #[serde(default)]
+    num_local_experts: Option<usize>,
+    #[serde(default)]
+    num_experts_per_tok: Option<usize>,
+    #[serde(default)]
+    moe_intermediate_size: Option<usize>,
+    #[serde(default)]
+    norm_topk_prob: Option<bool>,
+    #[serde(default)]
+    decoder_sparse_step: Option<usize>,
+    #[serde(default)]
+    mlp_only_layers: Option<Vec<usize>>,
 }
 
 fn default_eps() -> f64 {
@@ -256,6 +323,7 @@ impl HfConfig {
             "mistral" | "MistralForCausalLM" => ("mistral", false),
             "qwen2" | "Qwen2ForCausalLM" => ("qwen2", true),
             "qwen3" | "Qwen3ForCausalLM" => ("qwen3", false),
+            "qwen3_moe" | "Qwen3MoeForCausalLM" => ("qwen3_moe", false),
             "gemma3_text" | "Gemma3ForCausalLM" => ("gemma3", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
@@ -310,7 +378,7 @@ impl HfConfig {
             rope_style: RopeStyle::Half,
             max_position_embeddings: self.max_position_embeddings,
             attention_bias: self.attention_bias.unwrap_or(default_bias),
-            qk_norm: architecture == "qwen3",
+            qk_norm: matches!(architecture, "qwen3" | "qwen3_moe"),
             sandwich_norms: false,
             norm_weight_offset: 0.0,
             embed_scale: None,
@@ -318,6 +386,11 @@ impl HfConfig {
             activation: Activation::Silu,
             sliding_window: None,
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(gemma),
+            moe: if architecture == "qwen3_moe" {
+                Some(self.qwen3_moe()?)
+            } else {
+                None
+            },
         };
         if let Some(g) = gemma_parts {
             config.rope_theta = g.rope_theta;
@@ -328,6 +401,42 @@ impl HfConfig {
         }
         config.validate()?;
         Ok(config)
+    }
+
+    /// Qwen3-MoE's experts and which layers hold them: every `decoder_sparse_step`-th
+    /// layer not listed in `mlp_only_layers`. Each bad field is refused by name.
+    fn qwen3_moe(&self) -> Result<MoeConfig> {
+        let fail = |m: String| Err(EngineError::Config(m));
+        let Some(num_experts) = self.num_local_experts.or(self.num_experts) else {
+            return fail("qwen3_moe: num_experts (num_local_experts) is missing".into());
+        };
+        let Some(top_k) = self.num_experts_per_tok else {
+            return fail("qwen3_moe: num_experts_per_tok is missing".into());
+        };
+        let Some(intermediate_size) = self.moe_intermediate_size else {
+            return fail("qwen3_moe: moe_intermediate_size is missing".into());
+        };
+        let step = self.decoder_sparse_step.unwrap_or(1);
+        if step == 0 {
+            return fail("decoder_sparse_step must be at least 1".into());
+        }
+        let dense = self.mlp_only_layers.clone().unwrap_or_default();
+        if let Some(bad) = dense.iter().find(|l| **l >= self.num_hidden_layers) {
+            return fail(format!(
+                "mlp_only_layers names layer {bad} of a {}-layer model",
+                self.num_hidden_layers
+            ));
+        }
+        let layers = (0..self.num_hidden_layers)
+            .map(|l| num_experts > 0 && !dense.contains(&l) && (l + 1) % step == 0)
+            .collect();
+        Ok(MoeConfig {
+            num_experts,
+            top_k,
+            intermediate_size,
+            norm_topk_prob: self.norm_topk_prob.unwrap_or(false),
+            layers,
+        })
     }
 
     /// Gemma 3's RoPE bases (full and sliding layers), window, layer pattern and scaling.
@@ -523,6 +632,7 @@ mod tests {
             activation: Activation::Silu,
             sliding_window: None,
             tie_word_embeddings: true,
+            moe: None,
         }
     }
 
@@ -543,6 +653,86 @@ mod tests {
             match c.validate() {
                 Err(EngineError::Config(m)) => assert!(m.contains(name), "{m}"),
                 other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    /// A Qwen3-MoE config.json with `change` applied.
+    fn qwen3_moe(change: serde_json::Value) -> Result<ModelConfig> {
+        let mut json = serde_json::json!({
+            "model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 64,
+            "intermediate_size": 96, "moe_intermediate_size": 40, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "num_local_experts": 6, "num_experts_per_tok": 2, "norm_topk_prob": true,
+            "decoder_sparse_step": 1, "mlp_only_layers": [1],
+        });
+        if let (Some(base), Some(extra)) = (json.as_object_mut(), change.as_object()) {
+            for (k, v) in extra {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+        serde_json::from_value::<HfConfig>(json)
+            .map_err(|e| EngineError::Config(e.to_string()))?
+            .into_model_config()
+    }
+
+    #[test]
+    fn qwen3_moe_layers_follow_the_sparse_step_and_dense_list() -> Result<()> {
+        let c = qwen3_moe(serde_json::json!({}))?;
+        let moe = c.moe.clone().expect("moe");
+        assert_eq!(
+            (moe.num_experts, moe.top_k, moe.intermediate_size),
+            (6, 2, 40)
+        );
+        assert_eq!(moe.layers, vec![true, false, true]);
+        assert!(c.qk_norm && moe.norm_topk_prob);
+        // The older name of the expert count, and every second layer sparse.
+        let c = qwen3_moe(serde_json::json!({
+            "num_local_experts": null, "num_experts": 8, "decoder_sparse_step": 2,
+            "mlp_only_layers": []
+        }))?;
+        let moe = c.moe.expect("moe");
+        assert_eq!(moe.num_experts, 8);
+        assert_eq!(moe.layers, vec![false, true, false]);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_mixture_configs_are_refused_by_field() {
+        for (change, field) in [
+            (
+                serde_json::json!({"num_experts_per_tok": 7}),
+                "num_experts_per_tok",
+            ),
+            (
+                serde_json::json!({"num_experts_per_tok": 0}),
+                "num_experts_per_tok",
+            ),
+            (serde_json::json!({"num_local_experts": 0}), "num_experts"),
+            (
+                serde_json::json!({"moe_intermediate_size": 0}),
+                "moe_intermediate_size",
+            ),
+            (
+                serde_json::json!({"moe_intermediate_size": null}),
+                "moe_intermediate_size",
+            ),
+            (
+                serde_json::json!({"decoder_sparse_step": 0}),
+                "decoder_sparse_step",
+            ),
+            (
+                serde_json::json!({"mlp_only_layers": [3]}),
+                "mlp_only_layers",
+            ),
+            (
+                serde_json::json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+                "rope_scaling",
+            ),
+        ] {
+            match qwen3_moe(change.clone()) {
+                Err(EngineError::Config(m)) => assert!(m.contains(field), "{change}: {m}"),
+                other => panic!("{change}: {other:?}"),
             }
         }
     }

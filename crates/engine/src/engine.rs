@@ -433,6 +433,16 @@ impl Engine {
                     state.sampler.sample(row_logits)
                 }
             };
+            if let Some(fault) = state.sampler.grammar_fault() {
+                // The sequence fails alone, with the reason; the rest of the step goes on.
+                let message = fault.to_string();
+                self.sequences.remove(&chunk.id);
+                failed.push(FailedSequence {
+                    id: chunk.id,
+                    message,
+                });
+                continue;
+            }
             samples.push(SampledToken {
                 id: chunk.id,
                 token,
@@ -447,10 +457,16 @@ impl Engine {
 /// dimension is split; mixed-quantization files may differ per layer). Metadata only.
 fn row_parallel_block(source: &dyn loader::TensorSource, num_layers: usize) -> Result<usize> {
     let mut block = 1;
+    let config = source.config();
     for layer in 0..num_layers {
-        for name in ["self_attn.o_proj.weight", "mlp.down_proj.weight"] {
-            block = block.max(source.block_cols(&loader::layer_name(layer, name))?);
-        }
+        block =
+            block.max(source.block_cols(&loader::layer_name(layer, "self_attn.o_proj.weight"))?);
+        block = block.max(match &config.moe {
+            Some(moe) if config.is_moe_layer(layer) => {
+                crate::model::moe::down_block(source, moe, layer)?
+            }
+            _ => source.block_cols(&loader::layer_name(layer, "mlp.down_proj.weight"))?,
+        });
     }
     Ok(block)
 }

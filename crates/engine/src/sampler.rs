@@ -42,6 +42,11 @@ impl Sampler {
         self
     }
 
+    /// Why the sequence's grammar engine failed, if it did (the sequence must fail).
+    pub fn grammar_fault(&self) -> Option<&str> {
+        self.constraint.as_ref().and_then(TokenConstraint::fault)
+    }
+
     /// The grammar state of a constrained sequence.
     pub fn constraint(&self) -> Option<&TokenConstraint> {
         self.constraint.as_ref()

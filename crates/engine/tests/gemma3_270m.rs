@@ -33,12 +33,6 @@ fn model_path() -> PathBuf {
     p
 }
 
-fn log_softmax(x: &[f32]) -> Vec<f64> {
-    let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max + x.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln();
-    x.iter().map(|v| *v as f64 - lse).collect()
-}
-
 #[test]
 fn first_token_logprobs_no_further_from_transformers_than_llama_cpp() {
     let dir = fixtures().join("gemma3_270m");

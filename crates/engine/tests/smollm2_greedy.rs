@@ -49,3 +49,40 @@ fn greedy_tokens_match_llama_cpp() {
     let france = report.iter().find(|r| r.0 == "chat_france").map(|r| r.2);
     assert_eq!(france, Some(8), "the chat fixtures changed");
 }
+
+/// Plain prompts chosen (by the fixture script) for continuations that llama.cpp picks
+/// with a clear margin for 16 steps or more: each must agree for all of those steps.
+#[test]
+fn greedy_tokens_match_llama_cpp_on_prompts_without_early_ties() {
+    let fixture = read_json(fixtures().join("smollm2/greedy.json"));
+    let margin = fixture["firm_margin"].as_f64().expect("firm_margin") as f32;
+    assert!(margin >= NEAR_TIE, "the fixture's margin {margin}");
+    let mut engine = Engine::load(&EngineConfig::new(smollm2_path())).expect("load");
+    let prompts = fixture["firm_prompts"].as_array().expect("firm_prompts");
+    assert!(prompts.len() >= 5, "the fixture's firm prompts");
+    for p in prompts {
+        let name = p["name"].as_str().expect("name");
+        let want = ids(&p["output_ids"]);
+        let firm = floats(&p["output_top2_gaps"])
+            .iter()
+            .take_while(|g| **g >= NEAR_TIE)
+            .count();
+        assert!(firm >= 16, "{name}: only {firm} firm steps in the fixture");
+        let opts = GenerateOptions {
+            max_tokens: want.len(),
+            sampling: SamplingParams::greedy(),
+            stop_token_ids: vec![],
+            prefill_chunk: 0,
+        };
+        let got = generate(&mut engine, &ids(&p["prompt_ids"]), &opts, |_| {}).expect("generate");
+        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        println!(
+            "{name}: {agree} of {} tokens agree with llama.cpp, {firm} firm",
+            want.len()
+        );
+        assert!(
+            agree >= firm,
+            "{name}: {agree} leading tokens agree, {firm} expected"
+        );
+    }
+}

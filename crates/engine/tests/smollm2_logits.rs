@@ -10,6 +10,7 @@ use tessera_engine::{Engine, EngineConfig};
 fn last_position_logits_match_transformers() {
     let fixture = read_json(fixtures().join("smollm2/logits.json"));
     let mut engine = Engine::load(&EngineConfig::new(smollm2_path())).expect("load");
+    let (mut worst, mut worst_llama) = (0f64, 0f64);
     for p in fixture["prompts"].as_array().expect("prompts") {
         let name = p["name"].as_str().expect("name");
         let prompt = ids(&p["prompt_ids"]);
@@ -29,8 +30,15 @@ fn last_position_logits_match_transformers() {
                 .join(format!("{name}.f32")),
         );
         let err_llama = rel_l2(&got, &llama);
+        let (lp_err, lp_err_llama) = (
+            top_logprob_error(&got, &want, 4),
+            top_logprob_error(&llama, &want, 4),
+        );
+        worst = worst.max(lp_err);
+        worst_llama = worst_llama.max(lp_err_llama);
         println!(
-            "{name}: rel L2 {err:.4} (llama.cpp {err_llama:.4}), top1 {} vs {}, top5 overlap {overlap}",
+            "{name}: rel L2 {err:.4} (to llama.cpp {err_llama:.4}), top1 {} vs {}, top5 overlap \
+             {overlap}, top-4 log-prob error {lp_err:.4} nats (llama.cpp {lp_err_llama:.4})",
             t_got[0], t_want[0]
         );
         // Bounds from the references themselves (tests/fixtures/models/README.md): Q4_1
@@ -55,4 +63,32 @@ fn last_position_logits_match_transformers() {
             "{name}: relative L2 error {err_llama} against llama.cpp"
         );
     }
+    // Log-probabilities of transformers' four most likely first tokens: no further off
+    // than llama.cpp's on the same file. The error of both comes from 8-bit activations
+    // in the quantized matmuls (docs/fidelity.md): with every matmul in f32 Tessera
+    // matches transformers to 1e-4 nats.
+    println!("worst top-4 log-prob error {worst:.4} nats, llama.cpp's {worst_llama:.4}");
+    assert!(
+        worst <= worst_llama,
+        "worst top-4 log-prob error {worst} nats, llama.cpp's {worst_llama}"
+    );
+}
+
+/// The same, at every position of the fixture prompts (220): the mean of the top-4
+/// errors, a steadier measure than the worst of six. Measured: Tessera 0.159 nats,
+/// llama.cpp 0.161; the allowance is for another SIMD width's summation order.
+#[test]
+fn logprobs_at_every_position_as_close_to_transformers_as_llama_cpp() {
+    let fixture = read_json(fixtures().join("smollm2/positions.json"));
+    let prompts = fixture["prompts"].as_array().expect("prompts");
+    let llama = PositionErrors::of(prompts, |p, i| floats(&p["llamacpp_logprobs"][i]));
+    let mut engine = Engine::load(&EngineConfig::new(smollm2_path())).expect("load");
+    let got = PositionErrors::of_engine(prompts, &mut engine);
+    println!("Tessera: {got}\nllama.cpp: {llama}");
+    assert!(
+        got.mean <= 1.05 * llama.mean,
+        "mean top-4 log-prob error {} nats, llama.cpp's {}",
+        got.mean,
+        llama.mean
+    );
 }

@@ -4,7 +4,9 @@
 //! (at TP = 1..4: 6 query heads and 2 KV heads split unevenly from TP = 4 on), also
 //! from the same weights in a GGUF file; and an f32 gemma3 (sliding-window layers with
 //! their own RoPE base, sandwich norms stored as `w - 1`, GELU MLP, scaled embeddings,
-//! one KV head replicated under TP), from safetensors and GGUF.
+//! one KV head replicated under TP), from safetensors and GGUF; and an f32 Qwen3-MoE (6
+//! experts, top 2 renormalised, one dense layer between two mixtures), each expert split
+//! along its intermediate dimension (40 columns: 13/14/13 at TP = 3).
 
 mod common;
 
@@ -99,5 +101,15 @@ fn tiny_gemma3_gguf_matches_transformers_at_every_tp_size() {
     let path = fixtures().join("tiny-gemma3.gguf");
     for tp in 1..=4 {
         check_file("tiny-gemma3", &path, tp, 1e-5);
+    }
+}
+
+/// Qwen3-MoE: routed experts grouped by token, each rank summing its slice of every expert
+/// before the layer's one all-reduce; every TP size, the expert columns split unevenly at
+/// TP = 3 and the query heads at TP = 3 and 4.
+#[test]
+fn tiny_qwen3_moe_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-qwen3-moe", tp, 1e-4);
     }
 }

@@ -34,6 +34,7 @@ fn context() -> &'static ValidationContext {
             kv_capacity_tokens: 4 * MAX_MODEL_LEN,
             limits: RequestLimits::default(),
             grammar,
+            tool_parser: None,
         }
     })
 }

@@ -47,9 +47,9 @@ pub fn sse_frames(data: &[u8]) {
             logprob: -0.5,
             top: vec![(text.clone(), -0.5)],
         }];
-        chunks.push(format.delta(0, text.clone(), &lp));
+        chunks.extend(format.delta(0, text.clone(), &lp));
     }
-    chunks.push(format.finish(0, "stop"));
+    chunks.extend(format.finish(0, "stop"));
     chunks.push(format.usage(Usage::new(1, texts.len())));
     chunks.push("[DONE]".to_string());
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tessera_engine::{check_vocabulary, generate, load_tokenizer, Engine, GenerateOptions};
+use tessera_engine::{check_vocabulary, generate, Engine, GenerateOptions};
 use tessera_protocol::SamplingParams;
 use tessera_tokenizer::{ChatMessage, ChatRenderRequest, IncrementalDecoder};
 
@@ -57,7 +57,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         return engine.serve_leader().map_err(Into::into);
     }
     eprintln!("[2/3] tokenizer");
-    let tokenizer = Arc::new(load_tokenizer(&args.model.tokenizer_path()?)?);
+    let tokenizer = Arc::new(args.model.load_tokenizer()?);
     check_vocabulary(&tokenizer, engine.model_config())?;
     let text = if args.chat {
         let template = tokenizer

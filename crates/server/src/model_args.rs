@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tessera_engine::tp::AllReduceDtype;
-use tessera_engine::{DeviceSpec, EngineConfig};
+use tessera_engine::{load_tokenizer, DeviceSpec, EngineConfig, Tokenizer};
 
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
@@ -19,6 +19,11 @@ pub struct ModelArgs {
     /// folder with tokenizer.json (and tokenizer_config.json), or a GGUF file.
     #[arg(long, env = "TESSERA_TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
+
+    /// A Jinja chat template file that replaces the model's own (for a model file that
+    /// has none, or to change it), as in tokenizer_config.json's `chat_template`.
+    #[arg(long, env = "TESSERA_CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
 
     /// Number of devices (ranks) the model is split over.
     #[arg(long, default_value_t = 1)]
@@ -93,6 +98,20 @@ impl ModelArgs {
         }
     }
 
+    /// The tokenizer (`--tokenizer`, else the model's) with `--chat-template` applied.
+    pub fn load_tokenizer(&self) -> Result<Tokenizer> {
+        let path = self.tokenizer_path()?;
+        let tokenizer = load_tokenizer(&path).context("loading the tokenizer")?;
+        let Some(template) = &self.chat_template else {
+            return Ok(tokenizer);
+        };
+        let source = std::fs::read_to_string(template)
+            .with_context(|| format!("reading --chat-template {}", template.display()))?;
+        tokenizer
+            .with_chat_template(&source)
+            .with_context(|| format!("compiling --chat-template {}", template.display()))
+    }
+
     pub fn engine_config(&self) -> Result<EngineConfig> {
         if self.tensor_parallel_size == 0 {
             bail!("--tensor-parallel-size must be at least 1");
@@ -136,5 +155,78 @@ impl ModelArgs {
         cfg.step_timeout = Duration::from_secs(self.step_timeout.max(1));
         cfg.nodes = self.nodes.topology();
         Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use tessera_tokenizer::{ChatMessage, ChatRenderRequest};
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        model: ModelArgs,
+    }
+
+    fn model_args(template: &std::path::Path) -> ModelArgs {
+        let tokenizer = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tokenizer/smollm2-hf"
+        );
+        let template = template.to_str().expect("utf-8 path");
+        Cli::parse_from(["t", "--tokenizer", tokenizer, "--chat-template", template]).model
+    }
+
+    fn scratch(name: &str, text: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("tessera-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).expect("write the template");
+        path
+    }
+
+    #[test]
+    fn a_chat_template_file_replaces_the_models_own() {
+        let path = scratch(
+            "ok.jinja",
+            "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}\
+             {% if add_generation_prompt %}[assistant]{% endif %}",
+        );
+        let tokenizer = model_args(&path).load_tokenizer().expect("load");
+        let messages: Vec<ChatMessage> = serde_json::from_value(serde_json::json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"}
+        ]))
+        .expect("messages");
+        let rendered = tokenizer
+            .chat_template()
+            .expect("template")
+            .render(&ChatRenderRequest {
+                messages,
+                add_generation_prompt: true,
+                tools: None,
+                kwargs: Default::default(),
+            })
+            .expect("render");
+        assert_eq!(rendered, "[system] Be brief.\n[user] Hi\n[assistant]");
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_chat_template_that_does_not_compile_is_refused_by_name() {
+        let path = scratch("bad.jinja", "{% for m in messages %}");
+        let err = format!(
+            "{:#}",
+            model_args(&path).load_tokenizer().expect_err("refused")
+        );
+        assert!(err.contains("compiling --chat-template"), "{err}");
+        let missing = model_args(std::path::Path::new("/no/such/template.jinja"));
+        let err = format!("{:#}", missing.load_tokenizer().expect_err("refused"));
+        assert!(
+            err.contains("reading --chat-template /no/such/template.jinja"),
+            "{err}"
+        );
+        let _ = std::fs::remove_file(path);
     }
 }

@@ -41,7 +41,7 @@ pub enum TokenizerError {
     /// The GGUF `tokenizer.ggml.model` is not one this crate can build.
     #[error(
         "the GGUF file's tokenizer model `{0}` is not supported (supported: gpt2 byte-level \
-         BPE); pass the model's tokenizer.json folder with --tokenizer DIR"
+         BPE, llama SentencePiece); pass the model's tokenizer.json folder with --tokenizer DIR"
     )]
     UnsupportedModel(String),
 

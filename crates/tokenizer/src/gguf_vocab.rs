@@ -81,6 +81,9 @@ pub struct GgufVocab {
     pub add_bos_token: Option<bool>,
     /// `tokenizer.ggml.add_eos_token`, when present.
     pub add_eos_token: Option<bool>,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece): a `▁` before the text, when
+    /// present.
+    pub add_space_prefix: Option<bool>,
     /// `tokenizer.chat_template`, when present.
     pub chat_template: Option<String>,
 }
@@ -158,6 +161,7 @@ impl GgufVocab {
             padding_token_id: id("tokenizer.ggml.padding_token_id")?,
             add_bos_token: flag("tokenizer.ggml.add_bos_token")?,
             add_eos_token: flag("tokenizer.ggml.add_eos_token")?,
+            add_space_prefix: flag("tokenizer.ggml.add_space_prefix")?,
             chat_template: get("tokenizer.chat_template")
                 .map(|v| as_string("tokenizer.chat_template", v))
                 .transpose()?,

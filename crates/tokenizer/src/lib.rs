@@ -17,6 +17,7 @@ mod chat_message;
 mod chat_template;
 mod error;
 mod gguf_backend;
+mod gguf_spm;
 mod gguf_vocab;
 mod hf_config;
 mod incremental_decoder;

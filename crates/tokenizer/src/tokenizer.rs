@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 
 use crate::chat_template::{ChatTemplate, ChatTemplateConfig, SpecialTokenStrings};
 use crate::error::{Result, TokenizerError};
-use crate::gguf_backend;
 use crate::gguf_vocab::GgufVocab;
 use crate::hf_config::{self, HfTokenizerConfig};
+use crate::{gguf_backend, gguf_spm};
 
 /// Texts of special tokens that end an assistant turn in common chat formats.
 pub const END_OF_TURN_MARKERS: &[&str] = &[
@@ -85,9 +85,19 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
-    /// Builds the tokenizer a GGUF file describes (byte-level BPE only).
+    /// Builds the tokenizer a GGUF file describes: byte-level BPE (`gpt2`) or
+    /// SentencePiece (`llama`).
     pub fn from_gguf(vocab: &GgufVocab) -> Result<Self> {
-        let inner = gguf_backend::build_backend(vocab)?;
+        let (inner, unrepresentable) = match vocab.model.as_str() {
+            "llama" => (
+                gguf_spm::build_spm_backend(vocab)?,
+                gguf_spm::unrepresentable_spm_bytes(vocab),
+            ),
+            _ => (
+                gguf_backend::build_backend(vocab)?,
+                gguf_backend::unrepresentable_bytes(vocab),
+            ),
+        };
         let text = |id: Option<u32>| id.and_then(|id| vocab.tokens.get(id as usize).cloned());
         let special_strings = SpecialTokenStrings {
             bos_token: text(vocab.bos_token_id),
@@ -110,7 +120,7 @@ impl Tokenizer {
             chat_template: vocab.chat_template.clone(),
         };
         let mut tokenizer = Self::assemble(inner, parts);
-        tokenizer.unrepresentable = gguf_backend::unrepresentable_bytes(vocab);
+        tokenizer.unrepresentable = unrepresentable;
         Ok(tokenizer)
     }
 
@@ -288,6 +298,18 @@ impl Tokenizer {
             Some(Ok(template)) => Ok(template),
             Some(Err(message)) => Err(TokenizerError::Template(message.clone())),
         }
+    }
+
+    /// Replaces the model's chat template with `source` (a Jinja template, as in
+    /// `tokenizer_config.json`); an error when it does not compile.
+    pub fn with_chat_template(mut self, source: &str) -> Result<Self> {
+        let template = ChatTemplate::new(
+            source,
+            self.special_strings.clone(),
+            &ChatTemplateConfig::default(),
+        )?;
+        self.chat_template = Some(Ok(template));
+        Ok(self)
     }
 
     /// The underlying Hugging Face tokenizer.

@@ -1,6 +1,6 @@
 //! Activation quantization, rounded as ggml's x86 SIMD code rounds (scale `d = amax/127`
 //! stored as f16, multiplier `127/amax` in f32, round half to even), into the unit order
-//! of [`crate::cpu::layout`].
+//! of [`crate::cpu::layout`]; Q8_K for the k-quants in [`crate::cpu::acts_k`].
 
 use half::f16;
 use rayon::prelude::*;
@@ -15,7 +15,7 @@ fn round_f16(x: f32) -> f32 {
 /// nearest integer (ties to even, the default rounding mode) in the low mantissa bits,
 /// exactly, for |v| < 2²². Plain lane arithmetic, so loops over it vectorize.
 #[inline(always)]
-fn round_even_i32(v: f32) -> i32 {
+pub(crate) fn round_even_i32(v: f32) -> i32 {
     const MAGIC: f32 = 12_582_912.0;
     ((v + MAGIC).to_bits() as i32) - MAGIC.to_bits() as i32
 }
@@ -55,20 +55,27 @@ fn quantize_block_into(xs: &[f32], mut put: impl FnMut(usize, i8)) -> (f32, f32)
 }
 
 /// `m` rows of activations quantized for one weight format: Q8_1 for Q4_1 weights,
-/// Q8_0 for Q8_0 weights.
+/// Q8_0 for Q5_0 and Q8_0 weights, Q8_K for the k-quants.
 #[derive(Debug, Clone)]
 pub struct PackedActs {
+    /// Activation rows.
+    pub(crate) rows: usize,
+    /// Pairs of blocks per row (super-blocks for Q8_K).
     pub(crate) pairs: usize,
-    /// `pairs * 64` quants per row, in unit order.
+    /// `pairs * 64` quants per row, in unit order (Q8_K: `pairs * 256`, in order).
     pub(crate) qs: Vec<i8>,
-    /// Scales, `2 * pairs` per row.
+    /// Scales, `2 * pairs` per row (Q8_K: `pairs`).
     pub(crate) d: Vec<f32>,
     /// Q8_1 `s` per block (read for Q4_1 weights only).
     pub(crate) s: Vec<f32>,
-    /// For Q8_0 weights stored as `q + 128`: per pair, 16 lanes of `-128 × Σ` of the
-    /// four activation quants each lane covers, the start value of a lane's sum that
-    /// makes it exact.
+    /// For Q8_0 and Q5_0 weights stored as `q + 128` and `q + 16`: per pair, 16 lanes of
+    /// `-128 × Σ` (`-16 × Σ`) of the four activation quants each lane covers, the start
+    /// value of a lane's sum that makes it exact.
     pub(crate) corr: Vec<i32>,
+    /// Q8_K: sums of each run of 16 quants, 16 per super-block.
+    pub(crate) bsums: Vec<i16>,
+    /// Q8_K: sums of each run of 32 quants, 8 per super-block.
+    pub(crate) sums32: Vec<i16>,
 }
 
 /// Rows from which quantization is split over the thread pool.
@@ -85,11 +92,11 @@ fn quantize_row(row: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     }
 }
 
-/// The Q8_0 lane corrections of one quantized row: per pair, `-128 ×` the sum of each
-/// lane's four quants.
-fn corrections_row(qs: &[i8], corr: &mut [i32]) {
+/// The lane corrections of one quantized row: per pair, `-bias ×` the sum of each lane's
+/// four quants.
+fn corrections_row(qs: &[i8], corr: &mut [i32], bias: i32) {
     for (lane, quads) in corr.iter_mut().zip(qs.chunks_exact(4)) {
-        *lane = -128 * quads.iter().map(|v| i32::from(*v)).sum::<i32>();
+        *lane = -bias * quads.iter().map(|v| i32::from(*v)).sum::<i32>();
     }
 }
 
@@ -97,15 +104,28 @@ impl PackedActs {
     /// Quantizes `m` rows of `cols` values (a multiple of 32); rows are independent, so
     /// a large batch is split over the current rayon pool.
     pub fn quantize(format: WeightFormat, x: &[f32], m: usize, cols: usize) -> Self {
+        if format.is_k() {
+            return crate::cpu::acts_k::quantize(x, m, cols);
+        }
         let kb = cols / QK;
         let pairs = kb.div_ceil(2);
-        let q8_0 = format == WeightFormat::Q8_0;
+        // The bias of weights stored unsigned, which the lane corrections take back.
+        let bias = match format {
+            WeightFormat::Q8_0 => Some(128),
+            WeightFormat::Q5_0 => Some(16),
+            _ => None,
+        };
+        let q8_0 = bias.is_some();
+        let bias = bias.unwrap_or(0);
         let mut a = Self {
+            rows: m,
             pairs,
             qs: vec![0; m * pairs * PAIR],
             d: vec![0.0; m * 2 * pairs],
             s: vec![0.0; m * 2 * pairs],
             corr: vec![0; if q8_0 { m * pairs * 16 } else { 0 }],
+            bsums: Vec::new(),
+            sums32: Vec::new(),
         };
         if m == 0 || pairs == 0 {
             return a;
@@ -122,7 +142,7 @@ impl PackedActs {
                 a.corr
                     .par_chunks_mut(pairs * 16)
                     .zip(a.qs.par_chunks(pairs * PAIR))
-                    .for_each(|(corr, qs)| corrections_row(qs, corr));
+                    .for_each(|(corr, qs)| corrections_row(qs, corr, bias));
             }
         } else {
             for (((row, qs), d), s) in rows.zip(qs).zip(d).zip(s) {
@@ -130,7 +150,7 @@ impl PackedActs {
             }
             if q8_0 {
                 for (corr, qs) in a.corr.chunks_mut(pairs * 16).zip(a.qs.chunks(pairs * PAIR)) {
-                    corrections_row(qs, corr);
+                    corrections_row(qs, corr, bias);
                 }
             }
         }

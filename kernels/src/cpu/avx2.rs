@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::cpu::acts::PackedActs;
 use crate::cpu::layout::{PackedWeights, WeightFormat, GROUP, PAIR};
-use crate::cpu::x86::{group_scales, pair_bcast256};
+use crate::cpu::x86::{bytes_from_bits, group_scales, pair_bcast256};
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -155,6 +155,87 @@ pub unsafe fn q8_0<const T: usize>(
                         _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones),
                     );
                 }
+                acc[r][t] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx[r], dy), acc[r][t]);
+            }
+        }
+    }
+    let mut out = [[0f32; T]; GROUP];
+    for (row, accs) in out.iter_mut().zip(&acc) {
+        for (v, a) in row.iter_mut().zip(accs) {
+            *v = hsum(*a);
+        }
+    }
+    out
+}
+
+/// Q5_0 rows `r0..r0+4` (one group) times Q8_0 rows `t0..t0+T`: `q + 16` from its low
+/// nibble and fifth bit, multiplied unsigned; each lane adds the two 16-lane
+/// corrections `-16 × Σy` it covers.
+///
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_0<const T: usize>(
+    w: &PackedWeights,
+    r0: usize,
+    a: &PackedActs,
+    t0: usize,
+) -> [[f32; T]; GROUP] {
+    let pairs = w.pairs;
+    let low = _mm256_set1_epi8(0x0F);
+    let fifth = _mm256_set1_epi8(0x10);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); T]; GROUP];
+    for p in 0..pairs {
+        let chunk = w.chunk(r0, p).as_ptr();
+        let mut lo = [_mm256_setzero_si256(); GROUP];
+        let mut hi = [_mm256_setzero_si256(); GROUP];
+        let mut dx = [_mm256_setzero_ps(); GROUP];
+        // SAFETY: a Q5_0 chunk holds 4 × 32 quant bytes, 4 × 8 bytes of fifth bits, then
+        // 16 bytes of scales.
+        let scales =
+            unsafe { group_scales(chunk.add(PackedWeights::scales_at(WeightFormat::Q5_0))) };
+        for r in 0..GROUP {
+            // SAFETY: as above.
+            unsafe {
+                let packed = _mm256_loadu_si256(chunk.add(r * 32).cast());
+                let high = chunk
+                    .add(PackedWeights::high_bits_at() + 8 * r)
+                    .cast::<u64>()
+                    .read_unaligned();
+                lo[r] = _mm256_or_si256(
+                    _mm256_and_si256(packed, low),
+                    _mm256_and_si256(bytes_from_bits(high as u32), fifth),
+                );
+                hi[r] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low),
+                    _mm256_and_si256(bytes_from_bits((high >> 32) as u32), fifth),
+                );
+                dx[r] = pair_bcast256(scales.as_ptr().add(2 * r));
+            }
+        }
+        for t in 0..T {
+            let at = (t0 + t) * pairs + p;
+            // SAFETY: activation row `t0 + t`, pair `p` and its 16 corrections are in
+            // bounds (caller).
+            let (y0, y1, dy, corr) = unsafe {
+                (
+                    _mm256_loadu_si256(a.qs.as_ptr().add(at * PAIR).cast()),
+                    _mm256_loadu_si256(a.qs.as_ptr().add(at * PAIR + 32).cast()),
+                    pair_bcast256(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
+                    _mm256_add_epi32(
+                        _mm256_loadu_si256(a.corr.as_ptr().add(at * 16).cast()),
+                        _mm256_loadu_si256(a.corr.as_ptr().add(at * 16 + 8).cast()),
+                    ),
+                )
+            };
+            for r in 0..GROUP {
+                let pairs16 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo[r], y0),
+                    _mm256_maddubs_epi16(hi[r], y1),
+                );
+                let dot = _mm256_add_epi32(_mm256_madd_epi16(pairs16, ones), corr);
                 acc[r][t] =
                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx[r], dy), acc[r][t]);
             }

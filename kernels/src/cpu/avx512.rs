@@ -152,3 +152,72 @@ pub unsafe fn q8_0<const T: usize>(
     }
     out
 }
+
+/// Q5_0 rows `r0..r0+4` (one group) times Q8_0 rows `t0..t0+T`: the four low bits as in
+/// [`q4_1`], the fifth set from a 64-bit mask, `q + 16` multiplied unsigned and each lane
+/// started from the activation's correction `-16 × Σy`.
+///
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub unsafe fn q5_0<const T: usize>(
+    w: &PackedWeights,
+    r0: usize,
+    a: &PackedActs,
+    t0: usize,
+) -> [[f32; T]; GROUP] {
+    let pairs = w.pairs;
+    let low = _mm512_set1_epi8(0x0F);
+    let fifth = _mm512_set1_epi8(0x10);
+    let mut acc = [[_mm512_setzero_ps(); T]; GROUP];
+    for p in 0..pairs {
+        let chunk = w.chunk(r0, p).as_ptr();
+        let mut x = [_mm512_setzero_si512(); GROUP];
+        let mut dx = [_mm512_setzero_ps(); GROUP];
+        // SAFETY: a Q5_0 chunk holds 4 × 32 quant bytes, 4 × 8 bytes of fifth bits, then
+        // 16 bytes of scales.
+        let scales =
+            unsafe { group_scales(chunk.add(PackedWeights::scales_at(WeightFormat::Q5_0))) };
+        for r in 0..GROUP {
+            // SAFETY: as above.
+            unsafe {
+                let packed = _mm256_loadu_si256(chunk.add(r * 32).cast());
+                let both = _mm512_broadcast_i64x4(packed);
+                let shifted = _mm512_mask_srli_epi16::<4>(both, 0xFFFF_0000, both);
+                let high = chunk
+                    .add(PackedWeights::high_bits_at() + 8 * r)
+                    .cast::<u64>()
+                    .read_unaligned();
+                x[r] = _mm512_or_si512(
+                    _mm512_and_si512(shifted, low),
+                    _mm512_maskz_mov_epi8(high, fifth),
+                );
+                dx[r] = pair_bcast(scales.as_ptr().add(2 * r));
+            }
+        }
+        for t in 0..T {
+            let at = (t0 + t) * pairs + p;
+            // SAFETY: activation row `t0 + t`, pair `p` and its 16 corrections are in
+            // bounds (caller).
+            let (y, dy, corr) = unsafe {
+                (
+                    _mm512_loadu_si512(a.qs.as_ptr().add(at * PAIR).cast()),
+                    pair_bcast(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
+                    _mm512_loadu_si512(a.corr.as_ptr().add(at * 16).cast()),
+                )
+            };
+            for r in 0..GROUP {
+                let dot = _mm512_dpbusd_epi32(corr, x[r], y);
+                acc[r][t] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dx[r], dy), acc[r][t]);
+            }
+        }
+    }
+    let mut out = [[0f32; T]; GROUP];
+    for (row, accs) in out.iter_mut().zip(&acc) {
+        for (v, a) in row.iter_mut().zip(accs) {
+            *v = _mm512_reduce_add_ps(*a);
+        }
+    }
+    out
+}

@@ -26,7 +26,8 @@ pub struct QuantWeights {
 }
 
 impl QuantWeights {
-    /// Parses a row-major GGUF tensor of `rows × cols` (cols a multiple of 32).
+    /// Parses a row-major GGUF tensor of `rows × cols` (cols a multiple of the format's
+    /// block: 32 values, 256 for the k-quants).
     pub fn from_ggml_bytes(
         format: WeightFormat,
         rows: usize,
@@ -156,10 +157,12 @@ fn tile<const T: usize>(
     a: &PackedActs,
     t0: usize,
 ) -> [[f32; T]; GROUP] {
+    let d_per_row = if w.format.is_k() { 1 } else { 2 };
     assert!(
         r0.is_multiple_of(GROUP)
             && r0 < w.padded_rows()
-            && (t0 + T) * a.pairs * 2 <= a.d.len()
+            && t0 + T <= a.rows
+            && a.d.len() == a.rows * a.pairs * d_per_row
             && a.pairs == w.pairs
     );
     match (isa, w.format) {
@@ -176,10 +179,34 @@ fn tile<const T: usize>(
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512Vnni, WeightFormat::Q5_0) => unsafe {
+            crate::cpu::avx512::q5_0::<T>(w, r0, a, t0)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512Vnni, WeightFormat::Q4K) => unsafe {
+            crate::cpu::avx512_k::q4k::<T>(w, r0, a, t0)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512Vnni, WeightFormat::Q6K) => unsafe {
+            crate::cpu::avx512_k::q6k::<T>(w, r0, a, t0)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, WeightFormat::Q4_1) => unsafe { crate::cpu::avx2::q4_1::<T>(w, r0, a, t0) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, WeightFormat::Q5_0) => unsafe { crate::cpu::avx2::q5_0::<T>(w, r0, a, t0) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, WeightFormat::Q8_0) => unsafe { crate::cpu::avx2::q8_0::<T>(w, r0, a, t0) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, WeightFormat::Q4K) => unsafe { crate::cpu::avx2_k::q4k::<T>(w, r0, a, t0) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, WeightFormat::Q6K) => unsafe { crate::cpu::avx2_k::q6k::<T>(w, r0, a, t0) },
         _ => scalar::tile::<GROUP, T>(w, r0, a, t0),
     }
 }

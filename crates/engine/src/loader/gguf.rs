@@ -331,6 +331,7 @@ fn config_from_metadata(md: &HashMap<String, Value>) -> Result<ModelConfig> {
         activation: Activation::Silu,
         sliding_window: None,
         tie_word_embeddings: false,
+        moe: None,
     };
     let config = if arch == "gemma3" {
         gemma3_config(md, config)?

@@ -208,8 +208,8 @@ impl Matrix {
         }
     }
 
-    /// The matmul for this weight on `device`: Tessera's kernels where it has them (CPU,
-    /// Q4_1 and Q8_0), candle's otherwise.
+    /// The matmul for this weight on `device`: Tessera's kernels where it has them (CPU;
+    /// Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), candle's otherwise.
     pub fn into_linear_weight(self, device: &Device) -> Result<LinearWeight> {
         if let (
             Matrix::Quantized {
@@ -222,11 +222,7 @@ impl Matrix {
             true,
         ) = (&self, device.is_cpu())
         {
-            let format = match dtype {
-                GgmlDType::Q4_1 => Some(WeightFormat::Q4_1),
-                GgmlDType::Q8_0 => Some(WeightFormat::Q8_0),
-                _ => None,
-            };
+            let format = kernel_format(*dtype);
             if let Some(format) = format {
                 let w = QuantWeights::from_ggml_bytes(format, *rows, *cols, data).map_err(|m| {
                     EngineError::BadFile {
@@ -259,6 +255,18 @@ impl Matrix {
                     .to_dtype(crate::model::compute_dtype(device))?,
             )),
         }
+    }
+}
+
+/// The format of Tessera's CPU kernels for a GGML type, where it has one.
+pub fn kernel_format(dtype: GgmlDType) -> Option<WeightFormat> {
+    match dtype {
+        GgmlDType::Q4_1 => Some(WeightFormat::Q4_1),
+        GgmlDType::Q5_0 => Some(WeightFormat::Q5_0),
+        GgmlDType::Q8_0 => Some(WeightFormat::Q8_0),
+        GgmlDType::Q4K => Some(WeightFormat::Q4K),
+        GgmlDType::Q6K => Some(WeightFormat::Q6K),
+        _ => None,
     }
 }
 
@@ -316,6 +324,48 @@ mod tests {
             let cols_sel = deq(m.select_cols(b..cols)?)?;
             assert_eq!(max_diff(&cols_sel, &full.narrow(1, b, cols - b)?)?, 0.0);
             assert!(m.select_cols(1..cols).is_err());
+        }
+        Ok(())
+    }
+
+    /// Our kernels read every format they take as candle (ggml's layout) does: the same
+    /// blocks dequantize to the same floats, and the kernel matmul is close to a float
+    /// matmul of candle's dequantized weights.
+    #[test]
+    fn kernel_formats_dequantize_as_candle_does() -> Result<()> {
+        for dtype in [
+            GgmlDType::Q4_1,
+            GgmlDType::Q5_0,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            let (rows, cols) = (9, 768);
+            let (want, m) = quantized(rows, cols, dtype)?;
+            let Some(format) = kernel_format(dtype) else {
+                panic!("{dtype:?} has a kernel");
+            };
+            let Matrix::Quantized { data, .. } = &m else {
+                panic!("quantized");
+            };
+            let w = QuantWeights::from_ggml_bytes(format, rows, cols, data)
+                .map_err(EngineError::Config)?;
+            let got = Tensor::from_vec(w.dequantize(), (rows, cols), &Device::Cpu)?;
+            assert_eq!(max_diff(&got, &want)?, 0.0, "{dtype:?}");
+            let x = Tensor::randn(0f32, 1.0, (3, cols), &Device::Cpu)?;
+            let LinearWeight::Kernel(k) = m.into_linear_weight(&Device::Cpu)? else {
+                panic!("{dtype:?} runs on the kernels");
+            };
+            let y = Tensor::from_vec(
+                k.matmul(&x.flatten_all()?.to_vec1()?, 3),
+                (3, rows),
+                &Device::Cpu,
+            )?;
+            let exact = x.matmul(&want.t()?)?;
+            let rel = ((&y - &exact)?.sqr()?.sum_all()?.to_scalar::<f32>()?
+                / exact.sqr()?.sum_all()?.to_scalar::<f32>()?)
+            .sqrt();
+            assert!(rel < 0.02, "{dtype:?}: relative error {rel}");
         }
         Ok(())
     }

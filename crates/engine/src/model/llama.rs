@@ -8,7 +8,9 @@
 //! embedding is mirrored (a lookup is cheaper than any collective); the LM head is split
 //! by vocabulary and its logits are gathered. Gemma 3 adds an RMSNorm after attention
 //! and after the MLP (on the all-reduced sums, before each residual add), scaled
-//! embeddings, a GELU MLP, and sliding-window layers with their own RoPE base.
+//! embeddings, a GELU MLP, and sliding-window layers with their own RoPE base. Qwen3-MoE
+//! replaces the MLP of its sparse layers by a mixture of experts ([`crate::model::moe`]),
+//! joined by the same single all-reduce.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +24,7 @@ use crate::model::batch::Batch;
 use crate::model::cpu_ops;
 use crate::model::kv_cache::{KvCache, RankCache};
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
+use crate::model::moe::{self, MoeShard};
 use crate::model::paged_attention::{attend, query_groups, write_kv, AttentionShape, QueryGroup};
 use crate::model::rope::RopeTable;
 use crate::tp::{Communicator, RankShard, ShardPlan};
@@ -44,8 +47,17 @@ struct Block {
     sliding: bool,
     o_proj: Linear,
     ffn_norm: Tensor,
-    gate_up: ColumnParallel,
-    down: Linear,
+    mlp: Mlp,
+}
+
+/// The MLP half of a layer.
+#[derive(Debug)]
+enum Mlp {
+    Dense {
+        gate_up: ColumnParallel,
+        down: Linear,
+    },
+    Experts(MoeShard),
 }
 
 /// Weights of the per-head query and key RMSNorm (Qwen3), on the host.
@@ -104,6 +116,13 @@ pub fn load_rank_shards(
     let (h, hd) = (config.hidden_size, config.head_dim);
     if devices.iter().any(Device::is_cuda) {
         tessera_kernels::gpu::launch::check_head_dim(hd).map_err(EngineError::Config)?;
+        if config.moe.is_some() {
+            return Err(EngineError::Config(format!(
+                "{}: mixture-of-experts layers run on CPU ranks only so far; \
+                 serve this model with CPU devices",
+                config.architecture
+            )));
+        }
         if config.qk_norm {
             return Err(EngineError::Config(format!(
                 "{}: the per-head query/key norm runs on CPU ranks only so far; \
@@ -153,6 +172,16 @@ pub fn load_rank_shards(
             config.num_layers
         )));
     }
+    let expert_ranges = match &config.moe {
+        Some(m) => {
+            let mut block = 1;
+            for layer in layers.clone().filter(|l| config.is_moe_layer(*l)) {
+                block = block.max(moe::down_block(source, m, layer)?);
+            }
+            Some(moe::expert_split(m, plan, block)?)
+        }
+        None => None,
+    };
     let mut bytes_read = 0usize;
     for layer in layers.clone() {
         let name = |s: &str| layer_name(layer, s);
@@ -176,17 +205,46 @@ pub fn load_rank_shards(
             None
         };
         let o = mat("self_attn.o_proj.weight", (h, config.num_heads * hd))?;
-        let gate_up = [
-            mat("mlp.gate_proj.weight", (config.intermediate_size, h))?,
-            mat("mlp.up_proj.weight", (config.intermediate_size, h))?,
-        ];
-        let down = mat("mlp.down_proj.weight", (h, config.intermediate_size))?;
         bytes_read += qkv
             .iter()
-            .chain(&gate_up)
-            .chain([&o, &down])
+            .chain([&o])
             .map(Matrix::size_bytes)
             .sum::<usize>();
+        // Per rank: the dense MLP, or its slice of every expert.
+        let mut mlps: Vec<Mlp> = match (&config.moe, &expert_ranges) {
+            (Some(m), Some(ranges)) if config.is_moe_layer(layer) => {
+                moe::load_shards(source, m, layer, ranges, ranks.start, devices)?
+                    .into_iter()
+                    .map(Mlp::Experts)
+                    .collect()
+            }
+            _ => {
+                let gate_up = [
+                    mat("mlp.gate_proj.weight", (config.intermediate_size, h))?,
+                    mat("mlp.up_proj.weight", (config.intermediate_size, h))?,
+                ];
+                let down = mat("mlp.down_proj.weight", (h, config.intermediate_size))?;
+                bytes_read += gate_up
+                    .iter()
+                    .chain([&down])
+                    .map(Matrix::size_bytes)
+                    .sum::<usize>();
+                devices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, dev)| {
+                        let rank = ranks.start + i;
+                        Ok(Mlp::Dense {
+                            gate_up: ColumnParallel::load(
+                                &gate_up, None, &gu_split, rank, dev, "gate_up",
+                            )?,
+                            down: row_parallel(&down, &down_split, rank, dev)?,
+                        })
+                    })
+                    .collect::<Result<_>>()?
+            }
+        };
+        mlps.reverse();
         let qk_norm = if config.qk_norm {
             let norm = |s: &str| -> Result<Vec<f32>> {
                 let v = norm_weight(&name(s))?;
@@ -226,6 +284,9 @@ pub fn load_rank_shards(
             .is_some_and(|sw| sw.layers.get(layer).copied().unwrap_or(false));
         for (i, dev) in devices.iter().enumerate() {
             let rank = ranks.start + i;
+            let mlp = mlps.pop().ok_or_else(|| {
+                EngineError::Parallel(format!("layer {layer}: no MLP for rank {rank}"))
+            })?;
             per_rank_blocks[i].push(Block {
                 attn_norm: attn_norm.to_device(dev)?,
                 qkv: ColumnParallel::load(
@@ -248,8 +309,7 @@ pub fn load_rank_shards(
                 sliding,
                 o_proj: row_parallel(&o, &o_split, rank, dev)?,
                 ffn_norm: ffn_norm.to_device(dev)?,
-                gate_up: ColumnParallel::load(&gate_up, None, &gu_split, rank, dev, "gate_up")?,
-                down: row_parallel(&down, &down_split, rank, dev)?,
+                mlp,
             });
         }
         if (layer + 1) % 10 == 0 || layer + 1 == layers.end {
@@ -400,8 +460,13 @@ impl LlamaShard {
                 }
                 x = cpu_ops::add(&x, &o)?;
                 let h = cpu_ops::rms_norm(&x, &block.ffn_norm, eps)?;
-                let act = block.gate_up.forward_gated(&h, self.config.activation)?;
-                let mut d = comm.all_reduce_sum(&block.down.forward(&act)?)?;
+                let partial = match &block.mlp {
+                    Mlp::Dense { gate_up, down } => {
+                        down.forward(&gate_up.forward_gated(&h, self.config.activation)?)?
+                    }
+                    Mlp::Experts(experts) => experts.forward(&h)?,
+                };
+                let mut d = comm.all_reduce_sum(&partial)?;
                 if let Some(w) = &block.post_ffn_norm {
                     d = cpu_ops::rms_norm(&d, w, eps)?;
                 }

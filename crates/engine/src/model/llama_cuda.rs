@@ -111,10 +111,15 @@ impl LlamaShard {
             let o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
             (x, h) = kernels::add_rms_norm(dev, ACTIVATIONS, &x, Some(&o), &block.ffn_norm, eps)?;
             // MLP half.
-            let gate_up = block.gate_up.forward_fused(&h)?.to_dtype(act)?;
-            let width = block.gate_up.widths().first().copied().unwrap_or(0);
-            let a = kernels::silu_mul(dev, ACTIVATIONS, &gate_up, width)?;
-            let d = comm.all_reduce_sum(&block.down.forward_f32(&a)?)?;
+            let super::Mlp::Dense { gate_up, down } = &block.mlp else {
+                return Err(EngineError::Config(
+                    "mixture-of-experts layers run on CPU ranks only so far".into(),
+                ));
+            };
+            let gate_up_out = gate_up.forward_fused(&h)?.to_dtype(act)?;
+            let width = gate_up.widths().first().copied().unwrap_or(0);
+            let a = kernels::silu_mul(dev, ACTIVATIONS, &gate_up_out, width)?;
+            let d = comm.all_reduce_sum(&down.forward_f32(&a)?)?;
             match self.blocks.get(i + 1) {
                 Some(next) => {
                     (x, h) =

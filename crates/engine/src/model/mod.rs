@@ -8,6 +8,7 @@ pub mod fast_math;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
+pub mod moe;
 pub mod paged_attention;
 pub mod rope;
 pub mod simd;

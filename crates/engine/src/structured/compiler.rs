@@ -136,6 +136,36 @@ fn classify(message: &str) -> EngineError {
 mod tests {
     use super::*;
 
+    /// SmolLM2's tokenizer, from the repository's fixtures, and its compiler.
+    fn smollm2_compiler() -> (Tokenizer, Arc<GrammarCompiler>) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tokenizer/smollm2-hf");
+        let tokenizer = Tokenizer::from_hf_dir(&dir).expect("fixture tokenizer");
+        let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size()).expect("compiler");
+        (tokenizer, compiler)
+    }
+
+    #[test]
+    fn a_token_outside_the_grammar_is_a_fault_the_sequence_reports() {
+        let (tokenizer, compiler) = smollm2_compiler();
+        let open = tokenizer.encode("{", false).expect("encode");
+        let word = tokenizer.encode("hello", false).expect("encode");
+        let mut good = compiler
+            .compile(&OutputConstraint::JsonObject)
+            .expect("compiles");
+        good.advance(open[0]);
+        assert_eq!(good.fault(), None);
+        let mut bad = compiler
+            .compile(&OutputConstraint::JsonObject)
+            .expect("compiles");
+        bad.advance(word[0]);
+        assert!(
+            bad.fault().is_some_and(|f| f.contains("refused token")),
+            "{:?}",
+            bad.fault()
+        );
+    }
+
     #[test]
     fn unimplemented_keys_are_named() {
         let e = classify(r#"Unimplemented keys: ["uniqueItems", "contains"]"#);

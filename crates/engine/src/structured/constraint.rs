@@ -40,6 +40,8 @@ pub struct TokenConstraint {
     /// Time spent computing and applying this sequence's masks.
     mask_time: Duration,
     masks: u64,
+    /// Set when the grammar engine failed; the sequence must then fail.
+    fault: Option<String>,
 }
 
 impl std::fmt::Debug for TokenConstraint {
@@ -59,6 +61,7 @@ impl TokenConstraint {
             counters,
             mask_time: Duration::ZERO,
             masks: 0,
+            fault: None,
         }
     }
 
@@ -69,9 +72,12 @@ impl TokenConstraint {
         let mask = match self.matcher.compute_mask_or_eos() {
             Ok(mask) => mask,
             Err(e) => {
-                // A token the mask allowed was refused: a grammar engine fault. End the
-                // sequence rather than let it leave the grammar.
-                tracing::error!("constrained decoding failed, ending the sequence: {e}");
+                // A token the mask allowed was refused: a grammar engine fault. The
+                // sequence fails (see `fault`); masking to end-of-sequence keeps this
+                // step's row inside the grammar meanwhile.
+                tracing::error!("constrained decoding failed: {e}");
+                self.fault
+                    .get_or_insert_with(|| format!("constrained decoding failed: {e}"));
                 self.eos_only()
             }
         };
@@ -90,7 +96,15 @@ impl TokenConstraint {
         }
         if let Err(e) = self.matcher.consume_token(token) {
             tracing::error!("constrained decoding refused token {token}: {e}");
+            self.fault
+                .get_or_insert_with(|| format!("constrained decoding refused token {token}: {e}"));
         }
+    }
+
+    /// Why the grammar engine failed, if it did: the sequence cannot go on under its
+    /// grammar and must end with an error, not as if it had finished.
+    pub fn fault(&self) -> Option<&str> {
+        self.fault.as_deref()
     }
 
     /// Whether the output so far is a complete value of the grammar.

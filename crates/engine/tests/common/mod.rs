@@ -66,6 +66,23 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f32 {
     (num / den).sqrt()
 }
 
+/// Log-probabilities of a row of logits, in f64.
+pub fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max + x.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln();
+    x.iter().map(|v| *v as f64 - lse).collect()
+}
+
+/// The largest |log-probability error| of `got` over the reference's `k` most likely tokens,
+/// both given as logits.
+pub fn top_logprob_error(got: &[f32], reference: &[f32], k: usize) -> f64 {
+    let (lp, lp_ref) = (log_softmax(got), log_softmax(reference));
+    top_k(reference, k)
+        .iter()
+        .map(|t| (lp[*t as usize] - lp_ref[*t as usize]).abs())
+        .fold(0f64, f64::max)
+}
+
 pub fn top_k(v: &[f32], k: usize) -> Vec<u32> {
     let mut idx: Vec<u32> = (0..v.len() as u32).collect();
     idx.sort_by(|a, b| v[*b as usize].total_cmp(&v[*a as usize]).then(a.cmp(b)));
@@ -75,13 +92,27 @@ pub fn top_k(v: &[f32], k: usize) -> Vec<u32> {
 
 /// Last-position logits of `prompt`, computed in one step into blocks 0, 1, ...
 pub fn last_logits(engine: &mut Engine, prompt: &[u32]) -> Vec<f32> {
+    chunk_logits(engine, prompt, 0, prompt.len())
+}
+
+/// The logits after every position of `prompt` (the prefix up to and including it), one
+/// token per step over the KV cache in blocks 0, 1, ...
+pub fn logits_at_every_position(engine: &mut Engine, prompt: &[u32]) -> Vec<Vec<f32>> {
+    (0..prompt.len())
+        .map(|i| chunk_logits(engine, &prompt[..=i], i, prompt.len()))
+        .collect()
+}
+
+/// Logits after `prefix[start..]`, run as one chunk whose earlier positions are already
+/// in the cache; blocks for `capacity` tokens.
+fn chunk_logits(engine: &mut Engine, prefix: &[u32], start: usize, capacity: usize) -> Vec<f32> {
     let plan = StepPlan {
         new_sequences: vec![],
         scheduled: vec![ScheduledChunk {
             id: SeqId(1),
-            tokens: prompt.to_vec(),
-            start_pos: 0,
-            block_table: (0..prompt.len().div_ceil(16) as u32).collect(),
+            tokens: prefix[start..].to_vec(),
+            start_pos: start,
+            block_table: (0..capacity.div_ceil(16) as u32).collect(),
             sample: true,
         }],
         finished: vec![],
@@ -89,10 +120,70 @@ pub fn last_logits(engine: &mut Engine, prompt: &[u32]) -> Vec<f32> {
     let config = engine.model_config();
     let limits = ChunkLimits {
         block_size: 16,
-        num_blocks: prompt.len().div_ceil(16),
+        num_blocks: capacity.div_ceil(16),
         max_positions: config.max_position_embeddings,
         vocab_rows: config.vocab_size,
     };
     let batch = Batch::from_plan(&plan, &limits).expect("batch");
     engine.forward(batch).expect("forward")
+}
+
+/// Errors of log-probabilities against transformers' at every fixture position, over
+/// transformers' four most likely tokens there.
+pub struct PositionErrors {
+    pub positions: usize,
+    /// Mean over positions of the largest error among the four.
+    pub mean: f64,
+    pub worst: f64,
+}
+
+impl PositionErrors {
+    pub fn of(prompts: &[Value], mut logprobs: impl FnMut(&Value, usize) -> Vec<f32>) -> Self {
+        let (mut positions, mut sum, mut worst) = (0, 0f64, 0f64);
+        for p in prompts {
+            let want = p["transformers_logprobs"].as_array().expect("logprobs");
+            for (i, want) in want.iter().enumerate() {
+                let err = logprobs(p, i)
+                    .iter()
+                    .zip(floats(want))
+                    .map(|(g, w)| (*g as f64 - w as f64).abs())
+                    .fold(0f64, f64::max);
+                positions += 1;
+                sum += err;
+                worst = worst.max(err);
+            }
+        }
+        Self {
+            positions,
+            mean: sum / positions as f64,
+            worst,
+        }
+    }
+}
+
+impl std::fmt::Display for PositionErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "top-4 log-prob error over {} positions: mean {:.4}, worst {:.4} nats",
+            self.positions, self.mean, self.worst
+        )
+    }
+}
+
+impl PositionErrors {
+    /// The engine's errors at every position of the `positions.json` prompts.
+    pub fn of_engine(prompts: &[Value], engine: &mut Engine) -> Self {
+        let mut logits = Vec::new();
+        Self::of(prompts, |p, i| {
+            if i == 0 {
+                logits = logits_at_every_position(engine, &ids(&p["prompt_ids"]));
+            }
+            let lp = log_softmax(&logits[i]);
+            ids(&p["top_ids"][i])
+                .iter()
+                .map(|t| lp[*t as usize] as f32)
+                .collect()
+        })
+    }
 }

@@ -8,6 +8,8 @@ use crate::api::error::ServerError;
 use crate::api::generation_params::{
     as_object, parse_fields, refuse_unsupported, GenerationParams, Route,
 };
+use crate::api::tool_messages::{assistant_tool_calls, tool_call_id};
+use crate::api::tools::ToolRequest;
 
 /// Chat-only fields; the shared ones are in [`GenerationParams`].
 #[derive(Debug, Clone, Deserialize)]
@@ -15,6 +17,10 @@ pub struct ChatFields {
     pub messages: Vec<ChatMessageIn>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u64>,
+    /// Checked by [`ToolRequest::parse`].
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<Value>,
 }
 
 /// One message as sent.
@@ -24,6 +30,7 @@ pub struct ChatMessageIn {
     pub content: Option<Value>,
     pub name: Option<String>,
     pub tool_calls: Option<Value>,
+    pub tool_call_id: Option<String>,
 }
 
 /// A chat request whose fields parsed; values are checked by validation.
@@ -48,6 +55,15 @@ impl ChatRequest {
     pub fn template_messages(&self) -> Result<Vec<ChatMessage>, ServerError> {
         template_messages(&self.chat.messages)
     }
+
+    /// The checked `tools`, `tool_choice` and `parallel_tool_calls`.
+    pub fn tool_request(&self) -> Result<Option<ToolRequest>, ServerError> {
+        ToolRequest::parse(
+            self.chat.tools.as_ref(),
+            self.chat.tool_choice.as_ref(),
+            self.chat.parallel_tool_calls.as_ref(),
+        )
+    }
 }
 
 /// Messages as sent to the form the chat template takes; refuses roles and content part
@@ -67,20 +83,35 @@ pub fn template_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>,
 }
 
 fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerError> {
-    if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+    if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
         return Err(ServerError::invalid(
             format!("messages[{i}].role"),
             format!(
-                "unsupported role `{}`: use system, user or assistant",
+                "unsupported role `{}`: use system, user, assistant or tool",
                 m.role
             ),
         ));
     }
-    if m.tool_calls.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ServerError::invalid(
-            format!("messages[{i}].tool_calls"),
-            "tool calls are not supported",
-        ));
+    let mut extra = Map::new();
+    let tool_calls = assistant_tool_calls(i, m)?;
+    if m.role == "tool" {
+        extra.insert("tool_call_id".into(), Value::String(tool_call_id(i, m)?));
+    }
+    // An assistant turn that only calls tools has no content; templates join content
+    // to strings, so it is rendered as "".
+    if tool_calls.is_some() && m.content.as_ref().is_none_or(Value::is_null) {
+        extra.insert("tool_calls".into(), tool_calls.unwrap_or_default());
+        if let Some(name) = &m.name {
+            extra.insert("name".into(), Value::String(name.clone()));
+        }
+        return Ok(ChatMessage {
+            role: m.role.clone(),
+            content: Some(MessageContent::Text(String::new())),
+            extra,
+        });
+    }
+    if let Some(calls) = tool_calls {
+        extra.insert("tool_calls".into(), calls);
     }
     let content = match &m.content {
         None | Some(Value::Null) => {
@@ -122,7 +153,6 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerErr
             ))
         }
     };
-    let mut extra = Map::new();
     if let Some(name) = &m.name {
         extra.insert("name".into(), Value::String(name.clone()));
     }

@@ -101,20 +101,20 @@ pub fn refuse_unsupported(body: &Map<String, Value>, route: Route) -> Result<(),
         Value::String(s) => !s.is_empty(),
         _ => true,
     };
-    for key in ["tools", "functions"] {
+    for key in ["functions", "function_call"] {
         if present(key).is_some_and(non_empty) {
             return Err(ServerError::invalid(
                 key,
-                format!("`{key}` is not supported: tool calling is not implemented yet"),
+                format!("`{key}` is not supported: use `tools` and `tool_choice`"),
             ));
         }
     }
-    for key in ["tool_choice", "function_call"] {
-        if let Some(v) = present(key) {
-            if v.as_str() != Some("none") {
+    if route == Route::Completion {
+        for key in ["tools", "tool_choice", "parallel_tool_calls"] {
+            if present(key).is_some_and(non_empty) {
                 return Err(ServerError::invalid(
                     key,
-                    format!("`{key}` is not supported: only \"none\" is accepted"),
+                    format!("`{key}` is only supported by /v1/chat/completions"),
                 ));
             }
         }

@@ -13,5 +13,14 @@ pub mod openapi;
 pub mod request_limits;
 pub mod response;
 pub mod response_format;
+pub mod responses_object;
+pub mod responses_request;
 pub mod tokenize;
+pub mod tool_messages;
+pub mod tool_parsers;
+pub mod tool_prompt;
+pub mod tools;
 pub mod valid_request;
+
+#[cfg(test)]
+mod tool_chat_tests;

@@ -22,6 +22,58 @@ fn errors() -> Value {
     })
 }
 
+/// `/v1/responses`: a Responses object, or its event stream.
+fn responses_response() -> Value {
+    json!({
+        "description": "The response, or with `stream` its events (server-sent events)",
+        "content": {
+            "application/json": { "schema": reference("Response") },
+            "text/event-stream": { "schema": { "type": "string" } }
+        }
+    })
+}
+
+/// The schemas of `/v1/responses`.
+fn responses_schemas() -> Value {
+    json!({
+        "ResponsesRequest": {
+            "type": "object",
+            "required": ["model", "input"],
+            "properties": {
+                "model": { "type": "string" },
+                "input": { "oneOf": [
+                    { "type": "string" },
+                    { "type": "array", "items": { "type": "object" } }
+                ] },
+                "instructions": { "type": ["string", "null"] },
+                "max_output_tokens": { "type": ["integer", "null"], "minimum": 1 },
+                "temperature": { "type": ["number", "null"], "minimum": 0, "maximum": 2 },
+                "top_p": { "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1 },
+                "stream": { "type": ["boolean", "null"] },
+                "store": { "type": ["boolean", "null"] },
+                "text": { "type": ["object", "null"] },
+                "tools": { "type": ["array", "null"], "items": { "type": "object" } },
+                "tool_choice": { "type": ["string", "object", "null"] },
+                "parallel_tool_calls": { "type": ["boolean", "null"] }
+            }
+        },
+        "Response": {
+            "type": "object",
+            "required": ["id", "object", "created_at", "status", "model", "output"],
+            "properties": {
+                "id": { "type": "string" },
+                "object": { "const": "response" },
+                "created_at": { "type": "integer" },
+                "status": { "type": "string", "enum": ["completed", "incomplete"] },
+                "model": { "type": "string" },
+                "output": { "type": "array", "items": { "type": "object", "required": ["type", "id"] } },
+                "usage": { "type": "object",
+                    "required": ["input_tokens", "output_tokens", "total_tokens"] }
+            }
+        }
+    })
+}
+
 fn json_body(schema: &str) -> Value {
     json!({
         "required": true,
@@ -98,6 +150,46 @@ fn schemas() -> Value {
             "bytes": { "type": "array", "items": { "type": "integer" } }
         }
     });
+    let tool_call = json!({
+        "type": "object",
+        "required": ["id", "type", "function"],
+        "properties": {
+            "id": { "type": "string" },
+            "type": { "const": "function" },
+            "function": { "type": "object", "required": ["name", "arguments"], "properties": {
+                "name": { "type": "string" }, "arguments": { "type": "string" } } }
+        }
+    });
+    let function_tool = json!({
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {
+            "type": { "const": "function" },
+            "function": { "type": "object", "required": ["name"], "properties": {
+                "name": { "type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$" },
+                "description": { "type": "string" },
+                "parameters": { "type": "object" },
+                "strict": { "type": ["boolean", "null"] }
+            } }
+        }
+    });
+    let tool_choice = json!({ "oneOf": [
+        { "type": "string", "enum": ["none", "auto", "required"] },
+        { "type": "object", "required": ["type", "function"], "properties": {
+            "type": { "const": "function" },
+            "function": { "type": "object", "required": ["name"],
+                "properties": { "name": { "type": "string" } } } } },
+        { "type": "null" }
+    ] });
+    let tool_call_delta = json!({
+        "type": "object", "required": ["index", "function"], "properties": {
+            "index": { "type": "integer" },
+            "id": { "type": "string" },
+            "type": { "const": "function" },
+            "function": { "type": "object", "required": ["arguments"], "properties": {
+                "name": { "type": "string" },
+                "arguments": { "type": "string" } } } }
+    });
     json!({
         "ErrorResponse": {
             "type": "object",
@@ -114,17 +206,22 @@ fn schemas() -> Value {
             } }
         },
         "Usage": usage,
+        "ToolCall": tool_call,
+        "FunctionTool": function_tool,
         "ChatMessage": {
             "type": "object",
-            "required": ["role", "content"],
+            "required": ["role"],
             "properties": {
-                "role": { "type": "string", "enum": ["system", "user", "assistant"] },
+                "role": { "type": "string", "enum": ["system", "user", "assistant", "tool"] },
                 "content": { "oneOf": [
                     { "type": "string" },
                     { "type": "array", "items": { "type": "object", "required": ["type", "text"],
-                        "properties": { "type": { "const": "text" }, "text": { "type": "string" } } } }
+                        "properties": { "type": { "const": "text" }, "text": { "type": "string" } } } },
+                    { "type": "null" }
                 ] },
-                "name": { "type": "string" }
+                "name": { "type": "string" },
+                "tool_calls": { "type": "array", "items": reference("ToolCall") },
+                "tool_call_id": { "type": "string" }
             }
         },
         "ChatCompletionRequest": {
@@ -132,6 +229,9 @@ fn schemas() -> Value {
             "required": ["model", "messages"],
             "properties": with_properties(generation_properties(), json!({
                 "messages": { "type": "array", "items": reference("ChatMessage") },
+                "tools": { "type": ["array", "null"], "items": reference("FunctionTool") },
+                "tool_choice": tool_choice,
+                "parallel_tool_calls": { "type": ["boolean", "null"] },
                 "logprobs": { "type": ["boolean", "null"] },
                 "top_logprobs": { "type": ["integer", "null"], "minimum": 0, "maximum": 20 }
             }))
@@ -179,9 +279,11 @@ fn schemas() -> Value {
                     "properties": {
                         "index": { "type": "integer" },
                         "message": { "type": "object", "required": ["role", "content"],
-                            "properties": { "role": { "const": "assistant" }, "content": { "type": "string" } } },
+                            "properties": { "role": { "const": "assistant" },
+                                "content": { "type": ["string", "null"] },
+                                "tool_calls": { "type": "array", "items": reference("ToolCall") } } },
                         "logprobs": reference("ChatLogprobs"),
-                        "finish_reason": { "type": "string", "enum": ["stop", "length"] }
+                        "finish_reason": { "type": "string", "enum": ["stop", "length", "tool_calls"] }
                     }
                 } },
                 "usage": reference("Usage")
@@ -201,7 +303,8 @@ fn schemas() -> Value {
                     "properties": {
                         "index": { "type": "integer" },
                         "delta": { "type": "object", "properties": {
-                            "role": { "const": "assistant" }, "content": { "type": "string" } } },
+                            "role": { "const": "assistant" }, "content": { "type": "string" },
+                            "tool_calls": { "type": "array", "items": tool_call_delta } } },
                         "logprobs": reference("ChatLogprobs"),
                         "finish_reason": { "type": ["string", "null"] }
                     }
@@ -357,7 +460,7 @@ pub fn document() -> Value {
             "description": "OpenAI-compatible LLM inference server"
         },
         "components": {
-            "schemas": schemas(),
+            "schemas": with_properties(schemas(), responses_schemas()),
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
         },
         "security": [ { "bearer": [] } ],
@@ -371,6 +474,12 @@ pub fn document() -> Value {
                 "operationId": "createCompletion",
                 "requestBody": json_body("CompletionRequest"),
                 "responses": { "200": stream_or_json("Completion", "Completion"), "default": errors() }
+            } },
+            "/v1/responses": { "post": {
+                "operationId": "createResponse",
+                "description": "Stateless: `store: true` and `previous_response_id` are refused.",
+                "requestBody": json_body("ResponsesRequest"),
+                "responses": { "200": responses_response(), "default": errors() }
             } },
             "/v1/models": { "get": {
                 "operationId": "listModels",

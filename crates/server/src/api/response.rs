@@ -53,7 +53,45 @@ pub struct ChatChoice {
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the reply is only tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A call the model made: `{"id": "call_...", "type": "function", "function": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// JSON text of the arguments object.
+    pub arguments: String,
+}
+
+/// A streamed piece of a call: the first carries `id`, `type` and the name, later ones
+/// argument text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionCallDelta,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCallDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -125,6 +163,8 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 // ---- text completions ----

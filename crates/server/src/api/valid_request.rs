@@ -14,6 +14,8 @@ use crate::api::error::ServerError;
 use crate::api::generation_spec::{check_top_logprobs, GenerationSpec};
 use crate::api::request_limits::RequestLimits;
 use crate::api::response_format::schema_error;
+use crate::api::tool_parsers::ToolParserKind;
+use crate::api::tool_prompt::{adapt_to_template, ToolOutput};
 
 /// Default `max_tokens` of `/v1/completions`, as OpenAI's.
 pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
@@ -35,6 +37,9 @@ pub struct ValidationContext {
     pub limits: RequestLimits,
     /// Compiles `response_format` schemas; `Err` says why this model has none.
     pub grammar: Result<Arc<GrammarCompiler>, String>,
+    /// How tool calls are found in free text (`--tool-call-parser`); `None` chooses
+    /// from the chat template.
+    pub tool_parser: Option<ToolParserKind>,
 }
 
 /// A tokenized prompt and its completion budget.
@@ -63,6 +68,7 @@ pub struct ValidRequest {
     stop_token_ids: Vec<u32>,
     logprobs: Option<LogprobsShape>,
     echo: bool,
+    tool_output: Option<ToolOutput>,
 }
 
 /// One sequence to submit: its choice index and request.
@@ -75,9 +81,33 @@ pub struct PlannedChoice {
 
 impl ValidRequest {
     pub async fn chat(req: ChatRequest, ctx: &ValidationContext) -> Result<Self, ServerError> {
-        let spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
+        let mut spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
         check_model(&spec.model, ctx)?;
-        check_constraint(&spec, ctx).await?;
+        let tools = req.tool_request()?;
+        if let Some(forced) = tools.as_ref().and_then(|t| t.forced_constraint()) {
+            if spec.sampling.constraint.is_some() {
+                return Err(ServerError::invalid(
+                    "tool_choice",
+                    "`tool_choice` \"required\" or a named function cannot be combined with \
+                     a JSON `response_format`",
+                ));
+            }
+            if spec.ignore_eos {
+                return Err(ServerError::invalid(
+                    "ignore_eos",
+                    "`ignore_eos` cannot be combined with forced tool calls",
+                ));
+            }
+            spec.sampling.constraint = Some(forced);
+        }
+        check_constraint(&spec, ctx)
+            .await
+            .map_err(|e| match (&tools, e) {
+                (Some(t), ServerError::InvalidRequest { message, .. }) if t.forced().is_some() => {
+                    ServerError::invalid("tools", message.replace("`response_format`", "`tools`"))
+                }
+                (_, e) => e,
+            })?;
         let logprobs = match (req.chat.logprobs, req.chat.top_logprobs) {
             (Some(true), top) => Some(LogprobsShape::Chat {
                 top: check_top_logprobs("top_logprobs", top.unwrap_or(0))?,
@@ -92,16 +122,19 @@ impl ValidRequest {
         };
         let messages = req.template_messages()?;
         let tokenizer = Arc::clone(&ctx.tokenizer);
-        let (text, ids) = blocking(move || {
+        let parser_flag = ctx.tool_parser;
+        let (text, ids, tool_output) = blocking(move || {
             let template = tokenizer.chat_template()?;
+            let (messages, template_tools, tool_output) =
+                adapt_to_template(messages, tools.as_ref(), template.source(), parser_flag);
             let text = template.render(&ChatRenderRequest {
                 messages,
                 add_generation_prompt: true,
-                tools: None,
+                tools: template_tools,
                 kwargs: Default::default(),
             })?;
             let ids = tokenizer.encode(&text, false)?;
-            Ok((text, ids))
+            Ok((text, ids, tool_output))
         })
         .await?
         .map_err(|e| match e {
@@ -116,7 +149,9 @@ impl ValidRequest {
         })?;
         check_token_ids(&ids, "messages", ctx)?;
         let prompt = budget(ids, text, spec.max_tokens, None, "messages", ctx)?;
-        Ok(Self::assemble(vec![prompt], spec, logprobs, false, ctx))
+        let mut valid = Self::assemble(vec![prompt], spec, logprobs, false, ctx);
+        valid.tool_output = tool_output;
+        Ok(valid)
     }
 
     pub async fn completion(
@@ -198,7 +233,13 @@ impl ValidRequest {
             stop_token_ids: ctx.tokenizer.eos_token_ids().to_vec(),
             logprobs,
             echo,
+            tool_output: None,
         }
+    }
+
+    /// How the reply's tool calls are read, when it may have any.
+    pub fn tool_output(&self) -> Option<&ToolOutput> {
+        self.tool_output.as_ref()
     }
 
     pub fn prompts(&self) -> &[ValidPrompt] {

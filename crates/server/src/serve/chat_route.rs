@@ -1,5 +1,7 @@
 //! `POST /v1/chat/completions`.
 
+use std::collections::HashMap;
+
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -7,10 +9,12 @@ use axum::Json;
 use crate::api::chat_request::ChatRequest;
 use crate::api::error::ServerError;
 use crate::api::response::{
-    AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
-    ChatLogprobs, TokenLogprob, Usage,
+    ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs, TokenLogprob,
+    Usage,
 };
+use crate::api::tool_prompt::ToolOutput;
 use crate::api::valid_request::ValidRequest;
+use crate::serve::chat_tools::{finish_reason, reply_message, StreamedCalls};
 use crate::serve::generation::{collect_all, log_end_user, Submitted};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
@@ -32,7 +36,8 @@ pub async fn chat_completions(
         with_logprobs,
     } = Submitted::new(&app, &valid, "chatcmpl")?;
     if valid.stream() {
-        let format = ChatFormat::new(id, created, model, with_logprobs);
+        let format = ChatFormat::new(id, created, model, with_logprobs)
+            .with_tools(valid.tool_output().cloned());
         return Ok(sse_response(
             runs,
             format,
@@ -45,14 +50,14 @@ pub async fn chat_completions(
     let completion_tokens = outputs.iter().map(|o| o.completion_tokens).sum();
     let choices = outputs
         .into_iter()
-        .map(|o| ChatChoice {
-            index: o.index,
-            message: AssistantMessage {
-                role: "assistant",
-                content: o.text,
-            },
-            logprobs: with_logprobs.then(|| ChatLogprobs::from_tokens(&o.logprobs)),
-            finish_reason: o.finish_reason,
+        .map(|o| {
+            let (message, made_calls) = reply_message(valid.tool_output(), o.text);
+            ChatChoice {
+                index: o.index,
+                message,
+                logprobs: with_logprobs.then(|| ChatLogprobs::from_tokens(&o.logprobs)),
+                finish_reason: finish_reason(o.finish_reason, made_calls),
+            }
         })
         .collect();
     Ok(Json(ChatCompletion {
@@ -72,6 +77,9 @@ pub struct ChatFormat {
     created: u64,
     model: String,
     with_logprobs: bool,
+    /// How tool calls are read from each choice's text, when they may be there.
+    tools: Option<ToolOutput>,
+    calls: HashMap<usize, StreamedCalls>,
 }
 
 impl ChatFormat {
@@ -82,7 +90,28 @@ impl ChatFormat {
             created,
             model,
             with_logprobs,
+            tools: None,
+            calls: HashMap::new(),
         }
+    }
+
+    /// Reads tool calls from the text with `tools`' parser.
+    pub fn with_tools(mut self, tools: Option<ToolOutput>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    fn delta_chunk(&self, index: usize, delta: ChatDelta, logprobs: &[TokenLogprob]) -> String {
+        self.chunk(
+            vec![ChatChunkChoice {
+                index,
+                delta,
+                logprobs: (self.with_logprobs && !logprobs.is_empty())
+                    .then(|| ChatLogprobs::from_tokens(logprobs)),
+                finish_reason: None,
+            }],
+            None,
+        )
     }
 
     fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> String {
@@ -108,6 +137,7 @@ impl ChunkFormat for ChatFormat {
                         delta: ChatDelta {
                             role: Some("assistant"),
                             content: Some(String::new()),
+                            tool_calls: None,
                         },
                         logprobs: None,
                         finish_reason: None,
@@ -118,33 +148,63 @@ impl ChunkFormat for ChatFormat {
             .collect()
     }
 
-    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> String {
-        self.chunk(
-            vec![ChatChunkChoice {
-                index,
-                delta: ChatDelta {
-                    role: None,
-                    content: Some(text),
-                },
-                logprobs: self
-                    .with_logprobs
-                    .then(|| ChatLogprobs::from_tokens(logprobs)),
-                finish_reason: None,
-            }],
-            None,
-        )
+    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String> {
+        let Some(tools) = &self.tools else {
+            let delta = ChatDelta {
+                content: Some(text),
+                ..ChatDelta::default()
+            };
+            return vec![self.chunk(
+                vec![ChatChunkChoice {
+                    index,
+                    delta,
+                    logprobs: self
+                        .with_logprobs
+                        .then(|| ChatLogprobs::from_tokens(logprobs)),
+                    finish_reason: None,
+                }],
+                None,
+            )];
+        };
+        let calls = self
+            .calls
+            .entry(index)
+            .or_insert_with(|| StreamedCalls::new(tools));
+        let mut deltas = calls.push(&text);
+        // Log-probabilities go with the first chunk, or alone when the text is held.
+        if deltas.is_empty() && self.with_logprobs && !logprobs.is_empty() {
+            deltas.push(ChatDelta::default());
+        }
+        deltas
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| self.delta_chunk(index, d, if i == 0 { logprobs } else { &[] }))
+            .collect()
     }
 
-    fn finish(&mut self, index: usize, reason: &'static str) -> String {
-        self.chunk(
+    fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String> {
+        let (mut chunks, made_calls) = match self.calls.get_mut(&index) {
+            Some(calls) => {
+                let deltas = calls.finish();
+                let made_calls = calls.made_calls();
+                let chunks = deltas
+                    .into_iter()
+                    .map(|d| self.delta_chunk(index, d, &[]))
+                    .collect();
+                (chunks, made_calls)
+            }
+            None => (Vec::new(), false),
+        };
+        chunks.push(self.chunk(
             vec![ChatChunkChoice {
                 index,
                 delta: ChatDelta::default(),
                 logprobs: None,
-                finish_reason: Some(reason),
+                finish_reason: Some(finish_reason(reason, made_calls)),
             }],
             None,
-        )
+        ));
+        chunks
     }
 
     fn usage(&mut self, usage: Usage) -> String {

@@ -148,14 +148,14 @@ impl ChunkFormat for CompletionFormat {
         out
     }
 
-    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> String {
+    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String> {
         let lp = self.with_logprobs.then(|| {
             let mut lp = CompletionLogprobs::default();
             let offset = self.offsets.get(&index).copied().unwrap_or(0);
             self.offsets.insert(index, lp.extend(logprobs, offset));
             lp
         });
-        self.chunk(
+        vec![self.chunk(
             vec![CompletionChoice {
                 index,
                 text,
@@ -163,11 +163,11 @@ impl ChunkFormat for CompletionFormat {
                 finish_reason: None,
             }],
             None,
-        )
+        )]
     }
 
-    fn finish(&mut self, index: usize, reason: &'static str) -> String {
-        self.chunk(
+    fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String> {
+        vec![self.chunk(
             vec![CompletionChoice {
                 index,
                 text: String::new(),
@@ -175,7 +175,7 @@ impl ChunkFormat for CompletionFormat {
                 finish_reason: Some(reason),
             }],
             None,
-        )
+        )]
     }
 
     fn usage(&mut self, usage: Usage) -> String {

@@ -25,6 +25,7 @@
 pub mod api_keys;
 pub mod auth;
 pub mod chat_route;
+pub mod chat_tools;
 pub mod completion_route;
 pub mod conn_limit;
 pub mod error;
@@ -38,6 +39,7 @@ pub mod limits;
 pub mod metrics;
 pub mod parser_refusal;
 pub mod request_context;
+pub mod responses_route;
 pub mod router;
 pub mod state;
 pub mod stream;
@@ -53,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tessera_engine::{check_vocabulary, load_tokenizer, DeviceSpec, Engine, GrammarCompiler};
+use tessera_engine::{check_vocabulary, DeviceSpec, Engine, GrammarCompiler};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerError, SchedulerHandle};
 
@@ -98,6 +100,11 @@ pub struct ServeArgs {
     /// `--api-key`. Keeps keys out of the process list and the environment.
     #[arg(long)]
     pub api_key_file: Option<std::path::PathBuf>,
+
+    /// How tool calls are found in replies under `tool_choice` "auto": hermes,
+    /// llama3_json or mistral (default: chosen from the chat template).
+    #[arg(long)]
+    pub tool_call_parser: Option<crate::api::tool_parsers::ToolParserKind>,
 
     /// Origins allowed by CORS, comma-separated, or `*`. CORS is off by default.
     #[arg(long, value_delimiter = ',')]
@@ -267,7 +274,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
     cfg.max_num_seqs = args.max_num_seqs;
     let tokenizer_path = args.model.tokenizer_path()?;
     tracing::info!("[1/3] tokenizer: {}", tokenizer_path.display());
-    let tokenizer = Arc::new(load_tokenizer(&tokenizer_path).context("loading the tokenizer")?);
+    let tokenizer = Arc::new(args.model.load_tokenizer()?);
     tracing::info!("[2/3] weights: {}", cfg.model_path.display());
     let mut engine = Engine::load(&cfg).context("loading the model")?;
     check_vocabulary(&tokenizer, engine.model_config()).context("checking the tokenizer")?;
@@ -321,6 +328,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             vocab_rows,
             limits: args.request_limits(),
             grammar: grammar.map_err(|e| e.to_string()),
+            tool_parser: args.tool_call_parser,
         }),
         api_keys: Arc::new(api_keys::collect(
             &args.api_keys,

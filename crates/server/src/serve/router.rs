@@ -16,7 +16,8 @@ use crate::api::error::ServerError;
 use crate::serve::lifecycle::{self, Lifecycle};
 use crate::serve::state::AppState;
 use crate::serve::{
-    auth, chat_route, completion_route, info_routes, metrics, request_context, tokenize_route,
+    auth, chat_route, completion_route, info_routes, metrics, request_context, responses_route,
+    tokenize_route,
 };
 
 /// A route: method, path as the OpenAPI document writes it, and its handler.
@@ -50,6 +51,12 @@ pub fn routes() -> Vec<Route> {
             "/v1/completions",
             false,
             post(completion_route::completions),
+        ),
+        r(
+            Method::POST,
+            "/v1/responses",
+            false,
+            post(responses_route::create_response),
         ),
         r(
             Method::GET,

@@ -38,8 +38,10 @@ use crate::serve::request_context::{current_request, within};
 pub trait ChunkFormat: Send + 'static {
     /// Chunks before any generated text, given `(index, prompt_index)` of every choice.
     fn opening(&mut self, choices: &[(usize, usize)]) -> Vec<String>;
-    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> String;
-    fn finish(&mut self, index: usize, reason: &'static str) -> String;
+    /// Chunks for new text of choice `index` (none while a format holds text back).
+    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String>;
+    /// Chunks that end choice `index`: whatever was held back, then the finish reason.
+    fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String>;
     fn usage(&mut self, usage: Usage) -> String;
 }
 
@@ -104,8 +106,8 @@ pub fn sse_response<F: ChunkFormat>(
                         text,
                         logprobs,
                     }) => {
-                        let data = s.format.delta(index, text, &logprobs);
-                        s.queued.push_back(frame(data));
+                        let chunks = s.format.delta(index, text, &logprobs);
+                        s.queued.extend(chunks.into_iter().map(frame));
                     }
                     Some(ChoiceEvent::Finished {
                         index,
@@ -113,8 +115,8 @@ pub fn sse_response<F: ChunkFormat>(
                         completion_tokens,
                     }) => {
                         s.completion_tokens += completion_tokens;
-                        let data = s.format.finish(index, reason);
-                        s.queued.push_back(frame(data));
+                        let chunks = s.format.finish(index, reason);
+                        s.queued.extend(chunks.into_iter().map(frame));
                     }
                     Some(ChoiceEvent::Failed(e)) => {
                         e.log();

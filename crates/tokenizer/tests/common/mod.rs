@@ -71,12 +71,25 @@ pub fn to_meta(value: &gguf_file::Value) -> MetaValue {
 
 pub fn smollm2_vocab() -> &'static GgufVocab {
     static VOCAB: OnceLock<GgufVocab> = OnceLock::new();
-    VOCAB.get_or_init(|| {
-        let path = gguf_path();
-        let mut file = std::fs::File::open(&path).unwrap();
-        let content = gguf_file::Content::read(&mut file).unwrap();
-        GgufVocab::from_metadata(|key| content.metadata.get(key).map(to_meta)).unwrap()
-    })
+    VOCAB.get_or_init(|| vocab_of(&gguf_path()))
+}
+
+/// The tokenizer metadata of the GGUF file at `path`.
+pub fn vocab_of(path: &std::path::Path) -> GgufVocab {
+    let mut file = std::fs::File::open(path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    GgufVocab::from_metadata(|key| content.metadata.get(key).map(to_meta)).unwrap()
+}
+
+/// Gemma 3 270M's GGUF (`scripts/fetch-gemma3`; `scripts/test` fetches it first).
+pub fn gemma3_gguf_path() -> PathBuf {
+    let path = cache_dir().join("models").join("gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/fetch-gemma3 first",
+        path.display()
+    );
+    path
 }
 
 /// SmolLM2's tokenizer built from the GGUF metadata.

@@ -288,6 +288,7 @@ pub fn fake_state<E: Executor + 'static>(
             kv_capacity_tokens: num_blocks * 16,
             limits: RequestLimits::default(),
             grammar: Err("the fake executor has no grammar compiler".into()),
+            tool_parser: None,
         }),
         api_keys: Arc::new(Vec::new()),
         max_body_bytes: 1 << 20,

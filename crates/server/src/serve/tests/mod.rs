@@ -10,4 +10,5 @@ mod limits_tests;
 mod model_tests;
 mod openapi_tests;
 mod ops_tests;
+mod tool_tests;
 mod validation_tests;

@@ -45,10 +45,25 @@ async fn chat_parameters_out_of_range_are_refused_by_name() {
             "stream_options",
         ),
         (
-            json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
-            "tools",
+            json!({"tools": [{"type": "function", "function": {"description": "f"}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f",
+                   "parameters": {"type": "object", "properties": {"a": {"type": 7}}}}}]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
         ),
         (json!({"tool_choice": "auto"}), "tool_choice"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": "required", "response_format": {"type": "json_object"}}),
+            "tool_choice",
+        ),
         (json!({"functions": [{"name": "f"}]}), "functions"),
         (
             json!({"response_format": {"type": "yaml"}}),
@@ -71,7 +86,17 @@ async fn chat_parameters_out_of_range_are_refused_by_name() {
         (json!({"messages": []}), "messages"),
         (
             json!({"messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            json!({"messages": [{"role": "critic", "content": "x"}]}),
             "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "f", "arguments": "{not json"}}]}]}),
+            "messages[0].tool_calls[0].function.arguments",
         ),
         (
             json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),

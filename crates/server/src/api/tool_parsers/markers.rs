@@ -1,0 +1,95 @@
+//! Text scanning shared by the parsers: finding a marker that may arrive split across
+//! pieces, and holding back trailing blanks of content until it is known whether a call
+//! follows them.
+
+use crate::api::tool_parsers::ToolEvent;
+
+/// Where `marker` is in `text`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MarkerScan {
+    /// At this byte offset.
+    Found(usize),
+    /// Not there; `text[..safe]` cannot be the start of it, the rest might be.
+    NotYet { safe: usize },
+}
+
+/// Looks for `marker` (ASCII) in `text`.
+pub fn find_marker(text: &str, marker: &str) -> MarkerScan {
+    if let Some(at) = text.find(marker) {
+        return MarkerScan::Found(at);
+    }
+    let longest = (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.ends_with(&marker[..n]))
+        .unwrap_or(0);
+    MarkerScan::NotYet {
+        safe: text.len() - longest,
+    }
+}
+
+/// Content as it goes out: trailing blanks wait until more text shows they are inside
+/// the reply; blanks before a call, or left at the end of a reply with calls, are
+/// dropped.
+#[derive(Debug, Default)]
+pub struct ContentOut {
+    held: String,
+    pub calls: usize,
+}
+
+impl ContentOut {
+    /// Content text.
+    pub fn push(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        if text.is_empty() {
+            return;
+        }
+        let body = text.trim_end();
+        if body.is_empty() {
+            self.held.push_str(text);
+            return;
+        }
+        let mut emit = std::mem::take(&mut self.held);
+        emit.push_str(body);
+        self.held.push_str(&text[body.len()..]);
+        out.push(ToolEvent::Content(emit));
+    }
+
+    /// A call begins: blanks held before it are dropped; gives its index.
+    pub fn call(&mut self) -> usize {
+        self.held.clear();
+        self.calls += 1;
+        self.calls - 1
+    }
+
+    /// The reply ended.
+    pub fn finish(&mut self, out: &mut Vec<ToolEvent>) {
+        let held = std::mem::take(&mut self.held);
+        if self.calls == 0 && !held.is_empty() {
+            out.push(ToolEvent::Content(held));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_markers_are_held() {
+        assert_eq!(
+            find_marker("ab<tool", "<tool_call>"),
+            MarkerScan::NotYet { safe: 2 }
+        );
+        assert_eq!(
+            find_marker("ab<", "<tool_call>"),
+            MarkerScan::NotYet { safe: 2 }
+        );
+        assert_eq!(
+            find_marker("abc", "<tool_call>"),
+            MarkerScan::NotYet { safe: 3 }
+        );
+        assert_eq!(
+            find_marker("a<tool_call>b", "<tool_call>"),
+            MarkerScan::Found(1)
+        );
+    }
+}

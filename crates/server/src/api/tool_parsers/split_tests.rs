@@ -1,0 +1,209 @@
+//! Every parser on recorded outputs of its family: the reply read whole, and read in two
+//! pieces cut at every character boundary (and in pieces of every single character),
+//! gives the same content and calls.
+
+#![allow(clippy::unwrap_used)]
+
+use crate::api::tool_parsers::forced::{ForcedArrayParser, ForcedNamedParser};
+use crate::api::tool_parsers::{ParsedReply, ToolCallParser, ToolEvent, ToolParserKind};
+
+type Make = fn() -> Box<dyn ToolCallParser>;
+
+fn reply_of(parser: &mut dyn ToolCallParser, pieces: &[&str]) -> ParsedReply {
+    let mut reply = ParsedReply::default();
+    let mut started = 0;
+    for piece in pieces {
+        let events = parser.push(piece);
+        for e in &events {
+            match e {
+                ToolEvent::CallStart { index, .. } => {
+                    assert_eq!(*index, started, "calls start in order");
+                    started += 1;
+                }
+                ToolEvent::CallArguments { index, .. } => {
+                    assert!(*index < started, "arguments after their call's start")
+                }
+                ToolEvent::Content(t) => assert!(!t.is_empty(), "empty content event"),
+            }
+        }
+        reply.apply(events);
+    }
+    reply.apply(parser.finish());
+    if !reply.calls.is_empty()
+        && reply
+            .content
+            .as_deref()
+            .is_some_and(|c| c.trim().is_empty())
+    {
+        reply.content = None;
+    }
+    reply
+}
+
+fn check(make: Make, text: &str, content: Option<&str>, calls: &[(&str, &str)]) {
+    let expected = ParsedReply {
+        content: content.map(str::to_string),
+        calls: calls
+            .iter()
+            .map(|(n, a)| (n.to_string(), a.to_string()))
+            .collect(),
+    };
+    assert_eq!(
+        ParsedReply::parse(make(), text),
+        expected,
+        "whole: {text:?}"
+    );
+    for cut in (0..=text.len()).filter(|&c| text.is_char_boundary(c)) {
+        let got = reply_of(make().as_mut(), &[&text[..cut], &text[cut..]]);
+        assert_eq!(got, expected, "cut at {cut}: {text:?}");
+    }
+    let chars: Vec<String> = text.chars().map(String::from).collect();
+    let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+    assert_eq!(
+        reply_of(make().as_mut(), &pieces),
+        expected,
+        "char by char: {text:?}"
+    );
+}
+
+fn hermes() -> Box<dyn ToolCallParser> {
+    ToolParserKind::Hermes.parser()
+}
+fn llama3() -> Box<dyn ToolCallParser> {
+    ToolParserKind::Llama3Json.parser()
+}
+fn mistral() -> Box<dyn ToolCallParser> {
+    ToolParserKind::Mistral.parser()
+}
+
+#[test]
+fn hermes_recorded_outputs() {
+    // Qwen 2.5 calling one tool.
+    check(
+        hermes,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"°C\"}}\n</tool_call>",
+        None,
+        &[("get_weather", r#"{"city": "Paris", "unit": "°C"}"#)],
+    );
+    // Text before two calls.
+    check(
+        hermes,
+        "Let me check both.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": \"</tool_call>\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>",
+        Some("Let me check both."),
+        &[("a", r#"{"x": "</tool_call>"}"#), ("b", "{}")],
+    );
+    // No call at all, with text that looks like the start of a tag.
+    check(
+        hermes,
+        "Use <tool> tags or a < b. \n",
+        Some("Use <tool> tags or a < b. \n"),
+        &[],
+    );
+    // A tag that opens no JSON object is text.
+    check(
+        hermes,
+        "see <tool_call>none here",
+        Some("see <tool_call>none here"),
+        &[],
+    );
+    // Cut by max_tokens inside the arguments: the call keeps what was written.
+    check(
+        hermes,
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": \"ab",
+        None,
+        &[("f", "{\"q\": \"ab")],
+    );
+}
+
+#[test]
+fn llama3_recorded_outputs() {
+    check(
+        llama3,
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"San Francisco\"}}",
+        None,
+        &[("get_weather", r#"{"city": "San Francisco"}"#)],
+    );
+    check(
+        llama3,
+        " {\"name\": \"a\", \"parameters\": {\"n\": 1}}; {\"name\": \"b\", \"parameters\": {\"s\": \"}\"}}",
+        None,
+        &[("a", r#"{"n": 1}"#), ("b", r#"{"s": "}"}"#)],
+    );
+    check(
+        llama3,
+        "The weather is sunny {\"name\": \"x\"}",
+        Some("The weather is sunny {\"name\": \"x\"}"),
+        &[],
+    );
+    check(llama3, "{\"answer\": 42}", Some("{\"answer\": 42}"), &[]);
+}
+
+#[test]
+fn mistral_recorded_outputs() {
+    check(
+        mistral,
+        "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lyon\"}}, {\"name\": \"now\", \"arguments\": {}}]",
+        None,
+        &[("get_weather", r#"{"city": "Lyon"}"#), ("now", "{}")],
+    );
+    // The marker is a special token the detokenizer drops.
+    check(
+        mistral,
+        " [{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}]",
+        None,
+        &[("f", r#"{"a": [1, 2]}"#)],
+    );
+    check(
+        mistral,
+        "[1] is a citation, [TOOL_CALLS is not a marker",
+        Some("[1] is a citation, [TOOL_CALLS is not a marker"),
+        &[],
+    );
+    check(
+        mistral,
+        "Sure. [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]",
+        Some("Sure."),
+        &[("f", "{}")],
+    );
+}
+
+#[test]
+fn forced_outputs() {
+    check(
+        || Box::new(ForcedArrayParser::default()),
+        "[{\"name\": \"a\", \"arguments\": {\"x\": \"[{\\\"\"}}, {\"name\": \"b\", \"arguments\": {}}]",
+        None,
+        &[("a", r#"{"x": "[{\""}"#), ("b", "{}")],
+    );
+    check(
+        || Box::new(ForcedNamedParser::new("f".into())),
+        "{\"city\": \"Paris\"}",
+        None,
+        &[("f", r#"{"city": "Paris"}"#)],
+    );
+}
+
+#[test]
+fn parser_follows_the_template() {
+    assert_eq!(
+        ToolParserKind::from_template("{{ '<tool_call>' }}"),
+        ToolParserKind::Hermes
+    );
+    assert_eq!(
+        ToolParserKind::from_template("[TOOL_CALLS] {{ x }}"),
+        ToolParserKind::Mistral
+    );
+    assert_eq!(
+        ToolParserKind::from_template("<|start_header_id|>ipython {{ '<|python_tag|>' }}"),
+        ToolParserKind::Llama3Json
+    );
+    assert_eq!(
+        ToolParserKind::from_template("<|im_start|>"),
+        ToolParserKind::Hermes
+    );
+    assert_eq!(
+        "mistral".parse::<ToolParserKind>(),
+        Ok(ToolParserKind::Mistral)
+    );
+    assert!("nope".parse::<ToolParserKind>().is_err());
+}

@@ -1,0 +1,150 @@
+//! Tools and chat templates: which form the reply's calls take, and a conversation
+//! shaped for templates that know nothing of tools.
+//!
+//! A template that refers to `tools` gets them as transformers passes them, and the
+//! parser of its family reads the reply. A template that does not (SmolLM2's plain
+//! ChatML, for one) would drop them silently, so the tools are described in the system
+//! message in the Hermes form, earlier calls are written into the assistant turns in
+//! that form, and tool results become `<tool_response>` user turns: any chat model can
+//! then be offered tools, and the Hermes parser reads its calls.
+
+use serde_json::{json, Map, Value};
+use tessera_tokenizer::{ChatMessage, MessageContent};
+
+use crate::api::tool_parsers::forced::{ForcedArrayParser, ForcedNamedParser};
+use crate::api::tool_parsers::{ToolCallParser, ToolParserKind};
+use crate::api::tools::{ForcedCalls, ToolChoice, ToolRequest};
+
+/// How the calls of a reply are read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolOutput {
+    /// The grammar forced them (`required` or a named function).
+    Forced(ForcedCalls),
+    /// The model wrote them in its family's form (`auto`).
+    Parsed(ToolParserKind),
+}
+
+impl ToolOutput {
+    /// A fresh reader for one choice.
+    pub fn parser(&self) -> Box<dyn ToolCallParser> {
+        match self {
+            ToolOutput::Forced(ForcedCalls::Array) => Box::new(ForcedArrayParser::default()),
+            ToolOutput::Forced(ForcedCalls::Named(name)) => {
+                Box::new(ForcedNamedParser::new(name.clone()))
+            }
+            ToolOutput::Parsed(kind) => kind.parser(),
+        }
+    }
+}
+
+/// The messages and tools to render with the template `source`, and how the reply's
+/// calls are read (`None`: the reply is plain text).
+pub fn adapt_to_template(
+    mut messages: Vec<ChatMessage>,
+    tools: Option<&ToolRequest>,
+    source: &str,
+    parser_flag: Option<ToolParserKind>,
+) -> (Vec<ChatMessage>, Option<Vec<Value>>, Option<ToolOutput>) {
+    let knows_tools = source.contains("tools");
+    if !source.contains("tool_calls") {
+        for m in &mut messages {
+            write_calls_as_text(m);
+        }
+    }
+    if !(source.contains("'tool'") || source.contains("\"tool\"")) {
+        for m in &mut messages {
+            write_result_as_user_turn(m);
+        }
+    }
+    let Some(tools) = tools else {
+        return (messages, None, None);
+    };
+    let output = match (&tools.choice, tools.forced()) {
+        (_, Some(forced)) => Some(ToolOutput::Forced(forced)),
+        (ToolChoice::None, None) => None,
+        (_, None) => Some(ToolOutput::Parsed(
+            parser_flag.unwrap_or_else(|| ToolParserKind::from_template(source)),
+        )),
+    };
+    if knows_tools {
+        return (messages, Some(tools.template_tools()), output);
+    }
+    if tools.choice != ToolChoice::None {
+        add_to_system(&mut messages, &describe_tools(&tools.template_tools()));
+    }
+    (messages, None, output)
+}
+
+/// The Hermes-form description of `tools` for the system message.
+fn describe_tools(tools: &[Value]) -> String {
+    let mut text = String::from(
+        "You may call one or more functions to assist with the user query. The function \
+         signatures are within <tools></tools> XML tags:\n<tools>",
+    );
+    for tool in tools {
+        text.push('\n');
+        text.push_str(&tool.to_string());
+    }
+    text.push_str(
+        "\n</tools>\n\nFor each function call, return a json object with function name and \
+         arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": \
+         <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+    );
+    text
+}
+
+/// Appends `text` to a leading system message, or puts one first.
+fn add_to_system(messages: &mut Vec<ChatMessage>, text: &str) {
+    if let Some(first) = messages.first_mut().filter(|m| m.role == "system") {
+        if let Some(MessageContent::Text(existing)) = &mut first.content {
+            existing.push_str("\n\n");
+            existing.push_str(text);
+            return;
+        }
+    }
+    messages.insert(0, ChatMessage::new("system", text));
+}
+
+/// An assistant turn's calls as `<tool_call>` text after its content.
+fn write_calls_as_text(m: &mut ChatMessage) {
+    let Some(Value::Array(calls)) = m.extra.remove("tool_calls") else {
+        return;
+    };
+    let mut text = match &m.content {
+        Some(MessageContent::Text(t)) => t.clone(),
+        _ => String::new(),
+    };
+    for call in calls {
+        let function = call.get("function").cloned().unwrap_or(Value::Null);
+        let object = json!({
+            "name": function.get("name").cloned().unwrap_or(Value::Null),
+            "arguments": function.get("arguments").cloned().unwrap_or(Value::Object(Map::new())),
+        });
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&format!("<tool_call>\n{object}\n</tool_call>"));
+    }
+    m.content = Some(MessageContent::Text(text));
+}
+
+/// A tool result as a user turn holding a `<tool_response>`.
+fn write_result_as_user_turn(m: &mut ChatMessage) {
+    if m.role != "tool" {
+        return;
+    }
+    m.extra.remove("tool_call_id");
+    let result = match &m.content {
+        Some(MessageContent::Text(t)) => t.clone(),
+        Some(MessageContent::Parts(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        None => String::new(),
+    };
+    m.role = "user".into();
+    m.content = Some(MessageContent::Text(format!(
+        "<tool_response>\n{result}\n</tool_response>"
+    )));
+}

@@ -1,0 +1,313 @@
+//! `POST /v1/responses`, stateless: the request runs as the chat request it stands for;
+//! the reply is shaped as a Responses object, or streamed as its event sequence
+//! (`response.created`, `response.in_progress`, `response.output_item.added`,
+//! `response.content_part.added`, `response.output_text.delta`, ...,
+//! `response.function_call_arguments.delta`, ..., `response.completed`).
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::api::chat_request::ChatRequest;
+use crate::api::error::ServerError;
+use crate::api::response::{TokenLogprob, Usage};
+use crate::api::responses_object::{
+    function_call_item, message_item, output_text_part, status_of, ResponseHeader,
+};
+use crate::api::responses_request::chat_body;
+use crate::api::tool_parsers::{ParsedReply, ToolCallParser, ToolEvent};
+use crate::api::valid_request::ValidRequest;
+use crate::serve::chat_tools::new_call_id;
+use crate::serve::generation::{collect_all, log_end_user, Submitted};
+use crate::serve::json_body::JsonBody;
+use crate::serve::state::{random_id, AppState};
+use crate::serve::stream::{sse_response, to_json, ChunkFormat};
+
+pub async fn create_response(
+    State(app): State<AppState>,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ServerError> {
+    let chat = chat_body(&body)?;
+    let req = ChatRequest::parse(&chat)?;
+    log_end_user(req.params.user.as_ref());
+    let valid = ValidRequest::chat(req, &app.validation).await?;
+    let Submitted {
+        runs,
+        prompt_tokens,
+        id,
+        created,
+        model,
+        ..
+    } = Submitted::new(&app, &valid, "resp")?;
+    let header = ResponseHeader {
+        id: id.replacen("resp-", "resp_", 1),
+        created_at: created,
+        model,
+        request: body,
+    };
+    let parser = || -> Option<Box<dyn ToolCallParser>> { valid.tool_output().map(|t| t.parser()) };
+    if valid.stream() {
+        let format = ResponsesFormat::new(header, parser());
+        // The usage chunk carries `response.completed`.
+        return Ok(sse_response(runs, format, prompt_tokens, true, &app.limits));
+    }
+    let outputs = collect_all(runs).await?;
+    let Some(out) = outputs.into_iter().next() else {
+        return Err(ServerError::Internal("a response without output".into()));
+    };
+    let reply = match parser() {
+        Some(p) => ParsedReply::parse(p, &out.text),
+        None => ParsedReply {
+            content: Some(out.text),
+            calls: Vec::new(),
+        },
+    };
+    let mut output = Vec::new();
+    if let Some(text) = reply
+        .content
+        .filter(|t| !t.is_empty() || reply.calls.is_empty())
+    {
+        output.push(message_item(
+            &format!("msg_{}", random_id()),
+            "completed",
+            Some(&text),
+        ));
+    }
+    for (name, arguments) in &reply.calls {
+        output.push(function_call_item(
+            &format!("fc_{}", random_id()),
+            &new_call_id(),
+            name,
+            arguments,
+            "completed",
+        ));
+    }
+    let (status, incomplete) = status_of(out.finish_reason);
+    let usage = Usage::new(prompt_tokens, out.completion_tokens);
+    Ok(Json(header.object(status, output, Some(usage), incomplete)).into_response())
+}
+
+/// The item being streamed.
+enum OpenItem {
+    Message {
+        id: String,
+        text: String,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+}
+
+/// The Responses event sequence of one streamed response.
+pub struct ResponsesFormat {
+    header: ResponseHeader,
+    parser: Option<Box<dyn ToolCallParser>>,
+    sequence: u64,
+    open: Option<OpenItem>,
+    done: Vec<Value>,
+    finish_reason: &'static str,
+}
+
+impl ResponsesFormat {
+    fn new(header: ResponseHeader, parser: Option<Box<dyn ToolCallParser>>) -> Self {
+        ResponsesFormat {
+            header,
+            parser,
+            sequence: 0,
+            open: None,
+            done: Vec::new(),
+            finish_reason: "stop",
+        }
+    }
+
+    fn event(&mut self, kind: &str, mut body: Value) -> String {
+        body["type"] = json!(kind);
+        body["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        to_json(&body)
+    }
+
+    fn output_index(&self) -> usize {
+        self.done.len()
+    }
+
+    /// Ends the open item, if any.
+    fn close(&mut self, out: &mut Vec<String>) {
+        let index = self.output_index();
+        match self.open.take() {
+            None => {}
+            Some(OpenItem::Message { id, text }) => {
+                let e = self.event("response.output_text.done", json!({
+                    "item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": [],
+                }));
+                out.push(e);
+                let e = self.event(
+                    "response.content_part.done",
+                    json!({
+                        "item_id": id, "output_index": index, "content_index": 0,
+                        "part": output_text_part(&text),
+                    }),
+                );
+                out.push(e);
+                let item = message_item(&id, "completed", Some(&text));
+                let e = self.event(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                );
+                out.push(e);
+                self.done.push(item);
+            }
+            Some(OpenItem::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+            }) => {
+                let e = self.event(
+                    "response.function_call_arguments.done",
+                    json!({
+                        "item_id": id, "output_index": index, "name": name, "arguments": arguments,
+                    }),
+                );
+                out.push(e);
+                let item = function_call_item(&id, &call_id, &name, &arguments, "completed");
+                let e = self.event(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                );
+                out.push(e);
+                self.done.push(item);
+            }
+        }
+    }
+
+    fn apply(&mut self, events: Vec<ToolEvent>, out: &mut Vec<String>) {
+        for event in events {
+            let index = self.output_index();
+            match event {
+                ToolEvent::Content(text) => {
+                    if !matches!(self.open, Some(OpenItem::Message { .. })) {
+                        self.close(out);
+                        let id = format!("msg_{}", random_id());
+                        let item = message_item(&id, "in_progress", None);
+                        let index = self.output_index();
+                        let e = self.event(
+                            "response.output_item.added",
+                            json!({"output_index": index, "item": item}),
+                        );
+                        out.push(e);
+                        let e = self.event(
+                            "response.content_part.added",
+                            json!({
+                                "item_id": id, "output_index": index, "content_index": 0,
+                                "part": output_text_part(""),
+                            }),
+                        );
+                        out.push(e);
+                        self.open = Some(OpenItem::Message {
+                            id,
+                            text: String::new(),
+                        });
+                    }
+                    let index = self.output_index();
+                    let id = match &mut self.open {
+                        Some(OpenItem::Message { id, text: all }) => {
+                            all.push_str(&text);
+                            id.clone()
+                        }
+                        _ => continue,
+                    };
+                    let e = self.event("response.output_text.delta", json!({
+                        "item_id": id, "output_index": index, "content_index": 0, "delta": text, "logprobs": [],
+                    }));
+                    out.push(e);
+                }
+                ToolEvent::CallStart { name, .. } => {
+                    self.close(out);
+                    let index = self.output_index();
+                    let id = format!("fc_{}", random_id());
+                    let call_id = new_call_id();
+                    let item = function_call_item(&id, &call_id, &name, "", "in_progress");
+                    let e = self.event(
+                        "response.output_item.added",
+                        json!({"output_index": index, "item": item}),
+                    );
+                    out.push(e);
+                    self.open = Some(OpenItem::Call {
+                        id,
+                        call_id,
+                        name,
+                        arguments: String::new(),
+                    });
+                }
+                ToolEvent::CallArguments { fragment, .. } => {
+                    let id = match &mut self.open {
+                        Some(OpenItem::Call { id, arguments, .. }) => {
+                            arguments.push_str(&fragment);
+                            id.clone()
+                        }
+                        _ => continue,
+                    };
+                    let e = self.event(
+                        "response.function_call_arguments.delta",
+                        json!({
+                            "item_id": id, "output_index": index, "delta": fragment,
+                        }),
+                    );
+                    out.push(e);
+                }
+            }
+        }
+    }
+}
+
+impl ChunkFormat for ResponsesFormat {
+    fn opening(&mut self, _choices: &[(usize, usize)]) -> Vec<String> {
+        let response = self.header.object("in_progress", Vec::new(), None, None);
+        let created = self.event("response.created", json!({"response": response}));
+        let progress = self.event("response.in_progress", json!({"response": response}));
+        vec![created, progress]
+    }
+
+    fn delta(&mut self, _index: usize, text: String, _logprobs: &[TokenLogprob]) -> Vec<String> {
+        let events = match &mut self.parser {
+            Some(p) => p.push(&text),
+            None if text.is_empty() => Vec::new(),
+            None => vec![ToolEvent::Content(text)],
+        };
+        let mut out = Vec::new();
+        self.apply(events, &mut out);
+        out
+    }
+
+    fn finish(&mut self, _index: usize, reason: &'static str) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(p) = &mut self.parser {
+            let events = p.finish();
+            self.apply(events, &mut out);
+        }
+        self.close(&mut out);
+        self.finish_reason = reason;
+        out
+    }
+
+    fn usage(&mut self, usage: Usage) -> String {
+        let (status, incomplete) = status_of(self.finish_reason);
+        let response = self.header.object(
+            status,
+            std::mem::take(&mut self.done),
+            Some(usage),
+            incomplete,
+        );
+        let kind = if status == "completed" {
+            "response.completed"
+        } else {
+            "response.incomplete"
+        };
+        self.event(kind, json!({"response": response}))
+    }
+}
