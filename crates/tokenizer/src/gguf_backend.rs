@@ -76,17 +76,7 @@ pub(crate) fn build_backend(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer> 
     }
     let spec = PreTokenizerSpec::for_name(vocab.pre.as_deref())?;
 
-    let mut token_ids = Vocab::default();
-    token_ids.reserve(vocab.tokens.len());
-    for (id, token) in vocab.tokens.iter().enumerate() {
-        let id = u32::try_from(id).map_err(|_| TokenizerError::InvalidMetadata {
-            key: "tokenizer.ggml.tokens".to_string(),
-            reason: "more than u32::MAX tokens".to_string(),
-        })?;
-        // On duplicate texts the last id wins, as in llama.cpp's and transformers' text
-        // lookups; earlier duplicates stay reachable by id only.
-        token_ids.insert(token.clone(), id);
-    }
+    let token_ids = token_ids(vocab)?;
     let merges = parse_merges(&vocab.merges)?;
     // Every merge must produce a token of the vocabulary. `tokenizers` reports that as an
     // error too, but only after copying the pair into a buffer sized by the longest token,
@@ -128,6 +118,32 @@ pub(crate) fn build_backend(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer> 
     ))));
     tokenizer.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())));
 
+    add_vocab_tokens(&mut tokenizer, vocab)?;
+    Ok(tokenizer)
+}
+
+/// Token text to id. On duplicate texts the last id wins, as in llama.cpp's and
+/// transformers' text lookups; earlier duplicates stay reachable by id only.
+pub(crate) fn token_ids(vocab: &GgufVocab) -> Result<Vocab> {
+    let mut ids = Vocab::default();
+    ids.reserve(vocab.tokens.len());
+    for (id, token) in vocab.tokens.iter().enumerate() {
+        let id = u32::try_from(id).map_err(|_| TokenizerError::InvalidMetadata {
+            key: "tokenizer.ggml.tokens".to_string(),
+            reason: "more than u32::MAX tokens".to_string(),
+        })?;
+        ids.insert(token.clone(), id);
+    }
+    Ok(ids)
+}
+
+/// Control tokens (type 3) become special added tokens, user-defined ones (type 4) plain
+/// added tokens, both matched in the text before anything else. Existing vocabulary
+/// entries keep their ids: the added vocabulary only records which texts to match.
+pub(crate) fn add_vocab_tokens(
+    tokenizer: &mut tokenizers::Tokenizer,
+    vocab: &GgufVocab,
+) -> Result<()> {
     let mut special = Vec::new();
     let mut user_defined = Vec::new();
     for (id, token) in vocab.tokens.iter().enumerate() {
@@ -139,11 +155,9 @@ pub(crate) fn build_backend(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer> 
             _ => {}
         }
     }
-    // Existing vocabulary entries keep their ids: the added vocabulary only records which
-    // texts to match before pre-tokenization.
     tokenizer.add_special_tokens(special)?;
     tokenizer.add_tokens(user_defined)?;
-    Ok(tokenizer)
+    Ok(())
 }
 
 /// The character byte-level BPE writes for byte `b` (GPT-2's mapping: printable bytes

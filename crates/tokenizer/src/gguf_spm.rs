@@ -21,9 +21,10 @@ use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
-use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper};
+use tokenizers::{DecoderWrapper, NormalizerWrapper};
 
 use crate::error::{Result, TokenizerError};
+use crate::gguf_backend::{add_vocab_tokens, token_ids};
 use crate::gguf_vocab::{GgufVocab, TokenType};
 
 /// SentencePiece's visible space.
@@ -31,7 +32,7 @@ const SPACE: &str = "\u{2581}";
 
 /// Builds the `tokenizers` pipeline for a SentencePiece GGUF vocabulary.
 pub(crate) fn build_spm_backend(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer> {
-    let ids = piece_ids(vocab)?;
+    let ids = token_ids(vocab)?;
     let merges = merges_by_score(vocab, &ids);
     let mut bpe = BPE::builder()
         .vocab_and_merges(ids, merges)
@@ -70,34 +71,8 @@ pub(crate) fn build_spm_backend(vocab: &GgufVocab) -> Result<tokenizers::Tokeniz
         decoders,
     ))));
 
-    let mut special = Vec::new();
-    let mut user_defined = Vec::new();
-    for (id, token) in vocab.tokens.iter().enumerate() {
-        match vocab.token_type(id) {
-            TokenType::Control => special.push(AddedToken::from(token.clone(), true)),
-            TokenType::UserDefined => {
-                user_defined.push(AddedToken::from(token.clone(), false).normalized(false))
-            }
-            _ => {}
-        }
-    }
-    tokenizer.add_special_tokens(special)?;
-    tokenizer.add_tokens(user_defined)?;
+    add_vocab_tokens(&mut tokenizer, vocab)?;
     Ok(tokenizer)
-}
-
-/// Piece text to id; on duplicate texts the last id wins, as in the byte-level path.
-fn piece_ids(vocab: &GgufVocab) -> Result<Vocab> {
-    let mut ids = Vocab::default();
-    ids.reserve(vocab.tokens.len());
-    for (id, token) in vocab.tokens.iter().enumerate() {
-        let id = u32::try_from(id).map_err(|_| TokenizerError::InvalidMetadata {
-            key: "tokenizer.ggml.tokens".to_string(),
-            reason: "more than u32::MAX tokens".to_string(),
-        })?;
-        ids.insert(token.clone(), id);
-    }
-    Ok(ids)
 }
 
 /// Every split of a normal or user-defined piece into two pieces, highest joined score
