@@ -12,3 +12,4 @@ pub mod generate_cmd;
 pub mod model_args;
 pub mod node_args;
 pub mod serve;
+pub mod template_sandbox;

@@ -2,19 +2,20 @@
 
 use clap::{CommandFactory, FromArgMatches};
 use tessera_server::cli::{Cli, Command, LogFormat};
-use tessera_server::{config_layers, generate_cmd, serve};
+use tessera_server::{config_layers, generate_cmd, serve, template_sandbox};
 
 fn main() -> std::process::ExitCode {
-    let argv =
-        match config_layers::layered_argv(&Cli::command(), std::env::args_os().collect(), |k| {
-            std::env::var(k).ok()
-        }) {
-            Ok(argv) => argv,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return std::process::ExitCode::from(2);
-            }
-        };
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if template_sandbox::is_sandbox_invocation(&args) {
+        return std::process::ExitCode::from(template_sandbox::run_sandbox());
+    }
+    let argv = match config_layers::layered_argv(&Cli::command(), args, |k| std::env::var(k).ok()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let matches = Cli::command().get_matches_from(argv);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Serve(args) = &cli.command {
@@ -44,9 +45,16 @@ fn main() -> std::process::ExitCode {
             .with_span_list(false)
             .init(),
     }
+    // Chat templates come with model files: the binary renders them in sandboxes.
     let result = match cli.command {
-        Command::Generate(args) => generate_cmd::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Generate(mut args) => {
+            args.model.template_sandbox = Some(template_sandbox::launcher());
+            generate_cmd::run(args)
+        }
+        Command::Serve(mut args) => {
+            args.model.template_sandbox = Some(template_sandbox::launcher());
+            serve::run(args)
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

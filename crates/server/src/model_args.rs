@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tessera_engine::tp::AllReduceDtype;
 use tessera_engine::{load_tokenizer, DeviceSpec, EngineConfig, Tokenizer};
+use tessera_tokenizer::sandbox::SandboxLauncher;
 
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
@@ -24,6 +25,20 @@ pub struct ModelArgs {
     /// has none, or to change it), as in tokenizer_config.json's `chat_template`.
     #[arg(long, env = "TESSERA_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
+
+    /// Memory, in MiB, that one chat-template render may use. Templates render in
+    /// sandbox processes; a render that needs more fails its request with a 400.
+    #[arg(long, default_value_t = 512)]
+    pub chat_template_memory_mib: u64,
+
+    /// Seconds one chat-template render may take before it is stopped (a 400).
+    #[arg(long, default_value_t = 10)]
+    pub chat_template_timeout: u64,
+
+    /// Where chat templates render: in sandbox processes when set (the `tessera` binary
+    /// sets it), else in this process.
+    #[arg(skip)]
+    pub template_sandbox: Option<SandboxLauncher>,
 
     /// Number of devices (ranks) the model is split over.
     #[arg(long, default_value_t = 1)]
@@ -101,15 +116,28 @@ impl ModelArgs {
     /// The tokenizer (`--tokenizer`, else the model's) with `--chat-template` applied.
     pub fn load_tokenizer(&self) -> Result<Tokenizer> {
         let path = self.tokenizer_path()?;
-        let tokenizer = load_tokenizer(&path).context("loading the tokenizer")?;
-        let Some(template) = &self.chat_template else {
-            return Ok(tokenizer);
-        };
-        let source = std::fs::read_to_string(template)
-            .with_context(|| format!("reading --chat-template {}", template.display()))?;
-        tokenizer
-            .with_chat_template(&source)
-            .with_context(|| format!("compiling --chat-template {}", template.display()))
+        let mut tokenizer = load_tokenizer(&path).context("loading the tokenizer")?;
+        if let Some(template) = &self.chat_template {
+            let source = std::fs::read_to_string(template)
+                .with_context(|| format!("reading --chat-template {}", template.display()))?;
+            tokenizer = tokenizer
+                .with_chat_template(&source)
+                .with_context(|| format!("compiling --chat-template {}", template.display()))?;
+        }
+        if let Some(launcher) = &self.template_sandbox {
+            let mut launcher = launcher.clone();
+            launcher.memory_limit_bytes = self.chat_template_memory_mib.max(16) << 20;
+            launcher.render_timeout = Duration::from_secs(self.chat_template_timeout.max(1));
+            let (mib, secs) = (launcher.memory_limit_bytes >> 20, launcher.render_timeout);
+            tokenizer
+                .isolate_chat_template(launcher)
+                .context("starting the chat template sandbox")?;
+            tracing::info!(
+                "chat templates render in sandbox processes ({mib} MiB and {:.0} s per render)",
+                secs.as_secs_f64()
+            );
+        }
+        Ok(tokenizer)
     }
 
     pub fn engine_config(&self) -> Result<EngineConfig> {

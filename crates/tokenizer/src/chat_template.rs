@@ -15,8 +15,12 @@
 //! Bounds: templates come with model files and are not trusted. Rendering runs with a
 //! fuel budget (minijinja instructions), a recursion limit and a cap on the output size,
 //! so a template that loops for ever, recurses without end or writes without end fails
-//! with an error instead of holding a thread. (Not bounded: a string that a template
-//! doubles in a variable a few dozen times; minijinja has no memory accounting.)
+//! with an error instead of holding a thread. minijinja has no memory accounting, so a
+//! template that doubles a string in a loop is bounded only by isolation: after
+//! [`ChatTemplate::isolate`], renders run in sandbox processes with a memory limit
+//! (`crate::sandbox`), and such a template fails its request instead of the server.
+
+use std::sync::Arc;
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Serde, Value, ValueKind};
@@ -26,12 +30,13 @@ use serde_json::Map;
 use crate::chat_message::{ChatMessage, ContentFormat};
 use crate::error::{Result, TokenizerError};
 use crate::py_json;
+use crate::sandbox::{SandboxInit, SandboxLauncher, TemplateSandbox};
 use crate::strftime;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
 /// Limits that keep a hostile or broken template from hanging a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChatTemplateConfig {
     /// minijinja instructions one render may execute. A ChatML render costs tens of
     /// instructions per message, so the default allows very long chats.
@@ -54,7 +59,7 @@ impl Default for ChatTemplateConfig {
 }
 
 /// Special-token strings the template can refer to (`bos_token`, `eos_token`, ...).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SpecialTokenStrings {
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
@@ -81,7 +86,9 @@ pub struct ChatTemplate {
     source: String,
     special_tokens: SpecialTokenStrings,
     content_format: ContentFormat,
-    max_output_bytes: usize,
+    config: ChatTemplateConfig,
+    /// Where renders run once [`ChatTemplate::isolate`] was called; in this process before.
+    sandbox: Option<Arc<TemplateSandbox>>,
 }
 
 impl ChatTemplate {
@@ -111,8 +118,28 @@ impl ChatTemplate {
             source: source.to_string(),
             special_tokens,
             content_format: ContentFormat::detect(source),
-            max_output_bytes: config.max_output_bytes,
+            config: config.clone(),
+            sandbox: None,
         })
+    }
+
+    /// From now on renders run in sandbox processes that `launcher` starts, each with a
+    /// memory limit and a deadline. Starts one at once, so that a launcher that cannot work
+    /// fails here, at start-up, and not on the first request.
+    pub fn isolate(&mut self, launcher: SandboxLauncher) -> Result<()> {
+        let init = SandboxInit {
+            source: self.source.clone(),
+            special_tokens: self.special_tokens.clone(),
+            config: self.config.clone(),
+            memory_limit_bytes: launcher.memory_limit_bytes,
+        };
+        self.sandbox = Some(Arc::new(TemplateSandbox::start(launcher, init)?));
+        Ok(())
+    }
+
+    /// Whether renders run in sandbox processes.
+    pub fn is_isolated(&self) -> bool {
+        self.sandbox.is_some()
     }
 
     /// The template text.
@@ -134,6 +161,15 @@ impl ChatTemplate {
     /// Renders the prompt text. Encode it with `add_special_tokens = false`: the template
     /// already wrote any BOS it wants.
     pub fn render(&self, request: &ChatRenderRequest) -> Result<String> {
+        let ctx = self.context(request)?;
+        match &self.sandbox {
+            Some(sandbox) => sandbox.render(&ctx),
+            None => self.render_context(&ctx),
+        }
+    }
+
+    /// The variables the template sees for `request`.
+    fn context(&self, request: &ChatRenderRequest) -> Result<Map<String, serde_json::Value>> {
         let mut messages = Vec::with_capacity(request.messages.len());
         for message in &request.messages {
             messages.push(message.to_template_value(self.content_format)?);
@@ -166,13 +202,18 @@ impl ChatTemplate {
         for (key, value) in &request.kwargs {
             ctx.insert(key.clone(), value.clone());
         }
+        Ok(ctx)
+    }
+
+    /// Renders `ctx` in this process.
+    pub(crate) fn render_context(&self, ctx: &Map<String, serde_json::Value>) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME)?;
         let mut out = CappedWriter {
             buf: Vec::new(),
-            max_bytes: self.max_output_bytes,
+            max_bytes: self.config.max_output_bytes,
             overflowed: false,
         };
-        let rendered = template.render_captured_to(Value::from(Serde(&ctx)), &mut out);
+        let rendered = template.render_captured_to(Value::from(Serde(ctx)), &mut out);
         if let Err(err) = rendered {
             let overflowed = out.overflowed;
             return Err(match err.kind() {
@@ -182,7 +223,7 @@ impl ChatTemplate {
                 )),
                 _ if overflowed => TokenizerError::Template(format!(
                     "rendered prompt exceeds {} bytes: {err}",
-                    self.max_output_bytes
+                    self.config.max_output_bytes
                 )),
                 _ => TokenizerError::from(err),
             });

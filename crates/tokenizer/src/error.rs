@@ -64,6 +64,10 @@ pub enum TokenizerError {
     #[error("chat template: {0}")]
     Template(String),
 
+    /// A chat template sandbox process could not be started or spoke out of turn.
+    #[error("chat template sandbox: {0}")]
+    Sandbox(String),
+
     /// The chat request could not be turned into template inputs.
     #[error("chat template input: {0}")]
     TemplateInput(String),

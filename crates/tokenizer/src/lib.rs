@@ -22,6 +22,7 @@ mod gguf_vocab;
 mod hf_config;
 mod incremental_decoder;
 mod py_json;
+pub mod sandbox;
 mod stop_matcher;
 mod strftime;
 mod tokenizer;

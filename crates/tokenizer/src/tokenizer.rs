@@ -23,6 +23,7 @@ use crate::chat_template::{ChatTemplate, ChatTemplateConfig, SpecialTokenStrings
 use crate::error::{Result, TokenizerError};
 use crate::gguf_vocab::GgufVocab;
 use crate::hf_config::{self, HfTokenizerConfig};
+use crate::sandbox::SandboxLauncher;
 use crate::{gguf_backend, gguf_spm};
 
 /// Texts of special tokens that end an assistant turn in common chat formats.
@@ -310,6 +311,15 @@ impl Tokenizer {
         )?;
         self.chat_template = Some(Ok(template));
         Ok(self)
+    }
+
+    /// Renders the chat template (when there is one) in sandbox processes from now on; see
+    /// [`crate::sandbox`].
+    pub fn isolate_chat_template(&mut self, launcher: SandboxLauncher) -> Result<()> {
+        match &mut self.chat_template {
+            Some(Ok(template)) => template.isolate(launcher),
+            _ => Ok(()),
+        }
     }
 
     /// The underlying Hugging Face tokenizer.
