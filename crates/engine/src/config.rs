@@ -189,7 +189,7 @@ const MAX_CONTEXT: usize = 1 << 21;
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
         "llama" | "mistral" => Ok(RopeStyle::Interleaved),
-        "qwen2" | "qwen3" | "gemma3" => Ok(RopeStyle::Half),
+        "qwen2" | "qwen3" | "qwen3moe" | "gemma3" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
 }
