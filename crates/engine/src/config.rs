@@ -11,6 +11,10 @@ use crate::device_map::LayerMap;
 use crate::error::{EngineError, Result};
 use crate::tp::AllReduceDtype;
 
+#[path = "config_moe.rs"]
+mod moe;
+pub use moe::{ExpertNames, ExpertTensor, MoeConfig, MoeFields};
+
 /// How rotary embeddings pair the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -40,21 +44,6 @@ pub struct SlidingWindow {
     pub layers: Vec<bool>,
     /// RoPE base of the sliding-window layers.
     pub rope_theta: f32,
-}
-
-/// A mixture-of-experts MLP (Qwen3-MoE): in the layers marked in `layers`, a router picks
-/// `top_k` of `num_experts` SiLU-gated experts per token; the other layers keep the dense
-/// MLP of `intermediate_size`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MoeConfig {
-    pub num_experts: usize,
-    pub top_k: usize,
-    /// Intermediate size of each expert (`moe_intermediate_size`).
-    pub intermediate_size: usize,
-    /// The chosen experts' probabilities are divided by their sum (`norm_topk_prob`).
-    pub norm_topk_prob: bool,
-    /// Per decoder layer: whether its MLP is the mixture.
-    pub layers: Vec<bool>,
 }
 
 /// Architecture hyper-parameters that the forward pass and the shard plan need.
@@ -176,31 +165,7 @@ impl ModelConfig {
             return fail(format!("rope theta {} must be positive", self.rope_theta));
         }
         if let Some(moe) = &self.moe {
-            if moe.num_experts == 0 || moe.num_experts > MAX_EXPERTS {
-                return fail(format!(
-                    "num_experts {} must be between 1 and {MAX_EXPERTS}",
-                    moe.num_experts
-                ));
-            }
-            if moe.top_k == 0 || moe.top_k > moe.num_experts {
-                return fail(format!(
-                    "num_experts_per_tok {} must be between 1 and num_experts ({})",
-                    moe.top_k, moe.num_experts
-                ));
-            }
-            if moe.intermediate_size == 0 || moe.intermediate_size > MAX_WIDTH {
-                return fail(format!(
-                    "moe_intermediate_size {} must be between 1 and {MAX_WIDTH}",
-                    moe.intermediate_size
-                ));
-            }
-            if moe.layers.len() != self.num_layers {
-                return fail(format!(
-                    "mixture-of-experts layer types: {} for {} layers",
-                    moe.layers.len(),
-                    self.num_layers
-                ));
-            }
+            moe.validate(self.num_layers, MAX_WIDTH)?;
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return fail(format!(
@@ -219,13 +184,12 @@ const MAX_LAYERS: usize = 1024;
 const MAX_HEADS: usize = 1024;
 const MAX_HEAD_DIM: usize = 1024;
 const MAX_CONTEXT: usize = 1 << 21;
-const MAX_EXPERTS: usize = 1 << 12;
 
 /// Architectures of the llama family, with the rope style of their GGUF files.
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
         "llama" | "mistral" => Ok(RopeStyle::Interleaved),
-        "qwen2" | "qwen3" | "gemma3" => Ok(RopeStyle::Half),
+        "qwen2" | "qwen3" | "qwen3moe" | "gemma3" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -287,7 +251,8 @@ pub(crate) struct HfConfig {
     attn_logit_softcapping: Option<f64>,
     #[serde(default)]
     use_bidirectional_attention: bool,
-    // Qwen3-MoE (transformers 5 writes num_local_experts, earlier checkpoints num_experts).
+    // Mixtures of experts (Qwen3-MoE: transformers 5 writes num_local_experts, earlier
+    // checkpoints num_experts; Mixtral: num_local_experts).
     #[serde(default)]
     num_experts: Option<usize>,
     #[serde(default)]
@@ -302,6 +267,10 @@ pub(crate) struct HfConfig {
     decoder_sparse_step: Option<usize>,
     #[serde(default)]
     mlp_only_layers: Option<Vec<usize>>,
+    /// How a router scores experts where a config says (DeepSeek: "sigmoid"); both
+    /// families here use a softmax.
+    #[serde(default)]
+    scoring_func: Option<String>,
 }
 
 fn default_eps() -> f64 {
@@ -324,6 +293,7 @@ impl HfConfig {
             "qwen2" | "Qwen2ForCausalLM" => ("qwen2", true),
             "qwen3" | "Qwen3ForCausalLM" => ("qwen3", false),
             "qwen3_moe" | "Qwen3MoeForCausalLM" => ("qwen3_moe", false),
+            "mixtral" | "MixtralForCausalLM" => ("mixtral", false),
             "gemma3_text" | "Gemma3ForCausalLM" => ("gemma3", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
@@ -386,10 +356,10 @@ impl HfConfig {
             activation: Activation::Silu,
             sliding_window: None,
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(gemma),
-            moe: if architecture == "qwen3_moe" {
-                Some(self.qwen3_moe()?)
-            } else {
-                None
+            moe: match architecture {
+                "qwen3_moe" => Some(self.qwen3_moe()?),
+                "mixtral" => Some(self.mixtral()?),
+                _ => None,
             },
         };
         if let Some(g) = gemma_parts {
@@ -401,42 +371,6 @@ impl HfConfig {
         }
         config.validate()?;
         Ok(config)
-    }
-
-    /// Qwen3-MoE's experts and which layers hold them: every `decoder_sparse_step`-th
-    /// layer not listed in `mlp_only_layers`. Each bad field is refused by name.
-    fn qwen3_moe(&self) -> Result<MoeConfig> {
-        let fail = |m: String| Err(EngineError::Config(m));
-        let Some(num_experts) = self.num_local_experts.or(self.num_experts) else {
-            return fail("qwen3_moe: num_experts (num_local_experts) is missing".into());
-        };
-        let Some(top_k) = self.num_experts_per_tok else {
-            return fail("qwen3_moe: num_experts_per_tok is missing".into());
-        };
-        let Some(intermediate_size) = self.moe_intermediate_size else {
-            return fail("qwen3_moe: moe_intermediate_size is missing".into());
-        };
-        let step = self.decoder_sparse_step.unwrap_or(1);
-        if step == 0 {
-            return fail("decoder_sparse_step must be at least 1".into());
-        }
-        let dense = self.mlp_only_layers.clone().unwrap_or_default();
-        if let Some(bad) = dense.iter().find(|l| **l >= self.num_hidden_layers) {
-            return fail(format!(
-                "mlp_only_layers names layer {bad} of a {}-layer model",
-                self.num_hidden_layers
-            ));
-        }
-        let layers = (0..self.num_hidden_layers)
-            .map(|l| num_experts > 0 && !dense.contains(&l) && (l + 1) % step == 0)
-            .collect();
-        Ok(MoeConfig {
-            num_experts,
-            top_k,
-            intermediate_size,
-            norm_topk_prob: self.norm_topk_prob.unwrap_or(false),
-            layers,
-        })
     }
 
     /// Gemma 3's RoPE bases (full and sliding layers), window, layer pattern and scaling.
@@ -653,86 +587,6 @@ mod tests {
             match c.validate() {
                 Err(EngineError::Config(m)) => assert!(m.contains(name), "{m}"),
                 other => panic!("{name}: {other:?}"),
-            }
-        }
-    }
-
-    /// A Qwen3-MoE config.json with `change` applied.
-    fn qwen3_moe(change: serde_json::Value) -> Result<ModelConfig> {
-        let mut json = serde_json::json!({
-            "model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 64,
-            "intermediate_size": 96, "moe_intermediate_size": 40, "num_hidden_layers": 3,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "num_local_experts": 6, "num_experts_per_tok": 2, "norm_topk_prob": true,
-            "decoder_sparse_step": 1, "mlp_only_layers": [1],
-        });
-        if let (Some(base), Some(extra)) = (json.as_object_mut(), change.as_object()) {
-            for (k, v) in extra {
-                base.insert(k.clone(), v.clone());
-            }
-        }
-        serde_json::from_value::<HfConfig>(json)
-            .map_err(|e| EngineError::Config(e.to_string()))?
-            .into_model_config()
-    }
-
-    #[test]
-    fn qwen3_moe_layers_follow_the_sparse_step_and_dense_list() -> Result<()> {
-        let c = qwen3_moe(serde_json::json!({}))?;
-        let moe = c.moe.clone().expect("moe");
-        assert_eq!(
-            (moe.num_experts, moe.top_k, moe.intermediate_size),
-            (6, 2, 40)
-        );
-        assert_eq!(moe.layers, vec![true, false, true]);
-        assert!(c.qk_norm && moe.norm_topk_prob);
-        // The older name of the expert count, and every second layer sparse.
-        let c = qwen3_moe(serde_json::json!({
-            "num_local_experts": null, "num_experts": 8, "decoder_sparse_step": 2,
-            "mlp_only_layers": []
-        }))?;
-        let moe = c.moe.expect("moe");
-        assert_eq!(moe.num_experts, 8);
-        assert_eq!(moe.layers, vec![false, true, false]);
-        Ok(())
-    }
-
-    #[test]
-    fn bad_mixture_configs_are_refused_by_field() {
-        for (change, field) in [
-            (
-                serde_json::json!({"num_experts_per_tok": 7}),
-                "num_experts_per_tok",
-            ),
-            (
-                serde_json::json!({"num_experts_per_tok": 0}),
-                "num_experts_per_tok",
-            ),
-            (serde_json::json!({"num_local_experts": 0}), "num_experts"),
-            (
-                serde_json::json!({"moe_intermediate_size": 0}),
-                "moe_intermediate_size",
-            ),
-            (
-                serde_json::json!({"moe_intermediate_size": null}),
-                "moe_intermediate_size",
-            ),
-            (
-                serde_json::json!({"decoder_sparse_step": 0}),
-                "decoder_sparse_step",
-            ),
-            (
-                serde_json::json!({"mlp_only_layers": [3]}),
-                "mlp_only_layers",
-            ),
-            (
-                serde_json::json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
-                "rope_scaling",
-            ),
-        ] {
-            match qwen3_moe(change.clone()) {
-                Err(EngineError::Config(m)) => assert!(m.contains(field), "{change}: {m}"),
-                other => panic!("{change}: {other:?}"),
             }
         }
     }

@@ -10,7 +10,10 @@ pub enum EngineError {
     #[error("{path}: {message}")]
     BadFile { path: PathBuf, message: String },
 
-    #[error("unsupported model architecture '{0}' (supported: llama, mistral, qwen2)")]
+    #[error(
+        "unsupported model architecture '{0}' (supported: llama, mistral, mixtral, qwen2, \
+         qwen3, qwen3_moe, gemma3; in GGUF files llama, mistral, qwen2, qwen3, qwen3moe, gemma3)"
+    )]
     UnknownArchitecture(String),
 
     #[error("missing tensor '{0}'")]

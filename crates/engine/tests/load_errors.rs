@@ -1,10 +1,11 @@
-//! Broken model folders fail with errors that name the problem.
+//! Broken model folders and files fail with errors that name the problem.
 
 mod common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::*;
 use tessera_engine::{Engine, EngineConfig};
@@ -72,4 +73,144 @@ fn a_tensor_parallel_size_the_heads_cannot_take_is_refused_with_the_limit() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(err.contains("at most 9 ranks"), "{err}");
+}
+
+/// Metadata and tensors of a GGUF file, editable.
+struct GgufParts {
+    metadata: HashMap<String, gguf_file::Value>,
+    tensors: HashMap<String, QTensor>,
+}
+
+/// A copy of tiny-qwen3-moe.gguf in a scratch file, edited by `edit`.
+fn edited_moe_gguf(name: &str, edit: impl FnOnce(&mut GgufParts)) -> PathBuf {
+    let src = fixtures().join("tiny-qwen3-moe.gguf");
+    let mut file = std::fs::File::open(&src).expect("open gguf");
+    let content = gguf_file::Content::read(&mut file).expect("read gguf");
+    let mut parts = GgufParts {
+        metadata: content.metadata.clone(),
+        tensors: HashMap::new(),
+    };
+    for tensor in content.tensor_infos.keys() {
+        let q = content
+            .tensor(&mut file, tensor, &Device::Cpu)
+            .expect("tensor");
+        parts.tensors.insert(tensor.clone(), q);
+    }
+    edit(&mut parts);
+    let path =
+        std::env::temp_dir().join(format!("tessera-load-{}-{name}.gguf", std::process::id()));
+    let metadata: Vec<(&str, &gguf_file::Value)> = parts
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let tensors: Vec<(&str, &QTensor)> =
+        parts.tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = std::fs::File::create(&path).expect("create gguf");
+    gguf_file::write(&mut out, &metadata, &tensors).expect("write gguf");
+    path
+}
+
+fn load_error_tp(path: PathBuf, tp: usize) -> String {
+    let mut cfg = EngineConfig::new(path).with_cpu_ranks(tp);
+    cfg.kv_cache_bytes = 1 << 20;
+    match Engine::load(&cfg) {
+        Ok(_) => panic!("the broken model loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_mixture_metadata_in_gguf_is_refused_by_key() {
+    use gguf_file::Value;
+    for (key, value, says) in [
+        (
+            "qwen3moe.expert_used_count",
+            Value::U32(7),
+            "qwen3moe.expert_used_count 7 must be between 1 and qwen3moe.expert_count (6)",
+        ),
+        (
+            "qwen3moe.expert_count",
+            Value::U32(0),
+            "qwen3moe.expert_count 0 must be between 1",
+        ),
+        (
+            "qwen3moe.expert_gating_func",
+            Value::U32(2),
+            "qwen3moe.expert_gating_func 2: only the softmax router",
+        ),
+        (
+            "qwen3moe.expert_shared_count",
+            Value::U32(1),
+            "qwen3moe.expert_shared_count 1: shared experts are not supported",
+        ),
+        (
+            "qwen3moe.expert_weights_scale",
+            Value::F32(2.5),
+            "qwen3moe.expert_weights_scale 2.5",
+        ),
+    ] {
+        let path = edited_moe_gguf(key, |g| {
+            g.metadata.insert(key.into(), value.clone());
+        });
+        let err = load_error_tp(path, 1);
+        assert!(err.contains(says), "{key}: {err}");
+    }
+    let path = edited_moe_gguf("no-width", |g| {
+        g.metadata.remove("qwen3moe.expert_feed_forward_length");
+    });
+    let err = load_error_tp(path, 1);
+    assert!(
+        err.contains("qwen3moe.expert_feed_forward_length is missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_expert_tensor_is_named() {
+    let path = edited_moe_gguf("no-down", |g| {
+        g.tensors.remove("blk.2.ffn_down_exps.weight");
+    });
+    let err = load_error_tp(path, 1);
+    assert!(
+        err.contains(
+            "missing tensor 'blk.2.ffn_down_exps.weight (model.layers.2.mlp.experts.0.down_proj.weight)'"
+        ),
+        "{err}"
+    );
+}
+
+/// Q8_0 experts of 32 columns are one quantization block: the expert split cannot give two
+/// ranks a block each, and the refusal names the key that sets the width.
+#[test]
+fn experts_too_narrow_for_the_ranks_blocks_are_refused_naming_their_width() {
+    let path = edited_moe_gguf("q8-experts", |g| {
+        g.metadata.insert(
+            "qwen3moe.expert_feed_forward_length".into(),
+            gguf_file::Value::U32(32),
+        );
+        for layer in [0, 2] {
+            for (kind, dims) in [
+                ("gate", (6, 32, 64)),
+                ("up", (6, 32, 64)),
+                ("down", (6, 64, 32)),
+            ] {
+                let zeros =
+                    Tensor::zeros(dims, candle_core::DType::F32, &Device::Cpu).expect("zeros");
+                let q = QTensor::quantize(&zeros, GgmlDType::Q8_0).expect("quantize");
+                g.tensors
+                    .insert(format!("blk.{layer}.ffn_{kind}_exps.weight"), q);
+            }
+        }
+    });
+    let err = load_error_tp(path.clone(), 2);
+    assert!(
+        err.contains("expert intermediate columns (qwen3moe.expert_feed_forward_length)")
+            && err.contains("use at most 1 ranks"),
+        "{err}"
+    );
+    // One rank holds every block.
+    let mut cfg = EngineConfig::new(path);
+    cfg.kv_cache_bytes = 1 << 20;
+    assert!(Engine::load(&cfg).is_ok());
 }

@@ -4,9 +4,12 @@
 //! (at TP = 1..4: 6 query heads and 2 KV heads split unevenly from TP = 4 on), also
 //! from the same weights in a GGUF file; and an f32 gemma3 (sliding-window layers with
 //! their own RoPE base, sandwich norms stored as `w - 1`, GELU MLP, scaled embeddings,
-//! one KV head replicated under TP), from safetensors and GGUF; and an f32 Qwen3-MoE (6
+//! one KV head replicated under TP), from safetensors and GGUF; an f32 Qwen3-MoE (6
 //! experts, top 2 renormalised, one dense layer between two mixtures), each expert split
-//! along its intermediate dimension (40 columns: 13/14/13 at TP = 3).
+//! along its intermediate dimension (40 columns: 13/14/13 at TP = 3); and an f32 Mixtral
+//! (5 experts of 38 columns, top 2 renormalised, every layer a mixture: 13/13/12 at
+//! TP = 3, 10/10/9/9 at TP = 4). Both mixtures also from GGUF, where llama.cpp stores
+//! the experts as 3-D `ffn_*_exps` tensors.
 
 mod common;
 
@@ -111,5 +114,37 @@ fn tiny_gemma3_gguf_matches_transformers_at_every_tp_size() {
 fn tiny_qwen3_moe_matches_transformers_at_every_tp_size() {
     for tp in 1..=4 {
         check("tiny-qwen3-moe", tp, 1e-4);
+    }
+}
+
+/// The same weights as a qwen3moe GGUF file: each expert read as its slice of the 3-D
+/// `ffn_{gate,up,down}_exps` tensors, the router from `ffn_gate_inp`, the dense layer
+/// found by its having no router.
+#[test]
+fn tiny_qwen3_moe_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-qwen3-moe.gguf");
+    for tp in 1..=4 {
+        check_file("tiny-qwen3-moe", &path, tp, 1e-4);
+    }
+}
+
+/// Mixtral from its checkpoint names (`block_sparse_moe.experts.E.w1/w3/w2`): softmax over
+/// all experts, top 2 renormalised; the expert columns split unevenly at TP = 3 and 4 and
+/// the query heads at TP = 3.
+#[test]
+fn tiny_mixtral_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-mixtral", tp, 1e-4);
+    }
+}
+
+/// The same weights as llama.cpp converts Mixtral: architecture `llama` (query and key
+/// rows permuted for its interleaved RoPE), experts stacked into 3-D tensors, the experts'
+/// width from `llama.feed_forward_length`.
+#[test]
+fn tiny_mixtral_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-mixtral.gguf");
+    for tp in 1..=4 {
+        check_file("tiny-mixtral", &path, tp, 1e-4);
     }
 }

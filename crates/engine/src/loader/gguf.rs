@@ -1,4 +1,6 @@
-//! GGUF files: metadata to [`ModelConfig`], tensors by canonical name, raw blocks kept.
+//! GGUF files: tensors by canonical name, raw blocks kept; an expert's weight is read as
+//! its slice of the 3-D expert tensor. Metadata is read by `gguf_config`, names mapped by
+//! `gguf_names`.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -11,12 +13,11 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 
-use crate::config::{
-    gemma3_sliding_layers, gguf_rope_style, Activation, ModelConfig, SlidingWindow,
-    GEMMA3_SLIDING_PATTERN,
-};
+use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
+use crate::loader::gguf_config::config_from_content;
 use crate::loader::gguf_header::{read_gguf_header, tensor_bytes};
+use crate::loader::gguf_names::{locate, GgufLocation};
 use crate::loader::{Embedding, Matrix, TensorSource};
 
 /// An open GGUF file. Tensor data is read on demand.
@@ -40,7 +41,7 @@ impl GgufHeader {
     pub fn read<R: Read + Seek>(reader: &mut R) -> std::result::Result<Self, String> {
         let content =
             read_gguf_header(reader).map_err(|e| format!("not a valid GGUF file: {e}"))?;
-        let mut config = config_from_metadata(&content.metadata).map_err(|e| e.to_string())?;
+        let mut config = config_from_content(&content).map_err(|e| e.to_string())?;
         config.tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
         if content.tensor_infos.contains_key("rope_freqs.weight") {
             return Err("rope frequency scaling (rope_freqs.weight) is not supported yet".into());
@@ -74,20 +75,78 @@ impl GgufSource {
         &self.path
     }
 
-    fn raw(&self, gguf_name: &str, canonical: &str) -> Result<(GgmlDType, Vec<usize>, Vec<u8>)> {
+    /// The location of `canonical` in this file.
+    fn locate(&self, canonical: &str) -> Result<GgufLocation> {
+        locate(&self.config.architecture, canonical)
+    }
+
+    /// The data of the tensor at `at`: its type, shape (outermost first) and bytes. An
+    /// expert's location reads only that expert's `[rows, cols]` slice.
+    fn raw(&self, at: &GgufLocation, canonical: &str) -> Result<(GgmlDType, Vec<usize>, Vec<u8>)> {
         let info = self
             .content
             .tensor_infos
-            .get(gguf_name)
-            .ok_or_else(|| EngineError::MissingTensor(format!("{gguf_name} ({canonical})")))?;
+            .get(&at.name)
+            .ok_or_else(|| EngineError::MissingTensor(format!("{} ({canonical})", at.name)))?;
         let dtype = info.ggml_dtype;
-        check_supported(dtype, gguf_name)?;
+        check_supported(dtype, &at.name)?;
         // The header reader checked that every tensor's data lies inside the file.
-        let len = tensor_bytes(info).unwrap_or(0) as usize;
+        let mut len = tensor_bytes(info).unwrap_or(0) as usize;
+        let mut dims = info.shape.dims().to_vec();
+        let mut start = self.content.tensor_data_offset + info.offset;
+        if let Some(expert) = at.expert {
+            let (rows, cols) = self.expert_dims(at, &dims, dtype.block_size(), expert)?;
+            // Experts are stored one after another, each `rows` rows of whole blocks.
+            len /= dims[0];
+            start += (expert * len) as u64;
+            dims = vec![rows, cols];
+        }
         let mut data = vec![0u8; len];
-        self.file
-            .read_exact_at(&mut data, self.content.tensor_data_offset + info.offset)?;
-        Ok((dtype, info.shape.dims().to_vec(), data))
+        self.file.read_exact_at(&mut data, start)?;
+        Ok((dtype, dims, data))
+    }
+
+    /// `[rows, cols]` of expert `expert` of the 3-D tensor at `at` (`dims`: `[experts,
+    /// rows, cols]`), checked: the expert exists and each row is whole quantization blocks
+    /// of `block` columns.
+    fn expert_dims(
+        &self,
+        at: &GgufLocation,
+        dims: &[usize],
+        block: usize,
+        expert: usize,
+    ) -> Result<(usize, usize)> {
+        let [experts, rows, cols] = dims[..] else {
+            return Err(EngineError::ShapeMismatch {
+                name: at.name.clone(),
+                expected: vec![0, 0, 0],
+                found: dims.to_vec(),
+            });
+        };
+        if expert >= experts {
+            return Err(EngineError::MissingTensor(format!(
+                "{} (expert {expert}; the tensor holds {experts})",
+                at.name
+            )));
+        }
+        if !cols.is_multiple_of(block) {
+            return Err(EngineError::BadFile {
+                path: self.path.clone(),
+                message: format!(
+                    "tensor '{}': rows of {cols} columns are not whole blocks of {block}",
+                    at.name
+                ),
+            });
+        }
+        Ok((rows, cols))
+    }
+
+    /// The name errors and shards carry for the tensor at `at`.
+    fn display_name(at: &GgufLocation) -> String {
+        match at.expert {
+            Some(e) => format!("{} (expert {e})", at.name),
+            None => at.name.clone(),
+        }
     }
 }
 
@@ -113,72 +172,15 @@ fn check_supported(dtype: GgmlDType, name: &str) -> Result<()> {
     }
 }
 
-/// Maps a canonical (Hugging Face) tensor name to its GGUF name.
-pub fn gguf_name(canonical: &str) -> Option<String> {
-    let fixed = match canonical {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
-        "model.norm.weight" => Some("output_norm.weight"),
-        "lm_head.weight" => Some("output.weight"),
-        _ => None,
-    };
-    if let Some(n) = fixed {
-        return Some(n.to_string());
-    }
-    let rest = canonical.strip_prefix("model.layers.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let mapped = match suffix {
-        "input_layernorm.weight" => "attn_norm.weight",
-        "post_attention_layernorm.weight" => "ffn_norm.weight",
-        "self_attn.q_proj.weight" => "attn_q.weight",
-        "self_attn.k_proj.weight" => "attn_k.weight",
-        "self_attn.v_proj.weight" => "attn_v.weight",
-        "self_attn.o_proj.weight" => "attn_output.weight",
-        "self_attn.q_proj.bias" => "attn_q.bias",
-        "self_attn.k_proj.bias" => "attn_k.bias",
-        "self_attn.v_proj.bias" => "attn_v.bias",
-        "self_attn.q_norm.weight" => "attn_q_norm.weight",
-        "self_attn.k_norm.weight" => "attn_k_norm.weight",
-        "mlp.gate_proj.weight" => "ffn_gate.weight",
-        "mlp.up_proj.weight" => "ffn_up.weight",
-        "mlp.down_proj.weight" => "ffn_down.weight",
-        _ => return None,
-    };
-    Some(format!("blk.{layer}.{mapped}"))
-}
-
-/// The GGUF name of `canonical` in a file of architecture `arch`: gemma's layers have
-/// four norms, and its `post_attention_layernorm` is the one after attention, not the
-/// MLP's input norm that llama's name means.
-fn resolve(arch: &str, canonical: &str) -> Result<String> {
-    let gemma = if arch == "gemma3" {
-        canonical
-            .strip_prefix("model.layers.")
-            .and_then(|rest| rest.split_once('.'))
-            .and_then(|(layer, suffix)| {
-                let mapped = match suffix {
-                    "post_attention_layernorm.weight" => "post_attention_norm.weight",
-                    "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
-                    "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
-                    _ => return None,
-                };
-                Some(format!("blk.{layer}.{mapped}"))
-            })
-    } else {
-        None
-    };
-    gemma
-        .or_else(|| gguf_name(canonical))
-        .ok_or_else(|| EngineError::MissingTensor(canonical.to_string()))
-}
-
 impl TensorSource for GgufSource {
     fn config(&self) -> &ModelConfig {
         &self.config
     }
 
     fn matrix(&self, name: &str) -> Result<Matrix> {
-        let gname = resolve(&self.config.architecture, name)?;
-        let (dtype, dims, data) = self.raw(&gname, name)?;
+        let at = self.locate(name)?;
+        let (dtype, dims, data) = self.raw(&at, name)?;
+        let gname = Self::display_name(&at);
         let [rows, cols] = dims[..] else {
             return Err(EngineError::ShapeMismatch {
                 name: gname,
@@ -210,25 +212,28 @@ impl TensorSource for GgufSource {
     }
 
     fn vector(&self, name: &str) -> Result<Tensor> {
-        let gname = resolve(&self.config.architecture, name)?;
-        let (dtype, dims, data) = self.raw(&gname, name)?;
+        let (dtype, dims, data) = self.raw(&self.locate(name)?, name)?;
         let q =
             candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
         Ok(q.dequantize(&Device::Cpu)?.flatten_all()?)
     }
 
     fn contains(&self, name: &str) -> bool {
-        resolve(&self.config.architecture, name)
-            .is_ok_and(|g| self.content.tensor_infos.contains_key(&g))
+        self.locate(name).is_ok_and(|at| {
+            self.content.tensor_infos.get(&at.name).is_some_and(|info| {
+                at.expert
+                    .is_none_or(|e| info.shape.dims().first().is_some_and(|n| e < *n))
+            })
+        })
     }
 
     fn block_cols(&self, name: &str) -> Result<usize> {
-        let gname = resolve(&self.config.architecture, name)?;
+        let at = self.locate(name)?;
         let info = self
             .content
             .tensor_infos
-            .get(&gname)
-            .ok_or_else(|| EngineError::MissingTensor(format!("{gname} ({name})")))?;
+            .get(&at.name)
+            .ok_or_else(|| EngineError::MissingTensor(format!("{} ({name})", at.name)))?;
         Ok(match info.ggml_dtype {
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => 1,
             other => other.block_size(),
@@ -237,8 +242,7 @@ impl TensorSource for GgufSource {
 
     fn embedding(&self) -> Result<Embedding> {
         let name = "model.embed_tokens.weight";
-        let gname = resolve(&self.config.architecture, name)?;
-        let (dtype, dims, data) = self.raw(&gname, name)?;
+        let (dtype, dims, data) = self.raw(&self.locate(name)?, name)?;
         let q =
             candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
         match dtype {
@@ -247,116 +251,6 @@ impl TensorSource for GgufSource {
             }
             _ => Ok(Embedding::Quantized(Arc::new(q))),
         }
-    }
-}
-
-fn meta<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<&'a Value> {
-    md.get(key)
-        .ok_or_else(|| EngineError::Config(format!("missing metadata key '{key}'")))
-}
-
-fn meta_usize(md: &HashMap<String, Value>, key: &str) -> Result<usize> {
-    let v = meta(md, key)?;
-    let n = v
-        .to_u64()
-        .or_else(|_| v.to_u32().map(u64::from))
-        .or_else(|_| v.to_i32().map(|x| x.max(0) as u64))
-        .map_err(|e| EngineError::Config(format!("metadata '{key}': {e}")))?;
-    Ok(n as usize)
-}
-
-fn meta_f32(md: &HashMap<String, Value>, key: &str) -> Result<f32> {
-    meta(md, key)?
-        .to_f32()
-        .map_err(|e| EngineError::Config(format!("metadata '{key}': {e}")))
-}
-
-/// Gemma 3 as llama.cpp writes and reads it: norm weights with the 1 already added,
-/// embeddings scaled by √hidden, GELU (tanh) MLP, per-head q/k norms, and every sixth layer
-/// global, the others sliding-window layers with a RoPE base of 10000.
-fn gemma3_config(md: &HashMap<String, Value>, mut config: ModelConfig) -> Result<ModelConfig> {
-    let window = meta_usize(md, "gemma3.attention.sliding_window")?;
-    config.set_gemma3_layers(SlidingWindow {
-        window,
-        layers: gemma3_sliding_layers(config.num_layers, GEMMA3_SLIDING_PATTERN),
-        rope_theta: GEMMA3_SLIDING_ROPE_THETA,
-    });
-    Ok(config)
-}
-
-/// RoPE base of gemma 3's sliding-window layers (not stored in its GGUF files).
-const GEMMA3_SLIDING_ROPE_THETA: f32 = 10_000.0;
-
-fn config_from_metadata(md: &HashMap<String, Value>) -> Result<ModelConfig> {
-    let arch = meta(md, "general.architecture")?
-        .to_string()
-        .map_err(|e| EngineError::Config(e.to_string()))?
-        .clone();
-    let rope_style = gguf_rope_style(&arch)?;
-    let key = |k: &str| format!("{arch}.{k}");
-    let hidden = meta_usize(md, &key("embedding_length"))?;
-    let num_heads = meta_usize(md, &key("attention.head_count"))?;
-    let num_kv_heads = meta_usize(md, &key("attention.head_count_kv")).unwrap_or(num_heads);
-    let head_dim = meta_usize(md, &key("attention.key_length"))
-        .or_else(|_| meta_usize(md, &key("rope.dimension_count")))
-        .unwrap_or(hidden / num_heads.max(1));
-    let vocab_size = match meta_usize(md, &key("vocab_size")) {
-        Ok(v) => v,
-        Err(_) => match md.get("tokenizer.ggml.tokens") {
-            Some(Value::Array(tokens)) => tokens.len(),
-            _ => return Err(EngineError::Config("vocabulary size unknown".into())),
-        },
-    };
-    let config = ModelConfig {
-        architecture: arch.clone(),
-        vocab_size,
-        hidden_size: hidden,
-        intermediate_size: meta_usize(md, &key("feed_forward_length"))?,
-        num_layers: meta_usize(md, &key("block_count"))?,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        rms_norm_eps: f64::from(
-            meta_f32(md, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-        ),
-        rope_theta: meta_f32(md, &key("rope.freq_base")).unwrap_or(10_000.0),
-        rope_style,
-        max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
-        attention_bias: arch == "qwen2",
-        qk_norm: arch == "qwen3",
-        sandwich_norms: false,
-        norm_weight_offset: 0.0,
-        embed_scale: None,
-        attention_scale: None,
-        activation: Activation::Silu,
-        sliding_window: None,
-        tie_word_embeddings: false,
-        moe: None,
-    };
-    let config = if arch == "gemma3" {
-        gemma3_config(md, config)?
-    } else {
-        config
-    };
-    config.validate()?;
-    Ok(config)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::gguf_name;
-
-    #[test]
-    fn canonical_names_map_to_gguf() {
-        assert_eq!(
-            gguf_name("model.layers.12.self_attn.o_proj.weight").as_deref(),
-            Some("blk.12.attn_output.weight")
-        );
-        assert_eq!(
-            gguf_name("lm_head.weight").as_deref(),
-            Some("output.weight")
-        );
-        assert_eq!(gguf_name("model.layers.x"), None);
     }
 }
 

@@ -5,7 +5,9 @@
 
 mod cache;
 mod gguf;
+mod gguf_config;
 mod gguf_header;
+mod gguf_names;
 mod matrix;
 mod safetensors;
 mod tokenizer;
@@ -16,8 +18,9 @@ use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 
 pub use cache::{cache_dir, default_model_path, DEFAULT_MODEL_FILE};
-pub use gguf::{gguf_name, GgufHeader, GgufSource};
+pub use gguf::{GgufHeader, GgufSource};
 pub use gguf_header::read_gguf_header;
+pub use gguf_names::gguf_name;
 pub use matrix::Matrix;
 pub use safetensors::{tensors_from_bytes, SafetensorsSource};
 pub use tokenizer::{check_vocabulary, load_tokenizer, tokenizer_from_metadata};

@@ -1,8 +1,9 @@
-//! The mixture-of-experts MLP (Qwen3-MoE) as one tensor-parallel shard.
+//! The mixture-of-experts MLP (Qwen3-MoE, Mixtral) as one tensor-parallel shard.
 //!
 //! A router (mirrored on every rank: `[experts, hidden]`, small) scores each token; the
 //! `top_k` experts of highest softmax probability are kept, their probabilities divided by
-//! their sum where the family says so (`norm_topk_prob`). Each expert is a SiLU-gated MLP.
+//! their sum where the family says so (`norm_topk_prob`; Mixtral always). Each expert is
+//! a SiLU-gated MLP.
 //!
 //! Split: every expert is cut along its intermediate dimension like a dense MLP (gate/up
 //! column-parallel, down row-parallel), so every rank holds a slice of every expert and
@@ -13,9 +14,9 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::config::{Activation, MoeConfig};
+use crate::config::{Activation, ExpertTensor, MoeConfig};
 use crate::error::{EngineError, Result};
-use crate::loader::{layer_name, Matrix, TensorSource};
+use crate::loader::{Matrix, TensorSource};
 use crate::model::cpu_ops;
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::tp::split::{split_units, Segment};
@@ -43,7 +44,7 @@ pub struct MoeShard {
 pub fn down_block(source: &dyn TensorSource, moe: &MoeConfig, layer: usize) -> Result<usize> {
     let mut block = 1;
     for e in 0..moe.num_experts {
-        let name = layer_name(layer, &format!("mlp.experts.{e}.down_proj.weight"));
+        let name = moe.names.tensor(layer, ExpertTensor::Down(e));
         block = block.max(source.block_cols(&name)?);
     }
     Ok(block)
@@ -65,7 +66,10 @@ pub fn expert_split(
         moe.intermediate_size,
         &ratios,
         block,
-        "expert intermediate columns (moe_intermediate_size)",
+        &format!(
+            "expert intermediate columns ({})",
+            moe.fields.intermediate_size
+        ),
     )
 }
 
@@ -80,8 +84,8 @@ pub fn load_shards(
     devices: &[Device],
 ) -> Result<Vec<MoeShard>> {
     let h = source.config().hidden_size;
-    let name = |s: &str| layer_name(layer, s);
-    let router = source.matrix(&name("mlp.gate.weight"))?;
+    let name = |t: ExpertTensor| moe.names.tensor(layer, t);
+    let router = source.matrix(&name(ExpertTensor::Router))?;
     router.check_dims((moe.num_experts, h))?;
     let seg = Segment {
         len: moe.intermediate_size,
@@ -94,17 +98,17 @@ pub fn load_shards(
     let down_split = SplitState::split(1, moe.intermediate_size, ranges.to_vec());
     let mut per_rank: Vec<Vec<Expert>> = devices.iter().map(|_| Vec::new()).collect();
     for e in 0..moe.num_experts {
-        let mat = |s: &str, dims: (usize, usize)| -> Result<Matrix> {
-            let m = source.matrix(&name(&format!("mlp.experts.{e}.{s}")))?;
+        let mat = |t: ExpertTensor, dims: (usize, usize)| -> Result<Matrix> {
+            let m = source.matrix(&name(t))?;
             m.check_dims(dims)?;
             Ok(m)
         };
         let inter = moe.intermediate_size;
         let gate_up = [
-            mat("gate_proj.weight", (inter, h))?,
-            mat("up_proj.weight", (inter, h))?,
+            mat(ExpertTensor::Gate(e), (inter, h))?,
+            mat(ExpertTensor::Up(e), (inter, h))?,
         ];
-        let down = mat("down_proj.weight", (h, inter))?;
+        let down = mat(ExpertTensor::Down(e), (h, inter))?;
         for (i, dev) in devices.iter().enumerate() {
             let rank = first_rank + i;
             per_rank[i].push(Expert {

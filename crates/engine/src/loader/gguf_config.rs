@@ -1,0 +1,220 @@
+//! GGUF metadata (and, for mixtures of experts, which layers hold a router) to
+//! [`ModelConfig`], as llama.cpp reads the same keys.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+
+use crate::config::{
+    gemma3_sliding_layers, gguf_rope_style, Activation, ExpertNames, ModelConfig, MoeConfig,
+    MoeFields, SlidingWindow, GEMMA3_SLIDING_PATTERN,
+};
+use crate::error::{EngineError, Result};
+
+fn meta<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<&'a Value> {
+    md.get(key)
+        .ok_or_else(|| EngineError::Config(format!("missing metadata key '{key}'")))
+}
+
+fn meta_usize(md: &HashMap<String, Value>, key: &str) -> Result<usize> {
+    let v = meta(md, key)?;
+    let n = v
+        .to_u64()
+        .or_else(|_| v.to_u32().map(u64::from))
+        .or_else(|_| v.to_i32().map(|x| x.max(0) as u64))
+        .map_err(|e| EngineError::Config(format!("metadata '{key}': {e}")))?;
+    Ok(n as usize)
+}
+
+/// `key` where the file has it; a value of the wrong type is an error, not a default.
+fn meta_usize_opt(md: &HashMap<String, Value>, key: &str) -> Result<Option<usize>> {
+    md.contains_key(key)
+        .then(|| meta_usize(md, key))
+        .transpose()
+}
+
+fn meta_f32(md: &HashMap<String, Value>, key: &str) -> Result<f32> {
+    meta(md, key)?
+        .to_f32()
+        .map_err(|e| EngineError::Config(format!("metadata '{key}': {e}")))
+}
+
+/// Gemma 3 as llama.cpp writes and reads it: norm weights with the 1 already added,
+/// embeddings scaled by √hidden, GELU (tanh) MLP, per-head q/k norms, and every sixth layer
+/// global, the others sliding-window layers with a RoPE base of 10000.
+fn gemma3_config(md: &HashMap<String, Value>, mut config: ModelConfig) -> Result<ModelConfig> {
+    let window = meta_usize(md, "gemma3.attention.sliding_window")?;
+    config.set_gemma3_layers(SlidingWindow {
+        window,
+        layers: gemma3_sliding_layers(config.num_layers, GEMMA3_SLIDING_PATTERN),
+        rope_theta: GEMMA3_SLIDING_ROPE_THETA,
+    });
+    Ok(config)
+}
+
+/// RoPE base of gemma 3's sliding-window layers (not stored in its GGUF files).
+const GEMMA3_SLIDING_ROPE_THETA: f32 = 10_000.0;
+
+/// llama.cpp's `expert_gating_func` values that mean a softmax router (0: unset, which
+/// llama.cpp reads as softmax; 1: softmax).
+const GATING_SOFTMAX: [usize; 2] = [0, 1];
+
+/// The mixture of a `qwen3moe` file, or of a `llama` file with experts (Mixtral as
+/// llama.cpp converts it): `<arch>.expert_count` experts, `<arch>.expert_used_count` per
+/// token, each of `<arch>.expert_feed_forward_length` columns (llama: of
+/// `feed_forward_length` when that key is absent), in the layers that have a router
+/// (`blk.N.ffn_gate_inp.weight`). The chosen experts' weights are renormalised, as
+/// llama.cpp does for both architectures, unless `<arch>.expert_weights_norm` says
+/// otherwise. `None` for a dense model.
+fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option<MoeConfig>> {
+    let md = &content.metadata;
+    let key = |k: &str| format!("{arch}.{k}");
+    let fail = |m: String| Err(EngineError::Config(m));
+    let count = meta_usize_opt(md, &key("expert_count"))?;
+    let names = match (arch, count) {
+        ("qwen3moe", _) => ExpertNames::Qwen3Moe,
+        (_, None | Some(0)) => return Ok(None),
+        ("llama", Some(_)) => ExpertNames::Mixtral,
+        (_, Some(n)) => {
+            return fail(format!(
+                "{} {n}: mixtures of experts are read from qwen3moe and llama files only",
+                key("expert_count")
+            ))
+        }
+    };
+    let Some(num_experts) = count else {
+        return fail(format!("{} is missing", key("expert_count")));
+    };
+    let top_k = meta_usize(md, &key("expert_used_count"))?;
+    let (intermediate_field, intermediate_size) =
+        match meta_usize_opt(md, &key("expert_feed_forward_length"))? {
+            Some(n) => (key("expert_feed_forward_length"), n),
+            None if names == ExpertNames::Mixtral => (
+                key("feed_forward_length"),
+                meta_usize(md, &key("feed_forward_length"))?,
+            ),
+            None => return fail(format!("{} is missing", key("expert_feed_forward_length"))),
+        };
+    if let Some(shared) = meta_usize_opt(md, &key("expert_shared_count"))?.filter(|n| *n > 0) {
+        return fail(format!(
+            "{} {shared}: shared experts are not supported",
+            key("expert_shared_count")
+        ));
+    }
+    if let Some(gating) =
+        meta_usize_opt(md, &key("expert_gating_func"))?.filter(|g| !GATING_SOFTMAX.contains(g))
+    {
+        return fail(format!(
+            "{} {gating}: only the softmax router (1) is supported",
+            key("expert_gating_func")
+        ));
+    }
+    if let Some(scale) = md
+        .contains_key(&key("expert_weights_scale"))
+        .then(|| meta_f32(md, &key("expert_weights_scale")))
+        .transpose()?
+        .filter(|s| *s != 1.0)
+    {
+        return fail(format!(
+            "{} {scale}: scaled expert weights are not supported",
+            key("expert_weights_scale")
+        ));
+    }
+    let norm = match md.get(&key("expert_weights_norm")) {
+        Some(v) => v.to_bool().map_err(|e| {
+            EngineError::Config(format!("metadata '{}': {e}", key("expert_weights_norm")))
+        })?,
+        None => true,
+    };
+    let layers: Vec<bool> = (0..num_layers)
+        .map(|l| {
+            content
+                .tensor_infos
+                .contains_key(&format!("blk.{l}.ffn_gate_inp.weight"))
+        })
+        .collect();
+    if !layers.contains(&true) {
+        return fail(format!(
+            "{} {num_experts}, but no layer has a router (blk.N.ffn_gate_inp.weight)",
+            key("expert_count")
+        ));
+    }
+    Ok(Some(MoeConfig {
+        num_experts,
+        top_k,
+        intermediate_size,
+        norm_topk_prob: norm,
+        layers,
+        names,
+        fields: MoeFields {
+            num_experts: key("expert_count"),
+            top_k: key("expert_used_count"),
+            intermediate_size: intermediate_field,
+        },
+    }))
+}
+
+/// The model a GGUF file describes, checked ([`ModelConfig::validate`]).
+pub(crate) fn config_from_content(content: &Content) -> Result<ModelConfig> {
+    let md = &content.metadata;
+    let arch = meta(md, "general.architecture")?
+        .to_string()
+        .map_err(|e| EngineError::Config(e.to_string()))?
+        .clone();
+    let rope_style = gguf_rope_style(&arch)?;
+    let key = |k: &str| format!("{arch}.{k}");
+    let hidden = meta_usize(md, &key("embedding_length"))?;
+    let num_heads = meta_usize(md, &key("attention.head_count"))?;
+    let num_kv_heads = meta_usize(md, &key("attention.head_count_kv")).unwrap_or(num_heads);
+    let head_dim = meta_usize(md, &key("attention.key_length"))
+        .or_else(|_| meta_usize(md, &key("rope.dimension_count")))
+        .unwrap_or(hidden / num_heads.max(1));
+    let vocab_size = match meta_usize(md, &key("vocab_size")) {
+        Ok(v) => v,
+        Err(_) => match md.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(tokens)) => tokens.len(),
+            _ => return Err(EngineError::Config("vocabulary size unknown".into())),
+        },
+    };
+    let num_layers = meta_usize(md, &key("block_count"))?;
+    let moe = moe_config(content, &arch, num_layers)?;
+    // A model whose every layer is a mixture need not state a dense MLP width.
+    let intermediate_size = match (meta_usize(md, &key("feed_forward_length")), &moe) {
+        (Ok(n), _) => n,
+        (Err(_), Some(m)) if !m.layers.contains(&false) => m.intermediate_size,
+        (Err(e), _) => return Err(e),
+    };
+    let config = ModelConfig {
+        architecture: arch.clone(),
+        vocab_size,
+        hidden_size: hidden,
+        intermediate_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rms_norm_eps: f64::from(
+            meta_f32(md, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        ),
+        rope_theta: meta_f32(md, &key("rope.freq_base")).unwrap_or(10_000.0),
+        rope_style,
+        max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
+        attention_bias: arch == "qwen2",
+        qk_norm: matches!(arch.as_str(), "qwen3" | "qwen3moe"),
+        sandwich_norms: false,
+        norm_weight_offset: 0.0,
+        embed_scale: None,
+        attention_scale: None,
+        activation: Activation::Silu,
+        sliding_window: None,
+        tie_word_embeddings: false,
+        moe,
+    };
+    let config = if arch == "gemma3" {
+        gemma3_config(md, config)?
+    } else {
+        config
+    };
+    config.validate()?;
+    Ok(config)
+}
