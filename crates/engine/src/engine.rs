@@ -47,6 +47,8 @@ pub struct Engine {
     grammar: Option<Arc<GrammarCompiler>>,
     /// On a worker node of a group of nodes: the connection its steps come from.
     pub(crate) leader: Option<crate::cluster::LeaderLink>,
+    /// On the leader of a group of nodes: word of a worker node lost while idle.
+    node_loss: Option<crate::cluster::NodeLoss>,
 }
 
 impl Engine {
@@ -162,7 +164,7 @@ impl Engine {
                 stats: stats.rank(i),
             })?);
         }
-        let leader = crate::cluster::attach_nodes(placement.links, &mut workers, &plan, cfg)?;
+        let attached = crate::cluster::attach_nodes(placement.links, &mut workers, &plan, cfg)?;
         #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
         let mut engine = Engine {
             workers,
@@ -175,7 +177,8 @@ impl Engine {
             groups,
             stats,
             grammar: None,
-            leader,
+            leader: attached.leader,
+            node_loss: attached.node_loss,
         };
         #[cfg(feature = "cuda")]
         if let Some(utilization) = gpu_sizing {
@@ -216,14 +219,22 @@ impl Engine {
         &self.plan
     }
 
-    /// Test hook: the next step fails on `rank` in the given way.
+    /// On the leader of a group of nodes, how it hears of a worker node lost between
+    /// steps (taken once; the caller fails the engine loop when it hears).
+    pub fn take_node_loss(&mut self) -> Option<crate::cluster::NodeLoss> {
+        self.node_loss.take()
+    }
+
+    /// Test hook: the next step fails on `rank` in the given way. A rank of a worker node
+    /// gets it through the node's connection, ahead of the next step.
     pub fn inject_fault(&self, rank: usize, fault: Fault) -> Result<()> {
         let w = self
             .workers
-            .get(rank)
+            .iter()
+            .find(|w| (w.rank..w.rank + w.span).contains(&rank))
             .ok_or_else(|| EngineError::Parallel(format!("no rank {rank}")))?;
         w.jobs
-            .send(Job::Inject(fault))
+            .send(Job::Inject { rank, fault })
             .map_err(|_| EngineError::Rank {
                 rank,
                 message: "worker is gone".into(),

@@ -84,9 +84,35 @@ pub enum Fault {
     Device,
 }
 
+impl Fault {
+    /// The fault as one byte on the wire between nodes.
+    pub(crate) fn to_byte(self) -> u8 {
+        match self {
+            Fault::Error => 1,
+            Fault::Panic => 2,
+            Fault::Hang => 3,
+            Fault::Device => 4,
+        }
+    }
+
+    pub(crate) fn from_byte(b: u8) -> Option<Fault> {
+        Some(match b {
+            1 => Fault::Error,
+            2 => Fault::Panic,
+            3 => Fault::Hang,
+            4 => Fault::Device,
+            _ => return None,
+        })
+    }
+}
+
 pub(crate) enum Job {
     Step(Arc<Batch>),
-    Inject(Fault),
+    /// Arm `fault` on `rank` (the worker's own rank, or one of a worker node's).
+    Inject {
+        rank: usize,
+        fault: Fault,
+    },
     /// Join a fresh communicator after a failed step (the old one is aborted) and drop
     /// hidden states a stage sent for that step but nobody took.
     Reconnect(Box<dyn Endpoint>),
@@ -99,7 +125,11 @@ pub(crate) enum Job {
 }
 
 pub(crate) struct WorkerHandle {
+    /// The first rank this worker runs.
     pub rank: usize,
+    /// How many ranks it runs: 1 for a local rank, a node's ranks for a worker node's
+    /// stand-in.
+    pub span: usize,
     pub jobs: Sender<Job>,
     pub results: Receiver<StepResult>,
     pub thread: Option<JoinHandle<()>>,
@@ -204,6 +234,7 @@ pub(crate) fn spawn(state: WorkerState) -> Result<WorkerHandle> {
         })?;
     Ok(WorkerHandle {
         rank,
+        span: 1,
         jobs: job_tx,
         results: res_rx,
         thread: Some(thread),
@@ -246,7 +277,7 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
     while let Ok(job) = jobs.recv() {
         let batch = match job {
             Job::Step(b) => b,
-            Job::Inject(f) => {
+            Job::Inject { fault: f, .. } => {
                 fault = Some(f);
                 continue;
             }

@@ -45,6 +45,9 @@ enum Command {
     Add(Box<AdmittedRequest>),
     /// A stalled client read (or left): look again.
     Wake,
+    /// The executor is gone without a step saying so (a node of its group was lost
+    /// while idle): fail like a step whose failure has scope `Group`.
+    ExecutorLost(String),
     Shutdown,
 }
 
@@ -114,6 +117,7 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Add(a) => write!(f, "Add({})", a.id),
             Command::Wake => write!(f, "Wake"),
+            Command::ExecutorLost(why) => write!(f, "ExecutorLost({why})"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }
@@ -181,10 +185,33 @@ impl SchedulerHandle {
         let _ = self.inner.commands.send(Command::Shutdown);
     }
 
+    /// A way to tell the loop, from outside any step, that its executor is lost for good.
+    /// It holds only the loop's command channel, not the handle, so it does not keep the
+    /// loop alive.
+    pub fn loss_notifier(&self) -> ExecutorLossNotifier {
+        ExecutorLossNotifier {
+            commands: self.inner.commands.clone(),
+        }
+    }
+
     /// Shut down and wait for the loop thread to exit.
     pub fn join(&self) -> Result<(), SchedulerError> {
         self.shutdown();
         self.inner.join()
+    }
+}
+
+/// Fails the engine loop as a group failure would: health turns `executor_failed`,
+/// admission closes, every request ends with an error, and the loop exits.
+#[derive(Debug, Clone)]
+pub struct ExecutorLossNotifier {
+    commands: Sender<Command>,
+}
+
+impl ExecutorLossNotifier {
+    pub fn executor_lost(&self, why: String) {
+        // An error means the loop has already exited.
+        let _ = self.commands.send(Command::ExecutorLost(why));
     }
 }
 
@@ -304,6 +331,15 @@ impl<E: Executor> Worker<E> {
                 Flow::Continue
             }
             Command::Wake => Flow::Continue,
+            Command::ExecutorLost(why) => {
+                tracing::error!("executor lost, engine loop stops: {why}");
+                // Before any request hears of it, so health checks agree with them.
+                self.stats.mark_executor_failed();
+                self.scheduler.admission().close();
+                self.scheduler.fail_all(&why);
+                self.publish();
+                Flow::Stop
+            }
             Command::Shutdown => Flow::Stop,
         }
     }

@@ -23,7 +23,7 @@ pub use admission::{Admission, AdmittedRequest, QueuePermit};
 pub use block_manager::{KvCacheManager, OutOfBlocks, PrefixHit};
 pub use block_pool::{BlockHash, BlockId, BlockPool};
 pub use config::{ResolvedConfig, SchedulerConfig};
-pub use engine_loop::{EngineLoop, SchedulerHandle};
+pub use engine_loop::{EngineLoop, ExecutorLossNotifier, SchedulerHandle};
 pub use error::{AdmissionError, SchedulerError};
 pub use loop_stats::{LoopHealth, StepDurations, STEP_DURATION_BUCKETS_SECONDS};
 pub use metrics::{SchedulerMetrics, SharedMetrics};

@@ -207,6 +207,35 @@ fn a_failed_executor_fails_every_request_and_stops_the_loop() {
     assert!(!handle.health().running);
 }
 
+/// An executor lost outside any step (a node of its group gone while idle, or between
+/// steps): the running request ends with the reason, health says so first, admission
+/// closes and the loop exits, as after a step that failed the group.
+#[test]
+fn a_lost_executor_fails_every_request_and_stops_the_loop() {
+    let mut ex = FakeExecutor::new(2048, 4, 8192);
+    ex.step_delay = Duration::from_millis(1);
+    let handle = EngineLoop::spawn(config(), ex).unwrap();
+    let notifier = handle.loss_notifier();
+    let (_, mut rx) = handle.submit(request(prompt(1, 5), 5000)).unwrap();
+    assert!(matches!(rx.blocking_recv(), Some(TokenEvent::Token { .. })));
+    notifier.executor_lost("node 1 disconnected while idle".into());
+    let (tokens, end) = collect(&mut rx);
+    assert!(tokens.len() < 5000);
+    assert_eq!(
+        end,
+        Some(TokenEvent::Error("node 1 disconnected while idle".into()))
+    );
+    let h = handle.health();
+    assert!(h.executor_failed && !h.running, "{h:?}");
+    assert_eq!(
+        handle.submit(request(prompt(2, 5), 5)).unwrap_err(),
+        AdmissionError::ShuttingDown
+    );
+    handle.join().unwrap();
+    // The loop is gone: the notifier's word goes nowhere and does not panic.
+    notifier.executor_lost("again".into());
+}
+
 #[test]
 fn shutdown_aborts_in_flight_and_refuses_new_requests() {
     let mut ex = FakeExecutor::new(2048, 4, 8192);

@@ -34,23 +34,52 @@ mod common;
 use common::{Log, Server};
 
 fn start(kind: &str) -> (Server, String, Log) {
-    let fault = format!("1:{kind}:{AFTER_STEPS}");
-    let step_timeout = STEP_TIMEOUT_SECS.to_string();
-    let started = common::start_serve(
-        &[],
-        &[
-            "--tensor-parallel-size",
-            "2",
-            "--max-model-len",
-            "1024",
-            "--step-timeout",
-            &step_timeout,
-            "--inject-fault",
-            &fault,
-        ],
-        &[("RUST_LOG", "info")],
-    );
+    let started = start_node(Some(kind), &[]);
     (started.server, started.base, started.log)
+}
+
+/// `tessera serve` at TP = 2, with the fault armed when `kind` is given; `extra` adds
+/// flags (node topology).
+fn start_node(kind: Option<&str>, extra: &[&str]) -> common::Started {
+    let fault = kind.map(|kind| format!("1:{kind}:{AFTER_STEPS}"));
+    let step_timeout = STEP_TIMEOUT_SECS.to_string();
+    let mut args = vec![
+        "--tensor-parallel-size",
+        "2",
+        "--max-model-len",
+        "1024",
+        "--step-timeout",
+        &step_timeout,
+    ];
+    if let Some(fault) = &fault {
+        args.extend(["--inject-fault", fault.as_str()]);
+    }
+    args.extend(extra);
+    common::start_serve(&[], &args, &[("RUST_LOG", "info")])
+}
+
+/// TP = 2 over two processes (rank 1 in the worker node) with the fault armed on the
+/// leader, which sends it to the worker node's rank: the leader and the worker.
+fn start_two_nodes(kind: &str) -> (common::Started, common::Started) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port().to_string())
+        .unwrap();
+    let topology = |rank: &'static str| {
+        vec![
+            "--nnodes",
+            "2",
+            "--node-rank",
+            rank,
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &port,
+        ]
+    };
+    let worker = start_node(None, &topology("1"));
+    let leader = start_node(Some(kind), &topology("0"));
+    (leader, worker)
 }
 
 async fn probe(client: &reqwest::Client, base: &str, path: &str) -> Option<(u16, Value)> {
@@ -269,7 +298,17 @@ fn assert_no_internals(e: &Ending) {
 }
 
 async fn rank_failure_fails_in_flight_requests_then_exits(kind: &str) {
-    let (mut server, base, logs) = start(kind);
+    let (server, base, logs) = start(kind);
+    group_failure_fails_in_flight_requests_then_exits(kind, server, base, logs).await;
+}
+
+/// What a lost group looks like from the server that serves it (see the module doc).
+async fn group_failure_fails_in_flight_requests_then_exits(
+    kind: &str,
+    mut server: Server,
+    base: String,
+    logs: Log,
+) {
     let client = reqwest::Client::new();
     common::wait_ready(&client, &base, Duration::from_secs(300)).await;
 
@@ -349,4 +388,41 @@ async fn rank_device_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rank_hang() {
     rank_failure_fails_in_flight_requests_then_exits("hang").await;
+}
+
+/// The fault reaches rank 1 in the worker node's process through the leader's
+/// connection; a lost device there loses the whole group, seen from the leader exactly
+/// as a local rank's, and the worker node exits with the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_node_rank_device_lost() {
+    let (leader, mut worker) = start_two_nodes("device");
+    group_failure_fails_in_flight_requests_then_exits(
+        "device on a worker node",
+        leader.server,
+        leader.base,
+        leader.log,
+    )
+    .await;
+    let armed = tokio::task::spawn_blocking(move || {
+        let mut seen = Vec::new();
+        while let Ok((_, line)) = worker.log.recv_timeout(Duration::from_secs(30)) {
+            seen.push(line);
+        }
+        let status = worker.server.0.wait().unwrap();
+        (seen, status)
+    })
+    .await
+    .unwrap();
+    let (lines, status) = armed;
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("fault Device armed on rank 1")),
+        "the worker node armed the fault: {lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("injected fault")),
+        "the worker node's rank failed with it: {lines:?}"
+    );
+    assert_eq!(status.code(), Some(i32::from(ENGINE_FAILED_EXIT_CODE)));
 }

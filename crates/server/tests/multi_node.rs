@@ -317,3 +317,37 @@ async fn a_hung_worker_fails_the_streams_and_the_leader_exits_75() {
     worker.server.0.kill().unwrap();
     let _ = exit_status(&mut worker.server);
 }
+
+/// Starts a 2 × 1 group with a 3 s step timeout, waits until the leader is ready, then
+/// does `harm` to the idle worker. With no request in flight the leader must hear of it
+/// from its pings, fail and exit 75, its log naming the node.
+async fn an_idle_worker_harmed_fails_the_leader(harm: &str, expect_in_log: &str) {
+    let client = reqwest::Client::new();
+    let port = free_port();
+    let mut worker = node(2, 2, 1, &port, &["--step-timeout", "3"]);
+    let leader = node(2, 2, 0, &port, &["--step-timeout", "3"]);
+    common::wait_ready(&client, &leader.base, Duration::from_secs(300)).await;
+    let pid = worker.server.0.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args([harm, &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut leader_server = leader.server;
+    let status = exit_status(&mut leader_server);
+    assert_eq!(status.code(), Some(i32::from(ENGINE_FAILED_EXIT_CODE)));
+    let log = rest_of_log(&leader.log);
+    assert!(log.contains(expect_in_log), "{log}");
+    let _ = worker.server.0.kill();
+    let _ = exit_status(&mut worker.server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_killed_while_idle_fails_the_leader_without_a_request() {
+    an_idle_worker_harmed_fails_the_leader("-KILL", "node 1 disconnected while idle").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_hung_while_idle_fails_the_leader_without_a_request() {
+    an_idle_worker_harmed_fails_the_leader("-STOP", "node 1 did not answer while idle").await;
+}

@@ -4,11 +4,13 @@
 //! same collectives. [`rendezvous`] checks that the nodes agree before anything loads.
 
 pub mod fingerprint;
+pub mod node_loss;
 pub mod rendezvous;
 
 use std::time::Duration;
 
 pub use fingerprint::model_fingerprint;
+pub use node_loss::NodeLoss;
 pub use rendezvous::{NodeIdentity, Welcome, PROTOCOL_VERSION};
 
 /// Where this process sits in a group of nodes (`--nnodes`, `--node-rank`,
@@ -48,29 +50,47 @@ pub(crate) enum NodeLinks {
     Worker(LeaderLink),
 }
 
-/// Adds a stand-in worker for each worker node to the leader's `workers`; returns a
-/// worker node's link to its leader.
+/// What [`attach_nodes`] gives a node: a worker node's link to its leader, or the
+/// leader's word of a node lost while idle.
+#[derive(Default)]
+pub(crate) struct Attached {
+    pub leader: Option<LeaderLink>,
+    pub node_loss: Option<NodeLoss>,
+}
+
+/// Adds a stand-in worker for each worker node to the leader's `workers`.
 pub(crate) fn attach_nodes(
     links: NodeLinks,
     workers: &mut Vec<crate::worker::WorkerHandle>,
     plan: &crate::tp::ShardPlan,
     cfg: &crate::config::EngineConfig,
-) -> crate::error::Result<Option<LeaderLink>> {
+) -> crate::error::Result<Attached> {
     match links {
-        NodeLinks::Single => Ok(None),
-        NodeLinks::Worker(link) => Ok(Some(link)),
+        NodeLinks::Single => Ok(Attached::default()),
+        NodeLinks::Worker(link) => Ok(Attached {
+            leader: Some(link),
+            node_loss: None,
+        }),
         NodeLinks::Leader(streams) => {
             let per_node = plan.world_size / (streams.len() + 1);
+            let (alarm, node_loss) = NodeLoss::channel();
             for (i, stream) in streams.into_iter().enumerate() {
                 let node = i + 1;
                 workers.push(remote::spawn(
                     stream,
-                    node,
-                    node * per_node,
+                    remote::NodeSpan {
+                        node_rank: node,
+                        first_rank: node * per_node,
+                        ranks: per_node,
+                    },
                     cfg.step_timeout,
+                    alarm.clone(),
                 )?);
             }
-            Ok(None)
+            Ok(Attached {
+                leader: None,
+                node_loss: Some(node_loss),
+            })
         }
     }
 }

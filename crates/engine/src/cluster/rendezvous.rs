@@ -22,7 +22,7 @@ use crate::tp::wire::{self, Kind};
 
 /// Version of the protocol between nodes (rendezvous, step plans, collectives). Nodes of
 /// different versions refuse each other.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 const MAX_MESSAGE_BYTES: usize = 64 << 10;
 

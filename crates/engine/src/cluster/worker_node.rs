@@ -2,12 +2,15 @@
 //! node's ranks through the engine's own dispatch (the same worker threads, jobs and
 //! failure rules as ranks in the leader's process); each step's outcome goes back.
 //!
-//! The node exits its loop (and the process should exit) when the leader closes the
-//! connection, says nothing for the step timeout (it pings an idle node every two
-//! seconds), sends something that is not a step, or when the node's group failed.
+//! The node answers the leader's pings (so the leader hears of a node that died or hung
+//! while idle) and arms faults the leader's test hook sends for its ranks. It exits its
+//! loop (and the process should exit) when the leader closes the connection, says
+//! nothing for the step timeout (it pings an idle node every two seconds), sends
+//! something that is not a step, ping or fault, or when the node's group failed.
 
 use std::time::Instant;
 
+use crate::cluster::remote::decode_fault;
 use crate::cluster::step_wire::{decode_batch, encode_outcome, MAX_STEP_BYTES};
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
@@ -57,7 +60,26 @@ impl Engine {
                 }
             };
             let batch = match frame.kind {
-                Kind::Ping => continue,
+                Kind::Ping => {
+                    let deadline = Instant::now() + idle_limit;
+                    wire::write_frame(&mut link.stream, Kind::Pong, frame.seq, &[], deadline)
+                        .map_err(|e| EngineError::GroupFailed {
+                            rank: None,
+                            message: format!("cannot answer the leader's ping: {e}"),
+                        })?;
+                    continue;
+                }
+                Kind::Inject => {
+                    let (rank, fault) = decode_fault(&frame.payload).map_err(|message| {
+                        EngineError::GroupFailed {
+                            rank: None,
+                            message,
+                        }
+                    })?;
+                    tracing::warn!("node {node}: fault {fault:?} armed on rank {rank}");
+                    self.inject_fault(rank, fault)?;
+                    continue;
+                }
                 Kind::Step => decode_batch(&frame.payload),
                 other => Err(format!("a {other:?} frame where a step belongs")),
             };

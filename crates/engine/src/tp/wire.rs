@@ -36,6 +36,11 @@ pub(crate) enum Kind {
     StepResult = 9,
     /// "Still here": the leader's word to an idle worker node.
     Ping = 10,
+    /// A worker node's answer to a ping: it is alive and reading.
+    Pong = 11,
+    /// The leader arms a fault on one of a worker node's ranks (the fault-injection
+    /// test hook); the payload is the rank (u32 LE) and the fault (one byte).
+    Inject = 12,
 }
 
 impl Kind {
@@ -51,6 +56,8 @@ impl Kind {
             8 => Kind::Step,
             9 => Kind::StepResult,
             10 => Kind::Ping,
+            11 => Kind::Pong,
+            12 => Kind::Inject,
             _ => return None,
         })
     }

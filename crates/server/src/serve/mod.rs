@@ -55,9 +55,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
+use tessera_engine::cluster::NodeLoss;
 use tessera_engine::{check_vocabulary, DeviceSpec, Engine, GrammarCompiler};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
-use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerError, SchedulerHandle};
+use tessera_scheduler::{
+    EngineLoop, ExecutorLossNotifier, SchedulerConfig, SchedulerError, SchedulerHandle,
+};
 
 use crate::api::request_limits::RequestLimits;
 use crate::api::valid_request::ValidationContext;
@@ -226,6 +229,21 @@ fn spawn_loop(
     EngineLoop::spawn(config, engine)
 }
 
+/// On the leader of a group of nodes: a worker node lost between steps fails the engine
+/// loop at once (the server then exits 75, as after a failed step), not at the next
+/// request. The thread ends with the engine.
+fn watch_nodes(node_loss: NodeLoss, loop_: ExecutorLossNotifier) -> Result<()> {
+    std::thread::Builder::new()
+        .name("tessera-node-watch".into())
+        .spawn(move || {
+            if let Some(why) = node_loss.wait() {
+                loop_.executor_lost(why);
+            }
+        })
+        .context("starting the node watch")?;
+    Ok(())
+}
+
 impl ServeArgs {
     /// The limits on `n`, `stop` and `logit_bias`.
     pub fn request_limits(&self) -> RequestLimits {
@@ -289,6 +307,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
         .unwrap_or_else(|| engine.max_context_tokens());
     let kv_capacity_tokens = engine.kv_cache_shape().capacity_tokens();
     let engine_stats = engine.stats();
+    let node_loss = engine.take_node_loss();
     let scheduler = spawn_loop(
         args,
         SchedulerConfig {
@@ -305,6 +324,9 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
         engine,
     )
     .context("starting the scheduler")?;
+    if let Some(node_loss) = node_loss {
+        watch_nodes(node_loss, scheduler.loss_notifier())?;
+    }
     let served_model_name = match &args.served_model_name {
         Some(name) => name.clone(),
         None => cfg

@@ -34,6 +34,13 @@ async fn readyz(State(ready): State<Arc<AtomicBool>>) -> (StatusCode, &'static s
 }
 
 pub(super) async fn serve(args: ServeArgs) -> Result<()> {
+    #[cfg(feature = "fault-injection")]
+    if args.inject_fault.is_some() {
+        anyhow::bail!(
+            "--inject-fault is armed on the leader (node rank 0), which sends the fault to \
+             the node that runs the rank"
+        );
+    }
     let cfg = args.model.engine_config()?;
     let node = args.model.nodes.node_rank;
     let ready = Arc::new(AtomicBool::new(false));
