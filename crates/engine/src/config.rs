@@ -362,6 +362,20 @@ impl HfConfig {
                 _ => None,
             },
         };
+        // Mistral (7B v0.1) and Mixtral attend to their last `sliding_window` positions in
+        // every layer; a window that covers the whole context changes nothing.
+        if matches!(architecture, "mistral" | "mixtral") {
+            if let Some(window) = self
+                .sliding_window
+                .filter(|w| *w < self.max_position_embeddings)
+            {
+                config.sliding_window = Some(SlidingWindow {
+                    window,
+                    layers: vec![true; self.num_hidden_layers],
+                    rope_theta: config.rope_theta,
+                });
+            }
+        }
         if let Some(g) = gemma_parts {
             config.rope_theta = g.rope_theta;
             // Checkpoints store gemma's norm weights less 1.

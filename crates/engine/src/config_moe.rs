@@ -195,18 +195,6 @@ impl HfConfig {
         let Some(top_k) = self.num_experts_per_tok else {
             return fail("mixtral: num_experts_per_tok is missing".into());
         };
-        // A window that covers the whole context changes nothing; a shorter one would
-        // need the sliding-window mask, which Mixtral layers do not have here yet.
-        if let Some(window) = self
-            .sliding_window
-            .filter(|w| *w < self.max_position_embeddings)
-        {
-            return fail(format!(
-                "mixtral: sliding_window {window} (shorter than max_position_embeddings {}) \
-                 is not supported yet",
-                self.max_position_embeddings
-            ));
-        }
         Ok(MoeConfig {
             num_experts,
             top_k,
@@ -312,8 +300,15 @@ mod tests {
             moe.names.tensor(1, ExpertTensor::Down(3)),
             "model.layers.1.block_sparse_moe.experts.3.w2.weight"
         );
-        // A window as long as the context is no window.
-        assert!(mixtral(serde_json::json!({"sliding_window": 512})).is_ok());
+        // A window as long as the context is no window; a shorter one slides in every layer.
+        assert_eq!(
+            mixtral(serde_json::json!({"sliding_window": 512}))?.sliding_window,
+            None
+        );
+        let window = mixtral(serde_json::json!({"sliding_window": 64}))?
+            .sliding_window
+            .expect("a window");
+        assert_eq!((window.window, window.layers), (64, vec![true, true]));
         Ok(())
     }
 
@@ -388,7 +383,6 @@ mod tests {
                 serde_json::json!({"intermediate_size": 0}),
                 "intermediate_size",
             ),
-            (serde_json::json!({"sliding_window": 64}), "sliding_window"),
             (
                 serde_json::json!({"scoring_func": "sigmoid"}),
                 "scoring_func",

@@ -56,7 +56,21 @@ impl Engine {
         let started = Instant::now();
         tracing::info!("opening {}", cfg.model_path.display());
         let source = loader::open(&cfg.model_path)?;
-        let config = source.config().clone();
+        let mut config = source.config().clone();
+        // The CUDA attention kernels have no window yet. Within the window, sliding and
+        // full attention agree, so GPUs serve such a model with its context cut to it.
+        if cfg.devices.iter().any(|d| matches!(d, DeviceSpec::Cuda(_))) {
+            if let Some(window) = config.sliding_window.as_ref().map(|sw| sw.window) {
+                if window < config.max_position_embeddings {
+                    tracing::warn!(
+                        "{}: sliding-window attention runs on CPU ranks only so far; on CUDA \
+                         ranks the context is limited to the window, {window} tokens",
+                        config.architecture
+                    );
+                    config.max_position_embeddings = window;
+                }
+            }
+        }
         tracing::info!(
             "model: {} layers, hidden {}, {} heads / {} KV heads, vocabulary {}, context {}",
             config.num_layers,

@@ -9,7 +9,8 @@
 //! along its intermediate dimension (40 columns: 13/14/13 at TP = 3); and an f32 Mixtral
 //! (5 experts of 38 columns, top 2 renormalised, every layer a mixture: 13/13/12 at
 //! TP = 3, 10/10/9/9 at TP = 4). Both mixtures also from GGUF, where llama.cpp stores
-//! the experts as 3-D `ffn_*_exps` tensors.
+//! the experts as 3-D `ffn_*_exps` tensors. An f32 Mistral whose every layer attends to
+//! its last 8 positions (`sliding_window`, as in Mistral 7B v0.1).
 
 mod common;
 
@@ -146,5 +147,16 @@ fn tiny_mixtral_gguf_matches_transformers_at_every_tp_size() {
     let path = fixtures().join("tiny-mixtral.gguf");
     for tp in 1..=4 {
         check_file("tiny-mixtral", &path, tp, 1e-4);
+    }
+}
+
+/// Mistral with `sliding_window` 8 in every layer: the 20- and 60-token prompts reach past
+/// it (transformers' logits move by 0.83 relative L2 without the window). The prompt runs
+/// in chunks of 7 during greedy decoding, so the window also crosses chunk and block
+/// boundaries in the paged cache.
+#[test]
+fn tiny_mistral_sliding_window_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-mistral", tp, 1e-5);
     }
 }
