@@ -150,6 +150,16 @@ fn tiny_mixtral_gguf_matches_transformers_at_every_tp_size() {
     }
 }
 
+/// The same weights as older Mixtral GGUF files hold them: one 2-D tensor per expert
+/// (`blk.N.ffn_gate.E.weight`) instead of the stacked 3-D tensors.
+#[test]
+fn tiny_mixtral_gguf_with_one_tensor_per_expert_matches_transformers() {
+    let path = fixtures().join("tiny-mixtral-split-experts.gguf");
+    for tp in 1..=4 {
+        check_file("tiny-mixtral", &path, tp, 1e-4);
+    }
+}
+
 /// Mistral with `sliding_window` 8 in every layer: the 20- and 60-token prompts reach past
 /// it (transformers' logits move by 0.83 relative L2 without the window). The prompt runs
 /// in chunks of 7 during greedy decoding, so the window also crosses chunk and block

@@ -75,9 +75,25 @@ impl GgufSource {
         &self.path
     }
 
-    /// The location of `canonical` in this file.
+    /// The location of `canonical` in this file. An expert's weight is its slice of the
+    /// 3-D `ffn_*_exps` tensor, or, in files written before llama.cpp stacked experts
+    /// (older Mixtral GGUFs), a 2-D tensor of its own, `blk.N.ffn_gate.E.weight`.
     fn locate(&self, canonical: &str) -> Result<GgufLocation> {
-        locate(&self.config.architecture, canonical)
+        let at = locate(&self.config.architecture, canonical)?;
+        if let Some(expert) = at.expert {
+            if !self.content.tensor_infos.contains_key(&at.name) {
+                let own = at
+                    .name
+                    .replace("_exps.weight", &format!(".{expert}.weight"));
+                if self.content.tensor_infos.contains_key(&own) {
+                    return Ok(GgufLocation {
+                        name: own,
+                        expert: None,
+                    });
+                }
+            }
+        }
+        Ok(at)
     }
 
     /// The data of the tensor at `at`: its type, shape (outermost first) and bytes. An
