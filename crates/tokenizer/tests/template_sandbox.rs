@@ -37,7 +37,7 @@ fn main() {
         Some("silent-sandbox") => silent_sandbox(),
         _ => {}
     }
-    let tests: [(&str, fn()); 7] = [
+    let tests: [(&str, fn()); 8] = [
         ("renders_as_in_process", renders_as_in_process),
         (
             "doubling_fails_its_render_only",
@@ -63,6 +63,7 @@ fn main() {
             "the_in_process_path_is_unchanged",
             the_in_process_path_is_unchanged,
         ),
+        ("a_lower_hard_limit_is_kept", a_lower_hard_limit_is_kept),
     ];
     let filter = args.iter().skip(1).find(|a| !a.starts_with('-')).cloned();
     let mut ran = 0;
@@ -216,6 +217,25 @@ fn the_in_process_path_is_unchanged() {
     let local = template(RAISING);
     assert!(!local.is_isolated());
     assert_eq!(local.render(&ask(&[("user", "x")])).unwrap(), "x");
+}
+
+/// Started under a hard data limit (a container's `ulimit -d`) below the one asked for,
+/// the sandbox keeps the lower one instead of failing to start.
+fn a_lower_hard_limit_is_kept() {
+    let mut shell = SandboxLauncher::new(
+        PathBuf::from("/bin/sh"),
+        vec![
+            OsString::from("-c"),
+            OsString::from("ulimit -d 409600 && exec \"$0\" sandbox"),
+            std::env::current_exe().unwrap().into_os_string(),
+        ],
+    );
+    shell.memory_limit_bytes = 4 << 30;
+    let template = isolated(GROWING, shell);
+    let err = template.render(&ask(&[("user", "grow")])).unwrap_err();
+    assert!(err.to_string().contains("memory limit"), "{err}");
+    let text = template.render(&ask(&[("user", "hello")])).unwrap();
+    assert_eq!(text, "<|im_start|>user\nhello<|im_end|>\n");
 }
 
 /// Answers the handshake (a frame holding `"Ready"`), then reads and never replies.

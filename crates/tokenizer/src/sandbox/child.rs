@@ -54,15 +54,27 @@ fn serve(
 }
 
 /// Caps this process's data segment and private writable mappings, which hold every heap
-/// allocation, at `bytes` in all (a fresh process uses a few MiB of it).
+/// allocation, at `bytes` in all (a fresh process uses a few MiB of it), or at the hard
+/// limit the process was started with when that is lower (a container's `ulimit -d`).
 fn limit_memory(bytes: u64) -> Result<(), String> {
+    let mut current = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `current` is a valid rlimit the call writes into.
+    if unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut current) } != 0 {
+        return Err(format!(
+            "cannot read the sandbox's memory limit: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let wanted = (bytes as libc::rlim_t).min(current.rlim_max);
     let limit = libc::rlimit {
-        rlim_cur: bytes as libc::rlim_t,
-        rlim_max: bytes as libc::rlim_t,
+        rlim_cur: wanted,
+        rlim_max: wanted,
     };
     // SAFETY: `limit` is a valid rlimit that outlives the call.
-    let rc = unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) };
-    if rc != 0 {
+    if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) } != 0 {
         return Err(format!(
             "cannot limit the sandbox's memory: {}",
             std::io::Error::last_os_error()
