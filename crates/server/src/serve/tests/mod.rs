@@ -7,6 +7,7 @@
 mod fake_engine_tests;
 mod harness;
 mod limits_tests;
+mod mask_metrics_tests;
 mod model_tests;
 mod openapi_tests;
 mod ops_tests;
