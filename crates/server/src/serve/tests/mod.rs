@@ -11,5 +11,6 @@ mod mask_metrics_tests;
 mod model_tests;
 mod openapi_tests;
 mod ops_tests;
+mod responses_tests;
 mod tool_tests;
 mod validation_tests;
