@@ -240,7 +240,7 @@ def main():
         header_machine, elsewhere = before.group(1), header_machine
 
     def meta_of(name):
-        m = meta_of(name)
+        m = read(os.path.join(d, name + ".meta"))
         if m and elsewhere:
             m += f" On {elsewhere}, not the machine named at the top."
         return m
