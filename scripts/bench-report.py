@@ -150,6 +150,46 @@ def serve_section(d, max_tokens, threads):
     return "\n\n".join(p for p in parts if p)
 
 
+def structured_section(d):
+    res = load(os.path.join(d, "structured.json"))
+    table = read(os.path.join(d, "structured.md"))
+    if not (res and table):
+        return None
+    load_line = ""
+    loads = (read(os.path.join(d, "structured.load")) or "").split()
+    if len(loads) == 3:
+        busy = float(loads[0]) > float(loads[2]) or float(loads[1]) > float(loads[2])
+        load_line = (
+            f" 1-minute load average {loads[0]} before the run and {loads[1]} after it, on "
+            f"{loads[2]} cores"
+            + (": **a busy machine** (other work shared the cores), so the absolute tok/s are "
+               "low and noisy; the ratio is the figure to read." if busy else ".")
+        )
+    chk, chk_c = res["check"], res["constrained_check"]
+    parts = [
+        f"`scripts/bench-serve.py --structured`: {res['concurrency']} clients stream "
+        f"`/v1/completions` (prompts and `max_tokens` {res['max_tokens']} as in the server "
+        f"section, greedy), {res['requests_per_level']} requests per level, "
+        f"{len(res['rounds'])} rounds; each round runs one level with no constraint and one with "
+        "every request under `response_format` `json_schema` "
+        "(`scripts/bench-data/structured-schema.json`: a title, a bounded year, 1–3 enum tags "
+        "and a summary of at least 400 characters, so a constrained request also runs to "
+        "`max_tokens`), alternating which goes first. Same server process, `tessera serve` "
+        "with default flags (release build). Engine step, masks and mask time come from "
+        "`/metrics` (`tessera_step_duration_seconds`, `tessera_structured_output_mask_seconds`): "
+        "the mask time is llguidance computing the allowed-token set plus applying it to the "
+        "logits row, per constrained token, on the engine thread after the forward pass."
+        + load_line,
+        f"Check requests: unconstrained {chk['completion_tokens']} of {res['max_tokens']} tokens "
+        f"(`{chk['finish_reason']}`); constrained {chk_c['completion_tokens']} tokens "
+        f"(`{chk_c['finish_reason']}`), starting `{chk_c['text_start']}`.",
+        table,
+    ]
+    return "\n\n".join(parts)
+
+
+STRUCTURED_TITLE = "Structured output: JSON schema against unconstrained, 16 clients"
+
 # Sections of earlier reports that no run makes any more.
 RETIRED = {"Server under load: Tessera against llama.cpp"}
 
@@ -191,6 +231,20 @@ def main():
     notes = read(args.notes) if args.notes else None
     previous = previous_sections(args.previous, notes)
 
+    # Sections kept from the previous report were measured on the machine its header
+    # names; when this run is on another one, the header keeps that name and the
+    # sections measured now say where they were measured.
+    header_machine, elsewhere = machine(), None
+    before = re.search(r"^Machine: (.+?)\. Model:", read(args.previous) or "", flags=re.M)
+    if before and before.group(1) != header_machine:
+        header_machine, elsewhere = before.group(1), header_machine
+
+    def meta_of(name):
+        m = read(os.path.join(d, name + ".meta"))
+        if m and elsewhere:
+            m += f" On {elsewhere}, not the machine named at the top."
+        return m
+
     el = load(os.path.join(d, "engine-llamacpp.json"))
     llama_version = el["llama_cpp_python"] if el else "0.3.36"
     out = [
@@ -198,7 +252,7 @@ def main():
         "",
         f"Made by `scripts/bench`, last run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}. "
         "Each section below says when, at which commit and by which command it was measured.",
-        f"Machine: {machine()}. Model: SmolLM2-135M-Instruct Q4_1 (GGUF, `scripts/fetch-model`). "
+        f"Machine: {header_machine}. Model: SmolLM2-135M-Instruct Q4_1 (GGUF, `scripts/fetch-model`). "
         f"Reference: llama.cpp as vendored in llama-cpp-python {llama_version}: its own `llama-server` "
         "for the server rows (`scripts/build-llama-server`), the low-level API for the engine rows "
         f"(`scripts/reference-env llamacpp`); both built with GGML_NATIVE=ON, same GGUF, {args.threads} "
@@ -215,14 +269,17 @@ def main():
             return
         bodies = [b for b in (intro, data) if b]
         out.extend(["", f"## {title}", ""])
-        m = read(os.path.join(d, name + ".meta"))
+        m = meta_of(name)
         if m:
             out.extend([m, ""])
         out.append("\n\n".join(bodies))
 
     h = headline(d, args.threads)
+    if not h and "Tessera against llama.cpp" in previous:
+        # A run of other sections keeps the headline as it was.
+        out.extend(["", "## Tessera against llama.cpp", "", previous["Tessera against llama.cpp"]])
     if h:
-        metas = [read(os.path.join(d, n + ".meta")) for n in ("engine", "serve")]
+        metas = [meta_of(n) for n in ("engine", "serve")]
         out.extend(["", "## Tessera against llama.cpp", ""])
         out.append(
             "Server rows: the HTTP servers under load (below), against llama.cpp's own server. "
@@ -247,6 +304,7 @@ def main():
         "All-reduce between CPU ranks (LocalComm)",
         "Engine speed, TP=1 against TP=2 (CPU ranks)",
         "Continuous batching and prefix caching (engine + scheduler, no HTTP)",
+        STRUCTURED_TITLE,
     }
     for title, body in previous.items():
         if title not in own and title not in RETIRED:
@@ -267,6 +325,7 @@ def main():
         read(os.path.join(d, "batching.md")),
         "`cargo bench -p tessera-server --bench batching` — greedy, 64-token prompts, 32 output tokens each.",
     )
+    section(STRUCTURED_TITLE, "structured", structured_section(d))
     if notes:
         out.extend(["", notes])
     print("\n".join(out))

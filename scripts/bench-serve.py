@@ -19,6 +19,20 @@ end-to-end latency. Prints a markdown table; --json writes everything.
         --concurrency 1,4,16,64 --requests 8,16,48,128 --max-tokens 64 \\
         --json out.json
 
+With --structured SCHEMA.json it measures the cost of constrained decoding instead: at
+the first concurrency level, --rounds rounds each run one level of unconstrained requests
+and one of the same kind of requests under `response_format` with that JSON schema, in
+alternating order (so drift in the machine's load falls on both alike), every request
+with a prompt of its own (no prefix-cache hits across levels). Around each level it reads
+the server's /metrics: grammar masks computed and their seconds
+(`tessera_structured_output_mask_seconds`), and engine steps and their seconds
+(`tessera_step_duration_seconds`). The schema should force outputs longer than
+max_tokens (a long minLength string), so both kinds stream the same number of tokens.
+
+    python bench-serve.py --base-url http://127.0.0.1:8000 --label tessera \\
+        --concurrency 16 --requests 32 --max-tokens 64 \\
+        --structured scripts/bench-data/structured-schema.json --rounds 3
+
 Only for servers on this machine (loopback); every level is bounded in requests.
 """
 
@@ -72,7 +86,7 @@ class Result:
         self.prompt_tokens = None
 
 
-async def one_request(session, args, prompt):
+async def one_request(session, args, prompt, extra):
     body = {
         "model": args.model,
         "prompt": prompt,
@@ -84,6 +98,7 @@ async def one_request(session, args, prompt):
     if args.no_stop_ids:
         body["logit_bias"] = {str(t): -100 for t in args.no_stop_ids}
     body.update(args.extra_body)
+    body.update(extra)
     res = Result()
     usage = None
     start = time.perf_counter()
@@ -131,7 +146,7 @@ async def one_request(session, args, prompt):
     return res
 
 
-async def run_level(args, concurrency, n_requests, prompts):
+async def run_level(args, concurrency, n_requests, prompts, extra=None):
     queue = list(range(n_requests))
     results = []
 
@@ -144,7 +159,7 @@ async def run_level(args, concurrency, n_requests, prompts):
         async def client():
             while queue:
                 i = queue.pop(0)
-                results.append(await one_request(session, args, prompts[i]))
+                results.append(await one_request(session, args, prompts[i], extra or {}))
 
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -177,7 +192,7 @@ async def run_level(args, concurrency, n_requests, prompts):
     }
 
 
-async def check(args, prompt):
+async def check(args, prompt, extra=None):
     """One non-streamed request: the server must honour max_tokens (and the logit bias)."""
     body = {
         "model": args.model,
@@ -188,6 +203,7 @@ async def check(args, prompt):
     if args.no_stop_ids:
         body["logit_bias"] = {str(t): -100 for t in args.no_stop_ids}
     body.update(args.extra_body)
+    body.update(extra or {})
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         async with session.post(args.base_url + "/v1/completions", json=body) as resp:
@@ -200,7 +216,150 @@ async def check(args, prompt):
         "prompt_tokens": usage.get("prompt_tokens"),
         "completion_tokens": usage.get("completion_tokens"),
         "finish_reason": out["choices"][0].get("finish_reason"),
+        "text_start": out["choices"][0].get("text", "")[:40],
     }
+
+
+# Server metrics read around each level of --structured (Tessera's names).
+SCRAPED = (
+    "tessera_structured_output_mask_seconds_count",
+    "tessera_structured_output_mask_seconds_sum",
+    "tessera_step_duration_seconds_count",
+    "tessera_step_duration_seconds_sum",
+)
+
+
+async def scrape(args):
+    """The SCRAPED samples of the server's /metrics (unlabelled lines), or {}."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(args.base_url + "/metrics") as resp:
+            if resp.status != 200:
+                return {}
+            text = await resp.text()
+    values = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in SCRAPED:
+            values[parts[0]] = float(parts[1])
+    return values
+
+
+async def structured_rounds(args, prompts):
+    """Alternating unconstrained and constrained levels (see the module docstring)."""
+    schema = json.load(open(args.structured, encoding="utf-8"))
+    constrained = {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "bench", "schema": schema, "strict": True},
+        }
+    }
+    c, n = args.concurrency[0], args.requests[0]
+    rounds = []
+    offset = 0
+    for r in range(args.rounds):
+        order = ("unconstrained", "constrained") if r % 2 == 0 else ("constrained", "unconstrained")
+        this = {}
+        for mode in order:
+            before = await scrape(args)
+            lvl = await run_level(args, c, n, prompts[offset : offset + n], constrained if mode == "constrained" else {})
+            after = await scrape(args)
+            offset += n
+            delta = {k: after[k] - before[k] for k in SCRAPED if k in before and k in after}
+            lvl["masks"] = delta.get(SCRAPED[0])
+            lvl["mask_seconds"] = delta.get(SCRAPED[1])
+            lvl["steps"] = delta.get(SCRAPED[2])
+            lvl["step_seconds"] = delta.get(SCRAPED[3])
+            this[mode] = lvl
+            print(
+                f"{args.label}: round {r + 1} {mode}: {lvl['completed']}/{n} done, "
+                f"{lvl['output_tok_s']:.1f} tok/s, TPOT {lvl['tpot_mean_ms']:.1f} ms, "
+                f"masks {lvl['masks']}, short {lvl['short']}, {lvl['duration_s']:.0f} s",
+                file=sys.stderr,
+            )
+            for e in lvl["errors"]:
+                print(f"{args.label}:   error: {e}", file=sys.stderr)
+        rounds.append(this)
+    return {"constrained_body": constrained, "rounds": rounds, "summary": structured_summary(rounds)}
+
+
+def structured_summary(rounds):
+    """Per mode, over all rounds: tokens over wall time, mean TPOT, step and mask times."""
+    out = {}
+    for mode in ("unconstrained", "constrained"):
+        lvls = [r[mode] for r in rounds]
+        tokens = sum(l["output_tokens"] for l in lvls)
+        seconds = sum(l["duration_s"] for l in lvls)
+        steps = sum(l["steps"] or 0 for l in lvls)
+        masks = sum(l["masks"] or 0 for l in lvls)
+        mask_seconds = sum(l["mask_seconds"] or 0 for l in lvls)
+        out[mode] = {
+            "output_tokens": tokens,
+            "output_tok_s": tokens / seconds if seconds else None,
+            "tpot_mean_ms": mean([l["tpot_mean_ms"] for l in lvls]),
+            "short": sum(l["short"] for l in lvls),
+            "failed": sum(l["failed"] for l in lvls),
+            "step_mean_ms": (sum(l["step_seconds"] or 0 for l in lvls) / steps * 1e3) if steps else None,
+            "masks": masks,
+            "masks_per_token": masks / tokens if tokens else None,
+            "mask_us_per_token": (mask_seconds / masks * 1e6) if masks else None,
+            "mask_ms_per_step": (mask_seconds / steps * 1e3) if (steps and masks) else None,
+        }
+    step_seconds = sum(r["constrained"]["step_seconds"] or 0 for r in rounds)
+    if step_seconds:
+        # The cost masks add to a step, free of the noise between levels.
+        out["constrained"]["mask_share_of_step_percent"] = (
+            sum(r["constrained"]["mask_seconds"] or 0 for r in rounds) / step_seconds * 100
+        )
+    u, c = out["unconstrained"], out["constrained"]
+    if u["output_tok_s"] and c["output_tok_s"]:
+        out["throughput_ratio"] = c["output_tok_s"] / u["output_tok_s"]
+        out["slowdown_percent"] = (1 - out["throughput_ratio"]) * 100
+    return out
+
+
+def structured_table(result):
+    def f(v, digits, unit=""):
+        return "–" if v is None else f"{v:.{digits}f}{unit}"
+
+    rows = [
+        "| round | requests | output tok/s | mean TPOT | mean engine step | masks per token | mask time per token | mask time per step | short |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for i, r in enumerate(result["rounds"]):
+        for mode in ("unconstrained", "constrained"):
+            l = r[mode]
+            steps = l["steps"]
+            step_ms = l["step_seconds"] / steps * 1e3 if steps else None
+            per_token = l["mask_seconds"] / l["masks"] * 1e6 if l["masks"] else None
+            per_step = l["mask_seconds"] / steps * 1e3 if (steps and l["masks"]) else None
+            mpt = l["masks"] / l["output_tokens"] if (l["masks"] is not None and l["output_tokens"]) else None
+            rows.append(
+                f"| {i + 1} {mode} | {l['completed']}/{l['requests']} | {l['output_tok_s']:.1f} | "
+                f"{l['tpot_mean_ms']:.1f} ms | {f(step_ms, 1, ' ms')} | {f(mpt, 2)} | "
+                f"{f(per_token, 0, ' µs')} | {f(per_step, 2, ' ms')} | {l['short']} |"
+            )
+    s = result["summary"]
+    for mode in ("unconstrained", "constrained"):
+        m = s[mode]
+        rows.append(
+            f"| **all {mode}** | {m['output_tokens']} tokens | **{f(m['output_tok_s'], 1)}** | "
+            f"{f(m['tpot_mean_ms'], 1, ' ms')} | {f(m['step_mean_ms'], 1, ' ms')} | {f(m['masks_per_token'], 2)} | "
+            f"{f(m['mask_us_per_token'], 0, ' µs')} | {f(m['mask_ms_per_step'], 2, ' ms')} | {m['short']} |"
+        )
+    if "throughput_ratio" in s:
+        slower = s["slowdown_percent"]
+        rows.append("")
+        rows.append(
+            f"Constrained / unconstrained output tok/s: **{s['throughput_ratio']:.3f}** "
+            f"({abs(slower):.1f}% {'slower' if slower >= 0 else 'faster'}; target: at most 10% slower)."
+        )
+    share = s["constrained"].get("mask_share_of_step_percent")
+    if share is not None:
+        rows.append(
+            f"Masks took {share:.2f}% of the constrained levels' engine step time: the cost "
+            "constraining adds to a step, which the noise between levels does not blur."
+        )
+    return "\n".join(rows)
 
 
 async def model_id(args):
@@ -212,7 +371,10 @@ async def model_id(args):
 async def main_async(args):
     if not args.model:
         args.model = await model_id(args)
-    total = sum(args.requests)
+    if args.structured:
+        total = 2 * args.rounds * args.requests[0]
+    else:
+        total = sum(args.requests)
     prompts = make_prompts(args.prompt_file, total + args.warmup + 1, args.prompt_words)
 
     chk = await check(args, prompts[-1])
@@ -228,6 +390,28 @@ async def main_async(args):
     # Warm-up: a few concurrent requests, not measured.
     if args.warmup:
         await run_level(args, min(args.warmup, 4), args.warmup, prompts[total:])
+
+    if args.structured:
+        run = await structured_rounds(args, prompts)
+        chk_c = await check(args, prompts[-1], run["constrained_body"])
+        print(
+            f"{args.label}: constrained check: completion {chk_c['completion_tokens']}/{args.max_tokens} "
+            f"tokens, finish_reason {chk_c['finish_reason']}, text {chk_c['text_start']!r}",
+            file=sys.stderr,
+        )
+        return {
+            "label": args.label,
+            "mode": "structured",
+            "base_url": args.base_url,
+            "model": args.model,
+            "max_tokens": args.max_tokens,
+            "prompt_words": args.prompt_words,
+            "concurrency": args.concurrency[0],
+            "requests_per_level": args.requests[0],
+            "check": chk,
+            "constrained_check": chk_c,
+            **run,
+        }
 
     levels = []
     offset = 0
@@ -287,6 +471,8 @@ def main():
     ap.add_argument("--extra-body", type=json.loads, default={}, help="JSON merged into every request")
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--request-timeout", type=float, default=900)
+    ap.add_argument("--structured", metavar="SCHEMA.json", help="compare constrained with unconstrained decoding")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --structured")
     ap.add_argument("--json")
     args = ap.parse_args()
     if len(args.concurrency) != len(args.requests):
@@ -297,7 +483,7 @@ def main():
         ap.error("only servers on this machine (127.0.0.1/localhost) are benchmarked")
 
     result = asyncio.run(main_async(args))
-    print(table(result))
+    print(structured_table(result) if args.structured else table(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -112,12 +112,50 @@ def test_stream_helper_with_function_call(client, model):
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
 
 
+LOGPROBS = "message.output_text.logprobs"
+
+
+def test_logprobs_included_on_request(client, model):
+    r = client.responses.create(
+        model=model, input=QUESTION, temperature=0, max_output_tokens=8, include=[LOGPROBS], top_logprobs=2,
+    )
+    part = r.output[0].content[0]
+    assert part.type == "output_text" and part.text == r.output_text
+    assert len(part.logprobs) == r.usage.output_tokens
+    # The end-of-turn token that ended the answer is an output token too.
+    assert "".join(lp.token for lp in part.logprobs) == part.text + "<|im_end|>"
+    for lp in part.logprobs:
+        assert lp.logprob <= 0 and bytes(lp.bytes) == lp.token.encode()
+        assert len(lp.top_logprobs) == 2
+        # Greedy: the chosen token is the most likely one.
+        assert lp.top_logprobs[0].token == lp.token and lp.top_logprobs[0].logprob == lp.logprob
+        assert lp.top_logprobs[1].logprob <= lp.logprob
+    plain = client.responses.create(model=model, input=QUESTION, temperature=0, max_output_tokens=8)
+    assert plain.output_text == r.output_text
+    assert plain.output[0].content[0].logprobs == []
+
+
+def test_stream_deltas_carry_logprobs(client, model):
+    with client.responses.stream(
+        model=model, input=QUESTION, temperature=0, max_output_tokens=8, include=[LOGPROBS], top_logprobs=1,
+    ) as stream:
+        deltas = [e for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    streamed = [(lp.token, lp.logprob) for e in deltas for lp in e.logprobs]
+    whole = [(lp.token, lp.logprob) for lp in final.output[0].content[0].logprobs]
+    assert streamed == whole and len(whole) == final.usage.output_tokens
+    assert "".join(e.delta for e in deltas) == final.output_text
+
+
 @pytest.mark.parametrize(
     "extra, param",
     [
         ({"store": True}, "store"),
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"include": ["file_search_call.results"]}, "include"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"include": [LOGPROBS], "tools": [WEATHER]}, "include"),
     ],
 )
 def test_stateful_and_unsupported_requests_are_refused(client, model, extra, param):

@@ -16,7 +16,12 @@
 //!
 //! Invariant: the concatenation of all returned deltas equals `decode(all ids)` whenever
 //! that text does not end mid-character.
+//!
+//! Special tokens named by [`IncrementalDecoder::keeping`] are written out even when
+//! special tokens are skipped: a tool-call parser needs the markers (`[TOOL_CALLS]`,
+//! `[ARGS]`) that split a reply, while end-of-turn tokens must stay out of the text.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::error::Result;
@@ -29,6 +34,8 @@ const REPLACEMENT: char = '\u{FFFD}';
 pub struct IncrementalDecoder {
     tokenizer: Arc<Tokenizer>,
     skip_special_tokens: bool,
+    /// Special ids written out although special tokens are skipped.
+    kept: HashSet<u32>,
     ids: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,
@@ -40,14 +47,32 @@ impl IncrementalDecoder {
         IncrementalDecoder {
             tokenizer,
             skip_special_tokens,
+            kept: HashSet::new(),
             ids: Vec::new(),
             prefix_offset: 0,
             read_offset: 0,
         }
     }
 
+    /// Writes out the special tokens `ids` as their text, in place, even when special
+    /// tokens are skipped.
+    pub fn keeping(mut self, ids: impl IntoIterator<Item = u32>) -> Self {
+        self.kept.extend(ids);
+        self
+    }
+
     /// Adds one generated id; returns the text that can be shown now (maybe empty).
     pub fn push(&mut self, id: u32) -> Result<String> {
+        if self.skip_special_tokens && self.kept.contains(&id) {
+            // What is held back goes out before the marker (a character the marker cut
+            // stays cut). The marker joins the context window, where decoding skips it,
+            // so the text after it decodes as if it were not there.
+            let mut text = self.finish()?;
+            text.push_str(&self.tokenizer.decode(&[id], false)?);
+            self.ids.push(id);
+            self.read_offset = self.ids.len();
+            return Ok(text);
+        }
         self.ids.push(id);
         let window = &self.ids[self.prefix_offset..];
         let prefix_text = self.decode(&self.ids[self.prefix_offset..self.read_offset])?;
@@ -110,8 +135,44 @@ fn text_after(prefix: &str, full: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
-    use super::text_after;
+    use super::*;
+
+    /// SmolLM2's tokenizer from the repository's fixtures.
+    fn smollm2() -> Arc<Tokenizer> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tokenizer/smollm2-hf");
+        Arc::new(Tokenizer::from_hf_dir(&dir).unwrap())
+    }
+
+    fn streamed(decoder: &mut IncrementalDecoder, ids: &[u32]) -> String {
+        let mut text = String::new();
+        for &id in ids {
+            text.push_str(&decoder.push(id).unwrap());
+        }
+        text.push_str(&decoder.finish().unwrap());
+        text
+    }
+
+    #[test]
+    fn kept_specials_are_written_where_they_stand_and_others_skipped() {
+        let tok = smollm2();
+        let start = tok.token_to_id("<|im_start|>").unwrap();
+        let end = tok.token_to_id("<|im_end|>").unwrap();
+        assert!(tok.is_special(start) && tok.is_special(end));
+        let mut ids = tok.encode("Hello wörld", false).unwrap();
+        ids.push(start);
+        ids.extend(tok.encode(" call{\"a\": 1}", false).unwrap());
+        ids.push(end);
+        let mut keeping = IncrementalDecoder::new(Arc::clone(&tok), true).keeping([start]);
+        assert_eq!(
+            streamed(&mut keeping, &ids),
+            "Hello wörld<|im_start|> call{\"a\": 1}"
+        );
+        let mut plain = IncrementalDecoder::new(tok, true);
+        assert_eq!(streamed(&mut plain, &ids), "Hello wörld call{\"a\": 1}");
+    }
 
     #[test]
     fn text_after_prefix() {

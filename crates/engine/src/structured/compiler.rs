@@ -10,7 +10,8 @@ use tessera_protocol::OutputConstraint;
 use tessera_tokenizer::Tokenizer;
 
 use crate::error::{EngineError, Result};
-use crate::structured::constraint::{MaskCounters, TokenConstraint};
+use crate::structured::constraint::TokenConstraint;
+use crate::structured::mask_timing::{MaskCounters, MaskTimes};
 use crate::structured::token_env::token_env;
 
 /// Compiles constraints for one model. Built once at start-up (the token trie is the
@@ -60,8 +61,8 @@ impl GrammarCompiler {
         Ok(TokenConstraint::new(matcher, Arc::clone(&self.counters)))
     }
 
-    /// Masks computed for every sequence this compiler constrained, and their seconds.
-    pub fn mask_counters(&self) -> (u64, f64) {
+    /// Masks computed for every sequence this compiler constrained, and their times.
+    pub fn mask_times(&self) -> MaskTimes {
         self.counters.snapshot()
     }
 

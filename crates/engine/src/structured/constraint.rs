@@ -2,36 +2,13 @@
 //! every token it accepts. Lives in the sequence's sampler, so it survives preemption
 //! (recompute replays tokens the matcher has already consumed and samples nothing).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llguidance::toktrie::SimpleVob;
 use llguidance::Matcher;
 
-/// Masks computed and the time they took, over every constrained sequence of a model
-/// (the `tessera_structured_output_*` metrics).
-#[derive(Debug, Default)]
-pub struct MaskCounters {
-    masks: AtomicU64,
-    mask_nanos: AtomicU64,
-}
-
-impl MaskCounters {
-    fn record(&self, took: Duration) {
-        self.masks.fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        self.mask_nanos.fetch_add(nanos, Ordering::Relaxed);
-    }
-
-    /// Masks so far and the seconds they took.
-    pub fn snapshot(&self) -> (u64, f64) {
-        (
-            self.masks.load(Ordering::Relaxed),
-            self.mask_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
-        )
-    }
-}
+use crate::structured::mask_timing::MaskCounters;
 
 /// The grammar matcher of one sequence.
 pub struct TokenConstraint {

@@ -4,7 +4,9 @@
 
 mod compiler;
 mod constraint;
+mod mask_timing;
 mod token_env;
 
 pub use compiler::GrammarCompiler;
-pub use constraint::{mask_logits, MaskCounters, TokenConstraint};
+pub use constraint::{mask_logits, TokenConstraint};
+pub use mask_timing::{MaskCounters, MaskTimes, MASK_BUCKETS_SECONDS};

@@ -54,7 +54,12 @@ fn responses_schemas() -> Value {
                 "text": { "type": ["object", "null"] },
                 "tools": { "type": ["array", "null"], "items": { "type": "object" } },
                 "tool_choice": { "type": ["string", "object", "null"] },
-                "parallel_tool_calls": { "type": ["boolean", "null"] }
+                "parallel_tool_calls": { "type": ["boolean", "null"] },
+                "include": { "type": ["array", "null"],
+                    "items": { "enum": ["message.output_text.logprobs"] },
+                    "description": "`message.output_text.logprobs`: log-probabilities in each `output_text` part and text delta (not with function tools)" },
+                "top_logprobs": { "type": ["integer", "null"], "minimum": 0, "maximum": 20,
+                    "description": "Alternatives per token; needs `include` with `message.output_text.logprobs`" }
             }
         },
         "Response": {

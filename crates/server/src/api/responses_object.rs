@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::api::response::Usage;
+use crate::api::response::{TokenLogprob, Usage};
 
 /// What every response object of one request repeats: ids and the request's settings.
 #[derive(Debug, Clone)]
@@ -68,9 +68,12 @@ pub fn usage_object(u: Usage) -> Value {
     })
 }
 
-/// An assistant message item holding `text`.
-pub fn message_item(id: &str, status: &str, text: Option<&str>) -> Value {
-    let content: Vec<Value> = text.map(|t| vec![output_text_part(t)]).unwrap_or_default();
+/// An assistant message item holding `text` and the log-probabilities of its tokens
+/// (empty unless the request included them).
+pub fn message_item(id: &str, status: &str, text: Option<(&str, &[TokenLogprob])>) -> Value {
+    let content: Vec<Value> = text
+        .map(|(t, logprobs)| vec![output_text_part(t, logprobs)])
+        .unwrap_or_default();
     json!({
         "type": "message",
         "id": id,
@@ -81,8 +84,36 @@ pub fn message_item(id: &str, status: &str, text: Option<&str>) -> Value {
 }
 
 /// An `output_text` content part.
-pub fn output_text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+pub fn output_text_part(text: &str, logprobs: &[TokenLogprob]) -> Value {
+    json!({
+        "type": "output_text",
+        "text": text,
+        "annotations": [],
+        "logprobs": logprob_values(logprobs),
+    })
+}
+
+/// Log-probabilities in the Responses shape: each token with its bytes and its most
+/// likely alternatives.
+pub fn logprob_values(tokens: &[TokenLogprob]) -> Vec<Value> {
+    tokens
+        .iter()
+        .map(|t| {
+            let top: Vec<Value> = t
+                .top
+                .iter()
+                .map(|(token, logprob)| {
+                    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+                })
+                .collect();
+            json!({
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": t.token.as_bytes(),
+                "top_logprobs": top,
+            })
+        })
+        .collect()
 }
 
 /// A function call item.

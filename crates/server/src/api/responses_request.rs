@@ -5,7 +5,8 @@
 //! string or `input_text`/`output_text` parts), `function_call` (an assistant tool call)
 //! and `function_call_output` (a tool result). `instructions` becomes a leading system
 //! message, `max_output_tokens` the token budget, `text.format` the `response_format`,
-//! function `tools` the chat tools. Nothing is stored: `store: true`,
+//! function `tools` the chat tools, `include: ["message.output_text.logprobs"]` and
+//! `top_logprobs` chat's `logprobs` and `top_logprobs`. Nothing is stored: `store: true`,
 //! `previous_response_id` and `conversation` are refused.
 
 use serde_json::{json, Map, Value};
@@ -21,6 +22,9 @@ const PASSED: [&str; 6] = [
     "stream",
     "user",
 ];
+
+/// The one `include` value served: log-probabilities of the output text.
+pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
 
 /// The chat request body `body` stands for.
 pub fn chat_body(body: &Value) -> Result<Value, ServerError> {
@@ -48,11 +52,9 @@ pub fn chat_body(body: &Value) -> Result<Value, ServerError> {
     }
     for key in [
         "background",
-        "include",
         "prompt",
         "reasoning",
         "max_tool_calls",
-        "top_logprobs",
         "truncation",
     ] {
         if present(key).is_some() {
@@ -98,6 +100,26 @@ pub fn chat_body(body: &Value) -> Result<Value, ServerError> {
         None => return Err(ServerError::invalid("input", "`input` is required")),
     }
     chat.insert("messages".into(), Value::Array(messages));
+    if logprobs_included(present("include"))? {
+        if calls_possible(present("tools"), present("tool_choice")) {
+            return Err(ServerError::invalid(
+                "include",
+                format!(
+                    "`include` of `{INCLUDE_LOGPROBS}` is not supported together with \
+                     function tools: leave out `tools`, or set `tool_choice` to \"none\""
+                ),
+            ));
+        }
+        chat.insert("logprobs".into(), Value::Bool(true));
+        if let Some(top) = present("top_logprobs") {
+            chat.insert("top_logprobs".into(), top.clone());
+        }
+    } else if present("top_logprobs").is_some() {
+        return Err(ServerError::invalid(
+            "top_logprobs",
+            format!("`top_logprobs` needs `include`: [\"{INCLUDE_LOGPROBS}\"]"),
+        ));
+    }
     if let Some(format) = present("text").and_then(|t| t.get("format")) {
         chat.insert("response_format".into(), response_format(format)?);
     }
@@ -108,6 +130,46 @@ pub fn chat_body(body: &Value) -> Result<Value, ServerError> {
         chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
     }
     Ok(Value::Object(chat))
+}
+
+/// Whether `include` asks for the output text's log-probabilities; any other value is
+/// refused by name.
+fn logprobs_included(include: Option<&Value>) -> Result<bool, ServerError> {
+    let Some(include) = include else {
+        return Ok(false);
+    };
+    let values = include
+        .as_array()
+        .ok_or_else(|| ServerError::invalid("include", "`include` must be a list of strings"))?;
+    let mut logprobs = false;
+    for value in values {
+        match value.as_str() {
+            Some(INCLUDE_LOGPROBS) => logprobs = true,
+            Some(other) => {
+                return Err(ServerError::invalid(
+                    "include",
+                    format!(
+                        "`include` value `{other}` is not supported: only \"{INCLUDE_LOGPROBS}\""
+                    ),
+                ))
+            }
+            None => {
+                return Err(ServerError::invalid(
+                    "include",
+                    "`include` must be a list of strings",
+                ))
+            }
+        }
+    }
+    Ok(logprobs)
+}
+
+/// Whether the reply may hold function calls: tools given and `tool_choice` not "none".
+fn calls_possible(tools: Option<&Value>, choice: Option<&Value>) -> bool {
+    let any_tool = tools
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    any_tool && choice.and_then(Value::as_str) != Some("none")
 }
 
 fn add_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), ServerError> {
@@ -357,10 +419,36 @@ mod tests {
                 json!({"model": "m", "input": "x", "reasoning": {"effort": "low"}}),
                 "reasoning",
             ),
+            (
+                json!({"model": "m", "input": "x", "include": ["file_search_call.results"]}),
+                "include",
+            ),
+            (
+                json!({"model": "m", "input": "x", "top_logprobs": 2}),
+                "top_logprobs",
+            ),
+            (
+                json!({"model": "m", "input": "x", "include": [INCLUDE_LOGPROBS],
+                       "tools": [{"type": "function", "name": "f"}]}),
+                "include",
+            ),
         ] {
             let e = chat_body(&body).expect_err(&body.to_string());
             assert_eq!(param_of(e).as_deref(), Some(param), "{body}");
         }
         assert!(chat_body(&json!({"model": "m", "input": "x", "store": false})).is_ok());
+    }
+
+    #[test]
+    fn included_logprobs_become_chat_logprobs() {
+        let chat = chat_body(&json!({
+            "model": "m", "input": "x", "include": [INCLUDE_LOGPROBS], "top_logprobs": 3,
+            "tools": [{"type": "function", "name": "f"}], "tool_choice": "none"
+        }))
+        .unwrap();
+        assert_eq!(chat["logprobs"], true);
+        assert_eq!(chat["top_logprobs"], 3);
+        let plain = chat_body(&json!({"model": "m", "input": "x", "include": []})).unwrap();
+        assert!(plain.get("logprobs").is_none(), "{plain}");
     }
 }

@@ -9,7 +9,7 @@
 //! then be offered tools, and the Hermes parser reads its calls.
 
 use serde_json::{json, Map, Value};
-use tessera_tokenizer::{ChatMessage, MessageContent};
+use tessera_tokenizer::{ChatMessage, MessageContent, Tokenizer};
 
 use crate::api::tool_parsers::forced::{ForcedArrayParser, ForcedNamedParser};
 use crate::api::tool_parsers::{ToolCallParser, ToolParserKind};
@@ -34,6 +34,19 @@ impl ToolOutput {
             }
             ToolOutput::Parsed(kind) => kind.parser(),
         }
+    }
+
+    /// The ids of the special tokens the parser reads as markers, for the detokenizer
+    /// to keep in the text.
+    pub fn marker_ids(&self, tokenizer: &Tokenizer) -> Vec<u32> {
+        let ToolOutput::Parsed(kind) = self else {
+            return Vec::new();
+        };
+        kind.marker_tokens()
+            .iter()
+            .filter_map(|t| tokenizer.token_to_id(t))
+            .filter(|&id| tokenizer.is_special(id))
+            .collect()
     }
 }
 

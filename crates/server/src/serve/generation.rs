@@ -126,6 +126,10 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
         return Err(ServerError::EngineDown);
     }
     let tokenizer = &app.validation.tokenizer;
+    let markers = req
+        .tool_output()
+        .map(|t| t.marker_ids(tokenizer))
+        .unwrap_or_default();
     let mut runs = Vec::new();
     for planned in req.planned_choices() {
         let (_, receiver) = app.scheduler.submit(planned.request)?;
@@ -140,7 +144,8 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
             prompt_index: planned.prompt_index,
             receiver: Some(receiver),
             tokenizer: Arc::clone(tokenizer),
-            decoder: IncrementalDecoder::new(Arc::clone(tokenizer), true),
+            decoder: IncrementalDecoder::new(Arc::clone(tokenizer), true)
+                .keeping(markers.iter().copied()),
             matcher: StopMatcher::new(req.stop_strings().iter().cloned()),
             completion_tokens: 0,
             pending_logprobs: Vec::new(),

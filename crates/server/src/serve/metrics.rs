@@ -333,18 +333,14 @@ pub fn render(app: &AppState) -> String {
         }
     }
     if let Ok(grammar) = &app.validation.grammar {
-        let (masks, seconds) = grammar.mask_counters();
-        w.tessera(
-            "tessera_structured_output_masks_total",
-            "counter",
-            "Token masks computed for sequences under a response_format (one per constrained token).",
-            masks as f64,
-        );
-        w.tessera(
-            "tessera_structured_output_mask_seconds_total",
-            "counter",
-            "Seconds spent computing and applying those masks on the sampling thread.",
-            seconds,
+        let masks = grammar.mask_times();
+        w.histogram(
+            "tessera_structured_output_mask_seconds",
+            "Seconds to compute and apply one token mask of a sequence under a response_format or forced tool call (one per constrained token; _sum / _count is the mask time per token).",
+            "",
+            masks.bounds_seconds,
+            &masks.counts,
+            masks.sum_seconds,
         );
     }
     let http = app

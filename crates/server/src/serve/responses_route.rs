@@ -13,7 +13,7 @@ use crate::api::chat_request::ChatRequest;
 use crate::api::error::ServerError;
 use crate::api::response::{TokenLogprob, Usage};
 use crate::api::responses_object::{
-    function_call_item, message_item, output_text_part, status_of, ResponseHeader,
+    function_call_item, logprob_values, message_item, output_text_part, status_of, ResponseHeader,
 };
 use crate::api::responses_request::chat_body;
 use crate::api::tool_parsers::{ParsedReply, ToolCallParser, ToolEvent};
@@ -68,10 +68,12 @@ pub async fn create_response(
         .content
         .filter(|t| !t.is_empty() || reply.calls.is_empty())
     {
+        // Log-probabilities are only served without tool calls (the request is refused
+        // otherwise), so the whole output is this text.
         output.push(message_item(
             &format!("msg_{}", random_id()),
             "completed",
-            Some(&text),
+            Some((&text, &out.logprobs)),
         ));
     }
     for (name, arguments) in &reply.calls {
@@ -93,6 +95,7 @@ enum OpenItem {
     Message {
         id: String,
         text: String,
+        logprobs: Vec<TokenLogprob>,
     },
     Call {
         id: String,
@@ -140,20 +143,24 @@ impl ResponsesFormat {
         let index = self.output_index();
         match self.open.take() {
             None => {}
-            Some(OpenItem::Message { id, text }) => {
-                let e = self.event("response.output_text.done", json!({
-                    "item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": [],
-                }));
+            Some(OpenItem::Message { id, text, logprobs }) => {
+                let e = self.event(
+                    "response.output_text.done",
+                    json!({
+                        "item_id": id, "output_index": index, "content_index": 0, "text": text,
+                        "logprobs": logprob_values(&logprobs),
+                    }),
+                );
                 out.push(e);
                 let e = self.event(
                     "response.content_part.done",
                     json!({
                         "item_id": id, "output_index": index, "content_index": 0,
-                        "part": output_text_part(&text),
+                        "part": output_text_part(&text, &logprobs),
                     }),
                 );
                 out.push(e);
-                let item = message_item(&id, "completed", Some(&text));
+                let item = message_item(&id, "completed", Some((&text, &logprobs)));
                 let e = self.event(
                     "response.output_item.done",
                     json!({"output_index": index, "item": item}),
@@ -185,47 +192,59 @@ impl ResponsesFormat {
         }
     }
 
+    /// More output text, with the log-probabilities of the tokens that made it.
+    fn text_delta(&mut self, text: String, logprobs: &[TokenLogprob], out: &mut Vec<String>) {
+        if !matches!(self.open, Some(OpenItem::Message { .. })) {
+            self.close(out);
+            let id = format!("msg_{}", random_id());
+            let item = message_item(&id, "in_progress", None);
+            let index = self.output_index();
+            let e = self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            );
+            out.push(e);
+            let e = self.event(
+                "response.content_part.added",
+                json!({
+                    "item_id": id, "output_index": index, "content_index": 0,
+                    "part": output_text_part("", &[]),
+                }),
+            );
+            out.push(e);
+            self.open = Some(OpenItem::Message {
+                id,
+                text: String::new(),
+                logprobs: Vec::new(),
+            });
+        }
+        let index = self.output_index();
+        let Some(OpenItem::Message {
+            id,
+            text: all,
+            logprobs: all_logprobs,
+        }) = &mut self.open
+        else {
+            return;
+        };
+        all.push_str(&text);
+        all_logprobs.extend_from_slice(logprobs);
+        let id = id.clone();
+        let e = self.event(
+            "response.output_text.delta",
+            json!({
+                "item_id": id, "output_index": index, "content_index": 0, "delta": text,
+                "logprobs": logprob_values(logprobs),
+            }),
+        );
+        out.push(e);
+    }
+
     fn apply(&mut self, events: Vec<ToolEvent>, out: &mut Vec<String>) {
         for event in events {
             let index = self.output_index();
             match event {
-                ToolEvent::Content(text) => {
-                    if !matches!(self.open, Some(OpenItem::Message { .. })) {
-                        self.close(out);
-                        let id = format!("msg_{}", random_id());
-                        let item = message_item(&id, "in_progress", None);
-                        let index = self.output_index();
-                        let e = self.event(
-                            "response.output_item.added",
-                            json!({"output_index": index, "item": item}),
-                        );
-                        out.push(e);
-                        let e = self.event(
-                            "response.content_part.added",
-                            json!({
-                                "item_id": id, "output_index": index, "content_index": 0,
-                                "part": output_text_part(""),
-                            }),
-                        );
-                        out.push(e);
-                        self.open = Some(OpenItem::Message {
-                            id,
-                            text: String::new(),
-                        });
-                    }
-                    let index = self.output_index();
-                    let id = match &mut self.open {
-                        Some(OpenItem::Message { id, text: all }) => {
-                            all.push_str(&text);
-                            id.clone()
-                        }
-                        _ => continue,
-                    };
-                    let e = self.event("response.output_text.delta", json!({
-                        "item_id": id, "output_index": index, "content_index": 0, "delta": text, "logprobs": [],
-                    }));
-                    out.push(e);
-                }
+                ToolEvent::Content(text) => self.text_delta(text, &[], out),
                 ToolEvent::CallStart { name, .. } => {
                     self.close(out);
                     let index = self.output_index();
@@ -273,14 +292,17 @@ impl ChunkFormat for ResponsesFormat {
         vec![created, progress]
     }
 
-    fn delta(&mut self, _index: usize, text: String, _logprobs: &[TokenLogprob]) -> Vec<String> {
-        let events = match &mut self.parser {
-            Some(p) => p.push(&text),
-            None if text.is_empty() => Vec::new(),
-            None => vec![ToolEvent::Content(text)],
-        };
+    fn delta(&mut self, _index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String> {
         let mut out = Vec::new();
-        self.apply(events, &mut out);
+        match &mut self.parser {
+            // No log-probabilities here: they are refused together with tools.
+            Some(p) => {
+                let events = p.push(&text);
+                self.apply(events, &mut out);
+            }
+            None if text.is_empty() && logprobs.is_empty() => {}
+            None => self.text_delta(text, logprobs, &mut out),
+        }
         out
     }
 

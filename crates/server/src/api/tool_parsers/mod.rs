@@ -11,7 +11,8 @@
 //!   tools.
 //! - `llama3_json`: Llama 3.x's `{"name": ..., "parameters": ...}` as the whole reply,
 //!   calls separated by `;`.
-//! - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": ...}, ...]`.
+//! - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": ...}, ...]`, and the form of
+//!   Mistral's v11+ templates, `[TOOL_CALLS]name[ARGS]{...}` once per call.
 //!
 //! Forced calls (`tool_choice` `required` or named) are read by [`forced`]'s parsers,
 //! from the JSON the grammar made.
@@ -23,6 +24,7 @@ mod hermes;
 mod llama3;
 mod markers;
 mod mistral;
+mod value_scan;
 
 use std::fmt;
 use std::str::FromStr;
@@ -72,6 +74,15 @@ impl ToolParserKind {
             ToolParserKind::Llama3Json
         } else {
             ToolParserKind::Hermes
+        }
+    }
+
+    /// Special tokens of the family's form that the parser must see in the text (the
+    /// detokenizer otherwise drops special tokens).
+    pub fn marker_tokens(self) -> &'static [&'static str] {
+        match self {
+            ToolParserKind::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
+            ToolParserKind::Hermes | ToolParserKind::Llama3Json => &[],
         }
     }
 
@@ -159,5 +170,7 @@ impl ParsedReply {
     }
 }
 
+#[cfg(test)]
+mod marker_tokens_tests;
 #[cfg(test)]
 mod split_tests;

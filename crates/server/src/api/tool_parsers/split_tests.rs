@@ -168,6 +168,41 @@ fn mistral_recorded_outputs() {
 }
 
 #[test]
+fn mistral_v11_recorded_outputs() {
+    // Mistral Small 3.2 calling two tools: the marker before each call.
+    check(
+        mistral,
+        "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Lyon\", \"unit\": \"°C\"}[TOOL_CALLS]now[ARGS]{}",
+        None,
+        &[("get_weather", r#"{"city": "Lyon", "unit": "°C"}"#), ("now", "{}")],
+    );
+    // Text first; brackets and a marker inside the arguments' strings.
+    check(
+        mistral,
+        "Let me look. [TOOL_CALLS]web.search[ARGS]{\"q\": \"a } [TOOL_CALLS] b\", \"n\": [1, {\"k\": 2}]}",
+        Some("Let me look."),
+        &[("web.search", r#"{"q": "a } [TOOL_CALLS] b", "n": [1, {"k": 2}]}"#)],
+    );
+    // The v13 form: a call id between the name and the arguments.
+    check(
+        mistral,
+        "[TOOL_CALLS]get_time[CALL_ID]a1B2c3D4e[ARGS]{\"zone\": \"UTC\"}[TOOL_CALLS]get-date[CALL_ID]Z9y8X7w6v[ARGS]{}",
+        None,
+        &[("get_time", r#"{"zone": "UTC"}"#), ("get-date", "{}")],
+    );
+    // Cut by max_tokens inside the arguments: the call keeps what was written.
+    check(
+        mistral,
+        "[TOOL_CALLS]f[ARGS]{\"q\": \"ab",
+        None,
+        &[("f", "{\"q\": \"ab")],
+    );
+    // A marker followed by no call: the text is content, the marker dropped.
+    check(mistral, "[TOOL_CALLS]not a call", Some("not a call"), &[]);
+    check(mistral, "[TOOL_CALLS]f[ARGS]none", Some("fnone"), &[]);
+}
+
+#[test]
 fn forced_outputs() {
     check(
         || Box::new(ForcedArrayParser::default()),

@@ -1,8 +1,11 @@
 //! Test servers and HTTP helpers.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
+use openmetrics_parser::prometheus::parse_prometheus;
+use openmetrics_parser::PrometheusValue;
 use reqwest::StatusCode;
 use serde_json::Value;
 use tessera_protocol::{Executor, ExecutorError, KvCacheShape, SampledToken, StepOutput, StepPlan};
@@ -314,4 +317,46 @@ pub fn france(extra: Value) -> Value {
         }
     }
     body
+}
+
+/// Parse with a real text-format parser and flatten: `name{k="v",…}` → value, with
+/// histograms as `name_count`/`name_sum` (and buckets as `name_bucket{…le="…"}`).
+pub fn scrape(text: &str) -> BTreeMap<String, f64> {
+    let exposition = parse_prometheus(text).expect("valid Prometheus text format");
+    let mut out = BTreeMap::new();
+    for (name, family) in &exposition.families {
+        let label_names = family.get_label_names().to_vec();
+        for sample in family.iter_samples() {
+            let labelset = sample.get_labelset().unwrap();
+            let labels: Vec<String> = label_names
+                .iter()
+                .filter(|l| *l != "model_name")
+                .map(|l| format!("{l}=\"{}\"", labelset.get_label_value(l).unwrap_or("")))
+                .collect();
+            let key = |suffix: &str| {
+                if labels.is_empty() {
+                    format!("{name}{suffix}")
+                } else {
+                    format!("{name}{suffix}{{{}}}", labels.join(","))
+                }
+            };
+            match &sample.value {
+                PrometheusValue::Gauge(v) | PrometheusValue::Unknown(v) => {
+                    out.insert(key(""), v.as_f64());
+                }
+                PrometheusValue::Counter(c) => {
+                    out.insert(key(""), c.value.as_f64());
+                }
+                PrometheusValue::Histogram(h) => {
+                    out.insert(key("_count"), h.count.unwrap_or(0) as f64);
+                    out.insert(key("_sum"), h.sum.as_ref().map_or(0.0, |s| s.as_f64()));
+                    let last = h.buckets.last().expect("histogram buckets");
+                    assert!(last.upper_bound.is_infinite(), "{name}: +Inf bucket last");
+                    assert_eq!(last.count.as_f64(), h.count.unwrap_or(0) as f64, "{name}");
+                }
+                PrometheusValue::Summary(_) => panic!("no summaries expected: {name}"),
+            }
+        }
+    }
+    out
 }

@@ -7,8 +7,10 @@
 mod fake_engine_tests;
 mod harness;
 mod limits_tests;
+mod mask_metrics_tests;
 mod model_tests;
 mod openapi_tests;
 mod ops_tests;
+mod responses_tests;
 mod tool_tests;
 mod validation_tests;

@@ -1,11 +1,8 @@
 //! Operations: the probes through start-up, engine failure and drain; request ids;
 //! `/metrics` parsed with a real Prometheus text-format parser.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use openmetrics_parser::prometheus::parse_prometheus;
-use openmetrics_parser::PrometheusValue;
 use serde_json::{json, Value};
 use tessera_protocol::KvCacheShape;
 
@@ -198,48 +195,6 @@ async fn request_ids_are_echoed_or_generated() {
     let resp = client.get(s.url("/nope")).send().await.unwrap();
     assert_eq!(resp.status(), 404);
     assert!(resp.headers().contains_key("x-request-id"));
-}
-
-/// Parse with a real text-format parser and flatten: `name{k="v",…}` → value, with
-/// histograms as `name_count`/`name_sum` (and buckets as `name_bucket{…le="…"}`).
-fn scrape(text: &str) -> BTreeMap<String, f64> {
-    let exposition = parse_prometheus(text).expect("valid Prometheus text format");
-    let mut out = BTreeMap::new();
-    for (name, family) in &exposition.families {
-        let label_names = family.get_label_names().to_vec();
-        for sample in family.iter_samples() {
-            let labelset = sample.get_labelset().unwrap();
-            let labels: Vec<String> = label_names
-                .iter()
-                .filter(|l| *l != "model_name")
-                .map(|l| format!("{l}=\"{}\"", labelset.get_label_value(l).unwrap_or("")))
-                .collect();
-            let key = |suffix: &str| {
-                if labels.is_empty() {
-                    format!("{name}{suffix}")
-                } else {
-                    format!("{name}{suffix}{{{}}}", labels.join(","))
-                }
-            };
-            match &sample.value {
-                PrometheusValue::Gauge(v) | PrometheusValue::Unknown(v) => {
-                    out.insert(key(""), v.as_f64());
-                }
-                PrometheusValue::Counter(c) => {
-                    out.insert(key(""), c.value.as_f64());
-                }
-                PrometheusValue::Histogram(h) => {
-                    out.insert(key("_count"), h.count.unwrap_or(0) as f64);
-                    out.insert(key("_sum"), h.sum.as_ref().map_or(0.0, |s| s.as_f64()));
-                    let last = h.buckets.last().expect("histogram buckets");
-                    assert!(last.upper_bound.is_infinite(), "{name}: +Inf bucket last");
-                    assert_eq!(last.count.as_f64(), h.count.unwrap_or(0) as f64, "{name}");
-                }
-                PrometheusValue::Summary(_) => panic!("no summaries expected: {name}"),
-            }
-        }
-    }
-    out
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! Tool calling over the real model: forced calls (`required`, named) whose arguments
 //! validate against the tool's schema, streamed deltas that assemble to the same call,
-//! `parallel_tool_calls`, and a tool-result round trip.
+//! `parallel_tool_calls`, a tool-result round trip, and `auto` on a reply without calls.
 
 use serde_json::{json, Value};
 
@@ -206,4 +206,56 @@ async fn a_tool_result_round_trip_renders_and_continues() {
         out["usage"]["prompt_tokens"].as_u64().unwrap() > tok["count"].as_u64().unwrap() + 20,
         "{out}"
     );
+}
+
+/// `auto` over SmolLM2-135M: its ChatML template knows no tools, so the server describes
+/// them in the system message in the Hermes form. The model does not write
+/// `<tool_call>` (greedy, it answers with prose and a code block that mentions the
+/// tool), so what is checked is the other half: the tools reached the prompt, and the
+/// Hermes parser turns the real reply, braces and `"type": "function"` text included,
+/// into content and no call, streamed and not alike.
+#[tokio::test]
+async fn auto_without_a_call_is_plain_content_streamed_and_not() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let question = "What's the weather like in London right now? Use the tool.";
+    let request = ask(json!({
+        "tool_choice": "auto",
+        "max_tokens": 60,
+        "messages": [{"role": "user", "content": question}]
+    }));
+    let (status, whole) = post(&s.url("/v1/chat/completions"), &request).await;
+    assert_eq!(status, 200, "{whole}");
+    let choice = &whole["choices"][0];
+    let content = choice["message"]["content"].as_str().unwrap();
+    assert!(
+        choice["message"]["tool_calls"]
+            .as_array()
+            .is_none_or(|c| c.is_empty()),
+        "{whole}"
+    );
+    assert_eq!(choice["finish_reason"], "length", "{whole}");
+    // Only the system message described the tool by that name.
+    assert!(content.contains("get_weather"), "{content}");
+    assert!(content.contains('{'), "{content}");
+
+    let mut none = request.clone();
+    none["tool_choice"] = json!("none");
+    let (_, plain) = post(&s.url("/v1/chat/completions"), &none).await;
+    let with_tools = whole["usage"]["prompt_tokens"].as_u64().unwrap();
+    let without = plain["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(with_tools > without + 50, "{with_tools} vs {without}");
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let (status, events) = post_sse(&s.url("/v1/chat/completions"), &streamed).await;
+    assert_eq!(status, 200);
+    let mut text = String::new();
+    for e in &events[..events.len() - 1] {
+        let chunk: Value = serde_json::from_str(e).unwrap();
+        let delta = &chunk["choices"][0]["delta"];
+        assert!(delta["tool_calls"].is_null(), "{chunk}");
+        text.push_str(delta["content"].as_str().unwrap_or_default());
+    }
+    assert_eq!(text, content);
 }

@@ -1,0 +1,95 @@
+//! Mistral's markers are special tokens: generated ids detokenized the way the server
+//! streams them keep the markers for the parser, and the calls come out; without them
+//! the reply would be plain text.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tessera_tokenizer::{IncrementalDecoder, Tokenizer};
+
+use crate::api::tool_parsers::{ParsedReply, ToolParserKind};
+use crate::api::tool_prompt::ToolOutput;
+
+/// SmolLM2's tokenizer with Mistral's tool markers added as special tokens, as in the
+/// tokenizers of Mistral's v11+ models.
+fn tokenizer_with_markers() -> Arc<Tokenizer> {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tokenizer/smollm2-hf");
+    let mut json: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("tokenizer.json")).unwrap())
+            .unwrap();
+    let added = json["added_tokens"].as_array_mut().unwrap();
+    for (i, marker) in ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"].iter().enumerate() {
+        added.push(json!({
+            "id": 49152 + i, "content": marker, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        }));
+    }
+    let dir = std::env::temp_dir().join(format!("tessera-marker-tokens-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+    std::fs::copy(
+        fixture.join("tokenizer_config.json"),
+        dir.join("tokenizer_config.json"),
+    )
+    .unwrap();
+    let tokenizer = Tokenizer::from_hf_dir(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Arc::new(tokenizer)
+}
+
+/// The text the server streams for `ids`, token by token.
+fn streamed(decoder: &mut IncrementalDecoder, ids: &[u32]) -> Vec<String> {
+    let mut pieces: Vec<String> = ids.iter().map(|&id| decoder.push(id).unwrap()).collect();
+    pieces.push(decoder.finish().unwrap());
+    pieces
+}
+
+#[test]
+fn mistral_markers_survive_detokenizing_and_make_calls() {
+    let tok = tokenizer_with_markers();
+    let output = ToolOutput::Parsed(ToolParserKind::Mistral);
+    let markers = output.marker_ids(&tok);
+    assert_eq!(markers, [49152, 49153, 49154]);
+    assert!(ToolOutput::Parsed(ToolParserKind::Hermes)
+        .marker_ids(&tok)
+        .is_empty());
+
+    let generated = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]now[ARGS]{}";
+    let mut ids = tok.encode(generated, false).unwrap();
+    assert_eq!(ids[0], 49152, "the marker is one token");
+    ids.push(tok.token_to_id("<|im_end|>").unwrap());
+
+    let mut keeping = IncrementalDecoder::new(Arc::clone(&tok), true).keeping(markers);
+    let pieces = streamed(&mut keeping, &ids);
+    assert_eq!(
+        pieces.concat(),
+        generated,
+        "end-of-turn dropped, markers kept"
+    );
+    let mut parser = output.parser();
+    let mut reply = ParsedReply::default();
+    for piece in &pieces {
+        reply.apply(parser.push(piece));
+    }
+    reply.apply(parser.finish());
+    assert_eq!(reply.content, None);
+    assert_eq!(
+        reply.calls,
+        [
+            (
+                "get_weather".to_string(),
+                r#"{"city": "Paris"}"#.to_string()
+            ),
+            ("now".to_string(), "{}".to_string())
+        ]
+    );
+
+    // Skipping every special token would leave no call to find.
+    let mut plain = IncrementalDecoder::new(tok, true);
+    let text = streamed(&mut plain, &ids).concat();
+    assert_eq!(text, "get_weather{\"city\": \"Paris\"}now{}");
+    assert!(ParsedReply::parse(output.parser(), &text).calls.is_empty());
+}
