@@ -213,10 +213,19 @@ fn gguf_and_tokenizer_json_agree_on_larger_texts() {
     // This crate's sources and the fixture script: code, comments, Unicode, long lines.
     // Digits become `#`: the two paths differ by design on whitespace before digits.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files: Vec<_> = std::fs::read_dir(root.join("src"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    // The sources of `src/` and of its folders.
+    let mut files = Vec::new();
+    let mut dirs = vec![root.join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
     files.push(common::fixture_dir().join("make_token_fixtures.py"));
     files.sort();
     let (gguf, hf) = (smollm2_gguf(), smollm2_hf());
