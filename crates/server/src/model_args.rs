@@ -26,13 +26,13 @@ pub struct ModelArgs {
     #[arg(long, env = "TESSERA_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
 
-    /// Memory, in MiB, that one chat-template render may use. Templates render in
-    /// sandbox processes; a render that needs more fails its request with a 400.
-    #[arg(long, default_value_t = 512)]
+    /// Memory, in MiB, that one chat-template render may use (at least 16). Templates
+    /// render in sandbox processes; a render that needs more fails its request with a 400.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(16..))]
     pub chat_template_memory_mib: u64,
 
-    /// Seconds one chat-template render may take before it is stopped (a 400).
-    #[arg(long, default_value_t = 10)]
+    /// Seconds one chat-template render may take before it is stopped (a 400; at least 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub chat_template_timeout: u64,
 
     /// Where chat templates render: in sandbox processes when set (the `tessera` binary
@@ -126,8 +126,8 @@ impl ModelArgs {
         }
         if let Some(launcher) = &self.template_sandbox {
             let mut launcher = launcher.clone();
-            launcher.memory_limit_bytes = self.chat_template_memory_mib.max(16) << 20;
-            launcher.render_timeout = Duration::from_secs(self.chat_template_timeout.max(1));
+            launcher.memory_limit_bytes = self.chat_template_memory_mib << 20;
+            launcher.render_timeout = Duration::from_secs(self.chat_template_timeout);
             let (mib, secs) = (launcher.memory_limit_bytes >> 20, launcher.render_timeout);
             tokenizer
                 .isolate_chat_template(launcher)
@@ -239,6 +239,25 @@ mod tests {
             .expect("render");
         assert_eq!(rendered, "[system] Be brief.\n[user] Hi\n[assistant]");
         let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn sandbox_limits_below_their_floor_are_refused_not_raised() {
+        for (flag, value, floor) in [
+            ("--chat-template-memory-mib", "8", "16"),
+            ("--chat-template-timeout", "0", "1"),
+        ] {
+            let err = Cli::try_parse_from(["t", flag, value])
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                err.contains(flag) && err.contains(floor),
+                "{flag} {value}: {err}"
+            );
+        }
+        let ok = Cli::parse_from(["t", "--chat-template-memory-mib", "16"]).model;
+        assert_eq!(ok.chat_template_memory_mib, 16);
     }
 
     #[test]
