@@ -41,6 +41,15 @@ fn node(tp: usize, nnodes: usize, rank: usize, port: &str, extra: &[&str]) -> St
     node_waiting(tp, nnodes, rank, port, "120", extra)
 }
 
+/// A leader and one worker node with `tp` ranks in all and the given step timeout, the
+/// worker started first; `(leader, worker)`.
+fn two_nodes(tp: usize, step_timeout: &str) -> (Started, Started) {
+    let port = free_port();
+    let worker = node(tp, 2, 1, &port, &["--step-timeout", step_timeout]);
+    let leader = node(tp, 2, 0, &port, &["--step-timeout", step_timeout]);
+    (leader, worker)
+}
+
 fn node_waiting(
     tp: usize,
     nnodes: usize,
@@ -153,9 +162,7 @@ async fn two_nodes_of_one_rank_serve_as_tp2_and_a_killed_worker_fails_the_leader
     let client = reqwest::Client::new();
     let want = one_process_texts(&client, 2).await;
 
-    let port = free_port();
-    let mut worker = node(2, 2, 1, &port, &["--step-timeout", "10"]);
-    let leader = node(2, 2, 0, &port, &["--step-timeout", "10"]);
+    let (leader, mut worker) = two_nodes(2, "10");
     common::wait_ready(&client, &leader.base, Duration::from_secs(300)).await;
     common::wait_ready(&client, &worker.base, Duration::from_secs(60)).await;
     // A worker serves no API.
@@ -220,9 +227,7 @@ async fn two_nodes_of_two_ranks_serve_as_tp4_and_a_worker_exits_when_its_leader_
     let client = reqwest::Client::new();
     let want = one_process_texts(&client, 4).await;
 
-    let port = free_port();
-    let mut worker = node(4, 2, 1, &port, &["--step-timeout", "10"]);
-    let mut leader = node(4, 2, 0, &port, &["--step-timeout", "10"]);
+    let (mut leader, mut worker) = two_nodes(4, "10");
     common::wait_ready(&client, &leader.base, Duration::from_secs(300)).await;
     assert_eq!(texts(&client, &leader.base).await, want);
 
@@ -276,9 +281,7 @@ async fn a_worker_whose_leader_never_appears_exits_with_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hung_worker_fails_the_streams_and_the_leader_exits_75() {
     let client = reqwest::Client::new();
-    let port = free_port();
-    let mut worker = node(2, 2, 1, &port, &["--step-timeout", "3"]);
-    let leader = node(2, 2, 0, &port, &["--step-timeout", "3"]);
+    let (leader, mut worker) = two_nodes(2, "3");
     common::wait_ready(&client, &leader.base, Duration::from_secs(300)).await;
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
     let stream = tokio::spawn(stream_until_it_ends(
@@ -323,9 +326,7 @@ async fn a_hung_worker_fails_the_streams_and_the_leader_exits_75() {
 /// from its pings, fail and exit 75, its log naming the node.
 async fn an_idle_worker_harmed_fails_the_leader(harm: &str, expect_in_log: &str) {
     let client = reqwest::Client::new();
-    let port = free_port();
-    let mut worker = node(2, 2, 1, &port, &["--step-timeout", "3"]);
-    let leader = node(2, 2, 0, &port, &["--step-timeout", "3"]);
+    let (leader, mut worker) = two_nodes(2, "3");
     common::wait_ready(&client, &leader.base, Duration::from_secs(300)).await;
     let pid = worker.server.0.id().to_string();
     assert!(std::process::Command::new("kill")
