@@ -5,10 +5,12 @@
 //! [`Executor`] (the engine, or a fake in tests) runs it and returns [`StepOutput`].
 
 mod executor;
+mod histogram;
 mod sampling;
 mod step;
 
 pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape};
+pub use histogram::{DurationHistogram, HistogramSnapshot};
 pub use sampling::{
     FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition,
 };

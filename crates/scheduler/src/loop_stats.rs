@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use tessera_protocol::{DurationHistogram, HistogramSnapshot};
+
 /// Upper bounds (seconds) of the step-duration histogram buckets; `+Inf` is implied.
 pub const STEP_DURATION_BUCKETS_SECONDS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -27,15 +29,7 @@ pub struct LoopHealth {
 
 /// A duration histogram (steps, queue times): per-bucket counts (not cumulative), their
 /// sum and count.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepDurations {
-    /// Bucket upper bounds in seconds, as [`STEP_DURATION_BUCKETS_SECONDS`].
-    pub bounds_seconds: &'static [f64],
-    /// `counts[i]` steps fell in bucket `i`; the last entry is the `+Inf` bucket.
-    pub counts: Vec<u64>,
-    pub sum_seconds: f64,
-    pub count: u64,
-}
+pub type StepDurations = HistogramSnapshot;
 
 #[derive(Debug)]
 pub(crate) struct LoopStats {
@@ -44,51 +38,8 @@ pub(crate) struct LoopStats {
     executor_failed: AtomicBool,
     consecutive_step_failures: AtomicU32,
     step_failures_total: AtomicU64,
-    steps: AtomicHistogram,
-    queue: AtomicHistogram,
-}
-
-/// Lock-free duration histogram over [`STEP_DURATION_BUCKETS_SECONDS`].
-#[derive(Debug)]
-struct AtomicHistogram {
-    counts: [AtomicU64; STEP_DURATION_BUCKETS_SECONDS.len() + 1],
-    sum_ns: AtomicU64,
-}
-
-impl Default for AtomicHistogram {
-    fn default() -> Self {
-        Self {
-            counts: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_ns: AtomicU64::new(0),
-        }
-    }
-}
-
-impl AtomicHistogram {
-    fn record(&self, duration: Duration) {
-        let seconds = duration.as_secs_f64();
-        let bucket = STEP_DURATION_BUCKETS_SECONDS
-            .iter()
-            .position(|&b| seconds <= b)
-            .unwrap_or(STEP_DURATION_BUCKETS_SECONDS.len());
-        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
-        let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
-    }
-
-    fn snapshot(&self) -> StepDurations {
-        let counts: Vec<u64> = self
-            .counts
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect();
-        StepDurations {
-            bounds_seconds: &STEP_DURATION_BUCKETS_SECONDS,
-            count: counts.iter().sum(),
-            counts,
-            sum_seconds: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
-        }
-    }
+    steps: DurationHistogram,
+    queue: DurationHistogram,
 }
 
 impl Default for LoopStats {
@@ -99,8 +50,8 @@ impl Default for LoopStats {
             executor_failed: AtomicBool::new(false),
             consecutive_step_failures: AtomicU32::new(0),
             step_failures_total: AtomicU64::new(0),
-            steps: AtomicHistogram::default(),
-            queue: AtomicHistogram::default(),
+            steps: DurationHistogram::new(&STEP_DURATION_BUCKETS_SECONDS),
+            queue: DurationHistogram::new(&STEP_DURATION_BUCKETS_SECONDS),
         }
     }
 }

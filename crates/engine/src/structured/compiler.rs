@@ -11,14 +11,16 @@ use tessera_tokenizer::Tokenizer;
 
 use crate::error::{EngineError, Result};
 use crate::structured::constraint::TokenConstraint;
-use crate::structured::mask_timing::{MaskCounters, MaskTimes};
+use tessera_protocol::{DurationHistogram, HistogramSnapshot};
+
+use crate::structured::mask_timing::mask_histogram;
 use crate::structured::token_env::token_env;
 
 /// Compiles constraints for one model. Built once at start-up (the token trie is the
 /// expensive part) and shared by the server (to check schemas) and the engine.
 pub struct GrammarCompiler {
     factory: ParserFactory,
-    counters: Arc<MaskCounters>,
+    counters: Arc<DurationHistogram>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -42,7 +44,7 @@ impl GrammarCompiler {
         factory.quiet();
         Ok(Arc::new(Self {
             factory,
-            counters: Arc::default(),
+            counters: Arc::new(mask_histogram()),
         }))
     }
 
@@ -62,7 +64,7 @@ impl GrammarCompiler {
     }
 
     /// Masks computed for every sequence this compiler constrained, and their times.
-    pub fn mask_times(&self) -> MaskTimes {
+    pub fn mask_times(&self) -> HistogramSnapshot {
         self.counters.snapshot()
     }
 

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use llguidance::toktrie::SimpleVob;
 use llguidance::Matcher;
 
-use crate::structured::mask_timing::MaskCounters;
+use tessera_protocol::DurationHistogram;
 
 /// The grammar matcher of one sequence.
 pub struct TokenConstraint {
     matcher: Matcher,
-    counters: Arc<MaskCounters>,
+    counters: Arc<DurationHistogram>,
     /// Time spent computing and applying this sequence's masks.
     mask_time: Duration,
     masks: u64,
@@ -32,7 +32,7 @@ impl std::fmt::Debug for TokenConstraint {
 }
 
 impl TokenConstraint {
-    pub(crate) fn new(matcher: Matcher, counters: Arc<MaskCounters>) -> Self {
+    pub(crate) fn new(matcher: Matcher, counters: Arc<DurationHistogram>) -> Self {
         Self {
             matcher,
             counters,

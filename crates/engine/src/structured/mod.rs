@@ -9,4 +9,4 @@ mod token_env;
 
 pub use compiler::GrammarCompiler;
 pub use constraint::{mask_logits, TokenConstraint};
-pub use mask_timing::{MaskCounters, MaskTimes, MASK_BUCKETS_SECONDS};
+pub use mask_timing::MASK_BUCKETS_SECONDS;

@@ -71,8 +71,8 @@ impl SeqTiming {
             None => self
                 .metrics
                 .time_to_first_token
-                .observe(now - self.submitted),
-            Some(last) => self.metrics.inter_token_latency.observe(now - last),
+                .record(now - self.submitted),
+            Some(last) => self.metrics.inter_token_latency.record(now - last),
         }
         self.last_token = Some(now);
     }
@@ -80,7 +80,7 @@ impl SeqTiming {
     fn finished(&self) {
         self.metrics
             .e2e_request_latency
-            .observe(self.submitted.elapsed());
+            .record(self.submitted.elapsed());
     }
 }
 

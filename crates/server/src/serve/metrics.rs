@@ -11,11 +11,12 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+
+use tessera_protocol::DurationHistogram;
 
 use crate::serve::state::AppState;
 
@@ -32,53 +33,12 @@ const E2E_BUCKETS_SECONDS: &[f64] = &[
     960.0,
 ];
 
-/// A histogram with fixed buckets: per-bucket counts (the last is `+Inf`) and the sum.
-#[derive(Debug)]
-pub struct Histogram {
-    bounds_seconds: &'static [f64],
-    state: Mutex<HistogramState>,
-}
-
-#[derive(Debug, Clone)]
-struct HistogramState {
-    counts: Vec<u64>,
-    sum: f64,
-}
-
-impl Histogram {
-    fn new(bounds_seconds: &'static [f64]) -> Self {
-        Self {
-            bounds_seconds,
-            state: Mutex::new(HistogramState {
-                counts: vec![0; bounds_seconds.len() + 1],
-                sum: 0.0,
-            }),
-        }
-    }
-
-    pub fn observe(&self, d: Duration) {
-        let seconds = d.as_secs_f64();
-        let bucket = self
-            .bounds_seconds
-            .iter()
-            .position(|&b| seconds <= b)
-            .unwrap_or(self.bounds_seconds.len());
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.counts[bucket] += 1;
-        s.sum += seconds;
-    }
-
-    fn snapshot(&self) -> HistogramState {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
 /// What the server itself measures. One per server, shared through [`AppState`].
 #[derive(Debug)]
 pub struct ServerMetrics {
-    pub time_to_first_token: Histogram,
-    pub inter_token_latency: Histogram,
-    pub e2e_request_latency: Histogram,
+    pub time_to_first_token: DurationHistogram,
+    pub inter_token_latency: DurationHistogram,
+    pub e2e_request_latency: DurationHistogram,
     /// `(route, status)` → responses.
     http_requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
 }
@@ -86,9 +46,9 @@ pub struct ServerMetrics {
 impl Default for ServerMetrics {
     fn default() -> Self {
         Self {
-            time_to_first_token: Histogram::new(TTFT_BUCKETS_SECONDS),
-            inter_token_latency: Histogram::new(ITL_BUCKETS_SECONDS),
-            e2e_request_latency: Histogram::new(E2E_BUCKETS_SECONDS),
+            time_to_first_token: DurationHistogram::new(TTFT_BUCKETS_SECONDS),
+            inter_token_latency: DurationHistogram::new(ITL_BUCKETS_SECONDS),
+            e2e_request_latency: DurationHistogram::new(E2E_BUCKETS_SECONDS),
             http_requests: Mutex::new(BTreeMap::new()),
         }
     }
@@ -165,10 +125,17 @@ impl Writer {
         self.sample(&format!("{name}_count"), labels, cumulative as f64);
     }
 
-    fn server_histogram(&mut self, name: &str, help: &str, h: &Histogram) {
+    fn server_histogram(&mut self, name: &str, help: &str, h: &DurationHistogram) {
         let s = h.snapshot();
         let labels = self.model_label.clone();
-        self.histogram(name, help, &labels, h.bounds_seconds, &s.counts, s.sum);
+        self.histogram(
+            name,
+            help,
+            &labels,
+            s.bounds_seconds,
+            &s.counts,
+            s.sum_seconds,
+        );
     }
 }
 
