@@ -319,6 +319,21 @@ pub fn france(extra: Value) -> Value {
     body
 }
 
+/// The server's `/metrics` text.
+pub async fn metrics_text(s: &TestServer) -> String {
+    reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The server's `/metrics`, parsed and flattened by [`scrape`].
+pub async fn scraped_metrics(s: &TestServer) -> BTreeMap<String, f64> {
+    scrape(&metrics_text(s).await)
+}
+
 /// Parse with a real text-format parser and flatten: `name{k="v",…}` → value, with
 /// histograms as `name_count`/`name_sum` (and buckets as `name_bucket{…le="…"}`).
 pub fn scrape(text: &str) -> BTreeMap<String, f64> {

@@ -9,13 +9,7 @@ const COUNT: &str = "tessera_structured_output_mask_seconds_count";
 const SUM: &str = "tessera_structured_output_mask_seconds_sum";
 
 async fn mask_metrics(s: &TestServer) -> (f64, f64) {
-    let text = reqwest::get(s.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let m = scrape(&text);
+    let m = scraped_metrics(s).await;
     (m[COUNT], m[SUM])
 }
 

@@ -124,13 +124,7 @@ async fn an_executor_failing_step_after_step_is_not_ready_nor_live() {
     let failing = (503, Some("engine_failing".to_string()));
     assert_eq!(probe(&s.base, "/readyz").await, failing);
     assert_eq!(probe(&s.base, "/livez").await, failing);
-    let metrics = reqwest::get(s.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let m = scrape(&metrics);
+    let m = scraped_metrics(&s).await;
     assert_eq!(
         m["tessera_step_failures_total"],
         f64::from(FAILED_STEPS_UNHEALTHY)
@@ -201,15 +195,7 @@ async fn request_ids_are_echoed_or_generated() {
 async fn metrics_parse_and_move_after_real_requests() {
     let _gate = SCHEDULER_GATE.read().await;
     let s = model_server();
-    let text = || async {
-        reqwest::get(s.url("/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
-    let body = text().await;
+    let body = metrics_text(s).await;
     assert!(body.contains("model_name=\"smollm2\""), "{body}");
     let before = scrape(&body);
     for name in [
@@ -246,7 +232,7 @@ async fn metrics_parse_and_move_after_real_requests() {
     assert_eq!(status, 200);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
 
-    let after = scrape(&text().await);
+    let after = scraped_metrics(s).await;
     let grew = |name: &str, by: f64| {
         let (b, a) = (before.get(name).copied().unwrap_or(0.0), after[name]);
         assert!(a >= b + by, "{name}: {b} -> {a}, expected +{by}");
@@ -348,13 +334,7 @@ async fn gauges_count_each_waiting_request_once() {
         })
         .collect();
     let gauges = || async {
-        let text = reqwest::get(s.url("/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let m = scrape(&text);
+        let m = scraped_metrics(&s).await;
         [
             m["vllm:num_requests_running"],
             m["vllm:num_requests_waiting"],
