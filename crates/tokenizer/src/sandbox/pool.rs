@@ -183,11 +183,11 @@ impl Sandbox {
 
     /// Kills (if needed) and reaps the process; says why the exchange failed.
     fn end(mut self, failure: &FrameError, launcher: &SandboxLauncher) -> String {
-        let timed_out = matches!(failure, FrameError::TimedOut);
-        let status = if timed_out {
-            self.kill()
-        } else {
-            self.wait_briefly()
+        // A closed pipe means the process is ending on its own; any other failure leaves
+        // it running.
+        let status = match failure {
+            FrameError::Closed => self.wait_briefly(),
+            FrameError::TimedOut | FrameError::Broken(_) => self.kill(),
         };
         match failure {
             FrameError::TimedOut => format!(
