@@ -1,6 +1,7 @@
 //! AVX2 + FMA kernels over one group of four weight rows: per pair of blocks, byte
 //! products summed to eight 32-bit lanes (even lanes the first block, odd lanes the
-//! second), scaled and accumulated in f32.
+//! second), scaled and accumulated in f32. Q8_0 has its own layout and kernel
+//! ([`crate::cpu::avx2_q8`]).
 
 // Tiles index register arrays by row and token; ranges read clearer than iterators here.
 #![allow(clippy::needless_range_loop)]
@@ -96,74 +97,6 @@ pub unsafe fn q4_1<const T: usize>(
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *o) };
         for (r, row) in out.iter_mut().enumerate() {
             row[t] = hsum(acc[r][t]) + (lanes[2 * r] + lanes[2 * r + 1]);
-        }
-    }
-    out
-}
-
-/// Q8_0 rows `r0..r0+4` (one group) times Q8_0 rows `t0..t0+T`.
-///
-/// # Safety
-/// As for [`q4_1`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q8_0<const T: usize>(
-    w: &PackedWeights,
-    r0: usize,
-    a: &PackedActs,
-    t0: usize,
-) -> [[f32; T]; GROUP] {
-    let pairs = w.pairs;
-    let flip = _mm256_set1_epi8(-128);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); T]; GROUP];
-    for p in 0..pairs {
-        let chunk = w.chunk(r0, p).as_ptr();
-        let mut q = [[_mm256_setzero_si256(); 2]; GROUP];
-        let mut dx = [_mm256_setzero_ps(); GROUP];
-        // SAFETY: a chunk holds 4 × 64 quant bytes, then 16 bytes of scales.
-        let scales = unsafe { group_scales(chunk.add(GROUP * PAIR)) };
-        for r in 0..GROUP {
-            // SAFETY: as above.
-            unsafe {
-                for (h, qh) in q[r].iter_mut().enumerate() {
-                    let stored = _mm256_loadu_si256(chunk.add(r * PAIR + 32 * h).cast());
-                    *qh = _mm256_xor_si256(stored, flip);
-                }
-                dx[r] = pair_bcast256(scales.as_ptr().add(2 * r));
-            }
-        }
-        for t in 0..T {
-            let base = ((t0 + t) * pairs + p) * PAIR;
-            // SAFETY: activation row `t0 + t` and pair `p` are in bounds (caller).
-            let (y, dy) = unsafe {
-                (
-                    [
-                        _mm256_loadu_si256(a.qs.as_ptr().add(base).cast()),
-                        _mm256_loadu_si256(a.qs.as_ptr().add(base + 32).cast()),
-                    ],
-                    pair_bcast256(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
-                )
-            };
-            for r in 0..GROUP {
-                // |w| · (y with w's sign): unsigned × signed bytes, exact.
-                let mut dot = _mm256_setzero_si256();
-                for (qh, yh) in q[r].iter().zip(&y) {
-                    let ax = _mm256_sign_epi8(*qh, *qh);
-                    let sy = _mm256_sign_epi8(*yh, *qh);
-                    dot = _mm256_add_epi32(
-                        dot,
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones),
-                    );
-                }
-                acc[r][t] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx[r], dy), acc[r][t]);
-            }
-        }
-    }
-    let mut out = [[0f32; T]; GROUP];
-    for (row, accs) in out.iter_mut().zip(&acc) {
-        for (v, a) in row.iter_mut().zip(accs) {
-            *v = hsum(*a);
         }
     }
     out

@@ -2,8 +2,9 @@
 //! blocks and (row, activation) sums 64 byte products into sixteen 32-bit lanes (even
 //! lanes the first block, odd lanes the second), which are scaled and accumulated in f32.
 //!
-//! Q8_0 weights are stored as `q + 128` (unsigned); each lane starts from the
-//! activation's correction `-128 × Σy`, so the integer sum is exact.
+//! Q5_0 weights are stored as `q + 16` (unsigned); each lane starts from the activation's
+//! correction `-16 × Σy`, so the integer sum is exact. Q8_0 has its own layout and kernel
+//! ([`crate::cpu::avx512_q8`]).
 
 // Tiles index register arrays by row and token; ranges read clearer than iterators here.
 #![allow(clippy::needless_range_loop)]
@@ -95,59 +96,6 @@ pub unsafe fn q4_1<const T: usize>(
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *o) };
         for (r, row) in out.iter_mut().enumerate() {
             row[t] = _mm512_reduce_add_ps(acc[r][t]) + (lanes[2 * r] + lanes[2 * r + 1]);
-        }
-    }
-    out
-}
-
-/// Q8_0 rows `r0..r0+4` (one group) times Q8_0 rows `t0..t0+T`.
-///
-/// # Safety
-/// As for [`q4_1`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-pub unsafe fn q8_0<const T: usize>(
-    w: &PackedWeights,
-    r0: usize,
-    a: &PackedActs,
-    t0: usize,
-) -> [[f32; T]; GROUP] {
-    let pairs = w.pairs;
-    let mut acc = [[_mm512_setzero_ps(); T]; GROUP];
-    for p in 0..pairs {
-        let chunk = w.chunk(r0, p).as_ptr();
-        let mut x = [_mm512_setzero_si512(); GROUP];
-        let mut dx = [_mm512_setzero_ps(); GROUP];
-        // SAFETY: a chunk holds 4 × 64 quant bytes, then 16 bytes of scales.
-        let scales = unsafe { group_scales(chunk.add(GROUP * PAIR)) };
-        for r in 0..GROUP {
-            // SAFETY: as above.
-            unsafe {
-                x[r] = _mm512_loadu_si512(chunk.add(r * PAIR).cast());
-                dx[r] = pair_bcast(scales.as_ptr().add(2 * r));
-            }
-        }
-        for t in 0..T {
-            let at = (t0 + t) * pairs + p;
-            // SAFETY: activation row `t0 + t`, pair `p` and its 16 corrections are in
-            // bounds (caller).
-            let (y, dy, corr) = unsafe {
-                (
-                    _mm512_loadu_si512(a.qs.as_ptr().add(at * PAIR).cast()),
-                    pair_bcast(a.d.as_ptr().add((t0 + t) * 2 * pairs + 2 * p)),
-                    _mm512_loadu_si512(a.corr.as_ptr().add(at * 16).cast()),
-                )
-            };
-            for r in 0..GROUP {
-                let dot = _mm512_dpbusd_epi32(corr, x[r], y);
-                acc[r][t] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dx[r], dy), acc[r][t]);
-            }
-        }
-    }
-    let mut out = [[0f32; T]; GROUP];
-    for (row, accs) in out.iter_mut().zip(&acc) {
-        for (v, a) in row.iter_mut().zip(accs) {
-            *v = _mm512_reduce_add_ps(*a);
         }
     }
     out

@@ -105,8 +105,8 @@ pub const GROUP: usize = 4;
 ///   `j + 32` in its high nibble.
 /// - Q5_0: the Q4_1 layout for the low four bits of `q + 16`, then, after the four rows'
 ///   quants, one 64-bit word per row whose bit `i` is the fifth bit of unit position `i`.
-/// - Q8_0: byte `j` holds unit position `j` as `q + 128` (unsigned), the operand order of
-///   unsigned-by-signed byte products.
+/// - Q8_0: sixteen rows per chunk instead, interleaved by four quants, see
+///   [`crate::cpu::layout_q8`].
 /// - Q4_K, Q6_K: one chunk per group and super-block, see [`crate::cpu::layout_k`].
 #[derive(Debug, Clone)]
 pub struct PackedWeights {
@@ -123,7 +123,7 @@ fn f16_at(bytes: &[u8], at: usize) -> f16 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]])
 }
 
-/// One GGUF block: scale, offset, and its 32 quants (Q4_1: 0..16; Q5_0, Q8_0: signed).
+/// One GGUF block: scale, offset, and its 32 quants (Q4_1: 0..16; Q5_0: signed).
 fn parse_block(format: WeightFormat, b: &[u8]) -> (f16, f16, [i32; QK]) {
     let mut q = [0i32; QK];
     match format {
@@ -136,7 +136,8 @@ fn parse_block(format: WeightFormat, b: &[u8]) -> (f16, f16, [i32; QK]) {
             }
             (f16_at(b, 0), f16::ZERO, q)
         }
-        WeightFormat::Q4K | WeightFormat::Q6K => (f16::ZERO, f16::ZERO, q),
+        // Packed by their own modules.
+        WeightFormat::Q8_0 | WeightFormat::Q4K | WeightFormat::Q6K => (f16::ZERO, f16::ZERO, q),
         WeightFormat::Q4_1 => {
             for j in 0..QK / 2 {
                 q[j] = i32::from(b[4 + j] & 0x0F);
@@ -144,18 +145,23 @@ fn parse_block(format: WeightFormat, b: &[u8]) -> (f16, f16, [i32; QK]) {
             }
             (f16_at(b, 0), f16_at(b, 2), q)
         }
-        WeightFormat::Q8_0 => {
-            for (v, byte) in q.iter_mut().zip(&b[2..2 + QK]) {
-                *v = i32::from(*byte as i8);
-            }
-            (f16_at(b, 0), f16::ZERO, q)
-        }
     }
 }
 
 impl PackedWeights {
+    /// Rows per chunk of a format.
+    pub(crate) const fn group_rows(format: WeightFormat) -> usize {
+        match format {
+            WeightFormat::Q8_0 => crate::cpu::layout_q8::WIDE,
+            _ => GROUP,
+        }
+    }
+
     /// Bytes of one (group, pair) chunk.
     pub(crate) const fn chunk_bytes(format: WeightFormat) -> usize {
+        if matches!(format, WeightFormat::Q8_0) {
+            return crate::cpu::layout_q8::CHUNK_BYTES;
+        }
         let offsets = match format {
             WeightFormat::Q4_1 => GROUP * 2 * 2,
             _ => 0,
@@ -210,6 +216,9 @@ impl PackedWeights {
         if format.is_k() {
             return Ok(crate::cpu::layout_k::pack(format, rows, cols, bytes));
         }
+        if format == WeightFormat::Q8_0 {
+            return Ok(crate::cpu::layout_q8::pack(rows, cols, bytes));
+        }
         let pairs = kb.div_ceil(2);
         let groups = rows.div_ceil(GROUP);
         let pb = format.pair_bytes();
@@ -256,11 +265,7 @@ impl PackedWeights {
                         let at = Self::high_bits_at() + 8 * r;
                         chunk[at..at + 8].copy_from_slice(&high.to_le_bytes());
                     }
-                    WeightFormat::Q8_0 => quants
-                        .iter_mut()
-                        .enumerate()
-                        .for_each(|(j, byte)| *byte = (unit(j) + 128) as u8),
-                    WeightFormat::Q4K | WeightFormat::Q6K => {}
+                    WeightFormat::Q8_0 | WeightFormat::Q4K | WeightFormat::Q6K => {}
                 }
             }
         }
@@ -287,7 +292,8 @@ impl PackedWeights {
 
     /// Rows including the padding of the last group.
     pub(crate) fn padded_rows(&self) -> usize {
-        self.rows.div_ceil(GROUP) * GROUP
+        let g = Self::group_rows(self.format);
+        self.rows.div_ceil(g) * g
     }
 
     /// Bytes held in memory.
@@ -298,11 +304,15 @@ impl PackedWeights {
     /// The chunk of `row`'s group at pair `p`.
     pub(crate) fn chunk(&self, row: usize, p: usize) -> &[u8] {
         let cb = Self::chunk_bytes(self.format);
-        &self.chunks[((row / GROUP) * self.pairs + p) * cb..][..cb]
+        let g = Self::group_rows(self.format);
+        &self.chunks[((row / g) * self.pairs + p) * cb..][..cb]
     }
 
     /// Quant `i` (unit position) of pair `p` of `row`.
     pub(crate) fn quant(&self, row: usize, p: usize, i: usize) -> i32 {
+        if self.format == WeightFormat::Q8_0 {
+            return self.q8_quant(row, p, i);
+        }
         let pb = self.format.pair_bytes();
         let quants = &self.chunk(row, p)[(row % GROUP) * pb..][..pb];
         let nibble = || {
@@ -317,13 +327,15 @@ impl PackedWeights {
                 let high = u64::from_le_bytes(std::array::from_fn(|k| c[at + k]));
                 nibble() + (((high >> i) & 1) as i32) * 16 - 16
             }
-            WeightFormat::Q8_0 => i32::from(quants[i]) - 128,
-            WeightFormat::Q4K | WeightFormat::Q6K => 0,
+            WeightFormat::Q8_0 | WeightFormat::Q4K | WeightFormat::Q6K => 0,
         }
     }
 
     /// Scale of block `k` (0 or 1) of pair `p` of `row`.
     pub(crate) fn scale(&self, row: usize, p: usize, k: usize) -> f32 {
+        if self.format == WeightFormat::Q8_0 {
+            return self.q8_scale(row, p, k);
+        }
         let at = Self::scales_at(self.format) + 2 * (2 * (row % GROUP) + k);
         f16_at(self.chunk(row, p), at).to_f32()
     }

@@ -1,6 +1,7 @@
 //! `y = x Wᵀ` for block-quantized `W`: the activations are quantized once per call, then
 //! output rows are split into parallel tasks on the caller's rayon pool. Inside a task,
-//! tiles of one group of four weight rows × four activation rows share their loads; every
+//! tiles of one group of four weight rows × four activation rows (Q8_0: sixteen rows ×
+//! eight activation rows) share their loads; every
 //! (row, activation) pair is accumulated in the same order whatever tile it falls in, so
 //! the result of a row does not depend on the batch around it.
 
@@ -9,12 +10,15 @@ use rayon::prelude::*;
 use crate::cpu::acts::PackedActs;
 use crate::cpu::isa::Isa;
 use crate::cpu::layout::{PackedWeights, WeightFormat, GROUP};
+use crate::cpu::layout_q8::WIDE;
 use crate::cpu::scalar;
 
-/// Output rows per parallel task (a multiple of [`GROUP`]).
-const ROWS_PER_TASK: usize = 4 * GROUP;
-/// Activation rows per tile.
+/// Output rows per parallel task (a multiple of [`GROUP`] and of [`WIDE`]).
+const ROWS_PER_TASK: usize = 16;
+/// Activation rows per tile of four weight rows.
 const TILE_TOKENS: usize = 4;
+/// Activation rows per tile of sixteen Q8_0 weight rows.
+const WIDE_TILE_TOKENS: usize = 8;
 /// Activation rows a task's weight groups pass over together (a multiple of
 /// [`TILE_TOKENS`]; 32 rows of 576 values are 18 KiB quantized).
 const TOKEN_BLOCK: usize = 32;
@@ -77,56 +81,78 @@ impl QuantWeights {
             Isa::Scalar
         };
         let a = PackedActs::quantize(w.format, x, m, w.cols);
-        let rows = w.rows;
-        let mut out = vec![0f32; m * rows];
-        let dst = Output(out.as_mut_ptr());
-        let tasks = w.padded_rows().div_ceil(ROWS_PER_TASK);
-        // A few runs of tasks per thread: a decode task is well under a microsecond, and
-        // every split rayon makes is a job another thread must be woken for and steal.
-        let min_len = (tasks / (4 * rayon::current_num_threads())).max(1);
-        (0..tasks)
-            .into_par_iter()
-            .with_min_len(min_len)
-            .for_each(|task| {
-                let first = task * ROWS_PER_TASK;
-                let last = (first + ROWS_PER_TASK).min(w.padded_rows());
-                // Activation rows in blocks that stay in L1 while the task's weight groups
-                // pass over them.
-                for block in (0..m).step_by(TOKEN_BLOCK) {
-                    let block_end = (block + TOKEN_BLOCK).min(m);
-                    for r0 in (first..last).step_by(GROUP) {
-                        let live = rows.saturating_sub(r0).min(GROUP);
-                        let mut t = block;
-                        while t < block_end {
-                            let toks = if block_end - t >= TILE_TOKENS {
-                                TILE_TOKENS
-                            } else {
-                                1
-                            };
-                            let put = |r: usize, k: usize, v: f32| {
-                                // SAFETY: `(t + k, r0 + r)` is inside `[m, rows]` (`r < live`),
-                                // and each row belongs to exactly one task, so no two writes
-                                // alias.
-                                unsafe { dst.write((t + k) * rows + r0 + r, v) }
-                            };
-                            if toks == TILE_TOKENS {
-                                let v = tile::<TILE_TOKENS>(isa, w, r0, &a, t);
-                                for (r, row) in v.iter().enumerate().take(live) {
-                                    row.iter().enumerate().for_each(|(k, v)| put(r, k, *v));
-                                }
-                            } else {
-                                let v = tile::<1>(isa, w, r0, &a, t);
-                                for (r, row) in v.iter().enumerate().take(live) {
-                                    put(r, 0, row[0]);
-                                }
+        if w.format == WeightFormat::Q8_0 {
+            run::<WIDE, WIDE_TILE_TOKENS>(
+                w,
+                &a,
+                |r0, t| tile_wide::<WIDE_TILE_TOKENS>(isa, w, r0, &a, t),
+                |r0, t| tile_wide::<1>(isa, w, r0, &a, t),
+            )
+        } else {
+            run::<GROUP, TILE_TOKENS>(
+                w,
+                &a,
+                |r0, t| tile::<TILE_TOKENS>(isa, w, r0, &a, t),
+                |r0, t| tile::<1>(isa, w, r0, &a, t),
+            )
+        }
+    }
+}
+
+/// The parallel loop over tasks of [`ROWS_PER_TASK`] rows, each passing its groups of `R`
+/// rows over blocks of activation rows, `TT` activation rows per tile (`tile_one` for the
+/// remainder).
+fn run<const R: usize, const TT: usize>(
+    w: &PackedWeights,
+    a: &PackedActs,
+    tile_many: impl Fn(usize, usize) -> [[f32; TT]; R] + Sync,
+    tile_one: impl Fn(usize, usize) -> [[f32; 1]; R] + Sync,
+) -> Vec<f32> {
+    let (rows, m) = (w.rows, a.rows);
+    let mut out = vec![0f32; m * rows];
+    let dst = Output(out.as_mut_ptr());
+    let tasks = w.padded_rows().div_ceil(ROWS_PER_TASK);
+    // A few runs of tasks per thread: a decode task is well under a microsecond, and
+    // every split rayon makes is a job another thread must be woken for and steal.
+    let min_len = (tasks / (4 * rayon::current_num_threads())).max(1);
+    (0..tasks)
+        .into_par_iter()
+        .with_min_len(min_len)
+        .for_each(|task| {
+            let first = task * ROWS_PER_TASK;
+            let last = (first + ROWS_PER_TASK).min(w.padded_rows());
+            // Activation rows in blocks that stay in L1 while the task's weight groups
+            // pass over them.
+            for block in (0..m).step_by(TOKEN_BLOCK) {
+                let block_end = (block + TOKEN_BLOCK).min(m);
+                for r0 in (first..last).step_by(R) {
+                    let live = rows.saturating_sub(r0).min(R);
+                    let mut t = block;
+                    while t < block_end {
+                        let put = |r: usize, k: usize, v: f32| {
+                            // SAFETY: `(t + k, r0 + r)` is inside `[m, rows]` (`r < live`),
+                            // and each row belongs to exactly one task, so no two writes
+                            // alias.
+                            unsafe { dst.write((t + k) * rows + r0 + r, v) }
+                        };
+                        if block_end - t >= TT {
+                            let v = tile_many(r0, t);
+                            for (r, row) in v.iter().enumerate().take(live) {
+                                row.iter().enumerate().for_each(|(k, v)| put(r, k, *v));
                             }
-                            t += toks;
+                            t += TT;
+                        } else {
+                            let v = tile_one(r0, t);
+                            for (r, row) in v.iter().enumerate().take(live) {
+                                put(r, 0, row[0]);
+                            }
+                            t += 1;
                         }
                     }
                 }
-            });
-        out
-    }
+            }
+        });
+    out
 }
 
 /// The output buffer, shared by tasks that write disjoint rows of it.
@@ -148,8 +174,38 @@ impl Output {
     }
 }
 
-/// One group of weight rows times activation rows `t0..t0+T`, through the chosen
-/// implementation.
+/// One group of sixteen Q8_0 weight rows times activation rows `t0..t0+T`, through the
+/// chosen implementation.
+fn tile_wide<const T: usize>(
+    isa: Isa,
+    w: &PackedWeights,
+    r0: usize,
+    a: &PackedActs,
+    t0: usize,
+) -> [[f32; T]; WIDE] {
+    assert!(
+        w.format == WeightFormat::Q8_0
+            && r0.is_multiple_of(WIDE)
+            && r0 < w.padded_rows()
+            && t0 + T <= a.rows
+            && a.d.len() == a.rows * a.pairs * 2
+            && a.block_corr.len() == a.d.len()
+            && a.pairs == w.pairs
+    );
+    match isa {
+        // SAFETY: `isa` is one this CPU supports (checked by the caller); the group,
+        // activation rows and widths are checked above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe { crate::cpu::avx512_q8::q8_0::<T>(w, r0, a, t0) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { crate::cpu::avx2_q8::q8_0::<T>(w, r0, a, t0) },
+        _ => scalar::tile::<WIDE, T>(w, r0, a, t0),
+    }
+}
+
+/// One group of four weight rows times activation rows `t0..t0+T`, through the chosen
+/// implementation (every format but Q8_0).
 fn tile<const T: usize>(
     isa: Isa,
     w: &PackedWeights,
@@ -174,11 +230,6 @@ fn tile<const T: usize>(
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512Vnni, WeightFormat::Q8_0) => unsafe {
-            crate::cpu::avx512::q8_0::<T>(w, r0, a, t0)
-        },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni, WeightFormat::Q5_0) => unsafe {
             crate::cpu::avx512::q5_0::<T>(w, r0, a, t0)
         },
@@ -198,9 +249,6 @@ fn tile<const T: usize>(
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, WeightFormat::Q5_0) => unsafe { crate::cpu::avx2::q5_0::<T>(w, r0, a, t0) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightFormat::Q8_0) => unsafe { crate::cpu::avx2::q8_0::<T>(w, r0, a, t0) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, WeightFormat::Q4K) => unsafe { crate::cpu::avx2_k::q4k::<T>(w, r0, a, t0) },
