@@ -225,3 +225,91 @@ fn shapes_that_do_not_fit_are_refused() {
     assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q4_1, 2, 30, &[]).is_err());
     assert!(QuantWeights::from_ggml_bytes(WeightFormat::Q8_0, 2, 32, &[0; 33]).is_err());
 }
+
+/// ggml's dequantization of one file block (super-block for the k-quants), written from
+/// the format definitions, independently of the crate's layouts.
+fn decode_block(format: WeightFormat, b: &[u8]) -> Vec<f32> {
+    let f16 = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+    match format {
+        WeightFormat::Q4_1 => (0..QK)
+            .map(|e| {
+                let byte = b[4 + e % 16];
+                let q = if e < 16 { byte & 15 } else { byte >> 4 };
+                f16(0) * f32::from(q) + f16(2)
+            })
+            .collect(),
+        WeightFormat::Q5_0 => (0..QK)
+            .map(|e| {
+                let byte = b[6 + e % 16];
+                let low = if e < 16 { byte & 15 } else { byte >> 4 };
+                let high = (u32::from_le_bytes([b[2], b[3], b[4], b[5]]) >> e) & 1;
+                f16(0) * ((u32::from(low) | (high << 4)) as f32 - 16.0)
+            })
+            .collect(),
+        WeightFormat::Q8_0 => (0..QK)
+            .map(|e| f16(0) * f32::from(b[2 + e] as i8))
+            .collect(),
+        WeightFormat::Q4K => {
+            let s = &b[4..16];
+            let sm = |j: usize| {
+                if j < 4 {
+                    (s[j] & 63, s[j + 4] & 63)
+                } else {
+                    (
+                        (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4),
+                        (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+                    )
+                }
+            };
+            (0..QK_K)
+                .map(|v| {
+                    let byte = b[16 + 32 * (v / 64) + v % 32];
+                    let q = if (v / 32) % 2 == 0 {
+                        byte & 15
+                    } else {
+                        byte >> 4
+                    };
+                    let (sc, m) = sm(v / 32);
+                    f16(0) * f32::from(sc) * f32::from(q) - f16(2) * f32::from(m)
+                })
+                .collect()
+        }
+        WeightFormat::Q6K => (0..QK_K)
+            .map(|v| {
+                let (n, l) = (v / 128, v % 32);
+                let k = (v % 128) / 32;
+                let low = b[64 * n + l + 32 * (k % 2)];
+                let low = if k < 2 { low & 15 } else { low >> 4 };
+                let high = (b[128 + 32 * n + l] >> (2 * k)) & 3;
+                let q = i32::from(low | (high << 4)) - 32;
+                f16(208) * f32::from(b[192 + v / 16] as i8) * q as f32
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn every_format_keeps_each_value_of_each_row_in_place() {
+    // Rows past a group of sixteen and, for the 32-value formats, an odd block count, so
+    // the packing's padding rows and padding block are crossed too.
+    let mut r = rng();
+    for format in FORMATS {
+        let (rows, cols) = (37, if format.is_k() { 3 * QK_K } else { 7 * QK });
+        let blocks = rows * cols / format.block_values();
+        let bytes = random_blocks(&mut r, format, blocks);
+        let w = QuantWeights::from_ggml_bytes(format, rows, cols, &bytes).expect("weights");
+        let want: Vec<f32> = bytes
+            .chunks_exact(format.file_bytes())
+            .flat_map(|b| decode_block(format, b))
+            .collect();
+        let got = w.dequantize();
+        for (i, (g, v)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - v).abs() <= 1e-6 * v.abs().max(1.0),
+                "{format:?} row {} col {}: {g} vs {v}",
+                i / cols,
+                i % cols
+            );
+        }
+    }
+}

@@ -68,12 +68,8 @@ pub struct PackedActs {
     pub(crate) d: Vec<f32>,
     /// Q8_1 `s` per block (read for Q4_1 weights only).
     pub(crate) s: Vec<f32>,
-    /// For Q5_0 weights stored as `q + 16`: per pair, 16 lanes of `-16 × Σ` of the four
-    /// activation quants each lane covers, the start value of a lane's sum that makes it
-    /// exact.
-    pub(crate) corr: Vec<i32>,
-    /// For Q8_0 weights stored as `q + 128`: per block, `-128 × Σ` of its quants, the
-    /// start value of a block's sum that makes it exact.
+    /// For Q8_0 and Q5_0 weights stored as `q + 128` and `q + 16`: per block, `-128 × Σ`
+    /// (`-16 × Σ`) of its quants, the start value of a block's sum that makes it exact.
     pub(crate) block_corr: Vec<i32>,
     /// Q8_K: sums of each run of 16 quants, 16 per super-block.
     pub(crate) bsums: Vec<i16>,
@@ -95,24 +91,16 @@ fn quantize_row(row: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     }
 }
 
-/// The lane corrections of one quantized row: per pair, `-bias ×` the sum of each lane's
-/// four quants.
-fn corrections_row(qs: &[i8], corr: &mut [i32], bias: i32) {
-    for (lane, quads) in corr.iter_mut().zip(qs.chunks_exact(4)) {
-        *lane = -bias * quads.iter().map(|v| i32::from(*v)).sum::<i32>();
-    }
-}
-
-/// The block corrections of one quantized row: per block, `-128 ×` the sum of its quants
+/// The block corrections of one quantized row: per block, `-bias ×` the sum of its quants
 /// (even quads of a pair in unit order belong to its first block, odd ones to the second).
-fn block_corrections_row(qs: &[i8], corr: &mut [i32]) {
+fn block_corrections_row(qs: &[i8], corr: &mut [i32], bias: i32) {
     for (pair, c) in qs.chunks_exact(PAIR).zip(corr.chunks_exact_mut(2)) {
         let mut sums = [0i32; 2];
         for (i, quad) in pair.chunks_exact(4).enumerate() {
             sums[i & 1] += quad.iter().map(|v| i32::from(*v)).sum::<i32>();
         }
-        c[0] = -128 * sums[0];
-        c[1] = -128 * sums[1];
+        c[0] = -bias * sums[0];
+        c[1] = -bias * sums[1];
     }
 }
 
@@ -125,17 +113,15 @@ impl PackedActs {
         }
         let kb = cols / QK;
         let pairs = kb.div_ceil(2);
-        // The bias of weights stored unsigned, which the lane corrections take back.
-        let lanes = format == WeightFormat::Q5_0;
-        let blocks = format == WeightFormat::Q8_0;
+        // The bias of weights stored unsigned, which the block corrections take back.
+        let bias = crate::cpu::layout_wide::bias(format);
         let mut a = Self {
             rows: m,
             pairs,
             qs: vec![0; m * pairs * PAIR],
             d: vec![0.0; m * 2 * pairs],
             s: vec![0.0; m * 2 * pairs],
-            corr: vec![0; if lanes { m * pairs * 16 } else { 0 }],
-            block_corr: vec![0; if blocks { m * pairs * 2 } else { 0 }],
+            block_corr: vec![0; if bias != 0 { m * pairs * 2 } else { 0 }],
             bsums: Vec::new(),
             sums32: Vec::new(),
         };
@@ -150,34 +136,20 @@ impl PackedActs {
             let jobs: Vec<_> = rows.zip(qs).zip(d).zip(s).collect();
             jobs.into_par_iter()
                 .for_each(|(((row, qs), d), s)| quantize_row(row, qs, d, s));
-            if lanes {
-                a.corr
-                    .par_chunks_mut(pairs * 16)
-                    .zip(a.qs.par_chunks(pairs * PAIR))
-                    .for_each(|(corr, qs)| corrections_row(qs, corr, 16));
-            }
-            if blocks {
+            if bias != 0 {
                 a.block_corr
                     .par_chunks_mut(pairs * 2)
                     .zip(a.qs.par_chunks(pairs * PAIR))
-                    .for_each(|(corr, qs)| block_corrections_row(qs, corr));
+                    .for_each(|(corr, qs)| block_corrections_row(qs, corr, bias));
             }
         } else {
             for (((row, qs), d), s) in rows.zip(qs).zip(d).zip(s) {
                 quantize_row(row, qs, d, s);
             }
-            if lanes {
-                for (corr, qs) in a.corr.chunks_mut(pairs * 16).zip(a.qs.chunks(pairs * PAIR)) {
-                    corrections_row(qs, corr, 16);
-                }
-            }
-            if blocks {
-                for (corr, qs) in a
-                    .block_corr
-                    .chunks_mut(pairs * 2)
-                    .zip(a.qs.chunks(pairs * PAIR))
-                {
-                    block_corrections_row(qs, corr);
+            if bias != 0 {
+                let corr = a.block_corr.chunks_mut(pairs * 2);
+                for (corr, qs) in corr.zip(a.qs.chunks(pairs * PAIR)) {
+                    block_corrections_row(qs, corr, bias);
                 }
             }
         }
@@ -271,9 +243,13 @@ mod tests {
             assert_eq!(a.block_corr[b], -128 * sum, "block {b}");
         }
         assert_eq!(a.block_corr[3], 0);
-        // Q5_0's lane corrections: -16 × the sum of each lane's four quants.
-        let a = PackedActs::quantize(WeightFormat::Q5_0, &xs, 1, 3 * QK);
-        let lane_sum: i32 = (4..8).map(|i| a.quant(0, 0, i)).sum();
-        assert_eq!(a.corr[1], -16 * lane_sum);
+        // Q5_0's: -16 × the sum; Q4_1's weights are unsigned, with no correction.
+        let a5 = PackedActs::quantize(WeightFormat::Q5_0, &xs, 1, 3 * QK);
+        let q4 = PackedActs::quantize(WeightFormat::Q4_1, &xs, 1, 3 * QK);
+        assert_eq!(
+            a5.block_corr[..3],
+            a.block_corr[..3].iter().map(|c| c / 8).collect::<Vec<_>>()[..]
+        );
+        assert!(q4.block_corr.is_empty());
     }
 }

@@ -61,7 +61,6 @@ pub(crate) fn quantize(x: &[f32], m: usize, cols: usize) -> PackedActs {
         qs: vec![0; m * sbs * QK_K],
         d: vec![0.0; m * sbs],
         s: Vec::new(),
-        corr: Vec::new(),
         block_corr: Vec::new(),
         bsums: vec![0; m * sbs * 16],
         sums32: vec![0; m * sbs * 8],

@@ -1,7 +1,7 @@
 //! `y = x Wᵀ` for block-quantized `W`: the activations are quantized once per call, then
 //! output rows are split into parallel tasks on the caller's rayon pool. Inside a task,
-//! tiles of one group of four weight rows × four activation rows (Q8_0: sixteen rows ×
-//! eight activation rows) share their loads; every
+//! tiles of one group of sixteen weight rows × eight activation rows share their loads;
+//! every
 //! (row, activation) pair is accumulated in the same order whatever tile it falls in, so
 //! the result of a row does not depend on the batch around it.
 
@@ -9,16 +9,14 @@ use rayon::prelude::*;
 
 use crate::cpu::acts::PackedActs;
 use crate::cpu::isa::Isa;
-use crate::cpu::layout::{PackedWeights, WeightFormat, GROUP};
-use crate::cpu::layout_q8::WIDE;
+use crate::cpu::layout::{PackedWeights, WeightFormat, PAIR, QK_K};
+use crate::cpu::layout_wide::WIDE;
 use crate::cpu::scalar;
 
-/// Output rows per parallel task (a multiple of [`GROUP`] and of [`WIDE`]).
-const ROWS_PER_TASK: usize = 16;
-/// Activation rows per tile of four weight rows.
-const TILE_TOKENS: usize = 4;
-/// Activation rows per tile of sixteen Q8_0 weight rows.
-const WIDE_TILE_TOKENS: usize = 8;
+/// Output rows per parallel task (a multiple of [`WIDE`]).
+const ROWS_PER_TASK: usize = WIDE;
+/// Activation rows per tile.
+const TILE_TOKENS: usize = 8;
 /// Activation rows a task's weight groups pass over together (a multiple of
 /// [`TILE_TOKENS`]; 32 rows of 576 values are 18 KiB quantized).
 const TOKEN_BLOCK: usize = 32;
@@ -81,32 +79,23 @@ impl QuantWeights {
             Isa::Scalar
         };
         let a = PackedActs::quantize(w.format, x, m, w.cols);
-        if w.format == WeightFormat::Q8_0 {
-            run::<WIDE, WIDE_TILE_TOKENS>(
-                w,
-                &a,
-                |r0, t| tile_wide::<WIDE_TILE_TOKENS>(isa, w, r0, &a, t),
-                |r0, t| tile_wide::<1>(isa, w, r0, &a, t),
-            )
-        } else {
-            run::<GROUP, TILE_TOKENS>(
-                w,
-                &a,
-                |r0, t| tile::<TILE_TOKENS>(isa, w, r0, &a, t),
-                |r0, t| tile::<1>(isa, w, r0, &a, t),
-            )
-        }
+        run::<TILE_TOKENS>(
+            w,
+            &a,
+            |r0, t| tile::<TILE_TOKENS>(isa, w, r0, &a, t),
+            |r0, t| tile::<1>(isa, w, r0, &a, t),
+        )
     }
 }
 
-/// The parallel loop over tasks of [`ROWS_PER_TASK`] rows, each passing its groups of `R`
-/// rows over blocks of activation rows, `TT` activation rows per tile (`tile_one` for the
-/// remainder).
-fn run<const R: usize, const TT: usize>(
+/// The parallel loop over tasks of [`ROWS_PER_TASK`] rows, each passing its groups of
+/// [`WIDE`] rows over blocks of activation rows, `TT` activation rows per tile
+/// (`tile_one` for the remainder).
+fn run<const TT: usize>(
     w: &PackedWeights,
     a: &PackedActs,
-    tile_many: impl Fn(usize, usize) -> [[f32; TT]; R] + Sync,
-    tile_one: impl Fn(usize, usize) -> [[f32; 1]; R] + Sync,
+    tile_many: impl Fn(usize, usize) -> [[f32; WIDE]; TT] + Sync,
+    tile_one: impl Fn(usize, usize) -> [[f32; WIDE]; 1] + Sync,
 ) -> Vec<f32> {
     let (rows, m) = (w.rows, a.rows);
     let mut out = vec![0f32; m * rows];
@@ -125,27 +114,24 @@ fn run<const R: usize, const TT: usize>(
             // pass over them.
             for block in (0..m).step_by(TOKEN_BLOCK) {
                 let block_end = (block + TOKEN_BLOCK).min(m);
-                for r0 in (first..last).step_by(R) {
-                    let live = rows.saturating_sub(r0).min(R);
+                for r0 in (first..last).step_by(WIDE) {
+                    let live = rows.saturating_sub(r0).min(WIDE);
                     let mut t = block;
                     while t < block_end {
-                        let put = |r: usize, k: usize, v: f32| {
-                            // SAFETY: `(t + k, r0 + r)` is inside `[m, rows]` (`r < live`),
-                            // and each row belongs to exactly one task, so no two writes
-                            // alias.
-                            unsafe { dst.write((t + k) * rows + r0 + r, v) }
+                        let put = |values: &[[f32; WIDE]]| {
+                            for (k, v) in values.iter().enumerate() {
+                                let at = (t + k) * rows + r0;
+                                // SAFETY: `(t + k, r0..r0 + live)` is inside `[m, rows]`, and
+                                // each row belongs to exactly one task, so no two writes
+                                // alias.
+                                unsafe { dst.write(at, v, live) }
+                            }
                         };
                         if block_end - t >= TT {
-                            let v = tile_many(r0, t);
-                            for (r, row) in v.iter().enumerate().take(live) {
-                                row.iter().enumerate().for_each(|(k, v)| put(r, k, *v));
-                            }
+                            put(&tile_many(r0, t));
                             t += TT;
                         } else {
-                            let v = tile_one(r0, t);
-                            for (r, row) in v.iter().enumerate().take(live) {
-                                put(r, 0, row[0]);
-                            }
+                            put(&tile_one(r0, t));
                             t += 1;
                         }
                     }
@@ -166,95 +152,74 @@ unsafe impl Send for Output {}
 unsafe impl Sync for Output {}
 
 impl Output {
+    /// Writes the first `live` values of `v` at `at` (a whole row of a tile is one
+    /// fixed-size store, not a call to `memcpy`).
+    ///
     /// # Safety
-    /// `at` must be in bounds and written by no other thread.
-    unsafe fn write(self, at: usize, v: f32) {
+    /// `at..at + live` must be in bounds and written by no other thread.
+    unsafe fn write<const R: usize>(self, at: usize, v: &[f32; R], live: usize) {
         // SAFETY: guaranteed by the caller.
-        unsafe { *self.0.add(at) = v }
+        unsafe {
+            if live == R {
+                self.0.add(at).cast::<[f32; R]>().write_unaligned(*v);
+            } else {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(at), live.min(R));
+            }
+        }
     }
 }
 
-/// One group of sixteen Q8_0 weight rows times activation rows `t0..t0+T`, through the
-/// chosen implementation.
-fn tile_wide<const T: usize>(
-    isa: Isa,
-    w: &PackedWeights,
-    r0: usize,
-    a: &PackedActs,
-    t0: usize,
-) -> [[f32; T]; WIDE] {
-    assert!(
-        w.format == WeightFormat::Q8_0
-            && r0.is_multiple_of(WIDE)
-            && r0 < w.padded_rows()
-            && t0 + T <= a.rows
-            && a.d.len() == a.rows * a.pairs * 2
-            && a.block_corr.len() == a.d.len()
-            && a.pairs == w.pairs
-    );
-    match isa {
-        // SAFETY: `isa` is one this CPU supports (checked by the caller); the group,
-        // activation rows and widths are checked above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => unsafe { crate::cpu::avx512_q8::q8_0::<T>(w, r0, a, t0) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { crate::cpu::avx2_q8::q8_0::<T>(w, r0, a, t0) },
-        _ => scalar::tile::<WIDE, T>(w, r0, a, t0),
-    }
-}
-
-/// One group of four weight rows times activation rows `t0..t0+T`, through the chosen
-/// implementation (every format but Q8_0).
+/// One group of sixteen weight rows times activation rows `t0..t0+T`, by activation row,
+/// through the chosen implementation.
 fn tile<const T: usize>(
     isa: Isa,
     w: &PackedWeights,
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; T]; GROUP] {
-    let d_per_row = if w.format.is_k() { 1 } else { 2 };
+) -> [[f32; WIDE]; T] {
+    let (k, q4_1) = (w.format.is_k(), w.format == WeightFormat::Q4_1);
+    let values = if k { QK_K } else { PAIR };
     assert!(
-        r0.is_multiple_of(GROUP)
+        r0.is_multiple_of(WIDE)
             && r0 < w.padded_rows()
             && t0 + T <= a.rows
-            && a.d.len() == a.rows * a.pairs * d_per_row
             && a.pairs == w.pairs
+            && a.qs.len() == a.rows * a.pairs * values
+            && a.d.len() == a.rows * a.pairs * if k { 1 } else { 2 }
+            && (k || a.s.len() == a.d.len())
+            && (k || q4_1 || a.block_corr.len() == a.d.len())
+            && (!k || a.bsums.len() == a.rows * a.pairs * 16)
+            && (!k || a.sums32.len() == a.rows * a.pairs * 8)
     );
-    match (isa, w.format) {
-        // SAFETY: `isa` is one this CPU supports (checked by the caller); the group,
-        // activation rows and widths are checked above.
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512Vnni, WeightFormat::Q4_1) => unsafe {
-            crate::cpu::avx512::q4_1::<T>(w, r0, a, t0)
-        },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512Vnni, WeightFormat::Q5_0) => unsafe {
-            crate::cpu::avx512::q5_0::<T>(w, r0, a, t0)
-        },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512Vnni, WeightFormat::Q4K) => unsafe {
-            crate::cpu::avx512_k::q4k::<T>(w, r0, a, t0)
-        },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512Vnni, WeightFormat::Q6K) => unsafe {
-            crate::cpu::avx512_k::q6k::<T>(w, r0, a, t0)
-        },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightFormat::Q4_1) => unsafe { crate::cpu::avx2::q4_1::<T>(w, r0, a, t0) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightFormat::Q5_0) => unsafe { crate::cpu::avx2::q5_0::<T>(w, r0, a, t0) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightFormat::Q4K) => unsafe { crate::cpu::avx2_k::q4k::<T>(w, r0, a, t0) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, WeightFormat::Q6K) => unsafe { crate::cpu::avx2_k::q6k::<T>(w, r0, a, t0) },
-        _ => scalar::tile::<GROUP, T>(w, r0, a, t0),
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::cpu::avx512_wide::{Q4_1, Q5_0, Q8_0};
+        use crate::cpu::{avx2_k, avx2_wide, avx512_k, avx512_wide};
+        use Isa::{Avx2, Avx512Vnni};
+        // SAFETY: `isa` is one this CPU supports (checked by the caller); the format,
+        // group, activation rows and widths are checked above.
+        unsafe {
+            match (isa, w.format) {
+                (Avx512Vnni, WeightFormat::Q4_1) => {
+                    return avx512_wide::tile::<Q4_1, T>(w, r0, a, t0)
+                }
+                (Avx512Vnni, WeightFormat::Q5_0) => {
+                    return avx512_wide::tile::<Q5_0, T>(w, r0, a, t0)
+                }
+                (Avx512Vnni, WeightFormat::Q8_0) => {
+                    return avx512_wide::tile::<Q8_0, T>(w, r0, a, t0)
+                }
+                (Avx512Vnni, WeightFormat::Q4K) => return avx512_k::q4k::<T>(w, r0, a, t0),
+                (Avx512Vnni, WeightFormat::Q6K) => return avx512_k::q6k::<T>(w, r0, a, t0),
+                (Avx2, WeightFormat::Q4_1) => return avx2_wide::tile::<Q4_1, T>(w, r0, a, t0),
+                (Avx2, WeightFormat::Q5_0) => return avx2_wide::tile::<Q5_0, T>(w, r0, a, t0),
+                (Avx2, WeightFormat::Q8_0) => return avx2_wide::tile::<Q8_0, T>(w, r0, a, t0),
+                (Avx2, WeightFormat::Q4K) => return avx2_k::q4k::<T>(w, r0, a, t0),
+                (Avx2, WeightFormat::Q6K) => return avx2_k::q6k::<T>(w, r0, a, t0),
+                (Isa::Scalar, _) => {}
+            }
+        }
     }
+    scalar::tile::<WIDE, T>(w, r0, a, t0)
 }
