@@ -127,7 +127,11 @@ pub fn attend(
                 first_visible: window_start(batch.positions[*t] + 1, shape.window),
                 scale: shape.scale,
             };
-            attend_group_simd(&group, &mut part[..heads.len() * (2 + hd)]);
+            // The scores buffer leaves the thread-local for the call: a closure run by
+            // `LocalKey::with` would be compiled outside the vector build below.
+            let mut scores = SCORES.with_borrow_mut(std::mem::take);
+            attend_group_simd(&group, &mut scores, &mut part[..heads.len() * (2 + hd)]);
+            SCORES.with_borrow_mut(|s| *s = scores);
         });
     let mut out = vec![0f32; n * nq * hd];
     let mut first = 0;
@@ -210,8 +214,8 @@ struct Group<'a> {
 
 simd_dispatch! {
     /// [`attend_group`] compiled for this CPU's vector unit.
-    fn attend_group_simd(group: &Group<'_>, out: &mut [f32]) {
-        attend_group(group, out)
+    fn attend_group_simd(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+        attend_group(group, scores, out)
     }
 }
 
@@ -223,14 +227,9 @@ thread_local! {
 /// Attention of each query head of the group over `group.positions`, as a partial
 /// result to merge ([`merge_partials`]) written to `out` (`heads × (2 + head_dim)`): per
 /// head its largest scaled score `m`, then per head `s = Σ e^(score − m)`, then per head
-/// the `head_dim` sums `Σ e^(score − m)·v`.
+/// the `head_dim` sums `Σ e^(score − m)·v`. `scores` is scratch space.
 #[inline(always)]
-fn attend_group(group: &Group<'_>, out: &mut [f32]) {
-    SCORES.with_borrow_mut(|scores| attend_group_with(group, scores, out));
-}
-
-#[inline(always)]
-fn attend_group_with(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
     let cache = group.cache;
     let hd = cache.head_dim;
     let bs = cache.block_size;
@@ -245,12 +244,40 @@ fn attend_group_with(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) 
         let first = b * bs - lo;
         let n = bs.min(len - first);
         let keys = &group.layer.k[cache.key_row(block as usize, group.kv_head)..][..hd * bs];
-        for h in 0..nh {
-            let row = &mut scores[h * len + first..h * len + first + n];
-            if bs == KEY_LANES {
-                block_scores::<KEY_LANES>(query(h), keys, row);
-            } else {
-                block_scores_any(query(h), keys, bs, row);
+        let row = |h: usize| h * len + first..h * len + first + n;
+        if bs == KEY_LANES {
+            // Up to four heads at once: one load of each key row serves them all, and
+            // their sums are independent chains.
+            let mut h = 0;
+            while h < nh {
+                let take = (nh - h).min(4);
+                let mut acc = [[0f32; KEY_LANES]; 4];
+                match take {
+                    4 => block_scores::<KEY_LANES, 4>(
+                        std::array::from_fn(|i| query(h + i)),
+                        keys,
+                        &mut acc,
+                    ),
+                    3 => block_scores::<KEY_LANES, 3>(
+                        std::array::from_fn(|i| query(h + i)),
+                        keys,
+                        &mut acc,
+                    ),
+                    2 => block_scores::<KEY_LANES, 2>(
+                        std::array::from_fn(|i| query(h + i)),
+                        keys,
+                        &mut acc,
+                    ),
+                    _ => block_scores::<KEY_LANES, 1>([query(h)], keys, &mut acc),
+                }
+                for (i, a) in acc.iter().enumerate().take(take) {
+                    scores[row(h + i)].copy_from_slice(&a[..n]);
+                }
+                h += take;
+            }
+        } else {
+            for h in 0..nh {
+                block_scores_any(query(h), keys, bs, &mut scores[row(h)]);
             }
         }
     }
@@ -274,8 +301,12 @@ fn attend_group_with(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) 
     };
     for (h, acc) in out[2 * nh..].chunks_exact_mut(hd).enumerate() {
         let probs = &scores[h * len..(h + 1) * len];
-        if hd == VALUE_LANES {
-            weighted_values::<VALUE_LANES>(probs, &value, acc);
+        if hd == 64 {
+            weighted_values::<64>(probs, &value, acc);
+        } else if hd == 128 {
+            weighted_values::<128>(probs, &value, acc);
+        } else if hd == 256 {
+            weighted_values::<256>(probs, &value, acc);
         } else {
             acc.fill(0.0);
             for (i, p) in probs.iter().enumerate() {
@@ -287,23 +318,30 @@ fn attend_group_with(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) 
     }
 }
 
-/// Block size and head size the register-resident loops are built for (the defaults of
-/// the cache and of llama-family models); other sizes take the general loops.
+/// Block size the register-resident score loop is built for (the cache's default); other
+/// sizes take the general loop. Value sums are kept in registers for head sizes 64, 128
+/// and 256.
 const KEY_LANES: usize = 16;
-const VALUE_LANES: usize = 64;
 
-/// `out[i] = Σ_d q[d]·keys[d][i]` for one block of `L` transposed keys, the `L` sums kept
-/// in registers.
+/// `out[h][i] = Σ_d q_h[d]·keys[d][i]` for one block of `L` transposed keys and `H` query
+/// heads (`out` has room for at least `H`), the sums kept in registers. Each head's sum
+/// runs over `d` in order, whatever `H`.
 #[inline(always)]
-fn block_scores<const L: usize>(q: &[f32], keys: &[f32], out: &mut [f32]) {
-    let mut acc = [0f32; L];
-    for (qd, row) in q.iter().zip(keys.chunks_exact(L)) {
-        for (a, k) in acc.iter_mut().zip(row) {
-            *a += qd * k;
+fn block_scores<const L: usize, const H: usize>(
+    qs: [&[f32]; H],
+    keys: &[f32],
+    out: &mut [[f32; L]; 4],
+) {
+    let mut acc = [[0f32; L]; H];
+    for (d, row) in keys.chunks_exact(L).enumerate() {
+        for (a, q) in acc.iter_mut().zip(&qs) {
+            let qd = q[d];
+            for (x, k) in a.iter_mut().zip(row) {
+                *x += qd * k;
+            }
         }
     }
-    let n = out.len();
-    out.copy_from_slice(&acc[..n]);
+    out[..H].copy_from_slice(&acc);
 }
 
 /// [`block_scores`] for any block size `bs`.
@@ -376,8 +414,9 @@ mod tests {
 
     #[test]
     fn scattered_blocks_give_the_same_result_as_contiguous_attention() {
-        // Small sizes take the general loops; 64 × 16 the register-resident ones.
-        for (hd, bs) in [(8, 4), (VALUE_LANES, KEY_LANES)] {
+        // Small sizes take the general loops; heads of 64, 128 and 256 in blocks of 16
+        // the register-resident ones.
+        for (hd, bs) in [(8, 4), (64, KEY_LANES), (128, KEY_LANES), (256, KEY_LANES)] {
             scattered_blocks_case(hd, bs);
         }
     }
