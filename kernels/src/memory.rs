@@ -22,3 +22,15 @@ pub fn advise_huge_pages<T: Copy>(buf: &mut [T]) {
     #[cfg(not(target_os = "linux"))]
     let _ = buf;
 }
+
+/// Touches every page of a fresh, lazily mapped buffer (writing the zero it already
+/// reads), so that the page faults and zeroing happen now rather than on the first
+/// writes of a hot loop, and a machine short of memory fails here instead of there.
+pub fn prefault(buf: &mut [f32]) {
+    const PAGE: usize = 4096 / std::mem::size_of::<f32>();
+    for i in (0..buf.len()).step_by(PAGE) {
+        // SAFETY: `i` is in bounds; a volatile write is not removed as a store of the
+        // value the freshly mapped memory already holds.
+        unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), 0.0) };
+    }
+}

@@ -16,6 +16,7 @@ use crate::cpu::acts::PackedActs;
 use crate::cpu::layout::{PackedWeights, QK_K};
 use crate::cpu::layout_k::at;
 use crate::cpu::layout_wide::{QUAD, WIDE};
+use crate::cpu::tile_out::TileOut;
 use crate::cpu::x86::bytes_from_bits;
 
 /// Rows per 256-bit register.
@@ -67,20 +68,21 @@ unsafe fn quad_bcast(p: *const i8) -> __m256i {
     _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
 }
 
-/// Q4_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, by activation row.
+/// Q4_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, into `out`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present; `r0` a multiple of [`WIDE`] below the padded
-/// rows, `t0 + T` within `a`, and `a` made for `w`'s format and width.
+/// rows, `t0 + T` within `a`, `a` made for `w`'s format and width, and `out` a tile of
+/// `T` rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4k<const T: usize>(
     w: &PackedWeights,
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; WIDE]; T] {
+    out: TileOut,
+) {
     let sbs = w.pairs;
-    let mut out = [[0f32; WIDE]; T];
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); T];
         for sb in 0..sbs {
@@ -145,12 +147,14 @@ pub unsafe fn q4k<const T: usize>(
                     _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[t]), _mm256_mul_ps(dmin, dy), acc[t]);
             }
         }
-        store_half(&acc, h, &mut out);
+        for t in 0..T {
+            // SAFETY: `out` is a tile of `T` rows (caller).
+            unsafe { out.put256(t, h, acc[t]) };
+        }
     }
-    out
 }
 
-/// Q6_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, by activation row.
+/// Q6_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, into `out`.
 ///
 /// # Safety
 /// As for [`q4k`].
@@ -160,10 +164,10 @@ pub unsafe fn q6k<const T: usize>(
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; WIDE]; T] {
+    out: TileOut,
+) {
     let sbs = w.pairs;
     let (fifth, sixth) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(0x20));
-    let mut out = [[0f32; WIDE]; T];
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); T];
         for sb in 0..sbs {
@@ -214,17 +218,9 @@ pub unsafe fn q6k<const T: usize>(
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dy), acc[t]);
             }
         }
-        store_half(&acc, h, &mut out);
-    }
-    out
-}
-
-/// Stores eight rows' sums, half `h` of each output row.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn store_half<const T: usize>(acc: &[__m256; T], h: usize, out: &mut [[f32; WIDE]; T]) {
-    for t in 0..T {
-        // SAFETY: `out[t]` holds 16 f32, `HALF * h + 8` of them.
-        unsafe { _mm256_storeu_ps(out[t].as_mut_ptr().add(HALF * h), acc[t]) };
+        for t in 0..T {
+            // SAFETY: `out` is a tile of `T` rows (caller).
+            unsafe { out.put256(t, h, acc[t]) };
+        }
     }
 }

@@ -15,6 +15,7 @@ use crate::cpu::acts::PackedActs;
 use crate::cpu::avx512_wide::{Q4_1, Q5_0, Q8_0};
 use crate::cpu::layout::PackedWeights;
 use crate::cpu::layout_wide::{scales_at, HIGH_AT, OFFSETS_AT, QUAD, QUADS, WIDE};
+use crate::cpu::tile_out::TileOut;
 use crate::cpu::x86::bytes_from_bits;
 
 /// Rows per 256-bit register.
@@ -54,23 +55,24 @@ unsafe fn half_quad<const F: u8>(chunk: *const u8, i: usize, h: usize) -> __m256
     }
 }
 
-/// Rows `r0..r0+16` (one group) of format `F` times activation rows `t0..t0+T`, by
-/// activation row.
+/// Rows `r0..r0+16` (one group) of format `F` times activation rows `t0..t0+T`, into
+/// `out`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present; `w` of format `F`, `r0` a multiple of [`WIDE`]
-/// below the padded rows, `t0 + T` within `a`, and `a` made for `w`'s format and width.
+/// below the padded rows, `t0 + T` within `a`, `a` made for `w`'s format and width, and
+/// `out` a tile of `T` rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tile<const F: u8, const T: usize>(
     w: &PackedWeights,
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; WIDE]; T] {
+    out: TileOut,
+) {
     let pairs = w.pairs;
     let scales = scales_at(w.format);
     let ones = _mm256_set1_epi16(1);
-    let mut out = [[0f32; WIDE]; T];
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); T];
         for p in 0..pairs {
@@ -135,9 +137,8 @@ pub unsafe fn tile<const F: u8, const T: usize>(
             }
         }
         for t in 0..T {
-            // SAFETY: `out[t]` holds 16 f32, `HALF * h + 8` of them.
-            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr().add(HALF * h), acc[t]) };
+            // SAFETY: `out` is a tile of `T` rows (caller).
+            unsafe { out.put256(t, h, acc[t]) };
         }
     }
-    out
 }

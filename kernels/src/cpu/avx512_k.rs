@@ -16,6 +16,7 @@ use crate::cpu::acts::PackedActs;
 use crate::cpu::layout::{PackedWeights, QK_K};
 use crate::cpu::layout_k::at;
 use crate::cpu::layout_wide::{QUAD, WIDE};
+use crate::cpu::tile_out::TileOut;
 
 /// The low four bits of quad `i`'s 64 values, value `v` in byte `v`.
 ///
@@ -53,18 +54,20 @@ unsafe fn quad_bcast(p: *const i8) -> __m512i {
     _mm512_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
 }
 
-/// Q4_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, by activation row.
+/// Q4_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, into `out`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI and F16C must be present; `r0` a multiple of [`WIDE`] below the
-/// padded rows, `t0 + T` within `a`, and `a` made for `w`'s format and width.
+/// padded rows, `t0 + T` within `a`, `a` made for `w`'s format and width, and `out` a
+/// tile of `T` rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 pub unsafe fn q4k<const T: usize>(
     w: &PackedWeights,
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; WIDE]; T] {
+    out: TileOut,
+) {
     let sbs = w.pairs;
     let mut acc = [_mm512_setzero_ps(); T];
     for sb in 0..sbs {
@@ -127,10 +130,13 @@ pub unsafe fn q4k<const T: usize>(
             acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins[t]), _mm512_mul_ps(dmin, dy), acc[t]);
         }
     }
-    store(&acc)
+    for t in 0..T {
+        // SAFETY: `out` is a tile of `T` rows (caller).
+        unsafe { out.put512(t, acc[t]) };
+    }
 }
 
-/// Q6_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, by activation row.
+/// Q6_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, into `out`.
 ///
 /// # Safety
 /// As for [`q4k`].
@@ -140,7 +146,8 @@ pub unsafe fn q6k<const T: usize>(
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; WIDE]; T] {
+    out: TileOut,
+) {
     let sbs = w.pairs;
     let (fifth, sixth) = (_mm512_set1_epi8(0x10), _mm512_set1_epi8(0x20));
     let mut acc = [_mm512_setzero_ps(); T];
@@ -191,17 +198,8 @@ pub unsafe fn q6k<const T: usize>(
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dy), acc[t]);
         }
     }
-    store(&acc)
-}
-
-/// The accumulators as rows of sixteen values.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn store<const T: usize>(acc: &[__m512; T]) -> [[f32; WIDE]; T] {
-    let mut out = [[0f32; WIDE]; T];
     for t in 0..T {
-        // SAFETY: `out[t]` holds 16 f32.
-        unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        // SAFETY: `out` is a tile of `T` rows (caller).
+        unsafe { out.put512(t, acc[t]) };
     }
-    out
 }

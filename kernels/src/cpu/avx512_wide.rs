@@ -14,6 +14,7 @@ use std::arch::x86_64::*;
 use crate::cpu::acts::PackedActs;
 use crate::cpu::layout::PackedWeights;
 use crate::cpu::layout_wide::{scales_at, HIGH_AT, OFFSETS_AT, QUAD, QUADS, WIDE};
+use crate::cpu::tile_out::TileOut;
 
 /// Kernel selectors (the const parameter of [`tile`]).
 pub(crate) const Q4_1: u8 = 0;
@@ -45,20 +46,21 @@ unsafe fn quad<const F: u8>(chunk: *const u8, i: usize) -> __m512i {
     }
 }
 
-/// Rows `r0..r0+16` (one group) of format `F` times activation rows `t0..t0+T`, by
-/// activation row.
+/// Rows `r0..r0+16` (one group) of format `F` times activation rows `t0..t0+T`, into
+/// `out`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI and F16C must be present; `w` of format `F`, `r0` a multiple of
-/// [`WIDE`] below the padded rows, `t0 + T` within `a`, and `a` made for `w`'s format and
-/// width.
+/// [`WIDE`] below the padded rows, `t0 + T` within `a`, `a` made for `w`'s format and
+/// width, and `out` a tile of `T` rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 pub unsafe fn tile<const F: u8, const T: usize>(
     w: &PackedWeights,
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; WIDE]; T] {
+    out: TileOut,
+) {
     let pairs = w.pairs;
     let scales = scales_at(w.format);
     let mut acc = [_mm512_setzero_ps(); T];
@@ -118,10 +120,8 @@ pub unsafe fn tile<const F: u8, const T: usize>(
             }
         }
     }
-    let mut out = [[0f32; WIDE]; T];
     for t in 0..T {
-        // SAFETY: `out[t]` holds 16 f32.
-        unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        // SAFETY: `out` is a tile of `T` rows (caller).
+        unsafe { out.put512(t, acc[t]) };
     }
-    out
 }

@@ -12,6 +12,7 @@ use crate::cpu::isa::Isa;
 use crate::cpu::layout::{PackedWeights, WeightFormat, PAIR, QK_K};
 use crate::cpu::layout_wide::WIDE;
 use crate::cpu::scalar;
+use crate::cpu::tile_out::TileOut;
 
 /// Output rows per parallel task (a multiple of [`WIDE`]).
 const ROWS_PER_TASK: usize = WIDE;
@@ -82,8 +83,8 @@ impl QuantWeights {
         run::<TILE_TOKENS>(
             w,
             &a,
-            |r0, t| tile::<TILE_TOKENS>(isa, w, r0, &a, t),
-            |r0, t| tile::<1>(isa, w, r0, &a, t),
+            |r0, t, out| tile::<TILE_TOKENS>(isa, w, r0, &a, t, out),
+            |r0, t, out| tile::<1>(isa, w, r0, &a, t, out),
         )
     }
 }
@@ -94,8 +95,8 @@ impl QuantWeights {
 fn run<const TT: usize>(
     w: &PackedWeights,
     a: &PackedActs,
-    tile_many: impl Fn(usize, usize) -> [[f32; WIDE]; TT] + Sync,
-    tile_one: impl Fn(usize, usize) -> [[f32; WIDE]; 1] + Sync,
+    tile_many: impl Fn(usize, usize, TileOut) + Sync,
+    tile_one: impl Fn(usize, usize, TileOut) + Sync,
 ) -> Vec<f32> {
     let (rows, m) = (w.rows, a.rows);
     // Not zeroed first: every element is written once below (each task owns its rows and
@@ -121,22 +122,17 @@ fn run<const TT: usize>(
                     let live = rows.saturating_sub(r0).min(WIDE);
                     let mut t = block;
                     while t < block_end {
-                        let put = |values: &[[f32; WIDE]]| {
-                            for (k, v) in values.iter().enumerate() {
-                                let at = (t + k) * rows + r0;
-                                // SAFETY: `(t + k, r0..r0 + live)` is inside `[m, rows]`, and
-                                // each row belongs to exactly one task, so no two writes
-                                // alias.
-                                unsafe { dst.write(at, v, live) }
-                            }
-                        };
-                        if block_end - t >= TT {
-                            put(&tile_many(r0, t));
-                            t += TT;
+                        let toks = if block_end - t >= TT { TT } else { 1 };
+                        // SAFETY: rows `t..t + toks`, columns `r0..r0 + live` are inside
+                        // `[m, rows]`, and each output column belongs to exactly one task,
+                        // so no two tiles write the same element.
+                        let out = unsafe { TileOut::new(dst.at(t * rows + r0), rows, live) };
+                        if toks == TT {
+                            tile_many(r0, t, out);
                         } else {
-                            put(&tile_one(r0, t));
-                            t += 1;
+                            tile_one(r0, t, out);
                         }
+                        t += toks;
                     }
                 }
             }
@@ -158,32 +154,22 @@ unsafe impl Send for Output {}
 unsafe impl Sync for Output {}
 
 impl Output {
-    /// Writes the first `live` values of `v` at `at` (a whole row of a tile is one
-    /// fixed-size store, not a call to `memcpy`).
-    ///
-    /// # Safety
-    /// `at..at + live` must be in bounds and written by no other thread.
-    unsafe fn write<const R: usize>(self, at: usize, v: &[f32; R], live: usize) {
-        // SAFETY: guaranteed by the caller.
-        unsafe {
-            if live == R {
-                self.0.add(at).cast::<[f32; R]>().write_unaligned(*v);
-            } else {
-                std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(at), live.min(R));
-            }
-        }
+    /// The element at `at`.
+    fn at(self, at: usize) -> *mut f32 {
+        self.0.wrapping_add(at)
     }
 }
 
-/// One group of sixteen weight rows times activation rows `t0..t0+T`, by activation row,
-/// through the chosen implementation.
+/// One group of sixteen weight rows times activation rows `t0..t0+T`, into `out` (a
+/// tile of `T` rows), through the chosen implementation.
 fn tile<const T: usize>(
     isa: Isa,
     w: &PackedWeights,
     r0: usize,
     a: &PackedActs,
     t0: usize,
-) -> [[f32; WIDE]; T] {
+    out: TileOut,
+) {
     let (k, q4_1) = (w.format.is_k(), w.format == WeightFormat::Q4_1);
     let values = if k { QK_K } else { PAIR };
     assert!(
@@ -208,24 +194,27 @@ fn tile<const T: usize>(
         unsafe {
             match (isa, w.format) {
                 (Avx512Vnni, WeightFormat::Q4_1) => {
-                    return avx512_wide::tile::<Q4_1, T>(w, r0, a, t0)
+                    return avx512_wide::tile::<Q4_1, T>(w, r0, a, t0, out)
                 }
                 (Avx512Vnni, WeightFormat::Q5_0) => {
-                    return avx512_wide::tile::<Q5_0, T>(w, r0, a, t0)
+                    return avx512_wide::tile::<Q5_0, T>(w, r0, a, t0, out)
                 }
                 (Avx512Vnni, WeightFormat::Q8_0) => {
-                    return avx512_wide::tile::<Q8_0, T>(w, r0, a, t0)
+                    return avx512_wide::tile::<Q8_0, T>(w, r0, a, t0, out)
                 }
-                (Avx512Vnni, WeightFormat::Q4K) => return avx512_k::q4k::<T>(w, r0, a, t0),
-                (Avx512Vnni, WeightFormat::Q6K) => return avx512_k::q6k::<T>(w, r0, a, t0),
-                (Avx2, WeightFormat::Q4_1) => return avx2_wide::tile::<Q4_1, T>(w, r0, a, t0),
-                (Avx2, WeightFormat::Q5_0) => return avx2_wide::tile::<Q5_0, T>(w, r0, a, t0),
-                (Avx2, WeightFormat::Q8_0) => return avx2_wide::tile::<Q8_0, T>(w, r0, a, t0),
-                (Avx2, WeightFormat::Q4K) => return avx2_k::q4k::<T>(w, r0, a, t0),
-                (Avx2, WeightFormat::Q6K) => return avx2_k::q6k::<T>(w, r0, a, t0),
+                (Avx512Vnni, WeightFormat::Q4K) => return avx512_k::q4k::<T>(w, r0, a, t0, out),
+                (Avx512Vnni, WeightFormat::Q6K) => return avx512_k::q6k::<T>(w, r0, a, t0, out),
+                (Avx2, WeightFormat::Q4_1) => return avx2_wide::tile::<Q4_1, T>(w, r0, a, t0, out),
+                (Avx2, WeightFormat::Q5_0) => return avx2_wide::tile::<Q5_0, T>(w, r0, a, t0, out),
+                (Avx2, WeightFormat::Q8_0) => return avx2_wide::tile::<Q8_0, T>(w, r0, a, t0, out),
+                (Avx2, WeightFormat::Q4K) => return avx2_k::q4k::<T>(w, r0, a, t0, out),
+                (Avx2, WeightFormat::Q6K) => return avx2_k::q6k::<T>(w, r0, a, t0, out),
                 (Isa::Scalar, _) => {}
             }
         }
     }
-    scalar::tile::<WIDE, T>(w, r0, a, t0)
+    for (t, row) in scalar::tile::<WIDE, T>(w, r0, a, t0).iter().enumerate() {
+        // SAFETY: `out` is a tile of `T` rows (caller).
+        unsafe { out.put(t, row) };
+    }
 }

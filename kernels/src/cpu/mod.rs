@@ -16,5 +16,6 @@ pub(crate) mod layout_k;
 pub(crate) mod layout_wide;
 pub mod matmul;
 pub mod scalar;
+mod tile_out;
 #[cfg(target_arch = "x86_64")]
 mod x86;
