@@ -299,17 +299,27 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
         let o = slot * stride + group.kv_head * hd;
         &group.layer.v[o..o + hd]
     };
-    for (h, acc) in out[2 * nh..].chunks_exact_mut(hd).enumerate() {
-        let probs = &scores[h * len..(h + 1) * len];
-        if hd == 64 {
-            weighted_values::<64>(probs, &value, acc);
-        } else if hd == 128 {
-            weighted_values::<128>(probs, &value, acc);
-        } else if hd == 256 {
-            weighted_values::<256>(probs, &value, acc);
-        } else {
+    let sums = &mut out[2 * nh..2 * nh + nh * hd];
+    if hd.is_multiple_of(VALUE_SLICE) {
+        // Up to four heads at once, a slice of the head dimension at a time: one load of
+        // each value slice serves all of them, and their sums stay in registers.
+        let mut h = 0;
+        while h < nh {
+            let take = (nh - h).min(4);
+            let probs = |i: usize| &scores[(h + i) * len..(h + i + 1) * len];
+            let heads = &mut sums[h * hd..(h + take) * hd];
+            match take {
+                4 => weighted_values::<4>(std::array::from_fn(probs), &value, hd, heads),
+                3 => weighted_values::<3>(std::array::from_fn(probs), &value, hd, heads),
+                2 => weighted_values::<2>(std::array::from_fn(probs), &value, hd, heads),
+                _ => weighted_values::<1>([probs(0)], &value, hd, heads),
+            }
+            h += take;
+        }
+    } else {
+        for (h, acc) in sums.chunks_exact_mut(hd).enumerate() {
             acc.fill(0.0);
-            for (i, p) in probs.iter().enumerate() {
+            for (i, p) in scores[h * len..(h + 1) * len].iter().enumerate() {
                 for (a, x) in acc.iter_mut().zip(value(i)) {
                     *a += p * x;
                 }
@@ -319,9 +329,11 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
 }
 
 /// Block size the register-resident score loop is built for (the cache's default); other
-/// sizes take the general loop. Value sums are kept in registers for head sizes 64, 128
-/// and 256.
+/// sizes take the general loop.
 const KEY_LANES: usize = 16;
+/// Head-dimension slice of the register-resident value loop (heads whose size is a
+/// multiple of it); other head sizes take the general loop.
+const VALUE_SLICE: usize = 64;
 
 /// `out[h][i] = Σ_d q_h[d]·keys[d][i]` for one block of `L` transposed keys and `H` query
 /// heads (`out` has room for at least `H`), the sums kept in registers. Each head's sum
@@ -354,20 +366,32 @@ fn block_scores_any(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
     }
 }
 
-/// `acc = Σ_pos p[pos]·v(pos)` for heads of `L` values, the sum kept in registers.
+/// `out[h] = Σ_pos p_h[pos]·v(pos)` for `H` heads (`out` holds their `hd` values each,
+/// `hd` a multiple of [`VALUE_SLICE`]), one slice of [`VALUE_SLICE`] values at a time with
+/// the `H` slices' sums in registers. Each value's sum runs over the positions in order,
+/// whatever `H`.
 #[inline(always)]
-fn weighted_values<'a, const L: usize>(
-    probs: &[f32],
+fn weighted_values<'a, const H: usize>(
+    probs: [&[f32]; H],
     value: &impl Fn(usize) -> &'a [f32],
-    acc: &mut [f32],
+    hd: usize,
+    out: &mut [f32],
 ) {
-    let mut sum = [0f32; L];
-    for (pos, p) in probs.iter().enumerate() {
-        for (a, x) in sum.iter_mut().zip(value(pos)) {
-            *a += p * x;
+    for start in (0..hd).step_by(VALUE_SLICE) {
+        let mut sum = [[0f32; VALUE_SLICE]; H];
+        for pos in 0..probs[0].len() {
+            let v = &value(pos)[start..start + VALUE_SLICE];
+            for (s, p) in sum.iter_mut().zip(&probs) {
+                let p = p[pos];
+                for (a, x) in s.iter_mut().zip(v) {
+                    *a += p * x;
+                }
+            }
+        }
+        for (h, s) in sum.iter().enumerate() {
+            out[h * hd + start..h * hd + start + VALUE_SLICE].copy_from_slice(s);
         }
     }
-    acc.copy_from_slice(&sum);
 }
 
 const LANES: usize = 16;
@@ -422,7 +446,7 @@ mod tests {
     }
 
     fn scattered_blocks_case(hd: usize, bs: usize) {
-        let nkv = 2;
+        let nkv = 3;
         let mut cache = KvCache::new(1, 8, bs, nkv, hd);
         // A sequence stored in blocks 5, 1, 6, 2, 7, 0 (out of order on purpose), the last
         // partly: longer than one run of CHUNK_BLOCKS blocks, so later tokens' results
@@ -455,9 +479,11 @@ mod tests {
         };
         let mut layer = std::mem::take(&mut cache.layers);
         write_kv(&mut layer[0], &cache, &batch, &k, &v);
-        let nq = 4;
+        // Groups of five, three and one query heads: the loops over heads take four at a
+        // time, then what is left.
+        let kv_of_q = [0, 0, 0, 0, 0, 1, 1, 1, 2];
+        let nq = kv_of_q.len();
         let q: Vec<f32> = (0..n * nq * hd).map(|i| (i as f32 * 0.05).cos()).collect();
-        let kv_of_q = [0, 0, 1, 1];
         let out = attend(
             &layer[0],
             &cache,
