@@ -196,8 +196,11 @@ pub fn argmax(logits: &[f32]) -> u32 {
             *m = if l > *m { l } else { *m };
         }
     }
-    let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
-    if first.is_nan() || !(max > first) {
+    let max = lanes
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+    // `max` is never NaN: lanes start at -inf and take only larger values.
+    if first.is_nan() || max <= first {
         return 0;
     }
     logits.iter().position(|&l| l == max).unwrap_or(0) as u32
@@ -278,7 +281,9 @@ mod tests {
             vec![1.0, f32::NAN, 1.0],
         ];
         for len in [1usize, 15, 16, 17, 33, 262_144 + 5] {
-            let v: Vec<f32> = (0..len).map(|i| ((i * 7919) % 1000) as f32 * 0.01).collect();
+            let v: Vec<f32> = (0..len)
+                .map(|i| ((i * 7919) % 1000) as f32 * 0.01)
+                .collect();
             cases.push(v.clone());
             // The maximum repeated at both ends and in the tail, and a NaN inside.
             let mut w = v.clone();
