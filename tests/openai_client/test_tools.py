@@ -60,9 +60,17 @@ def test_required_calls_validate(client, model, seed):
         temperature=1.0, seed=seed, max_tokens=120,
     )
     choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
-    assert len(validated(choice.message.tool_calls)) >= 1
+    calls = choice.message.tool_calls
+    if choice.finish_reason == "length":
+        # `required` allows any number of calls, and at temperature 1 the small model can
+        # go on calling until the budget runs out (seed 2 does): the budget is spent, and
+        # every call before the one cut off validates.
+        assert r.usage.completion_tokens == 120
+        assert len(validated(calls[:-1])) >= 1
+    else:
+        assert choice.finish_reason == "tool_calls"
+        assert len(validated(calls)) >= 1
 
 
 def test_named_call_and_parallel_false(client, model):
