@@ -1,9 +1,8 @@
 //! `y = x Wᵀ` for block-quantized `W`: the activations are quantized once per call, then
-//! output rows are split into parallel tasks on the caller's rayon pool. Inside a task,
-//! tiles of one group of sixteen weight rows × eight activation rows share their loads;
-//! every
-//! (row, activation) pair is accumulated in the same order whatever tile it falls in, so
-//! the result of a row does not depend on the batch around it.
+//! each group of sixteen weight rows is a parallel task on the caller's rayon pool, which
+//! passes its group over the activation rows in tiles of eight. Every (row, activation)
+//! pair is accumulated in the same order whatever tile it falls in, so the result of a
+//! row does not depend on the batch around it.
 
 use rayon::prelude::*;
 
@@ -14,13 +13,8 @@ use crate::cpu::layout_wide::WIDE;
 use crate::cpu::scalar;
 use crate::cpu::tile_out::TileOut;
 
-/// Output rows per parallel task (a multiple of [`WIDE`]).
-const ROWS_PER_TASK: usize = WIDE;
 /// Activation rows per tile.
 const TILE_TOKENS: usize = 8;
-/// Activation rows a task's weight groups pass over together (a multiple of
-/// [`TILE_TOKENS`]; 32 rows of 576 values are 18 KiB quantized).
-const TOKEN_BLOCK: usize = 32;
 
 /// A `[rows, cols]` weight matrix in one of the supported block formats.
 #[derive(Debug, Clone)]
@@ -80,67 +74,60 @@ impl QuantWeights {
             Isa::Scalar
         };
         let a = PackedActs::quantize(w.format, x, m, w.cols);
-        run::<TILE_TOKENS>(
-            w,
-            &a,
-            |r0, t, out| tile::<TILE_TOKENS>(isa, w, r0, &a, t, out),
-            |r0, t, out| tile::<1>(isa, w, r0, &a, t, out),
-        )
+        check_shapes(w, &a);
+        let (rows, m) = (w.rows, a.rows);
+        // Not zeroed first: every element is written once below (each task owns its
+        // rows and passes every activation row over them), and the zeroing cost 2-3% of
+        // a batched decode step's time with a 262144-row LM head.
+        let mut out: Vec<f32> = Vec::with_capacity(m * rows);
+        let dst = Output(out.as_mut_ptr());
+        let groups = w.padded_rows() / WIDE;
+        // A few runs of tasks per thread: a decode task is well under a microsecond, and
+        // every split rayon makes is a job another thread must be woken for and steal.
+        let min_len = (groups / (4 * rayon::current_num_threads())).max(1);
+        (0..groups)
+            .into_par_iter()
+            .with_min_len(min_len)
+            .for_each(|group| {
+                let r0 = group * WIDE;
+                let live = (rows - r0).min(WIDE);
+                let mut t = 0;
+                while t < m {
+                    // SAFETY: rows `t..t + tile`, columns `r0..r0 + live` are inside
+                    // `[m, rows]`, and each output column belongs to exactly one task, so
+                    // no two tiles write the same element.
+                    let out = unsafe { TileOut::new(dst.at(t * rows + r0), rows, live) };
+                    if m - t >= TILE_TOKENS {
+                        tile::<TILE_TOKENS>(isa, w, r0, &a, t, out);
+                        t += TILE_TOKENS;
+                    } else {
+                        tile::<1>(isa, w, r0, &a, t, out);
+                        t += 1;
+                    }
+                }
+            });
+        // SAFETY: the loop above wrote all `m * rows` elements (rows `0..rows` of every
+        // group, for every activation row) before returning.
+        unsafe { out.set_len(m * rows) };
+        out
     }
 }
 
-/// The parallel loop over tasks of [`ROWS_PER_TASK`] rows, each passing its groups of
-/// [`WIDE`] rows over blocks of activation rows, `TT` activation rows per tile
-/// (`tile_one` for the remainder).
-fn run<const TT: usize>(
-    w: &PackedWeights,
-    a: &PackedActs,
-    tile_many: impl Fn(usize, usize, TileOut) + Sync,
-    tile_one: impl Fn(usize, usize, TileOut) + Sync,
-) -> Vec<f32> {
-    let (rows, m) = (w.rows, a.rows);
-    // Not zeroed first: every element is written once below (each task owns its rows and
-    // passes every activation row over them), and the zeroing cost 2-3% of a batched
-    // decode step's time with a 262144-row LM head.
-    let mut out: Vec<f32> = Vec::with_capacity(m * rows);
-    let dst = Output(out.as_mut_ptr());
-    let tasks = w.padded_rows().div_ceil(ROWS_PER_TASK);
-    // A few runs of tasks per thread: a decode task is well under a microsecond, and
-    // every split rayon makes is a job another thread must be woken for and steal.
-    let min_len = (tasks / (4 * rayon::current_num_threads())).max(1);
-    (0..tasks)
-        .into_par_iter()
-        .with_min_len(min_len)
-        .for_each(|task| {
-            let first = task * ROWS_PER_TASK;
-            let last = (first + ROWS_PER_TASK).min(w.padded_rows());
-            // Activation rows in blocks that stay in L1 while the task's weight groups
-            // pass over them.
-            for block in (0..m).step_by(TOKEN_BLOCK) {
-                let block_end = (block + TOKEN_BLOCK).min(m);
-                for r0 in (first..last).step_by(WIDE) {
-                    let live = rows.saturating_sub(r0).min(WIDE);
-                    let mut t = block;
-                    while t < block_end {
-                        let toks = if block_end - t >= TT { TT } else { 1 };
-                        // SAFETY: rows `t..t + toks`, columns `r0..r0 + live` are inside
-                        // `[m, rows]`, and each output column belongs to exactly one task,
-                        // so no two tiles write the same element.
-                        let out = unsafe { TileOut::new(dst.at(t * rows + r0), rows, live) };
-                        if toks == TT {
-                            tile_many(r0, t, out);
-                        } else {
-                            tile_one(r0, t, out);
-                        }
-                        t += toks;
-                    }
-                }
-            }
-        });
-    // SAFETY: the loop above wrote all `m * rows` elements (rows `0..rows` of every task's
-    // range, for every activation row) before returning.
-    unsafe { out.set_len(m * rows) };
-    out
+/// That `a` was quantized for `w`'s format and width: the kernels read its fields at
+/// offsets derived from `w`. Checked once per matmul, not per tile.
+fn check_shapes(w: &PackedWeights, a: &PackedActs) {
+    let (k, q4_1) = (w.format.is_k(), w.format == WeightFormat::Q4_1);
+    let values = if k { QK_K } else { PAIR };
+    assert!(
+        a.pairs == w.pairs
+            && a.qs.len() == a.rows * a.pairs * values
+            && a.d.len() == a.rows * a.pairs * if k { 1 } else { 2 }
+            && (k || a.s.len() == a.d.len())
+            && (k || q4_1 || a.block_corr.len() == a.d.len())
+            && (!k || a.bsums.len() == a.rows * a.pairs * 16)
+            && (!k || a.sums32.len() == a.rows * a.pairs * 8),
+        "activations quantized for another matrix"
+    );
 }
 
 /// The output buffer, shared by tasks that write disjoint rows of it.
@@ -161,7 +148,8 @@ impl Output {
 }
 
 /// One group of sixteen weight rows times activation rows `t0..t0+T`, into `out` (a
-/// tile of `T` rows), through the chosen implementation.
+/// tile of `T` rows), through the chosen implementation; `a` passed [`check_shapes`]
+/// for `w`.
 fn tile<const T: usize>(
     isa: Isa,
     w: &PackedWeights,
@@ -170,27 +158,14 @@ fn tile<const T: usize>(
     t0: usize,
     out: TileOut,
 ) {
-    let (k, q4_1) = (w.format.is_k(), w.format == WeightFormat::Q4_1);
-    let values = if k { QK_K } else { PAIR };
-    assert!(
-        r0.is_multiple_of(WIDE)
-            && r0 < w.padded_rows()
-            && t0 + T <= a.rows
-            && a.pairs == w.pairs
-            && a.qs.len() == a.rows * a.pairs * values
-            && a.d.len() == a.rows * a.pairs * if k { 1 } else { 2 }
-            && (k || a.s.len() == a.d.len())
-            && (k || q4_1 || a.block_corr.len() == a.d.len())
-            && (!k || a.bsums.len() == a.rows * a.pairs * 16)
-            && (!k || a.sums32.len() == a.rows * a.pairs * 8)
-    );
+    assert!(r0.is_multiple_of(WIDE) && r0 < w.padded_rows() && t0 + T <= a.rows);
     #[cfg(target_arch = "x86_64")]
     {
         use crate::cpu::avx512_wide::{Q4_1, Q5_0, Q8_0};
         use crate::cpu::{avx2_k, avx2_wide, avx512_k, avx512_wide};
         use Isa::{Avx2, Avx512Vnni};
-        // SAFETY: `isa` is one this CPU supports (checked by the caller); the format,
-        // group, activation rows and widths are checked above.
+        // SAFETY: `isa` is one this CPU supports (checked by the caller); the group and
+        // activation rows are checked above, the format and widths by `check_shapes`.
         unsafe {
             match (isa, w.format) {
                 (Avx512Vnni, WeightFormat::Q4_1) => {
