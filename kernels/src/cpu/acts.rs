@@ -24,14 +24,15 @@ pub(crate) fn round_even_i32(v: f32) -> i32 {
 #[cfg(test)]
 fn quantize_block(xs: &[f32]) -> (f32, f32, [i8; QK]) {
     let mut q = [0i8; QK];
-    let (d, s) = quantize_block_into(xs, |e, v| q[e] = v);
+    let (d, s, _) = quantize_block_into(xs, |e, v| q[e] = v);
     (d, s, q)
 }
 
 /// Quantizes one block of [`QK`] values, handing quant `e` to `put(e, q)`; returns the
-/// stored scale and `s`. Written as plain lane arithmetic so it vectorizes.
+/// stored scale, `s` and the sum of the quants. Written as plain lane arithmetic so it
+/// vectorizes.
 #[inline(always)]
-fn quantize_block_into(xs: &[f32], mut put: impl FnMut(usize, i8)) -> (f32, f32) {
+fn quantize_block_into(xs: &[f32], mut put: impl FnMut(usize, i8)) -> (f32, f32, i32) {
     let mut lanes = [0f32; 8];
     for c in xs.chunks_exact(8) {
         for (l, x) in lanes.iter_mut().zip(c) {
@@ -51,7 +52,7 @@ fn quantize_block_into(xs: &[f32], mut put: impl FnMut(usize, i8)) -> (f32, f32)
         put(e, *q as i8);
     }
     // ggml multiplies by the unrounded scale, then rounds once.
-    (round_f16(d), round_f16(d * sum as f32))
+    (round_f16(d), round_f16(d * sum as f32), sum)
 }
 
 /// `m` rows of activations quantized for one weight format: Q8_1 for Q4_1 weights,
@@ -80,27 +81,22 @@ pub struct PackedActs {
 /// Rows from which quantization is split over the thread pool.
 const PAR_MIN_ROWS: usize = 4;
 
-/// One activation row quantized into its slices of a [`PackedActs`].
-fn quantize_row(row: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+/// One activation row's slices of a [`PackedActs`]: quants, scales, `s`, and the block
+/// corrections (empty when the weights need none).
+type RowOut<'a> = (&'a mut [i8], &'a mut [f32], &'a mut [f32], &'a mut [i32]);
+
+/// One activation row quantized into its slices; each block's correction is `-bias ×` the
+/// sum of its quants.
+fn quantize_row(row: &[f32], (qs, d, s, corr): RowOut<'_>, bias: i32) {
     for (b, block) in row.chunks_exact(QK).enumerate() {
         let unit = &mut qs[(b / 2) * PAIR..(b / 2 + 1) * PAIR];
         let k = b % 2;
-        let (db, sb) = quantize_block_into(block, |e, v| unit[unit_position(k, e)] = v);
+        let (db, sb, sum) = quantize_block_into(block, |e, v| unit[unit_position(k, e)] = v);
         d[b] = db;
         s[b] = sb;
-    }
-}
-
-/// The block corrections of one quantized row: per block, `-bias ×` the sum of its quants
-/// (even quads of a pair in unit order belong to its first block, odd ones to the second).
-fn block_corrections_row(qs: &[i8], corr: &mut [i32], bias: i32) {
-    for (pair, c) in qs.chunks_exact(PAIR).zip(corr.chunks_exact_mut(2)) {
-        let mut sums = [0i32; 2];
-        for (i, quad) in pair.chunks_exact(4).enumerate() {
-            sums[i & 1] += quad.iter().map(|v| i32::from(*v)).sum::<i32>();
+        if let Some(c) = corr.get_mut(b) {
+            *c = -bias * sum;
         }
-        c[0] = -bias * sums[0];
-        c[1] = -bias * sums[1];
     }
 }
 
@@ -128,30 +124,25 @@ impl PackedActs {
         if m == 0 || pairs == 0 {
             return a;
         }
-        let rows = x.chunks_exact(cols).take(m);
-        let qs = a.qs.chunks_mut(pairs * PAIR);
-        let d = a.d.chunks_mut(2 * pairs);
-        let s = a.s.chunks_mut(2 * pairs);
-        if m >= PAR_MIN_ROWS {
-            let jobs: Vec<_> = rows.zip(qs).zip(d).zip(s).collect();
-            jobs.into_par_iter()
-                .for_each(|(((row, qs), d), s)| quantize_row(row, qs, d, s));
-            if bias != 0 {
-                a.block_corr
-                    .par_chunks_mut(pairs * 2)
-                    .zip(a.qs.par_chunks(pairs * PAIR))
-                    .for_each(|(corr, qs)| block_corrections_row(qs, corr, bias));
-            }
+        let corr: Vec<&mut [i32]> = if bias != 0 {
+            a.block_corr.chunks_mut(2 * pairs).collect()
         } else {
-            for (((row, qs), d), s) in rows.zip(qs).zip(d).zip(s) {
-                quantize_row(row, qs, d, s);
-            }
-            if bias != 0 {
-                let corr = a.block_corr.chunks_mut(pairs * 2);
-                for (corr, qs) in corr.zip(a.qs.chunks(pairs * PAIR)) {
-                    block_corrections_row(qs, corr, bias);
-                }
-            }
+            (0..m).map(|_| Default::default()).collect()
+        };
+        let jobs = x
+            .chunks_exact(cols)
+            .take(m)
+            .zip(a.qs.chunks_mut(pairs * PAIR))
+            .zip(a.d.chunks_mut(2 * pairs))
+            .zip(a.s.chunks_mut(2 * pairs))
+            .zip(corr)
+            .map(|((((row, qs), d), s), corr)| (row, (qs, d, s, corr)));
+        if m >= PAR_MIN_ROWS {
+            let jobs: Vec<_> = jobs.collect();
+            jobs.into_par_iter()
+                .for_each(|(row, out)| quantize_row(row, out, bias));
+        } else {
+            jobs.for_each(|(row, out)| quantize_row(row, out, bias));
         }
         a
     }
