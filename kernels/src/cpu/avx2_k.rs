@@ -15,29 +15,12 @@ use std::arch::x86_64::*;
 use crate::cpu::acts::PackedActs;
 use crate::cpu::layout::{PackedWeights, QK_K};
 use crate::cpu::layout_k::at;
-use crate::cpu::layout_wide::{QUAD, WIDE};
+use crate::cpu::layout_wide::WIDE;
 use crate::cpu::tile_out::TileOut;
-use crate::cpu::x86::bytes_from_bits;
+use crate::cpu::x86::{bytes_from_bits, nibbles256, quad_of};
 
 /// Rows per 256-bit register.
 const HALF: usize = WIDE / 2;
-
-/// The low four bits of rows `8h..8h+8` of quad `i`, value `v` of those rows in byte `v`.
-///
-/// # Safety
-/// `chunk` must point to a whole k-quant chunk; AVX2 must be present.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn half_nibbles(chunk: *const u8, i: usize, h: usize) -> __m256i {
-    // SAFETY: quad `i`'s 32 bytes are in the chunk (caller).
-    let packed = unsafe { _mm256_loadu_si256(chunk.add(at::QS + i * QUAD / 2).cast()) };
-    let shifted = if h == 0 {
-        packed
-    } else {
-        _mm256_srli_epi16::<4>(packed)
-    };
-    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
-}
 
 /// Eight f16 at `p` as f32.
 ///
@@ -65,7 +48,7 @@ fn dot4(x: __m256i, y: __m256i) -> __m256i {
 #[target_feature(enable = "avx2")]
 unsafe fn quad_bcast(p: *const i8) -> __m256i {
     // SAFETY: 4 bytes readable (caller).
-    _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+    _mm256_set1_epi32(unsafe { quad_of(p) })
 }
 
 /// Q4_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, into `out`.
@@ -99,7 +82,7 @@ pub unsafe fn q4k<const T: usize>(
                 let mut dot = [_mm256_setzero_si256(); T];
                 for i in 8 * j..8 * j + 8 {
                     // SAFETY: as above.
-                    let x = unsafe { half_nibbles(chunk, i, h) };
+                    let x = unsafe { nibbles256(chunk, i, h) };
                     for t in 0..T {
                         // SAFETY: activation row `t0 + t`, super-block `sb` holds 256
                         // quants (caller).
@@ -193,7 +176,7 @@ pub unsafe fn q6k<const T: usize>(
                     let x = unsafe {
                         let high = chunk.add(at::Q6K_QH + 16 * i + 4 * h).cast::<u32>();
                         let x = _mm256_or_si256(
-                            half_nibbles(chunk, i, h),
+                            nibbles256(chunk, i, h),
                             _mm256_and_si256(bytes_from_bits(high.read_unaligned()), fifth),
                         );
                         let six = bytes_from_bits(high.add(2).read_unaligned());

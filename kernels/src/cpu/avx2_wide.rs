@@ -13,10 +13,10 @@ use std::arch::x86_64::*;
 
 use crate::cpu::acts::PackedActs;
 use crate::cpu::avx512_wide::{Q4_1, Q5_0, Q8_0};
-use crate::cpu::layout::PackedWeights;
+use crate::cpu::layout::{PackedWeights, PAIR};
 use crate::cpu::layout_wide::{scales_at, HIGH_AT, OFFSETS_AT, QUAD, QUADS, WIDE};
 use crate::cpu::tile_out::TileOut;
-use crate::cpu::x86::bytes_from_bits;
+use crate::cpu::x86::{bytes_from_bits, nibbles256, quad_of};
 
 /// Rows per 256-bit register.
 const HALF: usize = WIDE / 2;
@@ -35,14 +35,7 @@ unsafe fn half_quad<const F: u8>(chunk: *const u8, i: usize, h: usize) -> __m256
             let stored = _mm256_loadu_si256(chunk.add(i * QUAD + 4 * HALF * h).cast());
             return _mm256_xor_si256(stored, _mm256_set1_epi8(-128));
         }
-        // Values 0..32 are the low nibbles, 32..64 the high ones.
-        let packed = _mm256_loadu_si256(chunk.add(i * QUAD / 2).cast());
-        let shifted = if h == 0 {
-            packed
-        } else {
-            _mm256_srli_epi16::<4>(packed)
-        };
-        let low = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+        let low = nibbles256(chunk, i, h);
         if F == Q5_0 {
             let high = chunk
                 .add(HIGH_AT + 8 * i + 4 * h)
@@ -101,10 +94,7 @@ pub unsafe fn tile<const F: u8, const T: usize>(
                         // SAFETY: activation row `t0 + t`, pair `p` holds 64 quants
                         // (caller).
                         let y = _mm256_set1_epi32(unsafe {
-                            a.qs.as_ptr()
-                                .add(((t0 + t) * pairs + p) * 4 * QUADS + 4 * i)
-                                .cast::<i32>()
-                                .read_unaligned()
+                            quad_of(a.qs.as_ptr().add(((t0 + t) * pairs + p) * PAIR + 4 * i))
                         });
                         let y = if F == Q8_0 { _mm256_sign_epi8(y, q) } else { y };
                         sums[t] = _mm256_add_epi32(

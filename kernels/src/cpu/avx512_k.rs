@@ -15,22 +15,9 @@ use std::arch::x86_64::*;
 use crate::cpu::acts::PackedActs;
 use crate::cpu::layout::{PackedWeights, QK_K};
 use crate::cpu::layout_k::at;
-use crate::cpu::layout_wide::{QUAD, WIDE};
+use crate::cpu::layout_wide::WIDE;
 use crate::cpu::tile_out::TileOut;
-
-/// The low four bits of quad `i`'s 64 values, value `v` in byte `v`.
-///
-/// # Safety
-/// `chunk` must point to a whole k-quant chunk; AVX-512 F/BW must be present.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn nibbles(chunk: *const u8, i: usize) -> __m512i {
-    // SAFETY: quad `i`'s 32 bytes are in the chunk (caller).
-    let packed = unsafe { _mm256_loadu_si256(chunk.add(at::QS + i * QUAD / 2).cast()) };
-    let both = _mm512_broadcast_i64x4(packed);
-    let shifted = _mm512_mask_srli_epi16::<4>(both, 0xFFFF_0000, both);
-    _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F))
-}
+use crate::cpu::x86::{nibbles512, quad_of};
 
 /// Sixteen f16 at `p` as f32.
 ///
@@ -43,7 +30,7 @@ unsafe fn f16x16(p: *const u8) -> __m512 {
     unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
 }
 
-/// Four activation quants at `p` as one broadcast 32-bit value.
+/// Four activation quants at `p`, broadcast.
 ///
 /// # Safety
 /// `p` must point to 4 readable bytes; AVX-512F must be present.
@@ -51,7 +38,7 @@ unsafe fn f16x16(p: *const u8) -> __m512 {
 #[target_feature(enable = "avx512f")]
 unsafe fn quad_bcast(p: *const i8) -> __m512i {
     // SAFETY: 4 bytes readable (caller).
-    _mm512_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+    _mm512_set1_epi32(unsafe { quad_of(p) })
 }
 
 /// Q4_K rows `r0..r0+16` (one group) times Q8_K rows `t0..t0+T`, into `out`.
@@ -85,7 +72,7 @@ pub unsafe fn q4k<const T: usize>(
             let mut dot = [_mm512_setzero_si512(); T];
             for i in 8 * j..8 * j + 8 {
                 // SAFETY: as above.
-                let x = unsafe { nibbles(chunk, i) };
+                let x = unsafe { nibbles512(chunk, i) };
                 for t in 0..T {
                     // SAFETY: as above.
                     dot[t] = _mm512_dpbusd_epi32(dot[t], x, unsafe { quad_bcast(y(t, i)) });
@@ -171,7 +158,7 @@ pub unsafe fn q6k<const T: usize>(
                 let x = unsafe {
                     let high = chunk.add(at::Q6K_QH + 16 * i).cast::<u64>();
                     let x = _mm512_or_si512(
-                        nibbles(chunk, i),
+                        nibbles512(chunk, i),
                         _mm512_maskz_mov_epi8(high.read_unaligned(), fifth),
                     );
                     _mm512_or_si512(

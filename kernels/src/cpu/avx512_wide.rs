@@ -12,9 +12,10 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::acts::PackedActs;
-use crate::cpu::layout::PackedWeights;
+use crate::cpu::layout::{PackedWeights, PAIR};
 use crate::cpu::layout_wide::{scales_at, HIGH_AT, OFFSETS_AT, QUAD, QUADS, WIDE};
 use crate::cpu::tile_out::TileOut;
+use crate::cpu::x86::{nibbles512, quad_of};
 
 /// Kernel selectors (the const parameter of [`tile`]).
 pub(crate) const Q4_1: u8 = 0;
@@ -33,11 +34,7 @@ unsafe fn quad<const F: u8>(chunk: *const u8, i: usize) -> __m512i {
         if F == Q8_0 {
             return _mm512_loadu_si512(chunk.add(i * QUAD).cast());
         }
-        let packed = _mm256_loadu_si256(chunk.add(i * QUAD / 2).cast());
-        // Low nibbles in the lower half (values 0..32), high nibbles in the upper half.
-        let both = _mm512_broadcast_i64x4(packed);
-        let shifted = _mm512_mask_srli_epi16::<4>(both, 0xFFFF_0000, both);
-        let low = _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
+        let low = nibbles512(chunk, i);
         if F == Q5_0 {
             let high = chunk.add(HIGH_AT + 8 * i).cast::<u64>().read_unaligned();
             return _mm512_or_si512(low, _mm512_maskz_mov_epi8(high, _mm512_set1_epi8(0x10)));
@@ -87,10 +84,7 @@ pub unsafe fn tile<const F: u8, const T: usize>(
                 for t in 0..T {
                     // SAFETY: activation row `t0 + t`, pair `p` holds 64 quants (caller).
                     let y = unsafe {
-                        a.qs.as_ptr()
-                            .add(((t0 + t) * pairs + p) * 4 * QUADS + 4 * i)
-                            .cast::<i32>()
-                            .read_unaligned()
+                        quad_of(a.qs.as_ptr().add(((t0 + t) * pairs + p) * PAIR + 4 * i))
                     };
                     sums[t] = _mm512_dpbusd_epi32(sums[t], wq, _mm512_set1_epi32(y));
                 }

@@ -27,7 +27,7 @@
 use half::f16;
 
 use crate::cpu::layout::{PackedWeights, WeightFormat, QK_K};
-use crate::cpu::layout_wide::{QUAD, WIDE};
+use crate::cpu::layout_wide::{bit_at, nibble_at, QUAD, WIDE};
 
 /// Quads per super-block.
 pub(crate) const QUADS_K: usize = QK_K / 4;
@@ -36,7 +36,8 @@ pub(crate) const QUADS_K: usize = QK_K / 4;
 pub(crate) mod at {
     use super::{QUAD, QUADS_K, WIDE};
 
-    /// Q4_K and Q6_K: the quants (Q6_K: their low four bits), 32 bytes per quad.
+    /// Q4_K and Q6_K: the quants (Q6_K: their low four bits), 32 bytes per quad, from the
+    /// chunk's start as in the 32-value formats ([`super::nibble_at`]).
     pub(crate) const QS: usize = 0;
     /// Q4_K: eight sub-block scales per row.
     pub(crate) const Q4K_SC: usize = QS + QUADS_K * QUAD / 2;
@@ -98,11 +99,6 @@ fn file_quant(format: WeightFormat, b: &[u8], v: usize) -> u8 {
     }
 }
 
-/// Where the nibble of value `v` (of `4r + e`) of quad `i` is, and whether it is high.
-const fn nibble_at(i: usize, v: usize) -> (usize, bool) {
-    (at::QS + i * QUAD / 2 + v % (QUAD / 2), v >= QUAD / 2)
-}
-
 /// Repacks a row-major GGUF tensor whose shape the caller has checked.
 pub(crate) fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> PackedWeights {
     let sbs = cols / QK_K;
@@ -124,7 +120,8 @@ pub(crate) fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8])
                 if format == WeightFormat::Q6K {
                     for bit in 0..2 {
                         if q & (0x10 << bit) != 0 {
-                            chunk[at::Q6K_QH + 16 * i + 8 * bit + v / 8] |= 1 << (v % 8);
+                            let (byte, mask) = bit_at(at::Q6K_QH + 16 * i + 8 * bit, v);
+                            chunk[byte] |= mask;
                         }
                     }
                 }
@@ -171,7 +168,8 @@ impl PackedWeights {
         let mut q = if high { c[byte] >> 4 } else { c[byte] & 0x0F };
         if self.format == WeightFormat::Q6K {
             for bit in 0..2 {
-                if c[at::Q6K_QH + 16 * i + 8 * bit + v / 8] & (1 << (v % 8)) != 0 {
+                let (byte, mask) = bit_at(at::Q6K_QH + 16 * i + 8 * bit, v);
+                if c[byte] & mask != 0 {
                     q |= 0x10 << bit;
                 }
             }

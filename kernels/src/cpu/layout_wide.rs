@@ -104,25 +104,36 @@ fn parse_block(format: WeightFormat, b: &[u8]) -> (f16, f16, [i32; QK]) {
     }
 }
 
-/// Stores the biased quant `u` of value `v` of quad `i`.
+/// Where the low four bits of value `v` of quad `i` are in a chunk whose nibbles start at
+/// its byte 0 (32 bytes a quad, these formats' and the k-quants'): the byte, and whether
+/// they are its high nibble.
+pub(crate) const fn nibble_at(i: usize, v: usize) -> (usize, bool) {
+    (i * QUAD / 2 + v % (QUAD / 2), v >= QUAD / 2)
+}
+
+/// Where bit `v` of the 64-bit word at byte `word` is: the byte and the bit's mask.
+pub(crate) const fn bit_at(word: usize, v: usize) -> (usize, u8) {
+    (word + v / 8, 1 << (v % 8))
+}
+
+/// Stores the biased quant `u` of value `v` of quad `i` into a chunk that holds zeros
+/// there.
 fn put_quant(format: WeightFormat, chunk: &mut [u8], i: usize, v: usize, u: u8) {
-    match format {
-        WeightFormat::Q8_0 => chunk[i * QUAD + v] = u,
-        _ => {
-            let byte = &mut chunk[i * QUAD / 2 + v % (QUAD / 2)];
-            *byte |= if v < QUAD / 2 {
-                u & 0x0F
-            } else {
-                (u & 0x0F) << 4
-            };
-            if format == WeightFormat::Q5_0 && u & 0x10 != 0 {
-                chunk[HIGH_AT + 8 * i + v / 8] |= 1 << (v % 8);
-            }
-        }
+    if format == WeightFormat::Q8_0 {
+        chunk[i * QUAD + v] = u;
+        return;
+    }
+    let (byte, high) = nibble_at(i, v);
+    chunk[byte] |= if high { (u & 0x0F) << 4 } else { u & 0x0F };
+    if format == WeightFormat::Q5_0 && u & 0x10 != 0 {
+        let (byte, mask) = bit_at(HIGH_AT + 8 * i, v);
+        chunk[byte] |= mask;
     }
 }
 
-/// Repacks a row-major GGUF tensor whose shape the caller has checked.
+/// Repacks a row-major GGUF tensor whose shape the caller has checked. Every value of
+/// every chunk is written once, padding rows and the padding block as quants of 0 (the
+/// bias) with scale 0.
 pub(crate) fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> PackedWeights {
     let fb = format.file_bytes();
     let kb = cols / QK;
@@ -131,26 +142,18 @@ pub(crate) fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8])
     let cb = chunk_bytes(format);
     let mut chunks = vec![0u8; groups * pairs * cb];
     crate::memory::advise_huge_pages(&mut chunks);
-    // Quants of 0 everywhere first, for the padding: stored as the bias (Q5_0's 16 is a
-    // zero nibble with the fifth bit set).
-    for c in chunks.chunks_exact_mut(cb) {
-        match format {
-            WeightFormat::Q8_0 => c[..QUADS * QUAD].fill(128),
-            WeightFormat::Q5_0 => c[HIGH_AT..HIGH_AT + QUADS * 8].fill(0xFF),
-            _ => {}
-        }
-    }
-    for (row, src) in bytes.chunks_exact((kb * fb).max(1)).enumerate().take(rows) {
-        let (g, r) = (row / WIDE, row % WIDE);
-        for p in 0..pairs {
-            let chunk = &mut chunks[(g * pairs + p) * cb..][..cb];
+    for (c, chunk) in chunks.chunks_exact_mut(cb).enumerate() {
+        let (g, p) = (c / pairs, c % pairs);
+        for r in 0..WIDE {
+            let row = g * WIDE + r;
             let mut q = [[0i32; QK]; 2];
             for (k, qk) in q.iter_mut().enumerate() {
                 let b = 2 * p + k;
-                if b >= kb {
+                if row >= rows || b >= kb {
                     continue;
                 }
-                let (d, m, vals) = parse_block(format, &src[b * fb..(b + 1) * fb]);
+                let block = &bytes[(row * kb + b) * fb..][..fb];
+                let (d, m, vals) = parse_block(format, block);
                 *qk = vals;
                 let at = scales_at(format) + 2 * (k * WIDE + r);
                 chunk[at..at + 2].copy_from_slice(&d.to_le_bytes());
@@ -159,12 +162,10 @@ pub(crate) fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8])
                     chunk[at..at + 2].copy_from_slice(&m.to_le_bytes());
                 }
             }
-            // Clear the padding's quants before writing this row's (bits are OR-ed).
             for i in 0..PAIR {
-                let (quad, v) = (i / 4, 4 * r + i % 4);
-                clear_quant(format, chunk, quad, v);
                 let (k, e) = unit_source(i);
-                put_quant(format, chunk, quad, v, (q[k][e] + bias(format)) as u8);
+                let u = (q[k][e] + bias(format)) as u8;
+                put_quant(format, chunk, i / 4, 4 * r + i % 4, u);
             }
         }
     }
@@ -177,20 +178,6 @@ pub(crate) fn pack(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8])
     }
 }
 
-/// Zeroes the stored bits of value `v` of quad `i`.
-fn clear_quant(format: WeightFormat, chunk: &mut [u8], i: usize, v: usize) {
-    match format {
-        WeightFormat::Q8_0 => chunk[i * QUAD + v] = 0,
-        _ => {
-            let byte = &mut chunk[i * QUAD / 2 + v % (QUAD / 2)];
-            *byte &= if v < QUAD / 2 { 0xF0 } else { 0x0F };
-            if format == WeightFormat::Q5_0 {
-                chunk[HIGH_AT + 8 * i + v / 8] &= !(1 << (v % 8));
-            }
-        }
-    }
-}
-
 impl PackedWeights {
     /// Quant `i` (unit position) of pair `p` of `row`, unbiased.
     pub(crate) fn wide_quant(&self, row: usize, p: usize, i: usize) -> i32 {
@@ -199,10 +186,10 @@ impl PackedWeights {
         let stored = match self.format {
             WeightFormat::Q8_0 => i32::from(c[quad * QUAD + v]),
             _ => {
-                let byte = c[quad * QUAD / 2 + v % (QUAD / 2)];
-                let low = i32::from(if v < QUAD / 2 { byte & 0x0F } else { byte >> 4 });
-                let fifth = self.format == WeightFormat::Q5_0
-                    && c[HIGH_AT + 8 * quad + v / 8] & (1 << (v % 8)) != 0;
+                let (byte, high) = nibble_at(quad, v);
+                let low = i32::from(if high { c[byte] >> 4 } else { c[byte] & 0x0F });
+                let (byte, mask) = bit_at(HIGH_AT + 8 * quad, v);
+                let fifth = self.format == WeightFormat::Q5_0 && c[byte] & mask != 0;
                 low | (i32::from(fifth) << 4)
             }
         };
