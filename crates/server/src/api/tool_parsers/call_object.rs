@@ -6,6 +6,8 @@
 //! values are tracked by depth and string state, so their text is copied as written.
 //! Structural characters are ASCII, so scanning bytes never splits a UTF-8 character.
 
+use crate::api::tool_parsers::value_scan::StringState;
+
 /// What a call object produced since the last [`CallObject::take`].
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct CallProgress {
@@ -33,8 +35,7 @@ pub struct CallObject {
     started: bool,
     invalid: bool,
     depth: usize,
-    in_string: bool,
-    escape: bool,
+    string: StringState,
     phase: Phase,
     key: String,
     name: Option<String>,
@@ -63,8 +64,7 @@ impl CallObject {
             started: false,
             invalid: false,
             depth: 0,
-            in_string: false,
-            escape: false,
+            string: StringState::default(),
             phase: Phase::ExpectKey,
             key: String::new(),
             name: None,
@@ -160,32 +160,25 @@ impl CallObject {
             }
             return;
         }
-        if self.in_string {
-            if self.escape {
-                self.escape = false;
-            } else if b == b'\\' {
-                self.escape = true;
-            } else if b == b'"' {
-                self.in_string = false;
-                if self.depth == 1 {
-                    match self.phase {
-                        Phase::InKey { start } => {
-                            self.key = self.text[start + 1..i].to_string();
-                            self.phase = Phase::ExpectColon;
-                        }
-                        Phase::InValue {
-                            start,
-                            string: true,
-                        } => self.value_done(start, i + 1),
-                        _ => {}
+        if let Some(closed) = self.string.read(b) {
+            if closed && self.depth == 1 {
+                match self.phase {
+                    Phase::InKey { start } => {
+                        self.key = self.text[start + 1..i].to_string();
+                        self.phase = Phase::ExpectColon;
                     }
+                    Phase::InValue {
+                        start,
+                        string: true,
+                    } => self.value_done(start, i + 1),
+                    _ => {}
                 }
             }
             return;
         }
         match b {
             b'"' => {
-                self.in_string = true;
+                self.string.open();
                 if self.depth == 1 {
                     match self.phase {
                         Phase::ExpectKey => self.phase = Phase::InKey { start: i },

@@ -2,12 +2,43 @@
 //! string state only, so the text is passed on as written. Structural characters are
 //! ASCII, so the end is always at a character boundary.
 
+/// Whether JSON text read byte by byte is inside a string (escapes included).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StringState {
+    inside: bool,
+    escape: bool,
+}
+
+impl StringState {
+    /// Reads `b` if a string is open: `Some(true)` when `b` closed it, `Some(false)` when
+    /// `b` was inside it. `None` when no string is open: the byte is the caller's, and a
+    /// `"` there is for [`StringState::open`].
+    pub fn read(&mut self, b: u8) -> Option<bool> {
+        if !self.inside {
+            return None;
+        }
+        if self.escape {
+            self.escape = false;
+        } else if b == b'\\' {
+            self.escape = true;
+        } else if b == b'"' {
+            self.inside = false;
+            return Some(true);
+        }
+        Some(false)
+    }
+
+    /// A string starts (its opening quote was read outside one).
+    pub fn open(&mut self) {
+        self.inside = true;
+    }
+}
+
 /// The scanner of one value that starts with `{` or `[`.
 #[derive(Debug, Default)]
 pub struct ValueScan {
     depth: usize,
-    in_string: bool,
-    escape: bool,
+    string: StringState,
     done: bool,
 }
 
@@ -19,18 +50,11 @@ impl ValueScan {
             return 0;
         }
         for (i, b) in text.bytes().enumerate() {
-            if self.in_string {
-                if self.escape {
-                    self.escape = false;
-                } else if b == b'\\' {
-                    self.escape = true;
-                } else if b == b'"' {
-                    self.in_string = false;
-                }
+            if self.string.read(b).is_some() {
                 continue;
             }
             match b {
-                b'"' => self.in_string = true,
+                b'"' => self.string.open(),
                 b'{' | b'[' => self.depth += 1,
                 b'}' | b']' => {
                     self.depth = self.depth.saturating_sub(1);
