@@ -248,9 +248,7 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
         if bs == KEY_LANES {
             // Up to four heads at once: one load of each key row serves them all, and
             // their sums are independent chains.
-            let mut h = 0;
-            while h < nh {
-                let take = (nh - h).min(4);
+            for (h, take) in head_runs(nh) {
                 let mut acc = [[0f32; KEY_LANES]; 4];
                 match take {
                     4 => block_scores::<KEY_LANES, 4>(
@@ -273,7 +271,6 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
                 for (i, a) in acc.iter().enumerate().take(take) {
                     scores[row(h + i)].copy_from_slice(&a[..n]);
                 }
-                h += take;
             }
         } else {
             for h in 0..nh {
@@ -303,9 +300,7 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
     if hd.is_multiple_of(VALUE_SLICE) {
         // Up to four heads at once, a slice of the head dimension at a time: one load of
         // each value slice serves all of them, and their sums stay in registers.
-        let mut h = 0;
-        while h < nh {
-            let take = (nh - h).min(4);
+        for (h, take) in head_runs(nh) {
             let probs = |i: usize| &scores[(h + i) * len..(h + i + 1) * len];
             let heads = &mut sums[h * hd..(h + take) * hd];
             match take {
@@ -314,7 +309,6 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
                 2 => weighted_values::<2>(std::array::from_fn(probs), &value, hd, heads),
                 _ => weighted_values::<1>([probs(0)], &value, hd, heads),
             }
-            h += take;
         }
     } else {
         for (h, acc) in sums.chunks_exact_mut(hd).enumerate() {
@@ -326,6 +320,12 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
             }
         }
     }
+}
+
+/// The runs of up to four of `nh` heads the register-resident loops take at once, as
+/// (first head, heads).
+fn head_runs(nh: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..nh).step_by(4).map(move |h| (h, (nh - h).min(4)))
 }
 
 /// Block size the register-resident score loop is built for (the cache's default); other
