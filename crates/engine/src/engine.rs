@@ -133,9 +133,15 @@ impl Engine {
             )));
         }
         let kv = KvCacheShape {
-            num_blocks,
-            block_size_tokens: cfg.block_size_tokens,
+            attention_window: attention_window(&config, any_gpu),
+            ..KvCacheShape::new(num_blocks, cfg.block_size_tokens)
         };
+        if let Some(window) = kv.attention_window {
+            tracing::info!(
+                "every layer attends to its last {window} positions: KV blocks behind the \
+                 window go back to the pool as a sequence moves on"
+            );
+        }
         tracing::info!(
             "KV cache{}: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per device)",
             if gpu_sizing.is_some() {
@@ -399,8 +405,7 @@ impl Engine {
         }
         // A chunk that cannot run fails its own sequence; the rest of the step runs.
         let limits = ChunkLimits {
-            block_size: self.kv.block_size_tokens,
-            num_blocks: self.kv.num_blocks,
+            kv: self.kv,
             max_positions: self.config.max_position_embeddings,
             vocab_rows: self.config.vocab_size,
         };
@@ -494,6 +499,14 @@ fn row_parallel_block(source: &dyn loader::TensorSource, num_layers: usize) -> R
         });
     }
     Ok(block)
+}
+
+/// The window every layer attends to, when every layer slides and the attention that
+/// runs honours it (the CUDA kernels read the whole context, see `Engine::load`).
+fn attention_window(config: &ModelConfig, any_gpu: bool) -> Option<usize> {
+    let sw = config.sliding_window.as_ref()?;
+    (!any_gpu && sw.layers.len() == config.num_layers && sw.layers.iter().all(|s| *s))
+        .then_some(sw.window)
 }
 
 impl Executor for Engine {

@@ -78,8 +78,7 @@ impl Engine {
         let (plan, _) = profile_plan(max_batch_tokens, max_num_seqs, bs);
         let started = std::time::Instant::now();
         let limits = ChunkLimits {
-            block_size: bs,
-            num_blocks: provisional_blocks,
+            kv: self.kv,
             max_positions: self.config.max_position_embeddings,
             vocab_rows: self.config.vocab_size,
         };
@@ -157,7 +156,7 @@ impl Engine {
         }
         self.kv = KvCacheShape {
             num_blocks,
-            block_size_tokens: bs,
+            ..self.kv
         };
         tracing::info!(
             "KV cache: {num_blocks} blocks of {bs} tokens = {} tokens per sequence set",
@@ -172,6 +171,7 @@ mod tests {
     use super::*;
     use crate::error::Result;
     use crate::model::{Batch, ChunkLimits};
+    use tessera_protocol::KvCacheShape;
 
     #[test]
     fn the_profile_step_is_the_largest_the_scheduler_sends() -> Result<()> {
@@ -182,8 +182,7 @@ mod tests {
         assert_eq!(blocks, 64 * 2);
         // Every block is used once: the plan is a valid step over `blocks` blocks.
         let limits = ChunkLimits {
-            block_size: 16,
-            num_blocks: blocks,
+            kv: KvCacheShape::new(blocks, 16),
             max_positions: 4096,
             vocab_rows: 1,
         };

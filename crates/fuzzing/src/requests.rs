@@ -31,7 +31,7 @@ fn context() -> &'static ValidationContext {
             tokenizer,
             served_model_name: SERVED_MODEL.to_string(),
             max_model_len: MAX_MODEL_LEN,
-            kv_capacity_tokens: 4 * MAX_MODEL_LEN,
+            kv_sequence_tokens: 4 * MAX_MODEL_LEN,
             limits: RequestLimits::default(),
             grammar,
             tool_parser: None,

@@ -1,15 +1,60 @@
 //! The boundary between the scheduler and whatever runs the model.
 
+/// A block-table entry whose block went back to the pool because the attention window
+/// of every layer has moved past it. Executors never read it.
+pub const RELEASED_BLOCK: u32 = u32::MAX;
+
 /// Shape of the paged KV cache an executor owns; the scheduler hands out its blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCacheShape {
     pub num_blocks: usize,
     pub block_size_tokens: usize,
+    /// Set when every layer attends to a sliding window of this many positions: a token
+    /// at position `p` reads only positions `p + 1 - window ..= p`. Blocks wholly before
+    /// the window of a sequence's next position are never read again, so the scheduler
+    /// releases them ([`RELEASED_BLOCK`]). `None` when some layer reads the whole context.
+    pub attention_window: Option<usize>,
 }
 
 impl KvCacheShape {
+    /// A cache whose every block stays readable for the whole context.
+    pub fn new(num_blocks: usize, block_size_tokens: usize) -> Self {
+        Self {
+            num_blocks,
+            block_size_tokens,
+            attention_window: None,
+        }
+    }
+
     pub fn capacity_tokens(&self) -> usize {
         self.num_blocks * self.block_size_tokens
+    }
+
+    /// Index of the first block that a chunk starting at `start_pos` (or any later one)
+    /// reads; the blocks before it may be released.
+    pub fn first_live_block(&self, start_pos: usize) -> usize {
+        self.attention_window.map_or(0, |w| {
+            (start_pos + 1).saturating_sub(w) / self.block_size_tokens.max(1)
+        })
+    }
+
+    /// Longest context one sequence can reach in this cache when each of its chunks has
+    /// at most `max_chunk_tokens` tokens. With a window, a sequence holds at most the
+    /// blocks of its window plus one chunk at any time; when those fit, any length does
+    /// (`usize::MAX`). Otherwise every position needs its block: the whole capacity.
+    pub fn max_sequence_tokens(&self, max_chunk_tokens: usize) -> usize {
+        let bs = self.block_size_tokens.max(1);
+        match self.attention_window {
+            // A chunk at `c` holds blocks from `(c + 1 - w) / bs` up to `(c + n) / bs`
+            // rounded up: at most `(w + n + bs - 2) / bs` of them, rounded up.
+            Some(w)
+                if (w + max_chunk_tokens + bs).saturating_sub(2).div_ceil(bs)
+                    <= self.num_blocks =>
+            {
+                usize::MAX
+            }
+            _ => self.capacity_tokens(),
+        }
     }
 }
 
@@ -68,4 +113,52 @@ pub trait Executor: Send {
 
     /// Longest context the model supports, in tokens.
     fn max_context_tokens(&self) -> usize;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn windowed(num_blocks: usize, block_size: usize, window: usize) -> KvCacheShape {
+        KvCacheShape {
+            attention_window: Some(window),
+            ..KvCacheShape::new(num_blocks, block_size)
+        }
+    }
+
+    #[test]
+    fn first_live_block_holds_the_window_of_the_next_position() {
+        let shape = windowed(100, 4, 8);
+        // Position 10 reads 3..=10: block 0 (positions 0..4) is still live.
+        assert_eq!(shape.first_live_block(10), 0);
+        // Position 11 reads 4..=11: block 0 is behind the window.
+        assert_eq!(shape.first_live_block(11), 1);
+        assert_eq!(shape.first_live_block(15), 2);
+        assert_eq!(KvCacheShape::new(100, 4).first_live_block(1000), 0);
+    }
+
+    #[test]
+    fn the_span_bound_covers_every_start_and_chunk() {
+        for (bs, w, n) in [
+            (4, 8, 1),
+            (4, 8, 16),
+            (16, 4096, 2048),
+            (3, 7, 5),
+            (16, 5, 1),
+        ] {
+            let shape = windowed(usize::MAX / 2, bs, w);
+            let bound = (w + n + bs - 2).div_ceil(bs);
+            let worst = (0..10 * (w + bs))
+                .flat_map(|c| (1..=n).map(move |k| (c, k)))
+                .map(|(c, k)| (c + k).div_ceil(bs) - shape.first_live_block(c))
+                .max();
+            assert_eq!(worst, Some(bound), "bs {bs} window {w} chunk {n}");
+            assert_eq!(windowed(bound, bs, w).max_sequence_tokens(n), usize::MAX);
+            assert_eq!(
+                windowed(bound - 1, bs, w).max_sequence_tokens(n),
+                (bound - 1) * bs
+            );
+        }
+        assert_eq!(KvCacheShape::new(10, 4).max_sequence_tokens(1), 40);
+    }
 }

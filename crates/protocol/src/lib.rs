@@ -9,7 +9,7 @@ mod histogram;
 mod sampling;
 mod step;
 
-pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape};
+pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape, RELEASED_BLOCK};
 pub use histogram::{DurationHistogram, HistogramSnapshot};
 pub use sampling::{
     FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition,

@@ -20,7 +20,8 @@ use crate::error::AdmissionError;
 pub struct Admission {
     max_waiting: usize,
     max_model_len: usize,
-    kv_capacity_tokens: usize,
+    /// Longest context the KV cache holds for one sequence.
+    max_sequence_tokens: usize,
     /// Requests admitted that have not yet run their first step (includes those still in
     /// the engine loop's command channel). Preempted sequences do not count: they were
     /// admitted already, and refusing new work cannot help them.
@@ -72,7 +73,7 @@ impl Admission {
         Arc::new(Self {
             max_waiting: cfg.max_waiting,
             max_model_len: cfg.max_model_len,
-            kv_capacity_tokens: cfg.kv_capacity_tokens(),
+            max_sequence_tokens: cfg.max_sequence_tokens(),
             waiting: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -114,7 +115,7 @@ impl Admission {
         // The context bound first: it is the one a client can act on.
         for (limit, what) in [
             (self.max_model_len, "max_model_len"),
-            (self.kv_capacity_tokens, "the whole KV cache"),
+            (self.max_sequence_tokens, "the whole KV cache"),
         ] {
             if needed > limit {
                 return Err(AdmissionError::NeverFits {

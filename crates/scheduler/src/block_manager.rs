@@ -11,11 +11,14 @@
 //! - free blocks + blocks held by some table == total blocks;
 //! - a table holds block `i` for positions `[i * block_size, (i + 1) * block_size)`;
 //! - a block is shared only when it is full and its whole token prefix (its chain hash,
-//!   verified against the stored tokens) matches: partially filled blocks are private.
+//!   verified against the stored tokens) matches: partially filled blocks are private;
+//! - with an attention window, a table's first `live_from` entries are
+//!   [`RELEASED_BLOCK`]: their blocks went back to the pool once the window of the
+//!   sequence's next position had passed them, and every later entry is a block.
 
 use std::collections::HashMap;
 
-use tessera_protocol::SeqId;
+use tessera_protocol::{KvCacheShape, SeqId, RELEASED_BLOCK};
 
 use crate::block_pool::{BlockHash, BlockId, BlockPool};
 
@@ -48,6 +51,8 @@ impl PrefixHit {
 #[derive(Debug, Default)]
 struct SeqBlocks {
     blocks: Vec<BlockId>,
+    /// Entries before this one are released (behind the attention window).
+    live_from: usize,
     /// Chain hashes of the first `hashes.len()` blocks, whose content is known to be
     /// computed (registered in the prefix cache or found there).
     hashes: Vec<BlockHash>,
@@ -58,18 +63,29 @@ struct SeqBlocks {
 pub struct KvCacheManager {
     pool: BlockPool,
     block_size: usize,
+    /// Block size and attention window, for the first block a position still needs.
+    shape: KvCacheShape,
     prefix_caching: bool,
     tables: HashMap<SeqId, SeqBlocks>,
 }
 
 impl KvCacheManager {
     pub fn new(num_blocks: usize, block_size_tokens: usize, enable_prefix_caching: bool) -> Self {
+        let block_size = block_size_tokens.max(1);
         Self {
             pool: BlockPool::new(num_blocks),
-            block_size: block_size_tokens.max(1),
+            block_size,
+            shape: KvCacheShape::new(num_blocks, block_size),
             prefix_caching: enable_prefix_caching,
             tables: HashMap::new(),
         }
+    }
+
+    /// Release blocks behind `window` (every layer attends to that many positions): see
+    /// [`KvCacheShape::attention_window`].
+    pub fn with_attention_window(mut self, window: Option<usize>) -> Self {
+        self.shape.attention_window = window;
+        self
     }
 
     pub fn block_size_tokens(&self) -> usize {
@@ -100,8 +116,16 @@ impl KvCacheManager {
         self.pool.ref_count(block)
     }
 
+    /// `seq`'s block table; entries behind the attention window are [`RELEASED_BLOCK`].
     pub fn block_table(&self, seq: SeqId) -> Option<&[BlockId]> {
         self.tables.get(&seq).map(|t| t.blocks.as_slice())
+    }
+
+    /// Blocks `seq` holds (its table less the released entries).
+    pub fn num_held_blocks(&self, seq: SeqId) -> usize {
+        self.tables
+            .get(&seq)
+            .map_or(0, |t| t.blocks.len() - t.live_from)
     }
 
     pub fn has_table(&self, seq: SeqId) -> bool {
@@ -141,6 +165,8 @@ impl KvCacheManager {
     /// `num_tokens` tokens fit. All or nothing. `hit` must come from `find_prefix` with no
     /// pool change in between; a stale hit (a block evicted since) is dropped to the
     /// prefix that is still valid, and the returned count says how many tokens are cached.
+    /// Hit blocks behind the attention window of the first uncached position are not
+    /// taken: the table starts with them released.
     pub fn allocate(
         &mut self,
         seq: SeqId,
@@ -157,8 +183,12 @@ impl KvCacheManager {
             .zip(&hit.hashes)
             .take_while(|(b, h)| self.pool.cached_hash(**b) == Some(**h))
             .count();
-        let shared = &hit.blocks[..valid];
-        let needed = self.blocks_for(num_tokens).saturating_sub(shared.len());
+        let needed = self.blocks_for(num_tokens).saturating_sub(valid);
+        let live_from = self
+            .shape
+            .first_live_block(valid * self.block_size)
+            .min(valid);
+        let shared = &hit.blocks[live_from..valid];
         // Shared blocks that sit in the free queue leave it, so they are not available
         // for fresh allocation.
         let revived = shared.iter().filter(|b| self.pool.is_free(**b)).count();
@@ -167,9 +197,11 @@ impl KvCacheManager {
             return Err(OutOfBlocks { needed, free });
         }
         let mut table = SeqBlocks {
-            blocks: Vec::with_capacity(shared.len() + needed),
+            blocks: Vec::with_capacity(valid + needed),
+            live_from,
             hashes: hit.hashes[..valid].to_vec(),
         };
+        table.blocks.resize(live_from, RELEASED_BLOCK);
         for &b in shared {
             self.pool.share(b);
             table.blocks.push(b);
@@ -215,6 +247,11 @@ impl KvCacheManager {
         let full = (num_computed.min(tokens.len()) / self.block_size).min(table.blocks.len());
         while table.hashes.len() < full {
             let i = table.hashes.len();
+            if table.blocks[i] == RELEASED_BLOCK {
+                // Released before its hash was known: the chain cannot go on. (Blocks are
+                // released only after the step that computed them committed them.)
+                break;
+            }
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
             let parent = table.hashes.last().copied();
             let hash = BlockHash::chain(parent, chunk);
@@ -223,20 +260,44 @@ impl KvCacheManager {
         }
     }
 
+    /// Release the blocks of `seq` that are behind the attention window of position
+    /// `next_pos`, the first position still to be computed: no later step reads them.
+    /// Committed blocks keep their cached content in the pool, so a later request with
+    /// the same prefix can still find them until they are evicted.
+    pub fn release_behind_window(&mut self, seq: SeqId, next_pos: usize) {
+        let first_live = self.shape.first_live_block(next_pos);
+        let Some(table) = self.tables.get_mut(&seq) else {
+            return;
+        };
+        let end = first_live.min(table.blocks.len());
+        for i in table.live_from..end {
+            self.pool.release(table.blocks[i]);
+            table.blocks[i] = RELEASED_BLOCK;
+        }
+        table.live_from = table.live_from.max(end);
+    }
+
     /// Give `child` the first `num_tokens / block_size` full blocks of `parent`, shared
     /// (for parallel sampling: a child continues the parent's prompt). Returns the number
-    /// of tokens shared, or `None` when `parent` has no table or `child` already has one.
+    /// of tokens shared (0 when the parent's window has moved past blocks the child
+    /// needs), or `None` when `parent` has no table or `child` already has one.
     pub fn fork(&mut self, parent: SeqId, child: SeqId, num_tokens: usize) -> Option<usize> {
         if self.tables.contains_key(&child) {
             return None;
         }
         let src = self.tables.get(&parent)?;
-        let n = (num_tokens / self.block_size).min(src.blocks.len());
+        let mut n = (num_tokens / self.block_size).min(src.blocks.len());
+        if src.live_from > self.shape.first_live_block(n * self.block_size) {
+            // The parent released blocks the child's next position still reads: the
+            // child computes its prefix itself.
+            n = 0;
+        }
         let table = SeqBlocks {
             blocks: src.blocks[..n].to_vec(),
+            live_from: src.live_from.min(n),
             hashes: src.hashes[..n.min(src.hashes.len())].to_vec(),
         };
-        for &b in &table.blocks {
+        for &b in &table.blocks[table.live_from..] {
             self.pool.share(b);
         }
         self.tables.insert(child, table);
@@ -250,7 +311,7 @@ impl KvCacheManager {
         let Some(table) = self.tables.remove(&seq) else {
             return false;
         };
-        for &b in table.blocks.iter().rev() {
+        for &b in table.blocks[table.live_from..].iter().rev() {
             self.pool.release(b);
         }
         true
@@ -269,7 +330,14 @@ impl KvCacheManager {
         self.pool.check_invariants()?;
         let mut holders = vec![0u32; self.pool.num_blocks()];
         for (seq, t) in &self.tables {
-            for &b in &t.blocks {
+            let (released, live) = t.blocks.split_at(t.live_from.min(t.blocks.len()));
+            if released.iter().any(|b| *b != RELEASED_BLOCK) || live.contains(&RELEASED_BLOCK) {
+                return Err(format!(
+                    "{seq}: entries before {} must be released, and only they",
+                    t.live_from
+                ));
+            }
+            for &b in live {
                 let slot = holders
                     .get_mut(b as usize)
                     .ok_or(format!("{seq} holds out-of-range block {b}"))?;

@@ -52,12 +52,29 @@ pub struct ResolvedConfig {
     pub max_model_len: usize,
     pub enable_prefix_caching: bool,
     pub max_buffered_events: usize,
+    /// The executor's attention window when every layer slides (see
+    /// [`KvCacheShape::attention_window`]).
+    pub attention_window: Option<usize>,
 }
 
 impl ResolvedConfig {
+    /// The executor's cache as this config sees it.
+    pub fn kv_shape(&self) -> KvCacheShape {
+        KvCacheShape {
+            attention_window: self.attention_window,
+            ..KvCacheShape::new(self.num_blocks, self.block_size_tokens)
+        }
+    }
+
     /// Total KV capacity in tokens.
     pub fn kv_capacity_tokens(&self) -> usize {
-        self.num_blocks * self.block_size_tokens
+        self.kv_shape().capacity_tokens()
+    }
+
+    /// Longest context one sequence can reach in the cache: its capacity, or no bound
+    /// when an attention window keeps what a sequence holds within the cache.
+    pub fn max_sequence_tokens(&self) -> usize {
+        self.kv_shape().max_sequence_tokens(self.max_batch_tokens)
     }
 }
 
@@ -124,6 +141,7 @@ impl SchedulerConfig {
             max_model_len,
             enable_prefix_caching: self.enable_prefix_caching,
             max_buffered_events: self.max_buffered_events,
+            attention_window: shape.attention_window,
         })
     }
 }
@@ -133,10 +151,7 @@ mod tests {
     use super::*;
 
     fn shape(blocks: usize, size: usize) -> KvCacheShape {
-        KvCacheShape {
-            num_blocks: blocks,
-            block_size_tokens: size,
-        }
+        KvCacheShape::new(blocks, size)
     }
 
     #[test]

@@ -21,6 +21,11 @@
 //!    `max_num_seqs` and free blocks allow. The head of the queue is never skipped, so no
 //!    request starves behind later ones. A prefix-cache hit starts the sequence at the
 //!    end of its cached full blocks.
+//!
+//! When every layer of the model attends to a sliding window
+//! ([`KvCacheShape::attention_window`]), each step's `update` releases the blocks that
+//! the window of a sequence's next position has left, so a sequence holds at most its
+//! window plus one chunk, however long it runs.
 
 use std::collections::{HashMap, VecDeque};
 use std::mem;
@@ -93,7 +98,8 @@ impl Scheduler {
                 cfg.num_blocks,
                 cfg.block_size_tokens,
                 cfg.enable_prefix_caching,
-            ),
+            )
+            .with_attention_window(cfg.attention_window),
             cfg,
             admission,
             seqs: HashMap::new(),
@@ -208,18 +214,20 @@ impl Scheduler {
                 "expected samples for {want:?}, got {got:?}"
             )));
         }
-        // The step succeeded: the KV of every scheduled chunk now exists and its full
-        // blocks may be shared.
         // A sequence that failed alone ends here; its blocks hold nothing anyone shares
         // (only full, committed blocks are shared, and a step writes past them).
         for (id, message) in failed {
             tracing::warn!(seq = %id, "sequence failed: {message}");
             self.end_with(id, TokenEvent::Failed(message.to_string()));
         }
+        // The step succeeded: the KV of every other scheduled chunk now exists and its
+        // full blocks may be shared. Then the blocks that every layer's window has left
+        // behind go back to the pool.
         for (id, _) in &chunks {
             if let Some(seq) = self.seqs.get(id) {
                 self.kv
                     .commit_computed(*id, &seq.tokens, seq.num_computed_tokens);
+                self.kv.release_behind_window(*id, seq.num_computed_tokens);
             }
         }
         for sample in &output.samples {

@@ -13,7 +13,8 @@ use tessera_protocol::{FinishReason, SamplingParams, SeqId, StopCondition, Token
 pub(crate) struct Sequence {
     pub id: SeqId,
     /// Prompt followed by generated tokens. Invariant: never longer than the admission
-    /// bound `prompt_len + stop.max_tokens`, which fits `max_model_len` and the cache.
+    /// bound `prompt_len + stop.max_tokens`, which fits `max_model_len` and the cache
+    /// (or the attention window plus a chunk, when the window bounds what it holds).
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
     /// Tokens whose KV is in this sequence's blocks (or planned in the step in flight).

@@ -4,12 +4,16 @@
 //! was written into it when it was last handed out fresh. A sequence may hold a block
 //! only if its own tokens match that record: so sharing a block whose tokens differ, or
 //! writing into a block someone else reads, fails the test.
+//!
+//! With an attention window, every sequence releases the blocks behind the window of its
+//! next position after each write; the model then checks that exactly those entries are
+//! released and that every other entry still holds the sequence's own tokens.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use proptest::prelude::*;
-use tessera_protocol::SeqId;
+use tessera_protocol::{SeqId, RELEASED_BLOCK};
 use tessera_scheduler::{BlockId, KvCacheManager};
 
 const BLOCK: usize = 2;
@@ -49,6 +53,8 @@ fn op() -> impl Strategy<Value = Op> {
 
 #[derive(Default)]
 struct Model {
+    /// Positions each token attends to, when every layer slides.
+    window: Option<usize>,
     /// Tokens of each live sequence (all computed).
     live: BTreeMap<u64, Vec<u32>>,
     /// Tokens of preempted sequences, waiting to resume.
@@ -62,12 +68,29 @@ impl Model {
         tokens[..((i + 1) * BLOCK).min(tokens.len())].to_vec()
     }
 
+    /// Blocks wholly before the window of position `next`: the token there reads
+    /// positions `next + 1 - window ..= next`.
+    fn released_before(&self, next: usize) -> usize {
+        self.window
+            .map_or(0, |w| (next + 1).saturating_sub(w) / BLOCK)
+    }
+
+    /// After `seq` computed all its tokens: commit them and release what is behind.
+    fn commit(&self, kv: &mut KvCacheManager, seq: u64) {
+        let tokens = &self.live[&seq];
+        kv.commit_computed(SeqId(seq), tokens, tokens.len());
+        kv.release_behind_window(SeqId(seq), tokens.len());
+    }
+
     /// Blocks `from..` of `seq`'s table were just handed out fresh: record what the
     /// sequence writes into them.
     fn write_fresh(&mut self, kv: &KvCacheManager, seq: u64, from: usize) {
         let tokens = &self.live[&seq];
         let table = kv.block_table(SeqId(seq)).unwrap();
         for (i, &b) in table.iter().enumerate().skip(from) {
+            if b == RELEASED_BLOCK {
+                continue;
+            }
             assert_eq!(kv.ref_count(b), 1, "fresh block {b} is shared");
             self.content.insert(b, Self::expected_content(tokens, i));
         }
@@ -88,6 +111,13 @@ impl Model {
         // Cached blocks must already hold exactly this sequence's prefix.
         let table = kv.block_table(SeqId(seq)).unwrap().to_vec();
         for (i, b) in table.iter().enumerate().take(cached / BLOCK) {
+            if *b == RELEASED_BLOCK {
+                assert!(
+                    i < self.released_before(cached),
+                    "block {i} released too early"
+                );
+                continue;
+            }
             assert_eq!(
                 self.content.get(b),
                 Some(&Self::expected_content(&self.live[&seq], i)),
@@ -97,8 +127,7 @@ impl Model {
         self.write_fresh(kv, seq, cached / BLOCK);
         // The partially reused last block never comes from the cache: positions past
         // `cached` are written only into fresh blocks.
-        let tokens = &self.live[&seq];
-        kv.commit_computed(SeqId(seq), tokens, tokens.len());
+        self.commit(kv, seq);
     }
 
     fn apply(&mut self, kv: &mut KvCacheManager, op: Op) {
@@ -129,7 +158,7 @@ impl Model {
                     self.content
                         .insert(b, Model::expected_content(&tokens, pos / BLOCK));
                 }
-                kv.commit_computed(SeqId(s), &tokens, tokens.len());
+                self.commit(kv, s);
             }
             Op::Fork(parent, child) => {
                 if self.live.contains_key(&child) || self.preempted.contains_key(&child) {
@@ -139,7 +168,10 @@ impl Model {
                     return;
                 };
                 let shared = kv.fork(SeqId(parent), SeqId(child), tokens.len()).unwrap();
-                assert_eq!(shared, tokens.len() / BLOCK * BLOCK);
+                // Nothing is shared when the parent released blocks the child still needs.
+                let full = tokens.len() / BLOCK * BLOCK;
+                let complete = self.released_before(tokens.len()) <= self.released_before(full);
+                assert_eq!(shared, if complete { full } else { 0 });
                 if shared == 0 {
                     // An empty table still counts as a sequence; keep the model in step.
                     assert_eq!(kv.block_table(SeqId(child)).map(<[u32]>::len), Some(0));
@@ -181,9 +213,16 @@ impl Model {
                 tokens.len().div_ceil(BLOCK),
                 "table size of {s}"
             );
+            let released = self.released_before(tokens.len());
+            let (gone, table) = table.split_at(released.min(table.len()));
+            assert!(
+                gone.iter().all(|b| *b == RELEASED_BLOCK),
+                "seq {s} holds a block behind its window"
+            );
             let distinct: HashSet<_> = table.iter().collect();
             assert_eq!(distinct.len(), table.len(), "block twice in one table");
             for (i, &b) in table.iter().enumerate() {
+                let i = i + gone.len();
                 *holders.entry(b).or_default() += 1;
                 assert_eq!(
                     self.content.get(&b),
@@ -209,9 +248,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 384, ..ProptestConfig::default() })]
 
     #[test]
-    fn block_manager_keeps_its_invariants(ops in prop::collection::vec(op(), 1..80)) {
-        let mut kv = KvCacheManager::new(NUM_BLOCKS, BLOCK, true);
-        let mut model = Model::default();
+    fn block_manager_keeps_its_invariants(
+        ops in prop::collection::vec(op(), 1..80),
+        window in prop::option::of(1..7usize),
+    ) {
+        let mut kv = KvCacheManager::new(NUM_BLOCKS, BLOCK, true).with_attention_window(window);
+        let mut model = Model { window, ..Model::default() };
         for op in ops {
             model.apply(&mut kv, op);
             model.check(&kv);

@@ -1,6 +1,6 @@
 //! A step's tokens flattened across sequences, with the KV slots they write.
 
-use tessera_protocol::{ScheduledChunk, StepPlan};
+use tessera_protocol::{KvCacheShape, ScheduledChunk, StepPlan};
 
 use crate::error::{EngineError, Result};
 
@@ -34,8 +34,9 @@ pub struct Batch {
 /// What a chunk must fit to run: the cache, the positions and the embedding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkLimits {
-    pub block_size: usize,
-    pub num_blocks: usize,
+    /// The cache the block tables index; with an attention window, entries before the
+    /// window of a chunk's first position are released and never read.
+    pub kv: KvCacheShape,
     pub max_positions: usize,
     /// Rows of the token embedding: a token id at or past it has no embedding.
     pub vocab_rows: usize,
@@ -65,7 +66,7 @@ impl ChunkLimits {
                 chunk.id, self.max_positions
             ));
         }
-        let needed = end.div_ceil(self.block_size);
+        let needed = end.div_ceil(self.kv.block_size_tokens);
         if chunk.block_table.len() < needed {
             return Err(format!(
                 "{}: block table has {} blocks, {needed} needed for {end} tokens",
@@ -73,13 +74,14 @@ impl ChunkLimits {
                 chunk.block_table.len()
             ));
         }
-        if let Some(b) = chunk.block_table[..needed]
+        let live = self.kv.first_live_block(chunk.start_pos).min(needed);
+        if let Some(b) = chunk.block_table[live..needed]
             .iter()
-            .find(|b| **b as usize >= self.num_blocks)
+            .find(|b| **b as usize >= self.kv.num_blocks)
         {
             return Err(format!(
                 "{}: block {b} is outside the cache of {} blocks",
-                chunk.id, self.num_blocks
+                chunk.id, self.kv.num_blocks
             ));
         }
         Ok(())
@@ -97,7 +99,7 @@ impl Batch {
         chunks: impl IntoIterator<Item = &'a ScheduledChunk>,
         limits: &ChunkLimits,
     ) -> Result<Batch> {
-        let block_size = limits.block_size;
+        let block_size = limits.kv.block_size_tokens;
         let mut batch = Batch::default();
         for chunk in chunks {
             limits.check(chunk).map_err(EngineError::Step)?;

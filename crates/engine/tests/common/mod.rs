@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use tessera_engine::model::{Batch, ChunkLimits};
 use tessera_engine::Engine;
-use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
+use tessera_protocol::{KvCacheShape, ScheduledChunk, SeqId, StepPlan};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -119,8 +119,7 @@ fn chunk_logits(engine: &mut Engine, prefix: &[u32], start: usize, capacity: usi
     };
     let config = engine.model_config();
     let limits = ChunkLimits {
-        block_size: 16,
-        num_blocks: capacity.div_ceil(16),
+        kv: KvCacheShape::new(capacity.div_ceil(16), 16),
         max_positions: config.max_position_embeddings,
         vocab_rows: config.vocab_size,
     };

@@ -21,8 +21,8 @@ pub type FailWhen = Box<dyn FnMut(&StepPlan) -> bool + Send>;
 pub struct FakeExecutor {
     pub shape: KvCacheShape,
     pub max_context: usize,
-    /// `kv[block][slot]`: the token whose KV was written there.
-    kv: Vec<Vec<Option<u32>>>,
+    /// `kv[block][slot]`: the position and token whose KV was written there.
+    kv: Vec<Vec<Option<(usize, u32)>>>,
     known: HashSet<tessera_protocol::SeqId>,
     pub plans: Arc<Mutex<Vec<StepPlan>>>,
     pub fail_when: Option<FailWhen>,
@@ -37,10 +37,7 @@ pub struct FakeExecutor {
 impl FakeExecutor {
     pub fn new(num_blocks: usize, block_size: usize, max_context: usize) -> Self {
         Self {
-            shape: KvCacheShape {
-                num_blocks,
-                block_size_tokens: block_size,
-            },
+            shape: KvCacheShape::new(num_blocks, block_size),
             max_context,
             kv: vec![vec![None; block_size]; num_blocks],
             known: HashSet::new(),
@@ -50,6 +47,12 @@ impl FakeExecutor {
             poison_token: None,
             step_delay: Duration::ZERO,
         }
+    }
+
+    /// Every layer attends to its last `window` positions: a sample reads only those.
+    pub fn with_window(mut self, window: usize) -> Self {
+        self.shape.attention_window = Some(window);
+        self
     }
 
     fn violation(msg: String) -> ExecutorError {
@@ -122,16 +125,33 @@ impl Executor for FakeExecutor {
             }
             for (k, &tok) in c.tokens.iter().enumerate() {
                 let pos = c.start_pos + k;
-                self.kv[c.block_table[pos / bs] as usize][pos % bs] = Some(tok);
+                self.kv[c.block_table[pos / bs] as usize][pos % bs] = Some((pos, tok));
             }
             if c.sample {
                 let mut context = Vec::with_capacity(c.end_pos());
-                for pos in 0..c.end_pos() {
-                    match self.kv[c.block_table[pos / bs] as usize][pos % bs] {
-                        Some(t) => context.push(t),
-                        None => {
+                let first = self
+                    .shape
+                    .attention_window
+                    .map_or(0, |w| c.end_pos().saturating_sub(w));
+                for pos in first..c.end_pos() {
+                    let block = c.block_table[pos / bs] as usize;
+                    match self.kv.get(block).map(|b| b[pos % bs]) {
+                        Some(Some((p, t))) if p == pos => context.push(t),
+                        Some(Some((p, _))) => {
+                            return Err(Self::violation(format!(
+                                "{}: position {pos} read from a slot that holds position {p}",
+                                c.id
+                            )))
+                        }
+                        Some(None) => {
                             return Err(Self::violation(format!(
                                 "{}: position {pos} read before written",
+                                c.id
+                            )))
+                        }
+                        None => {
+                            return Err(Self::violation(format!(
+                                "{}: position {pos} read from block {block}, not in the cache",
                                 c.id
                             )))
                         }
@@ -211,10 +231,15 @@ pub fn drain(rx: &mut TokenReceiver) -> (Vec<u32>, Option<TokenEvent>) {
 
 /// What a correct run produces for `prompt`: greedy continuation by `next_token`.
 pub fn expected_tokens(prompt: &[u32], n: usize) -> Vec<u32> {
+    expected_windowed_tokens(prompt, n, usize::MAX)
+}
+
+/// The same when each sample reads only the last `window` tokens.
+pub fn expected_windowed_tokens(prompt: &[u32], n: usize, window: usize) -> Vec<u32> {
     let mut ctx = prompt.to_vec();
     let mut out = Vec::new();
     for _ in 0..n {
-        let t = next_token(&ctx);
+        let t = next_token(&ctx[ctx.len().saturating_sub(window)..]);
         ctx.push(t);
         out.push(t);
     }

@@ -27,8 +27,10 @@ pub struct ValidationContext {
     pub served_model_name: String,
     /// Longest context (prompt + completion) in tokens.
     pub max_model_len: usize,
-    /// Tokens the whole KV cache holds; a default `max_tokens` stays within it.
-    pub kv_capacity_tokens: usize,
+    /// Longest context the KV cache holds for one sequence (the whole cache, or no
+    /// bound when every layer's attention window keeps a sequence within it); a default
+    /// `max_tokens` stays within it.
+    pub kv_sequence_tokens: usize,
     /// Rows of the model's token embedding (and of its logits): every prompt token id
     /// and `logit_bias` key is below it, or the request is refused here with a 400
     /// rather than failing in the engine.
@@ -376,7 +378,7 @@ fn budget(
         Some(m) => m,
         // The default must fit the KV cache too, or the request could never run.
         None => {
-            let fits = ctx.kv_capacity_tokens.saturating_sub(prompt_len).max(1);
+            let fits = ctx.kv_sequence_tokens.saturating_sub(prompt_len).max(1);
             default.map_or(room, |d| d.min(room)).min(fits)
         }
     };

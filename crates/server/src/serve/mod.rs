@@ -305,16 +305,19 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
     let max_model_len = args
         .max_model_len
         .unwrap_or_else(|| engine.max_context_tokens());
-    let kv_capacity_tokens = engine.kv_cache_shape().capacity_tokens();
+    let max_batch_tokens = args
+        .max_batch_tokens
+        .unwrap_or_else(|| default_max_batch_tokens(&cfg.devices));
+    let kv_sequence_tokens = engine
+        .kv_cache_shape()
+        .max_sequence_tokens(max_batch_tokens);
     let engine_stats = engine.stats();
     let node_loss = engine.take_node_loss();
     let scheduler = spawn_loop(
         args,
         SchedulerConfig {
             block_size_tokens: cfg.block_size_tokens,
-            max_batch_tokens: args
-                .max_batch_tokens
-                .unwrap_or_else(|| default_max_batch_tokens(&cfg.devices)),
+            max_batch_tokens,
             max_num_seqs: args.max_num_seqs,
             max_waiting: args.max_waiting,
             max_model_len: args.max_model_len,
@@ -346,7 +349,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             tokenizer,
             served_model_name,
             max_model_len,
-            kv_capacity_tokens,
+            kv_sequence_tokens,
             vocab_rows,
             limits: args.request_limits(),
             grammar: grammar.map_err(|e| e.to_string()),

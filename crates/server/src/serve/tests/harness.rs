@@ -236,10 +236,7 @@ pub fn fake_server(fail_at: Option<u64>, num_blocks: usize, max_waiting: usize) 
             panic_at: None,
             step_delay: None,
             steps: 0,
-            kv: KvCacheShape {
-                num_blocks,
-                block_size_tokens: 16,
-            },
+            kv: KvCacheShape::new(num_blocks, 16),
         },
         max_waiting,
     )
@@ -288,7 +285,7 @@ pub fn fake_state<E: Executor + 'static>(
             tokenizer,
             served_model_name: "fake".into(),
             max_model_len,
-            kv_capacity_tokens: num_blocks * 16,
+            kv_sequence_tokens: num_blocks * 16,
             limits: RequestLimits::default(),
             grammar: Err("the fake executor has no grammar compiler".into()),
             tool_parser: None,

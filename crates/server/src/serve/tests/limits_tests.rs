@@ -131,10 +131,7 @@ fn paced_state(delay: Option<Duration>, num_blocks: usize) -> crate::serve::stat
         panic_at: None,
         step_delay: delay,
         steps: 0,
-        kv: KvCacheShape {
-            num_blocks,
-            block_size_tokens: 16,
-        },
+        kv: KvCacheShape::new(num_blocks, 16),
     };
     fake_state(Paced { inner, context }, num_blocks, context, 16)
 }

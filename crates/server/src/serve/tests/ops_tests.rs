@@ -40,10 +40,7 @@ fn fake_executor() -> FakeExecutor {
         panic_at: None,
         step_delay: None,
         steps: 0,
-        kv: KvCacheShape {
-            num_blocks: 64,
-            block_size_tokens: 16,
-        },
+        kv: KvCacheShape::new(64, 16),
     }
 }
 
@@ -317,10 +314,7 @@ async fn gauges_count_each_waiting_request_once() {
     let executor = FakeExecutor {
         token: hello_token(),
         step_delay: Some(std::time::Duration::from_millis(150)),
-        kv: KvCacheShape {
-            num_blocks: 2,
-            block_size_tokens: 16,
-        },
+        kv: KvCacheShape::new(2, 16),
         ..fake_executor()
     };
     let s = start(fake_state(executor, 2, 1024, 16), &[]);

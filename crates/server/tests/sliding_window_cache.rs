@@ -1,0 +1,161 @@
+//! A model whose every layer attends to its last 8 positions (the tiny Mistral fixture,
+//! `sliding_window` 8, as in Mistral 7B v0.1) served by the scheduler over the real
+//! engine from a KV cache far smaller than the requests: blocks behind the window go back
+//! to the pool, and every request still gets transformers' greedy text.
+
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
+use tessera_protocol::{
+    Executor, FinishReason, GenerationRequest, SamplingParams, StopCondition, TokenEvent,
+};
+use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle};
+
+const MAX_TOKENS: usize = 16;
+const BLOCK: usize = 4;
+/// Bytes of one block at TP = 1: 2 layers × (K + V) × 2 KV heads × 16 dims × 4 bytes × 4
+/// tokens.
+const BLOCK_BYTES: usize = 2 * 2 * 2 * 16 * 4 * BLOCK;
+
+fn model() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/tiny-mistral")
+}
+
+/// transformers' prompts and greedy continuations; the continuation is asserted where
+/// transformers' top two logits never came within `1e-3` (as the engine's own test does).
+fn cases() -> Vec<(Vec<u32>, Option<Vec<u32>>)> {
+    let text = std::fs::read_to_string(model().join("reference.json")).expect("reference");
+    let reference: Value = serde_json::from_str(&text).expect("json");
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .expect("ids")
+            .iter()
+            .map(|t| t.as_u64().expect("id") as u32)
+            .collect()
+    };
+    reference["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| {
+            let gap = c["greedy_min_top2_gap"].as_f64().unwrap_or(0.0);
+            (
+                ids(&c["input_ids"]),
+                (gap > 1e-3).then(|| ids(&c["greedy_ids"])),
+            )
+        })
+        .collect()
+}
+
+fn engine(tp: usize, kv_cache_bytes: usize) -> Engine {
+    let mut cfg = EngineConfig::new(model()).with_cpu_ranks(tp);
+    cfg.block_size_tokens = BLOCK;
+    cfg.kv_cache_bytes = kv_cache_bytes;
+    Engine::load(&cfg).expect("engine")
+}
+
+fn request(prompt: &[u32]) -> GenerationRequest {
+    GenerationRequest {
+        prompt_ids: prompt.to_vec(),
+        sampling: SamplingParams::greedy(),
+        stop: StopCondition {
+            max_tokens: MAX_TOKENS,
+            stop_token_ids: vec![],
+            ignore_eos: true,
+        },
+    }
+}
+
+fn collect(mut rx: tessera_scheduler::TokenReceiver) -> Vec<u32> {
+    let mut tokens = Vec::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            TokenEvent::Token { token, .. } => tokens.push(token),
+            TokenEvent::Finished { reason, .. } => {
+                assert_eq!(reason, FinishReason::Length);
+                break;
+            }
+            TokenEvent::Error(e) | TokenEvent::Failed(e) => panic!("engine error: {e}"),
+        }
+    }
+    tokens
+}
+
+fn wait_idle(handle: &SchedulerHandle) -> tessera_scheduler::SchedulerMetrics {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = handle.metrics();
+        if (m.num_running == 0 && m.num_waiting == 0) || Instant::now() > deadline {
+            return m;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn requests_longer_than_the_cache_get_the_greedy_text_of_a_roomy_cache() {
+    let cases = cases();
+    let longest = cases.iter().map(|(p, _)| p.len()).max().unwrap_or(0) + MAX_TOKENS;
+    let opts = GenerateOptions {
+        max_tokens: MAX_TOKENS,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+        prefill_chunk: 0,
+    };
+    let mut roomy = engine(1, 64 << 20);
+    let alone: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|(p, _)| generate(&mut roomy, p, &opts, |_| {}).expect("generate"))
+        .collect();
+    for ((_, want), got) in cases.iter().zip(&alone) {
+        if let Some(want) = want {
+            assert_eq!(got, want, "roomy cache against transformers");
+        }
+    }
+    drop(roomy);
+    for tp in [1, 3] {
+        // Six blocks of four tokens per rank at TP = 1 (more at TP = 3, whose ranks hold
+        // fewer KV heads): far from the 76 tokens of the longest request.
+        let small = engine(tp, 6 * BLOCK_BYTES);
+        let shape = small.kv_cache_shape();
+        assert_eq!(shape.attention_window, Some(8));
+        assert!(shape.capacity_tokens() < longest, "{shape:?}");
+        let handle = EngineLoop::spawn(
+            SchedulerConfig {
+                block_size_tokens: BLOCK,
+                max_batch_tokens: 8,
+                max_num_seqs: 4,
+                ..SchedulerConfig::default()
+            },
+            small,
+        )
+        .expect("engine loop");
+        // Twice each prompt, all at once: they preempt one another as well.
+        let receivers: Vec<_> = cases
+            .iter()
+            .chain(&cases)
+            .map(|(p, _)| handle.submit(request(p)).expect("admitted").1)
+            .collect();
+        let got: Vec<Vec<u32>> = thread::scope(|s| {
+            let joins: Vec<_> = receivers
+                .into_iter()
+                .map(|rx| s.spawn(move || collect(rx)))
+                .collect();
+            joins
+                .into_iter()
+                .map(|j| j.join().expect("receiver"))
+                .collect()
+        });
+        let want: Vec<&Vec<u32>> = alone.iter().chain(&alone).collect();
+        for (i, (got, want)) in got.iter().zip(want).enumerate() {
+            assert_eq!(got, want, "tp={tp} request {i}");
+        }
+        let m = wait_idle(&handle);
+        assert_eq!(m.kv_blocks_in_use, 0, "tp={tp}: blocks left held");
+        handle.shutdown();
+        handle.join().expect("loop");
+    }
+}
