@@ -69,6 +69,11 @@ pub fn adapt_to_template(
             write_result_as_user_turn(m);
         }
     }
+    if source.contains("[TOOL_CALLS]") {
+        for m in &mut messages {
+            give_mistral_call_ids(m);
+        }
+    }
     let Some(tools) = tools else {
         return (messages, None, None);
     };
@@ -160,4 +165,45 @@ fn write_result_as_user_turn(m: &mut ChatMessage) {
     m.content = Some(MessageContent::Text(format!(
         "<tool_response>\n{result}\n</tool_response>"
     )));
+}
+
+/// Mistral's templates refuse a call id that is not nine characters (they raise "Tool
+/// call IDs should be alphanumeric strings with length 9!"), while OpenAI clients send
+/// back the ids they were given (`call_…`). Each other id becomes nine alphanumeric
+/// characters derived from it, the same in the assistant's call and in the tool result
+/// that answers it.
+fn give_mistral_call_ids(m: &mut ChatMessage) {
+    if let Some(Value::Array(calls)) = m.extra.get_mut("tool_calls") {
+        for call in calls {
+            if let Some(id) = call.get_mut("id") {
+                mistral_call_id(id);
+            }
+        }
+    }
+    if let Some(id) = m.extra.get_mut("tool_call_id") {
+        mistral_call_id(id);
+    }
+}
+
+fn mistral_call_id(id: &mut Value) {
+    let Value::String(s) = id else {
+        return;
+    };
+    if s.len() == 9 && s.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return;
+    }
+    // FNV-1a, then nine base-62 digits (62^9 < 2^64).
+    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+    for b in s.bytes() {
+        hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    const DIGITS: &[u8; 62] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let short: String = (0..9)
+        .map(|_| {
+            let d = DIGITS[(hash % 62) as usize] as char;
+            hash /= 62;
+            d
+        })
+        .collect();
+    *id = Value::String(short);
 }

@@ -124,6 +124,10 @@ pub fn gemma3_dir() -> Option<PathBuf> {
     npm_tokenizer_dir("gemma3")
 }
 
+pub fn mistral_nemo_dir() -> Option<PathBuf> {
+    npm_tokenizer_dir("mistral_nemo")
+}
+
 /// The cached official tokenizer `name` that `scripts/make-token-fixtures fetch` fetched.
 fn npm_tokenizer_dir(name: &str) -> Option<PathBuf> {
     let dir = cache_dir().join("tokenizers").join(name);

@@ -1,0 +1,105 @@
+//! Mistral Nemo Instruct's official tokenizer.json (the tekken vocabulary) and its
+//! `[INST]` chat template against transformers (tests/fixtures/tokenizer/mistral_nemo_*.json).
+//! The tokenizer is fetched into the cache by `scripts/make-token-fixtures fetch`; without
+//! it these tests skip.
+
+#![allow(clippy::unwrap_used)] // tests state their expectations by unwrapping
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{cases, ids_of, load_fixture, mistral_nemo_dir};
+use tessera_tokenizer::{ChatRenderRequest, IncrementalDecoder, Tokenizer};
+
+fn mistral_nemo() -> Option<Arc<Tokenizer>> {
+    let dir = mistral_nemo_dir()?;
+    Some(Arc::new(Tokenizer::from_hf_dir(&dir).unwrap()))
+}
+
+#[test]
+fn mistral_nemo_ids_and_decode_equal_transformers() {
+    let Some(tokenizer) = mistral_nemo() else {
+        return;
+    };
+    let fixture = load_fixture("mistral_nemo_tokenize.json");
+    assert_eq!(
+        tokenizer.vocab_size(),
+        fixture["vocab_size"].as_u64().unwrap() as usize
+    );
+    for case in cases(&fixture) {
+        let name = case["name"].as_str().unwrap();
+        let ids = ids_of(&case["ids"]);
+        assert_eq!(
+            tokenizer
+                .encode(case["text"].as_str().unwrap(), false)
+                .unwrap(),
+            ids,
+            "{name}"
+        );
+        assert_eq!(
+            tokenizer.decode(&ids, false).unwrap(),
+            case["decoded"].as_str().unwrap(),
+            "{name}"
+        );
+        let mut decoder = IncrementalDecoder::new(tokenizer.clone(), false);
+        let mut streamed = String::new();
+        for &id in &ids {
+            streamed.push_str(&decoder.push(id).unwrap());
+        }
+        streamed.push_str(&decoder.finish().unwrap());
+        assert_eq!(streamed, case["decoded"].as_str().unwrap(), "{name}");
+    }
+}
+
+#[test]
+fn mistral_nemo_chat_template_equals_transformers() {
+    let Some(tokenizer) = mistral_nemo() else {
+        return;
+    };
+    let template = tokenizer.chat_template().unwrap();
+    // `</s>` ends a reply; `<s>` starts every chat, written by the template itself.
+    let fixture = load_fixture("mistral_nemo_chat.json");
+    let id = |field: &str| fixture[field].as_u64().map(|v| v as u32);
+    assert_eq!(tokenizer.bos_token_id(), id("bos_token_id"));
+    assert!(tokenizer
+        .eos_token_ids()
+        .contains(&id("eos_token_id").unwrap()));
+    for case in cases(&fixture) {
+        let name = case["name"].as_str().unwrap();
+        let request = ChatRenderRequest {
+            messages: serde_json::from_value(case["messages"].clone()).unwrap(),
+            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            tools: None,
+            kwargs: Default::default(),
+        };
+        let rendered = template.render(&request).unwrap();
+        assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
+        assert_eq!(
+            tokenizer.encode(&rendered, false).unwrap(),
+            ids_of(&case["ids"]),
+            "{name}"
+        );
+    }
+}
+
+/// The template refuses roles out of turn with its own message, as transformers does.
+#[test]
+fn mistral_nemo_template_errors_reach_the_caller() {
+    let Some(tokenizer) = mistral_nemo() else {
+        return;
+    };
+    let template = tokenizer.chat_template().unwrap();
+    let request = ChatRenderRequest {
+        messages: serde_json::from_value(serde_json::json!([
+            {"role": "user", "content": "a"},
+            {"role": "user", "content": "b"}
+        ]))
+        .unwrap(),
+        add_generation_prompt: true,
+        tools: None,
+        kwargs: Default::default(),
+    };
+    let err = template.render(&request).unwrap_err().to_string();
+    assert!(err.contains("must alternate user/assistant"), "{err}");
+}
