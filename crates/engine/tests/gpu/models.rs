@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use candle_core::quantized::GgmlDType;
 use tessera_engine::model::batch::{Batch, ChunkLimits};
 use tessera_engine::{generate, DeviceSpec, Engine, EngineConfig, GenerateOptions};
-use tessera_protocol::{Executor, SamplingParams, ScheduledChunk, SeqId, StepPlan};
+use tessera_protocol::{Executor, KvCacheShape, SamplingParams, ScheduledChunk, SeqId, StepPlan};
 
 use crate::common::{floats, ids, read_json, rel_l2};
 use crate::gguf_writer::write_gguf;
@@ -109,8 +109,7 @@ fn greedy(engine: &mut Engine, prompt: &[u32], n: usize, chunk: usize) -> (Vec<u
             finished: vec![],
         };
         let limits = ChunkLimits {
-            block_size: bs,
-            num_blocks,
+            kv: KvCacheShape::new(num_blocks, bs),
             max_positions: max_pos,
             vocab_rows: engine.model_config().vocab_size,
         };
