@@ -6,7 +6,10 @@ from a fixed seed
                4 ranks replicate KV heads and split 6 heads unevenly), tied embeddings
   qwen2/       Qwen2ForCausalLM, bf16: 4 query heads / 2 KV heads of dimension 128, QKV
                bias, untied LM head
+  qwen3/       Qwen3ForCausalLM, bf16: per-head query/key RMSNorm, 6 query heads / 2 KV
+               heads of dimension 128 (not hidden / heads), no QKV bias, untied LM head
   llama-hd32/  a one-layer llama with head dimension 32, which CUDA ranks must refuse
+  gemma3/      a one-layer Gemma3ForCausalLM, whose layer CUDA ranks must refuse
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -22,7 +25,8 @@ import sys
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 SEED = 20261123
 LINEAR_GAIN = float(os.environ.get("LINEAR_GAIN", "0.5"))
@@ -148,10 +152,20 @@ def main():
         hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
         tie_word_embeddings=False, use_sliding_window=False, **common), tok)
+    build(out, "qwen3", Qwen3ForCausalLM, Qwen3Config(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=128, rope_theta=1000000.0,
+        tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, **common),
+        tok)
     build(out, "llama-hd32", LlamaForCausalLM, LlamaConfig(
         hidden_size=128, intermediate_size=256, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         tie_word_embeddings=True, **common), tok, with_reference=False)
+    build(out, "gemma3", Gemma3ForCausalLM, Gemma3TextConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=64, sliding_window=64,
+        vocab_size=vocab, rms_norm_eps=1e-6, max_position_embeddings=2048,
+        bos_token_id=None, eos_token_id=eos), tok, with_reference=False)
 
 
 if __name__ == "__main__":

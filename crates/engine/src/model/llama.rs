@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::loader::{layer_name, Embedding, Matrix, TensorSource};
 use crate::model::batch::Batch;
@@ -60,11 +60,32 @@ enum Mlp {
     Experts(MoeShard),
 }
 
-/// Weights of the per-head query and key RMSNorm (Qwen3), on the host.
+/// Weights of the per-head query and key RMSNorm (Qwen3): on the host for CPU ranks, and
+/// as f32 tensors on the device for CUDA ranks.
 #[derive(Debug, Clone)]
 struct HeadNorms {
     q: Vec<f32>,
     k: Vec<f32>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    on_device: Option<(Tensor, Tensor)>,
+}
+
+impl HeadNorms {
+    /// These norms for a rank on `dev`: CUDA ranks also get the weights as tensors.
+    fn for_device(&self, dev: &Device) -> Result<Self> {
+        let on_device = if dev.is_cuda() {
+            Some((
+                Tensor::from_slice(&self.q, self.q.len(), dev)?,
+                Tensor::from_slice(&self.k, self.k.len(), dev)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            on_device,
+            ..self.clone()
+        })
+    }
 }
 
 /// One rank's part of the model. Owned by that rank's worker thread.
@@ -123,10 +144,16 @@ pub fn load_rank_shards(
                 config.architecture
             )));
         }
-        if config.qk_norm {
+        // Gemma 3's layer: nothing of it has a CUDA path yet.
+        if config.sandwich_norms
+            || config.activation != Activation::Silu
+            || config.embed_scale.is_some()
+            || config.attention_scale.is_some()
+        {
             return Err(EngineError::Config(format!(
-                "{}: the per-head query/key norm runs on CPU ranks only so far; \
-                 serve this model with CPU devices",
+                "{}: its layer (GELU MLP, norms after attention and the MLP, scaled \
+                 embeddings and attention scores) runs on CPU ranks only so far; serve \
+                 this model with CPU devices",
                 config.architecture
             )));
         }
@@ -260,6 +287,7 @@ pub fn load_rank_shards(
             Some(HeadNorms {
                 q: norm("self_attn.q_norm.weight")?,
                 k: norm("self_attn.k_norm.weight")?,
+                on_device: None,
             })
         } else {
             None
@@ -297,7 +325,7 @@ pub fn load_rank_shards(
                     dev,
                     "qkv",
                 )?,
-                qk_norm: qk_norm.clone(),
+                qk_norm: qk_norm.as_ref().map(|n| n.for_device(dev)).transpose()?,
                 post_attn_norm: post_attn_norm
                     .as_ref()
                     .map(|n| n.to_device(dev))

@@ -51,6 +51,37 @@ impl GpuParts {
     }
 }
 
+/// The per-head RMSNorm of the queries and keys in a fused QKV row (Qwen3), before RoPE:
+/// each head's `head_dim` values normalized in f32 with the weights of its kind.
+fn head_norms(
+    qkv: &Tensor,
+    norms: &super::HeadNorms,
+    heads: HeadLayout,
+    eps: f32,
+) -> Result<Tensor> {
+    let (q_w, k_w) = norms
+        .on_device
+        .as_ref()
+        .ok_or_else(|| EngineError::Step("query/key norms were not loaded on the GPU".into()))?;
+    let n = qkv.dim(0)?;
+    let hd = heads.head_dim;
+    let (nq, nkv) = (heads.num_q_heads, heads.num_kv_heads);
+    let norm = |first: usize, count: usize, w: &Tensor| -> Result<Tensor> {
+        let part = qkv
+            .narrow(1, first * hd, count * hd)?
+            .contiguous()?
+            .to_dtype(DType::F32)?
+            .reshape((n * count, hd))?;
+        Ok(candle_nn::ops::rms_norm(&part, w, eps)?
+            .reshape((n, count * hd))?
+            .to_dtype(qkv.dtype())?)
+    };
+    let q = norm(0, nq, q_w)?;
+    let k = norm(nq, nkv, k_w)?;
+    let v = qkv.narrow(1, (nq + nkv) * hd, nkv * hd)?;
+    Ok(Tensor::cat(&[&q, &k, &v], 1)?.contiguous()?)
+}
+
 impl LlamaShard {
     fn gpu(&self) -> Result<&GpuParts> {
         self.gpu
@@ -94,7 +125,10 @@ impl LlamaShard {
             kernels::add_rms_norm(dev, ACTIVATIONS, &x, None, &first.attn_norm, eps)?;
         for (i, block) in self.blocks.iter().enumerate() {
             // Attention half, on h = norm(x).
-            let qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
+            let mut qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
+            if let Some(norms) = &block.qk_norm {
+                qkv = head_norms(&qkv, norms, heads, eps)?;
+            }
             let (k_cache, v_cache) = (&cache.k[i], &cache.v[i]);
             kernels::rope_write_kv(
                 dev,

@@ -1,4 +1,4 @@
-//! Writes a Hugging Face llama or qwen2 folder (config.json + safetensors) as a GGUF file
+//! Writes a Hugging Face llama, qwen2 or qwen3 folder (config.json + safetensors) as a GGUF file
 //! with its matrices quantized (Q4_1, Q8_0), the way llama.cpp's converter lays it out:
 //! GGUF tensor names, llama's query and key rows permuted for interleaved RoPE, norms
 //! and biases in f32.
@@ -30,6 +30,7 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, out: &Path) {
     let get = |k: &str| config[k].as_u64().unwrap_or_else(|| panic!("config {k}")) as u32;
     let arch = match config["model_type"].as_str() {
         Some("qwen2") => "qwen2",
+        Some("qwen3") => "qwen3",
         _ => "llama",
     };
     let heads = get("num_attention_heads") as usize;
@@ -106,6 +107,15 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, out: &Path) {
             gguf_file::Value::F32(eps),
         ),
         (key("rope.freq_base"), gguf_file::Value::F32(theta)),
+        // Qwen3's head dimension is not hidden / heads.
+        (
+            key("attention.key_length"),
+            gguf_file::Value::U32(
+                config["head_dim"]
+                    .as_u64()
+                    .map_or(get("hidden_size") / heads as u32, |d| d as u32),
+            ),
+        ),
         (key("vocab_size"), gguf_file::Value::U32(get("vocab_size"))),
     ];
     let md: Vec<(&str, &gguf_file::Value)> =

@@ -39,7 +39,7 @@ fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
     MODELS.get_or_init(|| {
         let dir = models_dir();
         let mut out = Vec::new();
-        for name in ["llama", "qwen2"] {
+        for name in ["llama", "qwen2", "qwen3"] {
             let folder = dir.join(name);
             out.push((format!("{name} bf16"), folder.clone(), folder.clone()));
             for (q, tag) in [(GgmlDType::Q4_1, "q4_1"), (GgmlDType::Q8_0, "q8_0")] {
@@ -321,6 +321,22 @@ fn an_unsupported_head_dim_is_refused_at_load() {
         format!("error: {err}"),
         "names the head dimension".into(),
         err.contains("head dimension 32"),
+    );
+}
+
+#[test]
+fn gemma3_is_refused_on_cuda_naming_its_layer() {
+    let mut cfg = EngineConfig::new(models_dir().join("gemma3"));
+    cfg.devices = devices("cuda:0");
+    let err = Engine::load(&cfg)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    check(
+        "gemma3 on CUDA refused at load",
+        format!("error: {err}"),
+        "names the GELU MLP and CPU ranks".into(),
+        err.contains("GELU MLP") && err.contains("CPU ranks"),
     );
 }
 
