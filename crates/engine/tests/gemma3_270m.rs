@@ -13,8 +13,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
-use tessera_protocol::SamplingParams;
+use tessera_engine::{Engine, EngineConfig};
 
 /// Where llama.cpp's two best logits are closer than this, another summation order may
 /// pick the other token (see smollm2_greedy.rs; Q4_K/Q6_K matmuls also quantize
@@ -79,23 +78,8 @@ fn greedy_tokens_match_llama_cpp_up_to_its_first_near_tie() {
         .zip(llama["cases"].as_array().expect("cases"))
     {
         let name = case["name"].as_str().expect("name");
-        let expected = ids(&want["greedy_ids"]);
-        let firm = floats(&want["greedy_top2_gaps"])
-            .iter()
-            .take_while(|g| **g >= NEAR_TIE)
-            .count();
-        let opts = GenerateOptions {
-            max_tokens: expected.len(),
-            sampling: SamplingParams::greedy(),
-            stop_token_ids: vec![],
-            prefill_chunk: 0,
-        };
-        let got = generate(&mut engine, &ids(&case["ids"]), &opts, |_| {}).expect("generate");
-        let agree = got
-            .iter()
-            .zip(&expected)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let (agree, firm) =
+            greedy_against_llama_cpp(&mut engine, &ids(&case["ids"]), want, NEAR_TIE);
         println!("{name}: {agree} tokens agree with llama.cpp, {firm} before its first near tie");
         assert!(agree >= firm, "{name}: {agree} agree, {firm} expected");
         compared += firm;

@@ -12,8 +12,7 @@
 mod common;
 
 use common::*;
-use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
-use tessera_protocol::SamplingParams;
+use tessera_engine::{Engine, EngineConfig};
 
 /// Where llama.cpp's two best logits are closer than this, another summation order (or
 /// another 8-bit rounding of the activations) may pick the other token.
@@ -76,23 +75,8 @@ fn greedy_tokens_match_llama_cpp_up_to_its_first_near_tie() {
             .zip(llama["cases"].as_array().expect("cases"))
         {
             let name = case["name"].as_str().expect("name");
-            let expected = ids(&want["greedy_ids"]);
-            let firm = floats(&want["greedy_top2_gaps"])
-                .iter()
-                .take_while(|g| **g >= NEAR_TIE)
-                .count();
-            let opts = GenerateOptions {
-                max_tokens: expected.len(),
-                sampling: SamplingParams::greedy(),
-                stop_token_ids: vec![],
-                prefill_chunk: 0,
-            };
-            let got = generate(&mut engine, &ids(&case["ids"]), &opts, |_| {}).expect("generate");
-            let agree = got
-                .iter()
-                .zip(&expected)
-                .take_while(|(a, b)| a == b)
-                .count();
+            let (agree, firm) =
+                greedy_against_llama_cpp(&mut engine, &ids(&case["ids"]), want, NEAR_TIE);
             println!("tp={tp} {name}: {agree} tokens agree with llama.cpp, {firm} before its first near tie");
             assert!(
                 agree >= firm,

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{cases, gemma3_dir, gemma3_gguf_path, ids_of, load_fixture, vocab_of};
-use tessera_tokenizer::{ChatRenderRequest, IncrementalDecoder, Tokenizer};
+use tessera_tokenizer::{ChatRenderRequest, Tokenizer};
 
 fn gemma3() -> Option<Arc<Tokenizer>> {
     let dir = gemma3_dir()?;
@@ -63,29 +63,7 @@ fn ids_and_decode_equal_transformers(tokenizer: Arc<Tokenizer>) {
         "vocabulary of {}",
         tokenizer.vocab_size()
     );
-    for case in cases(&fixture) {
-        let name = case["name"].as_str().unwrap();
-        let ids = ids_of(&case["ids"]);
-        assert_eq!(
-            tokenizer
-                .encode(case["text"].as_str().unwrap(), false)
-                .unwrap(),
-            ids,
-            "{name}"
-        );
-        assert_eq!(
-            tokenizer.decode(&ids, false).unwrap(),
-            case["decoded"].as_str().unwrap(),
-            "{name}"
-        );
-        let mut decoder = IncrementalDecoder::new(tokenizer.clone(), false);
-        let mut streamed = String::new();
-        for &id in &ids {
-            streamed.push_str(&decoder.push(id).unwrap());
-        }
-        streamed.push_str(&decoder.finish().unwrap());
-        assert_eq!(streamed, case["decoded"].as_str().unwrap(), "{name}");
-    }
+    common::ids_and_decode_equal_transformers(&tokenizer, &fixture);
 }
 
 #[test]

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{cases, ids_of, load_fixture, mistral_nemo_dir};
-use tessera_tokenizer::{ChatRenderRequest, IncrementalDecoder, Tokenizer};
+use tessera_tokenizer::{ChatRenderRequest, Tokenizer};
 
 fn mistral_nemo() -> Option<Arc<Tokenizer>> {
     let dir = mistral_nemo_dir()?;
@@ -27,29 +27,7 @@ fn mistral_nemo_ids_and_decode_equal_transformers() {
         tokenizer.vocab_size(),
         fixture["vocab_size"].as_u64().unwrap() as usize
     );
-    for case in cases(&fixture) {
-        let name = case["name"].as_str().unwrap();
-        let ids = ids_of(&case["ids"]);
-        assert_eq!(
-            tokenizer
-                .encode(case["text"].as_str().unwrap(), false)
-                .unwrap(),
-            ids,
-            "{name}"
-        );
-        assert_eq!(
-            tokenizer.decode(&ids, false).unwrap(),
-            case["decoded"].as_str().unwrap(),
-            "{name}"
-        );
-        let mut decoder = IncrementalDecoder::new(tokenizer.clone(), false);
-        let mut streamed = String::new();
-        for &id in &ids {
-            streamed.push_str(&decoder.push(id).unwrap());
-        }
-        streamed.push_str(&decoder.finish().unwrap());
-        assert_eq!(streamed, case["decoded"].as_str().unwrap(), "{name}");
-    }
+    common::ids_and_decode_equal_transformers(&tokenizer, &fixture);
 }
 
 #[test]

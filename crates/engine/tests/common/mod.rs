@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use tessera_engine::model::{Batch, ChunkLimits};
-use tessera_engine::Engine;
-use tessera_protocol::{KvCacheShape, ScheduledChunk, SeqId, StepPlan};
+use tessera_engine::{generate, Engine, GenerateOptions};
+use tessera_protocol::{KvCacheShape, SamplingParams, ScheduledChunk, SeqId, StepPlan};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -185,4 +185,33 @@ impl PositionErrors {
                 .collect()
         })
     }
+}
+
+/// Greedy tokens of `engine` from `prompt` against llama.cpp's, `want` being a case of a
+/// `llamacpp.json` fixture (`greedy_ids`, `greedy_top2_gaps`): how many agree from the
+/// start, and how many come before llama.cpp's first top-2 logit gap under `near_tie`.
+pub fn greedy_against_llama_cpp(
+    engine: &mut Engine,
+    prompt: &[u32],
+    want: &Value,
+    near_tie: f32,
+) -> (usize, usize) {
+    let expected = ids(&want["greedy_ids"]);
+    let firm = floats(&want["greedy_top2_gaps"])
+        .iter()
+        .take_while(|g| **g >= near_tie)
+        .count();
+    let opts = GenerateOptions {
+        max_tokens: expected.len(),
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+        prefill_chunk: 0,
+    };
+    let got = generate(engine, prompt, &opts, |_| {}).expect("generate");
+    let agree = got
+        .iter()
+        .zip(&expected)
+        .take_while(|(a, b)| a == b)
+        .count();
+    (agree, firm)
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::quantized::gguf_file;
 use serde_json::Value;
-use tessera_tokenizer::{GgufVocab, MetaValue, Tokenizer};
+use tessera_tokenizer::{GgufVocab, IncrementalDecoder, MetaValue, Tokenizer};
 
 pub const GGUF_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -153,4 +153,32 @@ pub fn ids_of(value: &Value) -> Vec<u32> {
 
 pub fn cases(fixture: &Value) -> &Vec<Value> {
     fixture["cases"].as_array().unwrap()
+}
+
+/// Every case of a `*_tokenize.json` fixture: the ids transformers gives, its decoded
+/// text, and the same text when the ids are decoded one at a time.
+pub fn ids_and_decode_equal_transformers(tokenizer: &Arc<Tokenizer>, fixture: &Value) {
+    for case in cases(fixture) {
+        let name = case["name"].as_str().unwrap();
+        let ids = ids_of(&case["ids"]);
+        assert_eq!(
+            tokenizer
+                .encode(case["text"].as_str().unwrap(), false)
+                .unwrap(),
+            ids,
+            "{name}"
+        );
+        assert_eq!(
+            tokenizer.decode(&ids, false).unwrap(),
+            case["decoded"].as_str().unwrap(),
+            "{name}"
+        );
+        let mut decoder = IncrementalDecoder::new(tokenizer.clone(), false);
+        let mut streamed = String::new();
+        for &id in &ids {
+            streamed.push_str(&decoder.push(id).unwrap());
+        }
+        streamed.push_str(&decoder.finish().unwrap());
+        assert_eq!(streamed, case["decoded"].as_str().unwrap(), "{name}");
+    }
 }
