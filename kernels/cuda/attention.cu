@@ -4,7 +4,9 @@
 // one (slot, kv head) is HD contiguous values. A token at position `pos` of a sequence
 // attends to the positions 0..=pos of that sequence, all of which are in the cache
 // (the step's new keys and values are written before attention runs), so prefill,
-// chunked prefill and decode take the same path.
+// chunked prefill and decode take the same path. With a sliding window (`window` > 0) it
+// attends to pos + 1 - window ..= pos only, and a tile reads no key before the window of
+// its first token: its partitions start there.
 //
 // One thread block serves one query head and one tile of up to QT consecutive tokens of
 // one sequence. The context is walked in chunks of CHUNK keys, one key per thread:
@@ -35,7 +37,7 @@ __device__ __forceinline__ void attention_tile(
     const uint32_t* __restrict__ seq_of_token,
     const uint32_t* __restrict__ block_tables, int max_blocks,
     const uint32_t* __restrict__ kv_of_q,
-    int nq, int nkv, int block_size, float scale, int partition_size) {
+    int nq, int nkv, int block_size, float scale, int partition_size, int window) {
     static_assert(HD % 8 == 0, "head dim must be a multiple of 8");
     const int head = blockIdx.x;
     const int tile = blockIdx.y;
@@ -48,7 +50,9 @@ __device__ __forceinline__ void attention_tile(
     const int t0 = tile_start[tile];
     const int nt = tile_len[tile];
     const int ctx = (int)positions[t0 + nt - 1] + 1;
-    const int k_begin = part * partition_size;
+    // The first key of the tile: the start of its first token's window.
+    const int k_lo = window > 0 ? max(0, (int)positions[t0] + 1 - window) : 0;
+    const int k_begin = k_lo + part * partition_size;
     const int k_end = min(ctx, k_begin + partition_size);
 
     __shared__ float qs[QT][HD];
@@ -57,6 +61,7 @@ __device__ __forceinline__ void attention_tile(
     __shared__ float l_s[QT];
     __shared__ float r_s[QT];
     __shared__ int qpos[QT];
+    __shared__ int qlo[QT];
 
     for (int e = tid; e < QT * HD; e += NT) {
         const int i = e / HD, d = e % HD;
@@ -68,6 +73,7 @@ __device__ __forceinline__ void attention_tile(
         l_s[tid] = 0.f;
         r_s[tid] = 0.f;
         qpos[tid] = tid < nt ? (int)positions[t0 + tid] : -1;
+        qlo[tid] = tid < nt && window > 0 ? (int)positions[t0 + tid] + 1 - window : 0;
     }
     __syncthreads();
 
@@ -112,7 +118,8 @@ __device__ __forceinline__ void attention_tile(
                 }
             }
 #pragma unroll
-            for (int i = 0; i < QT; ++i) sc[i][tid] = (tid < n_keys && j <= qpos[i]) ? s[i] : -INFINITY;
+            for (int i = 0; i < QT; ++i)
+                sc[i][tid] = (tid < n_keys && j <= qpos[i] && j >= qlo[i]) ? s[i] : -INFINITY;
         }
         __syncthreads();
         // 2. Online softmax, one warp per query.
@@ -261,11 +268,11 @@ __device__ __forceinline__ void merge_partitions(
         const T* k_cache, const T* v_cache, const uint32_t* positions,                         \
         const uint32_t* tile_start, const uint32_t* tile_len, const uint32_t* seq_of_token,   \
         const uint32_t* block_tables, int max_blocks, const uint32_t* kv_of_q, int nq,        \
-        int nkv, int block_size, float scale, int partition_size) {                            \
+        int nkv, int block_size, float scale, int partition_size, int window) {                \
         attention_tile<T, HD, QT>(out, out_stride, part_ms, part_acc, q, q_stride, k_cache,   \
                                   v_cache, positions, tile_start, tile_len, seq_of_token,     \
                                   block_tables, max_blocks, kv_of_q, nq, nkv, block_size,     \
-                                  scale, partition_size);                                     \
+                                  scale, partition_size, window);                             \
     }
 
 #define TESSERA_MERGE(NAME, T, HD)                                                            \

@@ -56,21 +56,7 @@ impl Engine {
         let started = Instant::now();
         tracing::info!("opening {}", cfg.model_path.display());
         let source = loader::open(&cfg.model_path)?;
-        let mut config = source.config().clone();
-        // The CUDA attention kernels have no window yet. Within the window, sliding and
-        // full attention agree, so GPUs serve such a model with its context cut to it.
-        if cfg.devices.iter().any(|d| matches!(d, DeviceSpec::Cuda(_))) {
-            if let Some(window) = config.sliding_window.as_ref().map(|sw| sw.window) {
-                if window < config.max_position_embeddings {
-                    tracing::warn!(
-                        "{}: sliding-window attention runs on CPU ranks only so far; on CUDA \
-                         ranks the context is limited to the window, {window} tokens",
-                        config.architecture
-                    );
-                    config.max_position_embeddings = window;
-                }
-            }
-        }
+        let config = source.config().clone();
         tracing::info!(
             "model: {} layers, hidden {}, {} heads / {} KV heads, vocabulary {}, context {}",
             config.num_layers,
@@ -501,8 +487,9 @@ fn row_parallel_block(source: &dyn loader::TensorSource, num_layers: usize) -> R
     Ok(block)
 }
 
-/// The window every layer attends to, when every layer slides and the attention that
-/// runs honours it (the CUDA kernels read the whole context, see `Engine::load`).
+/// The window every layer attends to, when every layer slides. CUDA ranks honour the
+/// window in attention but keep every block: their kernels have not yet been run with
+/// released table entries.
 fn attention_window(config: &ModelConfig, any_gpu: bool) -> Option<usize> {
     let sw = config.sliding_window.as_ref()?;
     (!any_gpu && sw.layers.len() == config.num_layers && sw.layers.iter().all(|s| *s))

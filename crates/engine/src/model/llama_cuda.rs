@@ -140,8 +140,20 @@ impl LlamaShard {
                 &gpu.rope,
                 heads,
             )?;
-            let attn =
-                kernels::paged_attention(dev, ACTIVATIONS, &qkv, k_cache, v_cache, &meta, heads)?;
+            let window = block
+                .sliding
+                .then(|| self.config.sliding_window.as_ref().map(|sw| sw.window))
+                .flatten();
+            let attn = kernels::paged_attention(
+                dev,
+                ACTIVATIONS,
+                &qkv,
+                k_cache,
+                v_cache,
+                &meta,
+                heads,
+                window,
+            )?;
             let o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
             (x, h) = kernels::add_rms_norm(dev, ACTIVATIONS, &x, Some(&o), &block.ffn_norm, eps)?;
             // MLP half.

@@ -62,6 +62,8 @@ struct AttentionCase {
     num_kv_heads: usize,
     block_size: usize,
     seqs: Vec<(usize, usize)>,
+    /// A sliding window: each token attends to its last `window` positions.
+    window: Option<usize>,
 }
 
 /// Runs one case; returns (max |error|, partitions of the decode launch).
@@ -99,6 +101,7 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         &v_dev,
         &meta,
         heads,
+        c.window,
     )
     .expect("attention");
     let got = download(&out);
@@ -114,14 +117,15 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
                     let slot = s.block_table[j / bs] as usize * bs + j % bs;
                     buf[slot * row + kvh * hd..slot * row + (kvh + 1) * hd].to_vec()
                 };
-                let scores: Vec<f32> = (0..=pos)
+                let lo = c.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let scores: Vec<f32> = (lo..=pos)
                     .map(|j| q.iter().zip(at(&k, j)).map(|(a, b)| a * b).sum::<f32>() * scale)
                     .collect();
                 let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let w: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
                 let z: f32 = w.iter().sum();
                 let o = &mut want[(t * nq + h) * hd..(t * nq + h + 1) * hd];
-                for (j, wj) in w.iter().enumerate() {
+                for (j, wj) in (lo..=pos).zip(&w) {
                     for (od, vd) in o.iter_mut().zip(at(&v, j)) {
                         *od += wj / z * vd;
                     }
@@ -151,6 +155,7 @@ fn paged_attention_matches_the_reference() {
                     num_kv_heads: nkv,
                     block_size: bs,
                     seqs: mixed.clone(),
+                    window: None,
                 };
                 let (err, parts) = attention_case(&case, &device, &mut rng);
                 check(
@@ -181,6 +186,7 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
             num_kv_heads: 1,
             block_size: bs,
             seqs,
+            window: None,
         };
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
@@ -200,6 +206,7 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
             num_kv_heads: 2,
             block_size: 16,
             seqs: seqs.clone(),
+            window: None,
         };
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
@@ -208,6 +215,42 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
             "< 1e-2".into(),
             err < 1e-2,
         );
+    }
+}
+
+#[test]
+fn paged_attention_honours_a_sliding_window() {
+    let device = gpu();
+    let mut rng = Lcg(13);
+    // Windows shorter than a block, across blocks and chunks, and longer than some
+    // contexts; over a prefill, a chunked prefill past the window, a decode split into
+    // partitions that start at its window, and a short decode.
+    let mixed = vec![(0, 37), (300, 21), (1500, 1), (5, 1)];
+    for dtype in [KvDtype::Bf16, KvDtype::F16] {
+        let bound = if dtype == KvDtype::Bf16 { 1e-2 } else { 2e-3 };
+        for window in [1, 7, 100, 600] {
+            for (hd, bs) in [(64, 16), (128, 7)] {
+                let case = AttentionCase {
+                    dtype,
+                    head_dim: hd,
+                    num_q_heads: 4,
+                    num_kv_heads: 2,
+                    block_size: bs,
+                    seqs: mixed.clone(),
+                    window: Some(window),
+                };
+                let (err, parts) = attention_case(&case, &device, &mut rng);
+                check(
+                    &format!(
+                        "attention {} hd{hd} block {bs}, window {window}, prefill+chunk+decode",
+                        dtype.suffix()
+                    ),
+                    format!("max |err| {err:.2e} ({parts} decode partitions)"),
+                    format!("< {bound:.0e}"),
+                    err < bound,
+                );
+            }
+        }
     }
 }
 

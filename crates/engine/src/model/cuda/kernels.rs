@@ -173,9 +173,10 @@ pub fn rope_write_kv(
     })
 }
 
-/// Attention of every token of the step over its sequence's cached context. `qkv` holds
-/// the rotated queries (its first `num_q_heads * head_dim` columns); returns
-/// `[tokens, num_q_heads * head_dim]`.
+/// Attention of every token of the step over its sequence's cached context, or over its
+/// last `window` positions for a sliding-window layer. `qkv` holds the rotated queries
+/// (its first `num_q_heads * head_dim` columns); returns `[tokens, num_q_heads * head_dim]`.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     dev: &CudaDevice,
     dtype: KvDtype,
@@ -184,6 +185,7 @@ pub fn paged_attention(
     v_cache: &Tensor,
     meta: &StepMeta,
     heads: HeadLayout,
+    window: Option<usize>,
 ) -> Result<Tensor> {
     with_element!(dtype, T => {
         expect_all(
@@ -220,6 +222,8 @@ pub fn paged_attention(
             nkv: i32_of(heads.num_kv_heads, "KV heads")?,
             block_size: i32_of(meta.block_size, "block size")?,
             scale: 1.0 / (hd as f32).sqrt(),
+            // 0: the whole context.
+            window: i32_of(window.unwrap_or(0), "attention window")?,
         };
         for (launch, tile, tiles) in [
             (&meta.plan.decode, 1, meta.decode_tiles(&meta_h)?),
@@ -253,6 +257,7 @@ struct AttentionArgs<'a> {
     nkv: i32,
     block_size: i32,
     scale: f32,
+    window: i32,
 }
 
 type View<'a, T> = candle_core::cuda::cudarc::driver::CudaView<'a, T>;
@@ -303,7 +308,10 @@ fn launch_tiles<T: CudaDType + DeviceRepr>(
         .arg(&a.kv_of_q)
         .arg(&a.nq)
         .arg(&a.nkv);
-    b.arg(&a.block_size).arg(&a.scale).arg(&partition_size);
+    b.arg(&a.block_size)
+        .arg(&a.scale)
+        .arg(&partition_size)
+        .arg(&a.window);
     let cfg = LaunchConfig {
         grid_dim: (nq as u32, num_tiles as u32, parts as u32),
         block_dim: (ATTENTION_THREADS, 1, 1),
