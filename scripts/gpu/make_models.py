@@ -6,6 +6,8 @@ from a fixed seed
                4 ranks replicate KV heads and split 6 heads unevenly), tied embeddings
   qwen2/       Qwen2ForCausalLM, bf16: 4 query heads / 2 KV heads of dimension 128, QKV
                bias, untied LM head
+  mistral/     MistralForCausalLM, bf16: every layer attends to its last 48 positions
+               (sliding_window; the prompts are longer), 8 query heads / 2 KV heads of 64
   qwen3/       Qwen3ForCausalLM, bf16: per-head query/key RMSNorm, 6 query heads / 2 KV
                heads of dimension 128 (not hidden / heads), no QKV bias, untied LM head
   llama-hd32/  a one-layer llama with head dimension 32, which CUDA ranks must refuse
@@ -26,7 +28,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 SEED = 20261123
 LINEAR_GAIN = float(os.environ.get("LINEAR_GAIN", "0.5"))
@@ -152,6 +155,10 @@ def main():
         hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
         tie_word_embeddings=False, use_sliding_window=False, **common), tok)
+    build(out, "mistral", MistralForCausalLM, MistralConfig(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=64, rope_theta=10000.0,
+        sliding_window=48, tie_word_embeddings=False, **common), tok)
     build(out, "qwen3", Qwen3ForCausalLM, Qwen3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
         num_attention_heads=6, num_key_value_heads=2, head_dim=128, rope_theta=1000000.0,

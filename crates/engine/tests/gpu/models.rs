@@ -39,7 +39,7 @@ fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
     MODELS.get_or_init(|| {
         let dir = models_dir();
         let mut out = Vec::new();
-        for name in ["llama", "qwen2", "qwen3"] {
+        for name in ["llama", "qwen2", "mistral", "qwen3"] {
             let folder = dir.join(name);
             out.push((format!("{name} bf16"), folder.clone(), folder.clone()));
             for (q, tag) in [(GgmlDType::Q4_1, "q4_1"), (GgmlDType::Q8_0, "q8_0")] {
