@@ -11,7 +11,11 @@ from a fixed seed
   qwen3/       Qwen3ForCausalLM, bf16: per-head query/key RMSNorm, 6 query heads / 2 KV
                heads of dimension 128 (not hidden / heads), no QKV bias, untied LM head
   llama-hd32/  a one-layer llama with head dimension 32, which CUDA ranks must refuse
-  gemma3/      a one-layer Gemma3ForCausalLM, whose layer CUDA ranks must refuse
+  gemma3/      Gemma3ForCausalLM, bf16: two sliding-window layers (window 48, RoPE base
+               10000) then a global one (1e6), GELU MLP, norms around attention and the
+               MLP, per-head q/k norms, scaled embeddings, 4 query heads / 1 KV head of
+               256 (replicated under TP), untied LM head (a tied one repeats the last
+               token of these random weights)
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -169,10 +173,13 @@ def main():
         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         tie_word_embeddings=True, **common), tok, with_reference=False)
     build(out, "gemma3", Gemma3ForCausalLM, Gemma3TextConfig(
-        hidden_size=256, intermediate_size=512, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=64, sliding_window=64,
-        vocab_size=vocab, rms_norm_eps=1e-6, max_position_embeddings=2048,
-        bos_token_id=None, eos_token_id=eos), tok, with_reference=False)
+        hidden_size=256, intermediate_size=768, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=48,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        query_pre_attn_scalar=256, tie_word_embeddings=False, vocab_size=vocab, rms_norm_eps=1e-6,
+        max_position_embeddings=2048, bos_token_id=None, eos_token_id=eos), tok)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ pub mod structured;
 pub mod tp;
 mod worker;
 
-pub use config::{EngineConfig, ModelConfig, RopeStyle};
+pub use config::{Activation, EngineConfig, ModelConfig, RopeStyle};
 pub use device::DeviceSpec;
 pub use device_map::{LayerMap, Stage};
 pub use engine::Engine;

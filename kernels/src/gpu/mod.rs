@@ -12,7 +12,8 @@ pub mod ptx {
     pub const ATTENTION: &str = include_str!(concat!(env!("OUT_DIR"), "/attention.ptx"));
     /// `rope_write_kv_{bf16,f16}`: RoPE on queries and keys, keys and values to the cache.
     pub const KV_WRITE: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_write.ptx"));
-    /// `silu_mul_{bf16,f16}`: SiLU(gate) · up.
+    /// `silu_mul_{bf16,f16}` and `gelu_tanh_mul_{bf16,f16}`: SiLU(gate) · up and
+    /// GELU(gate) · up.
     pub const ACTIVATIONS: &str = include_str!(concat!(env!("OUT_DIR"), "/activations.ptx"));
     /// `add_rms_norm_{bf16,f16}`: residual add and RMSNorm in one pass.
     pub const NORM: &str = include_str!(concat!(env!("OUT_DIR"), "/norm.ptx"));

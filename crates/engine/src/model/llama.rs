@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::{Activation, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::{layer_name, Embedding, Matrix, TensorSource};
 use crate::model::batch::Batch;
@@ -141,19 +141,6 @@ pub fn load_rank_shards(
             return Err(EngineError::Config(format!(
                 "{}: mixture-of-experts layers run on CPU ranks only so far; \
                  serve this model with CPU devices",
-                config.architecture
-            )));
-        }
-        // Gemma 3's layer: nothing of it has a CUDA path yet.
-        if config.sandwich_norms
-            || config.activation != Activation::Silu
-            || config.embed_scale.is_some()
-            || config.attention_scale.is_some()
-        {
-            return Err(EngineError::Config(format!(
-                "{}: its layer (GELU MLP, norms after attention and the MLP, scaled \
-                 embeddings and attention scores) runs on CPU ranks only so far; serve \
-                 this model with CPU devices",
                 config.architecture
             )));
         }
@@ -367,7 +354,12 @@ pub fn load_rank_shards(
         let kv_of_q = shard.local_kv_of_q(config.group_size());
         #[cfg(feature = "cuda")]
         let gpu = if dev.is_cuda() {
-            Some(cuda::GpuParts::new(dev, &rope, &kv_of_q)?)
+            Some(cuda::GpuParts::new(
+                dev,
+                &rope,
+                rope_sliding.as_deref(),
+                &kv_of_q,
+            )?)
         } else {
             None
         };

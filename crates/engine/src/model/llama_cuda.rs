@@ -12,26 +12,41 @@ use super::LlamaShard;
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
 use crate::model::cuda::buffers::cuda_device;
-use crate::model::cuda::kernels::{self, HeadLayout, RopeTables};
+use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention, RopeTables};
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::cuda::{CudaKvCache, ACTIVATIONS};
 use crate::model::rope::RopeTable;
 use crate::model::step_meta::PackedMeta;
 use crate::tp::Communicator;
 
-/// What a CUDA rank keeps beside its weights: the RoPE tables on the device, each local
-/// query head's local KV head, and how many thread blocks fill the GPU.
+/// What a CUDA rank keeps beside its weights: the RoPE tables on the device (and those of
+/// sliding-window layers with their own base), each local query head's local KV head,
+/// and how many thread blocks fill the GPU.
 #[derive(Debug, Clone)]
 pub(crate) struct GpuParts {
     rope: RopeTables,
+    rope_sliding: Option<RopeTables>,
     kv_of_q: Vec<u32>,
     target_blocks: usize,
 }
 
+fn tables(device: &Device, rope: &RopeTable) -> Result<RopeTables> {
+    let (cos, sin) = rope.tables_on(device)?;
+    Ok(RopeTables {
+        cos,
+        sin,
+        interleaved: rope.interleaved(),
+    })
+}
+
 impl GpuParts {
-    pub(crate) fn new(device: &Device, rope: &RopeTable, kv_of_q: &[usize]) -> Result<Self> {
+    pub(crate) fn new(
+        device: &Device,
+        rope: &RopeTable,
+        rope_sliding: Option<&RopeTable>,
+        kv_of_q: &[usize],
+    ) -> Result<Self> {
         let dev = cuda_device(device)?;
-        let (cos, sin) = rope.tables_on(device)?;
         let sms = dev
             .cuda_stream()
             .context()
@@ -40,11 +55,8 @@ impl GpuParts {
             )
             .map_err(|e| EngineError::Parallel(format!("CUDA device attribute: {e}")))?;
         Ok(Self {
-            rope: RopeTables {
-                cos,
-                sin,
-                interleaved: rope.interleaved(),
-            },
+            rope: tables(device, rope)?,
+            rope_sliding: rope_sliding.map(|r| tables(device, r)).transpose()?,
             kv_of_q: kv_of_q.iter().map(|k| *k as u32).collect(),
             target_blocks: 2 * sms.max(1) as usize,
         })
@@ -102,6 +114,10 @@ impl LlamaShard {
         let gpu = self.gpu()?;
         let dev = cuda_device(&self.device)?;
         let eps = self.config.rms_norm_eps as f32;
+        let scale = self
+            .config
+            .attention_scale
+            .unwrap_or(1.0 / (self.config.head_dim as f32).sqrt());
         let act = kernels::candle_dtype(ACTIVATIONS);
         let heads = HeadLayout {
             num_q_heads: self.shard.q_heads.len(),
@@ -130,20 +146,18 @@ impl LlamaShard {
                 qkv = head_norms(&qkv, norms, heads, eps)?;
             }
             let (k_cache, v_cache) = (&cache.k[i], &cache.v[i]);
-            kernels::rope_write_kv(
-                dev,
-                ACTIVATIONS,
-                &qkv,
-                k_cache,
-                v_cache,
-                &meta,
-                &gpu.rope,
-                heads,
-            )?;
-            let window = block
-                .sliding
-                .then(|| self.config.sliding_window.as_ref().map(|sw| sw.window))
-                .flatten();
+            let rope = match (&gpu.rope_sliding, block.sliding) {
+                (Some(r), true) => r,
+                _ => &gpu.rope,
+            };
+            kernels::rope_write_kv(dev, ACTIVATIONS, &qkv, k_cache, v_cache, &meta, rope, heads)?;
+            let layer = LayerAttention {
+                window: block
+                    .sliding
+                    .then(|| self.config.sliding_window.as_ref().map(|sw| sw.window))
+                    .flatten(),
+                scale,
+            };
             let attn = kernels::paged_attention(
                 dev,
                 ACTIVATIONS,
@@ -152,9 +166,12 @@ impl LlamaShard {
                 v_cache,
                 &meta,
                 heads,
-                window,
+                layer,
             )?;
-            let o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
+            let mut o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
+            if let Some(w) = &block.post_attn_norm {
+                o = candle_nn::ops::rms_norm(&o.contiguous()?, w, eps)?;
+            }
             (x, h) = kernels::add_rms_norm(dev, ACTIVATIONS, &x, Some(&o), &block.ffn_norm, eps)?;
             // MLP half.
             let super::Mlp::Dense { gate_up, down } = &block.mlp else {
@@ -164,8 +181,17 @@ impl LlamaShard {
             };
             let gate_up_out = gate_up.forward_fused(&h)?.to_dtype(act)?;
             let width = gate_up.widths().first().copied().unwrap_or(0);
-            let a = kernels::silu_mul(dev, ACTIVATIONS, &gate_up_out, width)?;
-            let d = comm.all_reduce_sum(&down.forward_f32(&a)?)?;
+            let a = kernels::gated_mul(
+                dev,
+                ACTIVATIONS,
+                &gate_up_out,
+                width,
+                self.config.activation,
+            )?;
+            let mut d = comm.all_reduce_sum(&down.forward_f32(&a)?)?;
+            if let Some(w) = &block.post_ffn_norm {
+                d = candle_nn::ops::rms_norm(&d.contiguous()?, w, eps)?;
+            }
             match self.blocks.get(i + 1) {
                 Some(next) => {
                     (x, h) =

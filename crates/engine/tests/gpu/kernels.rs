@@ -1,17 +1,19 @@
 //! Our CUDA kernels against plain host references on random inputs: paged attention
 //! over every head dimension, both KV dtypes, many block sizes, and contexts that span
-//! many blocks and partitions; RoPE with the KV write; SiLU·up; the f32-output GEMM.
+//! many blocks and partitions, sliding windows and other score scales; RoPE with the KV
+//! write; SiLU·up and GELU·up; the f32-output GEMM.
 
 use candle_core::{DType, Device, Tensor};
 use tessera_engine::model::batch::{Batch, BatchSeq};
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
-    add_rms_norm, argmax_rows, candle_dtype, paged_attention, rope_write_kv, silu_mul, HeadLayout,
-    RopeTables,
+    add_rms_norm, argmax_rows, candle_dtype, gated_mul, paged_attention, rope_write_kv, HeadLayout,
+    LayerAttention, RopeTables,
 };
 use tessera_engine::model::cuda::step_meta::StepMeta;
 use tessera_engine::model::rope::RopeTable;
 use tessera_engine::model::step_meta::PackedMeta;
+use tessera_engine::Activation;
 use tessera_engine::RopeStyle;
 use tessera_kernels::gpu::launch::{KvDtype, HEAD_DIMS};
 
@@ -64,6 +66,8 @@ struct AttentionCase {
     seqs: Vec<(usize, usize)>,
     /// A sliding window: each token attends to its last `window` positions.
     window: Option<usize>,
+    /// Score scale; 1/√head_dim when `None`.
+    scale: Option<f32>,
 }
 
 /// Runs one case; returns (max |error|, partitions of the decode launch).
@@ -101,11 +105,14 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         &v_dev,
         &meta,
         heads,
-        c.window,
+        LayerAttention {
+            window: c.window,
+            scale: c.scale.unwrap_or(1.0 / (hd as f32).sqrt()),
+        },
     )
     .expect("attention");
     let got = download(&out);
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = c.scale.unwrap_or(1.0 / (hd as f32).sqrt());
     let mut want = vec![0f32; n * nq * hd];
     for s in &batch.seqs {
         for t in s.token_start..s.token_start + s.num_tokens {
@@ -156,6 +163,7 @@ fn paged_attention_matches_the_reference() {
                     block_size: bs,
                     seqs: mixed.clone(),
                     window: None,
+                    scale: None,
                 };
                 let (err, parts) = attention_case(&case, &device, &mut rng);
                 check(
@@ -187,6 +195,7 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
             block_size: bs,
             seqs,
             window: None,
+            scale: None,
         };
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
@@ -207,6 +216,7 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
             block_size: 16,
             seqs: seqs.clone(),
             window: None,
+            scale: None,
         };
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
@@ -238,6 +248,7 @@ fn paged_attention_honours_a_sliding_window() {
                     block_size: bs,
                     seqs: mixed.clone(),
                     window: Some(window),
+                    scale: Some(0.0625),
                 };
                 let (err, parts) = attention_case(&case, &device, &mut rng);
                 check(
@@ -325,35 +336,44 @@ fn rope_and_kv_write_match_the_reference() {
 }
 
 #[test]
-fn silu_mul_and_f32_gemm_match_the_reference() {
+fn gated_mul_and_f32_gemm_match_the_reference() {
     let device = gpu();
     let mut rng = Lcg(5);
     for dtype in [KvDtype::Bf16, KvDtype::F16] {
         let dt = candle_dtype(dtype);
         let (rows, width) = (37, 300);
         let gu = rounded(&rng.values(rows * 2 * width), dt);
-        let out = silu_mul(
-            cuda(&device),
-            dtype,
-            &upload(&gu, &[rows, 2 * width], dt, &device),
-            width,
-        )
-        .expect("silu_mul");
-        let want: Vec<f32> = (0..rows * width)
-            .map(|e| {
-                let (r, c) = (e / width, e % width);
-                let g = gu[r * 2 * width + c];
-                g / (1.0 + (-g).exp()) * gu[r * 2 * width + width + c]
-            })
-            .collect();
-        let err = max_abs_diff(&download(&out), &rounded(&want, dt));
-        let bound = if dtype == KvDtype::Bf16 { 1e-2 } else { 2e-3 };
-        check(
-            &format!("silu·up {}", dtype.suffix()),
-            format!("max |err| {err:.2e}"),
-            format!("< {bound:.0e}"),
-            err < bound,
-        );
+        for (activation, label) in [(Activation::Silu, "silu"), (Activation::GeluTanh, "gelu")] {
+            let out = gated_mul(
+                cuda(&device),
+                dtype,
+                &upload(&gu, &[rows, 2 * width], dt, &device),
+                width,
+                activation,
+            )
+            .expect("gated_mul");
+            let act = |g: f32| match activation {
+                Activation::Silu => g / (1.0 + (-g).exp()),
+                Activation::GeluTanh => {
+                    let k = (2.0 / std::f32::consts::PI).sqrt();
+                    0.5 * g * (1.0 + (k * (g + 0.044715 * g * g * g)).tanh())
+                }
+            };
+            let want: Vec<f32> = (0..rows * width)
+                .map(|e| {
+                    let (r, c) = (e / width, e % width);
+                    act(gu[r * 2 * width + c]) * gu[r * 2 * width + width + c]
+                })
+                .collect();
+            let err = max_abs_diff(&download(&out), &rounded(&want, dt));
+            let bound = if dtype == KvDtype::Bf16 { 1e-2 } else { 2e-3 };
+            check(
+                &format!("{label}·up {}", dtype.suffix()),
+                format!("max |err| {err:.2e}"),
+                format!("< {bound:.0e}"),
+                err < bound,
+            );
+        }
         let (m, k, n) = (19, 512, 333);
         let x = rounded(&rng.values(m * k), dt);
         let w = rounded(&rng.values(n * k), dt);

@@ -12,6 +12,7 @@ use tessera_kernels::gpu::launch::{
 };
 use tessera_kernels::gpu::ptx;
 
+use crate::config::Activation;
 use crate::error::{EngineError, Result};
 use crate::model::cuda::buffers::{expect_dtype, wrap, Held};
 use crate::model::cuda::step_meta::StepMeta;
@@ -173,9 +174,18 @@ pub fn rope_write_kv(
     })
 }
 
+/// What a layer's attention reads and how it scales scores.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerAttention {
+    /// A sliding-window layer attends to its last `window` positions only.
+    pub window: Option<usize>,
+    /// Scores are `q · k · scale` (1/√head_dim unless the model says otherwise).
+    pub scale: f32,
+}
+
 /// Attention of every token of the step over its sequence's cached context, or over its
-/// last `window` positions for a sliding-window layer. `qkv` holds the rotated queries
-/// (its first `num_q_heads * head_dim` columns); returns `[tokens, num_q_heads * head_dim]`.
+/// last positions for a sliding-window layer. `qkv` holds the rotated queries (its first
+/// `num_q_heads * head_dim` columns); returns `[tokens, num_q_heads * head_dim]`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     dev: &CudaDevice,
@@ -185,7 +195,7 @@ pub fn paged_attention(
     v_cache: &Tensor,
     meta: &StepMeta,
     heads: HeadLayout,
-    window: Option<usize>,
+    layer: LayerAttention,
 ) -> Result<Tensor> {
     with_element!(dtype, T => {
         expect_all(
@@ -221,9 +231,9 @@ pub fn paged_attention(
             nq: i32_of(nq, "query heads")?,
             nkv: i32_of(heads.num_kv_heads, "KV heads")?,
             block_size: i32_of(meta.block_size, "block size")?,
-            scale: 1.0 / (hd as f32).sqrt(),
+            scale: layer.scale,
             // 0: the whole context.
-            window: i32_of(window.unwrap_or(0), "attention window")?,
+            window: i32_of(layer.window.unwrap_or(0), "attention window")?,
         };
         for (launch, tile, tiles) in [
             (&meta.plan.decode, 1, meta.decode_tiles(&meta_h)?),
@@ -342,12 +352,14 @@ fn launch_tiles<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
-/// SiLU(gate) · up of a fused `[rows, 2 * width]` gate/up output: `[rows, width]`.
-pub fn silu_mul(
+/// act(gate) · up of a fused `[rows, 2 * width]` gate/up output: `[rows, width]`, with
+/// the model's activation (SiLU, or GELU's tanh approximation).
+pub fn gated_mul(
     dev: &CudaDevice,
     dtype: KvDtype,
     gate_up: &Tensor,
     width: usize,
+    activation: Activation,
 ) -> Result<Tensor> {
     with_element!(dtype, T => {
         expect_all(dtype, &[(gate_up, "gate/up")])?;
@@ -365,7 +377,11 @@ pub fn silu_mul(
         }
         let held = Held::new(gate_up, "gate/up")?;
         let gu = held.view::<T>()?;
-        let name = format!("silu_mul_{}", dtype.suffix());
+        let kernel = match activation {
+            Activation::Silu => "silu_mul",
+            Activation::GeluTanh => "gelu_tanh_mul",
+        };
+        let name = format!("{kernel}_{}", dtype.suffix());
         let f = func!(dev, "tessera_activations", ptx::ACTIVATIONS, &name)?;
         let width_i32 = i32_of(width, "width")?;
         let mut b = f.builder();
