@@ -11,6 +11,9 @@ from a fixed seed
   qwen3/       Qwen3ForCausalLM, bf16: per-head query/key RMSNorm, 6 query heads / 2 KV
                heads of dimension 128 (not hidden / heads), no QKV bias, untied LM head
   llama-hd32/  a one-layer llama with head dimension 32, which CUDA ranks must refuse
+  qwen3-moe/   Qwen3MoeForCausalLM, bf16: 3 layers, each a mixture of 8 experts of 256
+               columns (top 2, renormalised; router weights N(0, 0.5) so that choices are
+               not near ties), 8 query / 2 KV heads of 64, untied LM head
   gemma3/      Gemma3ForCausalLM, bf16: two sliding-window layers (window 48, RoPE base
                10000) then a global one (1e6), GELU MLP, norms around attention and the
                MLP, per-head q/k norms, scaled embeddings, 4 query heads / 1 KV head of
@@ -33,7 +36,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 SEED = 20261123
 LINEAR_GAIN = float(os.environ.get("LINEAR_GAIN", "0.5"))
@@ -130,6 +133,14 @@ def reference(path, cls, tok):
           file=sys.stderr)
 
 
+def init_routers(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("mlp.gate.weight"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+
+
 def build(out, name, cls, config, tok, with_reference=True):
     path = os.path.join(out, name)
     shutil.rmtree(path, ignore_errors=True)
@@ -137,6 +148,7 @@ def build(out, name, cls, config, tok, with_reference=True):
     torch.manual_seed(SEED)
     model = cls(config).to(torch.float32)
     init_weights(model, SEED)
+    init_routers(model, SEED + 1)
     model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
     save_tokenizer(tok, path)
     if with_reference:
@@ -172,6 +184,12 @@ def main():
         hidden_size=128, intermediate_size=256, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         tie_word_embeddings=True, **common), tok, with_reference=False)
+    build(out, "qwen3-moe", Qwen3MoeForCausalLM, Qwen3MoeConfig(
+        hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+        rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=False,
+        use_sliding_window=False, **common), tok)
     build(out, "gemma3", Gemma3ForCausalLM, Gemma3TextConfig(
         hidden_size=256, intermediate_size=768, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=48,

@@ -42,6 +42,10 @@ impl Linear {
         if let (LinearWeight::Candle(QMatMul::Tensor(w)), candle_core::Device::Cuda(dev)) =
             (&self.weight, x.device())
         {
+            // An f32 weight (a GGUF file's F32 router, say): candle's f32 matmul.
+            if w.dtype() == candle_core::DType::F32 {
+                return self.forward(&x.to_dtype(candle_core::DType::F32)?);
+            }
             let y = crate::model::cuda::gemm::matmul_f32_out(dev, &x.to_dtype(w.dtype())?, w)?;
             return Ok(match &self.bias {
                 Some(b) => y.broadcast_add(&b.to_dtype(candle_core::DType::F32)?)?,

@@ -137,13 +137,6 @@ pub fn load_rank_shards(
     let (h, hd) = (config.hidden_size, config.head_dim);
     if devices.iter().any(Device::is_cuda) {
         tessera_kernels::gpu::launch::check_head_dim(hd).map_err(EngineError::Config)?;
-        if config.moe.is_some() {
-            return Err(EngineError::Config(format!(
-                "{}: mixture-of-experts layers run on CPU ranks only so far; \
-                 serve this model with CPU devices",
-                config.architecture
-            )));
-        }
     }
     let started = Instant::now();
     let embedding = source.embedding()?;

@@ -174,21 +174,22 @@ impl LlamaShard {
             }
             (x, h) = kernels::add_rms_norm(dev, ACTIVATIONS, &x, Some(&o), &block.ffn_norm, eps)?;
             // MLP half.
-            let super::Mlp::Dense { gate_up, down } = &block.mlp else {
-                return Err(EngineError::Config(
-                    "mixture-of-experts layers run on CPU ranks only so far".into(),
-                ));
+            let partial = match &block.mlp {
+                super::Mlp::Dense { gate_up, down } => {
+                    let gate_up_out = gate_up.forward_fused(&h)?.to_dtype(act)?;
+                    let width = gate_up.widths().first().copied().unwrap_or(0);
+                    let a = kernels::gated_mul(
+                        dev,
+                        ACTIVATIONS,
+                        &gate_up_out,
+                        width,
+                        self.config.activation,
+                    )?;
+                    down.forward_f32(&a)?
+                }
+                super::Mlp::Experts(experts) => experts.forward_cuda(&h)?,
             };
-            let gate_up_out = gate_up.forward_fused(&h)?.to_dtype(act)?;
-            let width = gate_up.widths().first().copied().unwrap_or(0);
-            let a = kernels::gated_mul(
-                dev,
-                ACTIVATIONS,
-                &gate_up_out,
-                width,
-                self.config.activation,
-            )?;
-            let mut d = comm.all_reduce_sum(&down.forward_f32(&a)?)?;
+            let mut d = comm.all_reduce_sum(&partial)?;
             if let Some(w) = &block.post_ffn_norm {
                 d = candle_nn::ops::rms_norm(&d.contiguous()?, w, eps)?;
             }

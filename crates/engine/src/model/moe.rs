@@ -22,6 +22,10 @@ use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::tp::split::{split_units, Segment};
 use crate::tp::{ShardPlan, SplitState};
 
+#[cfg(feature = "cuda")]
+#[path = "moe_cuda.rs"]
+mod cuda;
+
 /// One rank's slice of one expert.
 #[derive(Debug)]
 struct Expert {
@@ -165,6 +169,19 @@ pub fn route(logits: &[f32], experts: usize, k: usize, norm: bool) -> Vec<Vec<(u
 }
 
 impl MoeShard {
+    /// The tokens of each expert, from the router's logits (`[tokens, experts]`, row
+    /// major): `(token, weight)` pairs in token order.
+    fn groups(&self, logits: &[f32]) -> Vec<Vec<(usize, f32)>> {
+        let routes = route(logits, self.experts.len(), self.top_k, self.norm_topk_prob);
+        let mut groups: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.experts.len()];
+        for (t, chosen) in routes.iter().enumerate() {
+            for &(e, w) in chosen {
+                groups[e].push((t, w));
+            }
+        }
+        groups
+    }
+
     /// `x`: `[tokens, hidden]` → this rank's partial sum of the mixture, `[tokens, hidden]`
     /// (all-reduced by the caller).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -176,14 +193,7 @@ impl MoeShard {
             )));
         }
         let logits = cpu_ops::with_values(&self.router.forward(x)?, |v| v.to_vec())?;
-        let routes = route(&logits, self.experts.len(), self.top_k, self.norm_topk_prob);
-        // Tokens grouped by expert: (token, weight) pairs in token order.
-        let mut groups: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.experts.len()];
-        for (t, chosen) in routes.iter().enumerate() {
-            for &(e, w) in chosen {
-                groups[e].push((t, w));
-            }
-        }
+        let groups = self.groups(&logits);
         let xs = cpu_ops::with_values(x, |v| v.to_vec())?;
         let mut out = vec![0f32; n * h];
         for (expert, group) in self.experts.iter().zip(&groups) {

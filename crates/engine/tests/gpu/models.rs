@@ -50,10 +50,12 @@ fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
                 out.push((format!("{name} {tag} GGUF"), file, folder.clone()));
             }
         }
-        // Gemma 3's layout in GGUF (norms stored with 1 added, its window) is not written
-        // here: the safetensors folder only.
-        let gemma = dir.join("gemma3");
-        out.push(("gemma3 bf16".into(), gemma.clone(), gemma));
+        // This GGUF writer knows neither Gemma 3's layout (norms stored with 1 added, its
+        // window) nor stacked experts: their safetensors folders only.
+        for name in ["qwen3-moe", "gemma3"] {
+            let folder = dir.join(name);
+            out.push((format!("{name} bf16"), folder.clone(), folder));
+        }
         out
     })
 }

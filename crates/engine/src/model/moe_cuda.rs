@@ -1,0 +1,49 @@
+//! The mixture of experts on a CUDA rank. The router's logits (`[tokens, experts]`, f32)
+//! come to the host, which routes as CPU ranks do; each chosen expert then runs once over
+//! the rows of its tokens, gathered on the device, and its weighted output is added into
+//! the rank's partial sum there.
+
+use candle_core::{DType, Tensor};
+
+use super::MoeShard;
+use crate::config::Activation;
+use crate::error::Result;
+use crate::model::cuda::kernels::{self, candle_dtype};
+use crate::model::cuda::ACTIVATIONS;
+
+impl MoeShard {
+    /// `h`: the normed activations `[tokens, hidden]` → this rank's partial sum of the
+    /// mixture, f32 `[tokens, hidden]` (all-reduced by the caller).
+    pub(crate) fn forward_cuda(&self, h: &Tensor) -> Result<Tensor> {
+        let device = h.device();
+        let dev = crate::model::cuda::buffers::cuda_device(device)?;
+        let (n, hidden) = h.dims2()?;
+        let logits = self
+            .router
+            .forward_f32(h)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let mut out = Tensor::zeros((n, hidden), DType::F32, device)?;
+        for (expert, group) in self.experts.iter().zip(self.groups(&logits)) {
+            if group.is_empty() {
+                continue;
+            }
+            let tokens: Vec<u32> = group.iter().map(|(t, _)| *t as u32).collect();
+            let weights: Vec<f32> = group.iter().map(|(_, w)| *w).collect();
+            let idx = Tensor::from_vec(tokens, group.len(), device)?;
+            let rows = h.index_select(&idx, 0)?;
+            let gate_up = expert
+                .gate_up
+                .forward_fused(&rows)?
+                .to_dtype(candle_dtype(ACTIVATIONS))?
+                .contiguous()?;
+            let width = expert.gate_up.widths().first().copied().unwrap_or(0);
+            let act = kernels::gated_mul(dev, ACTIVATIONS, &gate_up, width, Activation::Silu)?;
+            let y = expert.down.forward_f32(&act)?.to_dtype(DType::F32)?;
+            let w = Tensor::from_vec(weights, (group.len(), 1), device)?;
+            out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
+        }
+        Ok(out)
+    }
+}
