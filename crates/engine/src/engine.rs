@@ -99,8 +99,20 @@ impl Engine {
             .iter()
             .any(|m| matches!(m.device, DeviceSpec::Cuda(_)));
         // With a utilization to honour, start with a cache just large enough for the
-        // profile step; it is resized once the step has measured the activations.
-        let gpu_sizing = cfg.gpu_memory_utilization.filter(|_| any_gpu);
+        // profile step; it is resized once the step has measured the activations. Every
+        // node of a group must hold the same blocks, and sizes them at rendezvous from
+        // the KV budget the nodes agreed on.
+        let spans_nodes = cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1);
+        if spans_nodes && any_gpu && cfg.gpu_memory_utilization.is_some() {
+            tracing::warn!(
+                "a group of nodes sizes its KV cache from the KV cache budget ({} MiB per \
+                 rank), the same on every node; --gpu-memory-utilization is not used",
+                cfg.kv_cache_bytes >> 20
+            );
+        }
+        let gpu_sizing = cfg
+            .gpu_memory_utilization
+            .filter(|_| any_gpu && !spans_nodes);
         let num_blocks = match gpu_sizing {
             Some(_) => {
                 kv_sizing::profile_plan(

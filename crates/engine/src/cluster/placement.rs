@@ -1,6 +1,8 @@
 //! The placement of one node of a group of nodes: rendezvous first (nothing loads
-//! until the nodes agree), then this node's slice of the group's ranks, each with a
-//! TCP endpoint into the group's collectives (rank 0, on the leader, is their hub).
+//! until the nodes agree), then this node's slice of the group's ranks, each with an
+//! endpoint into the group's collectives: for CPU ranks over TCP (rank 0, on the leader,
+//! is their hub), for CUDA ranks through NCCL, whose unique id the leader hands out at
+//! rendezvous.
 
 use std::net::{SocketAddr, TcpListener};
 
@@ -12,7 +14,7 @@ use crate::error::{EngineError, Result};
 use crate::loader::TensorSource;
 use crate::model::load_rank_shards;
 use crate::placement::{settle_uploads, CommGroups, Member, Placement};
-use crate::tp::{Endpoint, GroupToken, PlanOptions, ShardPlan, TcpEndpoint};
+use crate::tp::{AllReduceDtype, Endpoint, GroupToken, PlanOptions, ShardPlan, TcpEndpoint};
 use crate::worker::StageLinks;
 
 /// What this node must agree on with the others.
@@ -30,10 +32,91 @@ fn identity(
         nnodes: topo.nnodes,
         split: ratios.iter().map(|r| r.to_string()).collect(),
         allreduce_dtype: format!("{:?}", cfg.allreduce_dtype).to_lowercase(),
-        device_kind: "cpu".into(),
+        device_kind: device_kind(&cfg.devices)?.into(),
         block_size_tokens: cfg.block_size_tokens,
         kv_cache_bytes: cfg.kv_cache_bytes,
     })
+}
+
+/// Whether this node's ranks are CPU ranks or GPUs of their own: a group's collectives
+/// run either over TCP or through NCCL, never both, and NCCL refuses two ranks on one
+/// GPU, which the same-GPU communicator of one process cannot join across nodes.
+fn device_kind(devices: &[DeviceSpec]) -> Result<&'static str> {
+    if devices.iter().all(|d| matches!(d, DeviceSpec::Cpu(_))) {
+        return Ok("cpu");
+    }
+    if !devices.iter().all(|d| matches!(d, DeviceSpec::Cuda(_))) {
+        return Err(EngineError::Parallel(
+            "a node of a group of nodes runs either CPU ranks or CUDA ranks, not both".into(),
+        ));
+    }
+    if devices
+        .iter()
+        .enumerate()
+        .any(|(i, d)| devices[..i].contains(d))
+    {
+        return Err(EngineError::Parallel(
+            "across nodes each CUDA rank needs a GPU of its own (NCCL joins them); \
+             list each GPU once in --devices"
+                .into(),
+        ));
+    }
+    Ok("cuda")
+}
+
+/// The NCCL unique id of a welcome, checked: exactly 128 bytes, present for CUDA ranks.
+fn nccl_id(welcome: &Welcome) -> Result<[u8; 128]> {
+    let bytes = welcome.nccl_id.as_deref().ok_or_else(|| {
+        EngineError::Parallel("the leader sent no NCCL id: it does not run CUDA ranks".into())
+    })?;
+    <[u8; 128]>::try_from(bytes).map_err(|_| {
+        EngineError::Parallel(format!(
+            "the leader's NCCL id has {} bytes, not 128",
+            bytes.len()
+        ))
+    })
+}
+
+/// The endpoints of this node's `ranks` in a CUDA group spanning nodes.
+#[cfg(feature = "cuda")]
+fn nccl_endpoints(
+    id: &[u8; 128],
+    ranks: std::ops::Range<usize>,
+    world: usize,
+    dtype: AllReduceDtype,
+    timeout: std::time::Duration,
+) -> Result<Vec<Box<dyn Endpoint>>> {
+    Ok(
+        crate::tp::NcclEndpoint::node_group(id, ranks, world, dtype, timeout)
+            .into_iter()
+            .map(|e| Box::new(e) as Box<dyn Endpoint>)
+            .collect(),
+    )
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_endpoints(
+    _id: &[u8; 128],
+    _ranks: std::ops::Range<usize>,
+    _world: usize,
+    _dtype: AllReduceDtype,
+    _timeout: std::time::Duration,
+) -> Result<Vec<Box<dyn Endpoint>>> {
+    Err(EngineError::Parallel(
+        "CUDA ranks need a build with the `cuda` feature".into(),
+    ))
+}
+
+#[cfg(feature = "cuda")]
+fn new_nccl_id() -> Result<[u8; 128]> {
+    crate::tp::NcclEndpoint::new_id_bytes()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn new_nccl_id() -> Result<[u8; 128]> {
+    Err(EngineError::Parallel(
+        "CUDA ranks need a build with the `cuda` feature".into(),
+    ))
 }
 
 fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
@@ -56,13 +139,7 @@ pub(crate) fn nodes(
             "--device-layers places whole layers in one process; it cannot be combined with --nnodes".into(),
         ));
     }
-    if cfg.devices.iter().any(|d| !matches!(d, DeviceSpec::Cpu(_))) {
-        return Err(EngineError::Parallel(
-            "ranks on GPUs across nodes need NCCL's multi-node bootstrap, which this build does not wire; \
-             serve a group of nodes with CPU ranks"
-                .into(),
-        ));
-    }
+    let cuda = device_kind(&cfg.devices)? == "cuda";
     if topo.node_rank >= topo.nnodes {
         return Err(EngineError::Parallel(format!(
             "--node-rank {} is not a node of --nnodes {}",
@@ -91,7 +168,7 @@ pub(crate) fn nodes(
     let me = identity(cfg, config, topo, &ratios)?;
     let first = topo.node_rank * local;
     let (dtype, timeout, join) = (cfg.allreduce_dtype, cfg.step_timeout, topo.join_timeout);
-    let (endpoints, links): (Vec<TcpEndpoint>, NodeLinks) = if topo.is_leader() {
+    let (endpoints, links): (Vec<Box<dyn Endpoint>>, NodeLinks) = if topo.is_leader() {
         let bind = rendezvous::leader_bind_addr(&topo.master_addr, topo.master_port)?;
         let listener = TcpListener::bind(bind).map_err(|e| {
             EngineError::Parallel(format!("cannot listen for the worker nodes on {bind}: {e}"))
@@ -99,18 +176,33 @@ pub(crate) fn nodes(
         let comm = TcpListener::bind(SocketAddr::new(bind.ip(), 0))?;
         let hub = loopback_if_unspecified(comm.local_addr()?);
         let token = GroupToken::random();
+        let id = if cuda { Some(new_nccl_id()?) } else { None };
         let welcome = Welcome {
             comm_port: hub.port(),
             group_token: token.0,
-            nccl_id: None,
+            nccl_id: id.map(|id| id.to_vec()),
         };
         tracing::info!(
             "rendezvous: waiting up to {join:?} for {} worker node(s) on {bind}",
             topo.nnodes - 1
         );
         let streams = rendezvous::accept_workers(&listener, &me, &welcome, join)?;
-        let mut e = vec![TcpEndpoint::hub(comm, world, token, dtype, timeout)];
-        e.extend((1..local).map(|r| TcpEndpoint::spoke(hub, r, world, token, dtype, timeout)));
+        let e = match id {
+            Some(id) => nccl_endpoints(&id, 0..local, world, dtype, timeout)?,
+            None => {
+                let mut e = vec![tcp(
+                    TcpEndpoint::hub(comm, world, token, dtype, timeout),
+                    join,
+                )];
+                e.extend((1..local).map(|r| {
+                    tcp(
+                        TcpEndpoint::spoke(hub, r, world, token, dtype, timeout),
+                        join,
+                    )
+                }));
+                e
+            }
+        };
         (e, NodeLinks::Leader(streams))
     } else {
         let master = rendezvous::resolve(&topo.master_addr, topo.master_port)?;
@@ -121,9 +213,24 @@ pub(crate) fn nodes(
         let (stream, welcome) = rendezvous::join(master, topo.node_rank, &me, join)?;
         let hub = SocketAddr::new(master.ip(), welcome.comm_port);
         let token = GroupToken(welcome.group_token);
-        let e = (first..first + local)
-            .map(|r| TcpEndpoint::spoke(hub, r, world, token, dtype, timeout))
-            .collect();
+        let e = if cuda {
+            nccl_endpoints(
+                &nccl_id(&welcome)?,
+                first..first + local,
+                world,
+                dtype,
+                timeout,
+            )?
+        } else {
+            (first..first + local)
+                .map(|r| {
+                    tcp(
+                        TcpEndpoint::spoke(hub, r, world, token, dtype, timeout),
+                        join,
+                    )
+                })
+                .collect()
+        };
         (
             e,
             NodeLinks::Worker(crate::cluster::LeaderLink {
@@ -164,8 +271,7 @@ pub(crate) fn nodes(
             device: cfg.devices[i],
             shard,
             layers: 0..config.num_layers,
-            // Ranks of other nodes may still be loading their weights.
-            endpoint: Box::new(endpoint.with_connect_timeout(join)) as Box<dyn Endpoint>,
+            endpoint,
             links: StageLinks::default(),
             returns_logits: first + i == 0,
         })
@@ -179,4 +285,45 @@ pub(crate) fn nodes(
         kv_heads_max,
         links,
     })
+}
+
+/// A TCP endpoint that waits up to `join` for its peers: ranks of other nodes may still
+/// be loading their weights.
+fn tcp(endpoint: TcpEndpoint, join: std::time::Duration) -> Box<dyn Endpoint> {
+    Box::new(endpoint.with_connect_timeout(join))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_runs_cpu_ranks_or_gpus_of_its_own() -> Result<()> {
+        let kind = |s: &str| device_kind(&DeviceSpec::parse_list(s)?);
+        assert_eq!(kind("cpu:0,cpu:1")?, "cpu");
+        assert_eq!(kind("cuda:0,cuda:1")?, "cuda");
+        let mixed = device_kind(&[DeviceSpec::Cpu(0), DeviceSpec::Cuda(0)])
+            .err()
+            .map(|e| e.to_string());
+        assert!(mixed.is_some_and(|m| m.contains("not both")));
+        let shared = kind("cuda:0,cuda:0").err().map(|e| e.to_string());
+        assert!(shared.is_some_and(|m| m.contains("a GPU of its own")));
+        Ok(())
+    }
+
+    #[test]
+    fn the_nccl_id_from_the_wire_is_checked() {
+        let welcome = |id: Option<Vec<u8>>| Welcome {
+            comm_port: 1,
+            group_token: 2,
+            nccl_id: id,
+        };
+        assert_eq!(nccl_id(&welcome(Some(vec![7; 128]))).ok(), Some([7; 128]));
+        let short = nccl_id(&welcome(Some(vec![7; 12])))
+            .err()
+            .map(|e| e.to_string());
+        assert!(short.is_some_and(|m| m.contains("12 bytes")));
+        let none = nccl_id(&welcome(None)).err().map(|e| e.to_string());
+        assert!(none.is_some_and(|m| m.contains("no NCCL id")));
+    }
 }

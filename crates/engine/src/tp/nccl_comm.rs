@@ -104,6 +104,36 @@ impl NcclEndpoint {
             group: Arc::new(GroupState::default()),
         }
     }
+
+    /// The endpoints of this node's `ranks` in a group of `world` ranks spanning nodes,
+    /// from the unique id the leader handed out at rendezvous (its 128 bytes). The ranks
+    /// of this node share their abort state, as the ranks of one node do.
+    pub fn node_group(
+        id: &[u8; 128],
+        ranks: std::ops::Range<usize>,
+        world: usize,
+        dtype: AllReduceDtype,
+        timeout: Duration,
+    ) -> Vec<Self> {
+        let id = Id::uninit(id.map(|b| b as std::ffi::c_char));
+        let group = Arc::new(GroupState::default());
+        ranks
+            .map(|rank| Self {
+                id,
+                rank,
+                world,
+                dtype,
+                timeout,
+                group: group.clone(),
+            })
+            .collect()
+    }
+
+    /// A fresh unique id for a group spanning nodes, as the bytes the leader sends.
+    pub fn new_id_bytes() -> Result<[u8; 128]> {
+        let id = Id::new().map_err(|e| nccl_err("unique id", e))?;
+        Ok(id.internal().map(|c| c as u8))
+    }
 }
 
 /// An initialised NCCL communicator. Dropping it aborts it: `ncclCommAbort` frees its
