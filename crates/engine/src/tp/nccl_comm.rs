@@ -3,8 +3,8 @@
 //!
 //! One communicator per worker thread, initialised on that thread, on the stream its
 //! kernels use, from a unique id shared by the group ([`NcclEndpoint`]); the ranks of a
-//! node initialise concurrently. Across nodes the same 128-byte id travels over a
-//! rendezvous, for which [`NcclEndpoint::from_id`] is the entry point.
+//! node initialise concurrently. Across nodes the same 128-byte id travels over the
+//! rendezvous, and each node makes its ranks' endpoints with [`NcclEndpoint::node_group`].
 //!
 //! Collectives are queued on the rank's stream and return at once. A failing rank calls
 //! [`Communicator::abort`]: the group's ranks in this process see the flag, and every
@@ -73,41 +73,18 @@ pub struct NcclEndpoint {
 impl NcclEndpoint {
     /// Endpoints for `world` GPUs of one node, sharing a fresh unique id.
     pub fn group(world: usize, dtype: AllReduceDtype, timeout: Duration) -> Result<Vec<Self>> {
-        let id = Id::new().map_err(|e| nccl_err("unique id", e))?;
-        let group = Arc::new(GroupState::default());
-        Ok((0..world)
-            .map(|rank| Self {
-                id,
-                rank,
-                world,
-                dtype,
-                timeout,
-                group: group.clone(),
-            })
-            .collect())
-    }
-
-    /// An endpoint from an id obtained elsewhere (for example over a TCP rendezvous).
-    pub fn from_id(
-        id: Id,
-        rank: usize,
-        world: usize,
-        dtype: AllReduceDtype,
-        timeout: Duration,
-    ) -> Self {
-        Self {
-            id,
-            rank,
+        Ok(Self::node_group(
+            &Self::new_id_bytes()?,
+            0..world,
             world,
             dtype,
             timeout,
-            group: Arc::new(GroupState::default()),
-        }
+        ))
     }
 
-    /// The endpoints of this node's `ranks` in a group of `world` ranks spanning nodes,
-    /// from the unique id the leader handed out at rendezvous (its 128 bytes). The ranks
-    /// of this node share their abort state, as the ranks of one node do.
+    /// The endpoints of `ranks` in a group of `world` ranks from the group's unique id
+    /// (its 128 bytes: fresh for one node, handed out by the leader at rendezvous across
+    /// nodes). The ranks made here share their abort state, as the ranks of a process do.
     pub fn node_group(
         id: &[u8; 128],
         ranks: std::ops::Range<usize>,
