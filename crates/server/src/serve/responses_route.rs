@@ -285,6 +285,8 @@ impl ResponsesFormat {
 }
 
 impl ChunkFormat for ResponsesFormat {
+    const TERMINATOR: Option<&'static str> = None;
+
     fn opening(&mut self, _choices: &[(usize, usize)]) -> Vec<String> {
         let response = self.header.object("in_progress", Vec::new(), None, None);
         let created = self.event("response.created", json!({"response": response}));

@@ -36,6 +36,9 @@ use crate::serve::request_context::{current_request, within};
 
 /// How one route shapes its chunks.
 pub trait ChunkFormat: Send + 'static {
+    /// The last event of a stream: `[DONE]` for the chat and completions APIs; none for
+    /// the Responses API, whose streams end with their `response.*` event.
+    const TERMINATOR: Option<&'static str> = Some("[DONE]");
     /// Chunks before any generated text, given `(index, prompt_index)` of every choice.
     fn opening(&mut self, choices: &[(usize, usize)]) -> Vec<String>;
     /// Chunks for new text of choice `index` (none while a format holds text back).
@@ -123,7 +126,7 @@ pub fn sse_response<F: ChunkFormat>(
                         // Dropping the other choices cancels them.
                         s.merged = SelectAll::new();
                         s.queued.push_back(frame(to_json(&e.body())));
-                        s.queued.push_back(frame("[DONE]"));
+                        s.queued.extend(F::TERMINATOR.map(frame));
                         s.done = true;
                     }
                     None => {
@@ -132,7 +135,7 @@ pub fn sse_response<F: ChunkFormat>(
                             let data = s.format.usage(usage);
                             s.queued.push_back(frame(data));
                         }
-                        s.queued.push_back(frame("[DONE]"));
+                        s.queued.extend(F::TERMINATOR.map(frame));
                         s.done = true;
                     }
                 }
@@ -145,6 +148,7 @@ pub fn sse_response<F: ChunkFormat>(
         deadline: scope.as_ref().and_then(|s| s.deadline),
         timeout: limits.request_timeout.unwrap_or_default(),
         stall: limits.stream_stall_timeout,
+        terminator: F::TERMINATOR,
     };
     // Log lines written while streaming carry the request's span (its request id).
     let span = tracing::Span::current();
@@ -163,6 +167,8 @@ struct StreamEnds {
     timeout: Duration,
     /// How long the channel may stay full.
     stall: Duration,
+    /// The format's last event, if it has one.
+    terminator: Option<&'static str>,
 }
 
 /// Move `events` into `sender` until the stream ends, the client leaves or stalls, or
@@ -188,7 +194,9 @@ async fn pump(
                 e.log();
                 // A full buffer means a client that does not read: it gets nothing more.
                 let _ = sender.try_send(Event::default().data(to_json(&e.body())));
-                let _ = sender.try_send(Event::default().data("[DONE]"));
+                if let Some(last) = ends.terminator {
+                    let _ = sender.try_send(Event::default().data(last));
+                }
                 return;
             }
         };
