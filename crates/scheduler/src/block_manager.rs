@@ -121,13 +121,6 @@ impl KvCacheManager {
         self.tables.get(&seq).map(|t| t.blocks.as_slice())
     }
 
-    /// Blocks `seq` holds (its table less the released entries).
-    pub fn num_held_blocks(&self, seq: SeqId) -> usize {
-        self.tables
-            .get(&seq)
-            .map_or(0, |t| t.blocks.len() - t.live_from)
-    }
-
     pub fn has_table(&self, seq: SeqId) -> bool {
         self.tables.contains_key(&seq)
     }
