@@ -285,7 +285,9 @@ impl ResponsesFormat {
 }
 
 impl ChunkFormat for ResponsesFormat {
-    const TERMINATOR: Option<&'static str> = None;
+    fn terminator(&self) -> Option<&'static str> {
+        None
+    }
 
     fn opening(&mut self, _choices: &[(usize, usize)]) -> Vec<String> {
         let response = self.header.object("in_progress", Vec::new(), None, None);

@@ -38,7 +38,9 @@ use crate::serve::request_context::{current_request, within};
 pub trait ChunkFormat: Send + 'static {
     /// The last event of a stream: `[DONE]` for the chat and completions APIs; none for
     /// the Responses API, whose streams end with their `response.*` event.
-    const TERMINATOR: Option<&'static str> = Some("[DONE]");
+    fn terminator(&self) -> Option<&'static str> {
+        Some("[DONE]")
+    }
     /// Chunks before any generated text, given `(index, prompt_index)` of every choice.
     fn opening(&mut self, choices: &[(usize, usize)]) -> Vec<String>;
     /// Chunks for new text of choice `index` (none while a format holds text back).
@@ -79,6 +81,7 @@ pub fn sse_response<F: ChunkFormat>(
 ) -> Response {
     let choices: Vec<(usize, usize)> = runs.iter().map(|r| (r.index, r.prompt_index)).collect();
     let queued = format.opening(&choices).into_iter().map(frame).collect();
+    let terminator = format.terminator();
     let merged = stream::select_all(runs.into_iter().map(|run| {
         stream::unfold(run, |mut run| async move {
             run.next_event().await.map(|event| (event, run))
@@ -126,7 +129,7 @@ pub fn sse_response<F: ChunkFormat>(
                         // Dropping the other choices cancels them.
                         s.merged = SelectAll::new();
                         s.queued.push_back(frame(to_json(&e.body())));
-                        s.queued.extend(F::TERMINATOR.map(frame));
+                        s.queued.extend(terminator.map(frame));
                         s.done = true;
                     }
                     None => {
@@ -135,7 +138,7 @@ pub fn sse_response<F: ChunkFormat>(
                             let data = s.format.usage(usage);
                             s.queued.push_back(frame(data));
                         }
-                        s.queued.extend(F::TERMINATOR.map(frame));
+                        s.queued.extend(terminator.map(frame));
                         s.done = true;
                     }
                 }
@@ -148,7 +151,7 @@ pub fn sse_response<F: ChunkFormat>(
         deadline: scope.as_ref().and_then(|s| s.deadline),
         timeout: limits.request_timeout.unwrap_or_default(),
         stall: limits.stream_stall_timeout,
-        terminator: F::TERMINATOR,
+        terminator,
     };
     // Log lines written while streaming carry the request's span (its request id).
     let span = tracing::Span::current();
