@@ -14,7 +14,7 @@ use crate::model::batch::Batch;
 use crate::model::cuda::buffers::cuda_device;
 use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention, RopeTables};
 use crate::model::cuda::step_meta::StepMeta;
-use crate::model::cuda::{CudaKvCache, ACTIVATIONS};
+use crate::model::cuda::{gated_mlp, CudaKvCache, ACTIVATIONS};
 use crate::model::rope::RopeTable;
 use crate::model::step_meta::PackedMeta;
 use crate::tp::Communicator;
@@ -63,7 +63,8 @@ impl GpuParts {
     }
 }
 
-/// The per-head RMSNorm of the queries and keys in a fused QKV row (Qwen3), before RoPE:
+/// The per-head RMSNorm of the queries and keys in a fused QKV row (Qwen3, Gemma 3),
+/// before RoPE:
 /// each head's `head_dim` values normalized in f32 with the weights of its kind.
 fn head_norms(
     qkv: &Tensor,
@@ -176,16 +177,7 @@ impl LlamaShard {
             // MLP half.
             let partial = match &block.mlp {
                 super::Mlp::Dense { gate_up, down } => {
-                    let gate_up_out = gate_up.forward_fused(&h)?.to_dtype(act)?;
-                    let width = gate_up.widths().first().copied().unwrap_or(0);
-                    let a = kernels::gated_mul(
-                        dev,
-                        ACTIVATIONS,
-                        &gate_up_out,
-                        width,
-                        self.config.activation,
-                    )?;
-                    down.forward_f32(&a)?
+                    gated_mlp(gate_up, down, &h, self.config.activation)?
                 }
                 super::Mlp::Experts(experts) => experts.forward_cuda(&h)?,
             };

@@ -8,15 +8,13 @@ use candle_core::{DType, Tensor};
 use super::MoeShard;
 use crate::config::Activation;
 use crate::error::Result;
-use crate::model::cuda::kernels::{self, candle_dtype};
-use crate::model::cuda::ACTIVATIONS;
+use crate::model::cuda::gated_mlp;
 
 impl MoeShard {
     /// `h`: the normed activations `[tokens, hidden]` → this rank's partial sum of the
     /// mixture, f32 `[tokens, hidden]` (all-reduced by the caller).
     pub(crate) fn forward_cuda(&self, h: &Tensor) -> Result<Tensor> {
         let device = h.device();
-        let dev = crate::model::cuda::buffers::cuda_device(device)?;
         let (n, hidden) = h.dims2()?;
         let logits = self
             .router
@@ -33,14 +31,8 @@ impl MoeShard {
             let weights: Vec<f32> = group.iter().map(|(_, w)| *w).collect();
             let idx = Tensor::from_vec(tokens, group.len(), device)?;
             let rows = h.index_select(&idx, 0)?;
-            let gate_up = expert
-                .gate_up
-                .forward_fused(&rows)?
-                .to_dtype(candle_dtype(ACTIVATIONS))?
-                .contiguous()?;
-            let width = expert.gate_up.widths().first().copied().unwrap_or(0);
-            let act = kernels::gated_mul(dev, ACTIVATIONS, &gate_up, width, Activation::Silu)?;
-            let y = expert.down.forward_f32(&act)?.to_dtype(DType::F32)?;
+            let y = gated_mlp(&expert.gate_up, &expert.down, &rows, Activation::Silu)?
+                .to_dtype(DType::F32)?;
             let w = Tensor::from_vec(weights, (group.len(), 1), device)?;
             out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
         }

@@ -10,7 +10,33 @@ pub mod step_meta;
 
 pub use kv_cache::CudaKvCache;
 
+use candle_core::Tensor;
+
+use crate::config::Activation;
+use crate::error::Result;
+use crate::model::cuda::buffers::cuda_device;
+use crate::model::linear::{ColumnParallel, Linear};
+
 /// The element type of a CUDA rank's matmul inputs and KV cache. The kernels take f16
 /// as well; nothing chooses it yet.
 pub const ACTIVATIONS: tessera_kernels::gpu::launch::KvDtype =
     tessera_kernels::gpu::launch::KvDtype::Bf16;
+
+/// A gated MLP (a dense one, or one expert of a mixture) on the rows `h` (`[rows,
+/// hidden]`, matmul input type): the fused gate/up matmul, `activation(gate) · up` in one
+/// kernel, and the down matmul's f32 partial sum `[rows, hidden]`.
+pub(crate) fn gated_mlp(
+    gate_up: &ColumnParallel,
+    down: &Linear,
+    h: &Tensor,
+    activation: Activation,
+) -> Result<Tensor> {
+    let dev = cuda_device(h.device())?;
+    let fused = gate_up
+        .forward_fused(h)?
+        .to_dtype(kernels::candle_dtype(ACTIVATIONS))?
+        .contiguous()?;
+    let width = gate_up.widths().first().copied().unwrap_or(0);
+    let a = kernels::gated_mul(dev, ACTIVATIONS, &fused, width, activation)?;
+    down.forward_f32(&a)
+}
