@@ -69,7 +69,7 @@ pub fn adapt_to_template(
             write_result_as_user_turn(m);
         }
     }
-    if source.contains("[TOOL_CALLS]") {
+    if ToolParserKind::from_template(source) == ToolParserKind::Mistral {
         for m in &mut messages {
             give_mistral_call_ids(m);
         }
@@ -192,11 +192,11 @@ fn mistral_call_id(id: &mut Value) {
     if s.len() == 9 && s.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return;
     }
-    // FNV-1a, then nine base-62 digits (62^9 < 2^64).
-    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
-    for b in s.bytes() {
-        hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
+    // Nine base-62 digits of the id's hash (62^9 < 2^64). `DefaultHasher::new()` has
+    // fixed keys: the call and its result, rendered in one request, get the same id.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(s.as_str(), &mut hasher);
+    let mut hash = std::hash::Hasher::finish(&hasher);
     const DIGITS: &[u8; 62] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
     let short: String = (0..9)
         .map(|_| {
