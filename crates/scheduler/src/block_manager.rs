@@ -62,8 +62,7 @@ struct SeqBlocks {
 #[derive(Debug)]
 pub struct KvCacheManager {
     pool: BlockPool,
-    block_size: usize,
-    /// Block size and attention window, for the first block a position still needs.
+    /// Block size (at least 1) and attention window.
     shape: KvCacheShape,
     prefix_caching: bool,
     tables: HashMap<SeqId, SeqBlocks>,
@@ -71,11 +70,9 @@ pub struct KvCacheManager {
 
 impl KvCacheManager {
     pub fn new(num_blocks: usize, block_size_tokens: usize, enable_prefix_caching: bool) -> Self {
-        let block_size = block_size_tokens.max(1);
         Self {
             pool: BlockPool::new(num_blocks),
-            block_size,
-            shape: KvCacheShape::new(num_blocks, block_size),
+            shape: KvCacheShape::new(num_blocks, block_size_tokens.max(1)),
             prefix_caching: enable_prefix_caching,
             tables: HashMap::new(),
         }
@@ -89,7 +86,7 @@ impl KvCacheManager {
     }
 
     pub fn block_size_tokens(&self) -> usize {
-        self.block_size
+        self.shape.block_size_tokens
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -127,22 +124,25 @@ impl KvCacheManager {
 
     /// Blocks needed to hold `num_tokens` tokens.
     pub fn blocks_for(&self, num_tokens: usize) -> usize {
-        num_tokens.div_ceil(self.block_size)
+        num_tokens.div_ceil(self.shape.block_size_tokens)
     }
 
     /// Longest cached prefix of `tokens`, in full blocks, leaving at least one token
     /// uncomputed so the executor has logits to sample from. Read-only.
     pub fn find_prefix(&self, tokens: &[u32]) -> PrefixHit {
         let mut hit = PrefixHit {
-            block_size: self.block_size,
+            block_size: self.shape.block_size_tokens,
             ..PrefixHit::default()
         };
         if !self.prefix_caching || tokens.is_empty() {
             return hit;
         }
-        let max_blocks = (tokens.len() - 1) / self.block_size;
+        let max_blocks = (tokens.len() - 1) / self.shape.block_size_tokens;
         let mut parent = None;
-        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
+        for chunk in tokens
+            .chunks_exact(self.shape.block_size_tokens)
+            .take(max_blocks)
+        {
             let hash = BlockHash::chain(parent, chunk);
             let Some(id) = self.pool.lookup(hash, parent, chunk) else {
                 break;
@@ -179,7 +179,7 @@ impl KvCacheManager {
         let needed = self.blocks_for(num_tokens).saturating_sub(valid);
         let live_from = self
             .shape
-            .first_live_block(valid * self.block_size)
+            .first_live_block(valid * self.shape.block_size_tokens)
             .min(valid);
         let shared = &hit.blocks[live_from..valid];
         // Shared blocks that sit in the free queue leave it, so they are not available
@@ -206,7 +206,7 @@ impl KvCacheManager {
             }
         }
         self.tables.insert(seq, table);
-        Ok(valid * self.block_size)
+        Ok(valid * self.shape.block_size_tokens)
     }
 
     /// Grow `seq`'s table so `num_tokens` tokens fit. All or nothing; a no-op when they
@@ -237,7 +237,8 @@ impl KvCacheManager {
         let Some(table) = self.tables.get_mut(&seq) else {
             return;
         };
-        let full = (num_computed.min(tokens.len()) / self.block_size).min(table.blocks.len());
+        let full =
+            (num_computed.min(tokens.len()) / self.shape.block_size_tokens).min(table.blocks.len());
         while table.hashes.len() < full {
             let i = table.hashes.len();
             if table.blocks[i] == RELEASED_BLOCK {
@@ -245,7 +246,8 @@ impl KvCacheManager {
                 // released only after the step that computed them committed them.)
                 break;
             }
-            let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            let chunk =
+                &tokens[i * self.shape.block_size_tokens..(i + 1) * self.shape.block_size_tokens];
             let parent = table.hashes.last().copied();
             let hash = BlockHash::chain(parent, chunk);
             self.pool.register(table.blocks[i], hash, parent, chunk);
@@ -279,8 +281,12 @@ impl KvCacheManager {
             return None;
         }
         let src = self.tables.get(&parent)?;
-        let mut n = (num_tokens / self.block_size).min(src.blocks.len());
-        if src.live_from > self.shape.first_live_block(n * self.block_size) {
+        let mut n = (num_tokens / self.shape.block_size_tokens).min(src.blocks.len());
+        if src.live_from
+            > self
+                .shape
+                .first_live_block(n * self.shape.block_size_tokens)
+        {
             // The parent released blocks the child's next position still reads: the
             // child computes its prefix itself.
             n = 0;
@@ -294,7 +300,7 @@ impl KvCacheManager {
             self.pool.share(b);
         }
         self.tables.insert(child, table);
-        Some(n * self.block_size)
+        Some(n * self.shape.block_size_tokens)
     }
 
     /// Drop `seq`'s table and release its blocks, last block first so that the tail of a
