@@ -44,15 +44,7 @@ fn first_token_logprobs_no_further_from_transformers_than_llama_cpp() {
         let mut worst = 0f64;
         for case in reference["cases"].as_array().expect("cases") {
             let name = case["name"].as_str().expect("name");
-            let lp = log_softmax(&last_logits(&mut engine, &ids(&case["ids"])));
-            let top = ids(&case["top_ids"]);
-            let want = floats(&case["top_logprobs"]);
-            let err = top
-                .iter()
-                .zip(&want)
-                .take(4)
-                .map(|(t, w)| (lp[*t as usize] - *w as f64).abs())
-                .fold(0f64, f64::max);
+            let err = top4_error(&mut engine, case);
             println!("tp={tp} {name}: top-4 max |error| {err:.4} nats");
             worst = worst.max(err);
         }

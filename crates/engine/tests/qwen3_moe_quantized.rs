@@ -35,15 +35,7 @@ fn logprobs_no_further_from_transformers_than_llama_cpp_at_every_tp_size() {
             Engine::load(&EngineConfig::new(model()).with_cpu_ranks(tp)).expect("load");
         let errors: Vec<f64> = cases
             .iter()
-            .map(|case| {
-                let lp = log_softmax(&last_logits(&mut engine, &ids(&case["ids"])));
-                ids(&case["top_ids"])
-                    .iter()
-                    .zip(&floats(&case["top_logprobs"]))
-                    .take(4)
-                    .map(|(t, w)| (lp[*t as usize] - *w as f64).abs())
-                    .fold(0f64, f64::max)
-            })
+            .map(|case| top4_error(&mut engine, case))
             .collect();
         let mean = errors.iter().sum::<f64>() / errors.len() as f64;
         let worst = errors.iter().copied().fold(0f64, f64::max);

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{cases, gemma3_dir, gemma3_gguf_path, ids_of, load_fixture, vocab_of};
-use tessera_tokenizer::{ChatRenderRequest, Tokenizer};
+use tessera_tokenizer::Tokenizer;
 
 fn gemma3() -> Option<Arc<Tokenizer>> {
     let dir = gemma3_dir()?;
@@ -69,25 +69,9 @@ fn ids_and_decode_equal_transformers(tokenizer: Arc<Tokenizer>) {
 #[test]
 fn gemma3_chat_template_equals_transformers() {
     let Some(tokenizer) = gemma3() else { return };
-    let template = tokenizer.chat_template().unwrap();
     // <end_of_turn>, the declared eos of the chat tokenizer; <bos> starts every chat.
     assert!(tokenizer.eos_token_ids().contains(&106));
     assert_eq!(tokenizer.bos_token_id(), Some(2));
     let fixture = load_fixture("gemma3_chat.json");
-    for case in cases(&fixture) {
-        let name = case["name"].as_str().unwrap();
-        let request = ChatRenderRequest {
-            messages: serde_json::from_value(case["messages"].clone()).unwrap(),
-            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
-            tools: None,
-            kwargs: Default::default(),
-        };
-        let rendered = template.render(&request).unwrap();
-        assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
-        assert_eq!(
-            tokenizer.encode(&rendered, false).unwrap(),
-            ids_of(&case["ids"]),
-            "{name}"
-        );
-    }
+    common::chats_render_as_transformers(&tokenizer, &fixture);
 }

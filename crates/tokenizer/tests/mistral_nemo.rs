@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{cases, ids_of, load_fixture, mistral_nemo_dir};
+use common::{load_fixture, mistral_nemo_dir};
 use tessera_tokenizer::{ChatRenderRequest, Tokenizer};
 
 fn mistral_nemo() -> Option<Arc<Tokenizer>> {
@@ -35,7 +35,6 @@ fn mistral_nemo_chat_template_equals_transformers() {
     let Some(tokenizer) = mistral_nemo() else {
         return;
     };
-    let template = tokenizer.chat_template().unwrap();
     // `</s>` ends a reply; `<s>` starts every chat, written by the template itself.
     let fixture = load_fixture("mistral_nemo_chat.json");
     let id = |field: &str| fixture[field].as_u64().map(|v| v as u32);
@@ -43,22 +42,7 @@ fn mistral_nemo_chat_template_equals_transformers() {
     assert!(tokenizer
         .eos_token_ids()
         .contains(&id("eos_token_id").unwrap()));
-    for case in cases(&fixture) {
-        let name = case["name"].as_str().unwrap();
-        let request = ChatRenderRequest {
-            messages: serde_json::from_value(case["messages"].clone()).unwrap(),
-            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
-            tools: None,
-            kwargs: Default::default(),
-        };
-        let rendered = template.render(&request).unwrap();
-        assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
-        assert_eq!(
-            tokenizer.encode(&rendered, false).unwrap(),
-            ids_of(&case["ids"]),
-            "{name}"
-        );
-    }
+    common::chats_render_as_transformers(&tokenizer, &fixture);
 }
 
 /// The template refuses roles out of turn with its own message, as transformers does.

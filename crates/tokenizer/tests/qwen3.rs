@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{cases, ids_of, load_fixture, qwen3_dir};
-use tessera_tokenizer::{ChatRenderRequest, ContentFormat, IncrementalDecoder, Tokenizer};
+use tessera_tokenizer::{ContentFormat, IncrementalDecoder, Tokenizer};
 
 fn qwen3() -> Option<Arc<Tokenizer>> {
     let dir = qwen3_dir()?;
@@ -59,25 +59,5 @@ fn qwen3_chat_template_equals_transformers() {
     // <|im_end|> (declared eos) and <|endoftext|> (end-of-turn marker).
     assert_eq!(tokenizer.eos_token_ids(), &[151643, 151645]);
     assert_eq!(tokenizer.bos_token_id(), None);
-    let fixture = load_fixture("qwen3_chat.json");
-    for case in cases(&fixture) {
-        let name = case["name"].as_str().unwrap();
-        let request = ChatRenderRequest {
-            messages: serde_json::from_value(case["messages"].clone()).unwrap(),
-            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
-            tools: case.get("tools").and_then(|t| t.as_array()).cloned(),
-            kwargs: case
-                .get("kwargs")
-                .and_then(|k| k.as_object())
-                .cloned()
-                .unwrap_or_default(),
-        };
-        let rendered = template.render(&request).unwrap();
-        assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
-        assert_eq!(
-            tokenizer.encode(&rendered, false).unwrap(),
-            ids_of(&case["ids"]),
-            "{name}"
-        );
-    }
+    common::chats_render_as_transformers(&tokenizer, &load_fixture("qwen3_chat.json"));
 }

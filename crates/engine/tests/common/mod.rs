@@ -215,3 +215,16 @@ pub fn greedy_against_llama_cpp(
         .count();
     (agree, firm)
 }
+
+/// The largest error, in nats, of `engine`'s last-position log-probabilities on the
+/// reference's four most likely tokens, for a case with `ids`, `top_ids` and
+/// `top_logprobs`.
+pub fn top4_error(engine: &mut Engine, case: &Value) -> f64 {
+    let lp = log_softmax(&last_logits(engine, &ids(&case["ids"])));
+    ids(&case["top_ids"])
+        .iter()
+        .zip(&floats(&case["top_logprobs"]))
+        .take(4)
+        .map(|(t, w)| (lp[*t as usize] - *w as f64).abs())
+        .fold(0f64, f64::max)
+}

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::quantized::gguf_file;
 use serde_json::Value;
-use tessera_tokenizer::{GgufVocab, IncrementalDecoder, MetaValue, Tokenizer};
+use tessera_tokenizer::{ChatRenderRequest, GgufVocab, IncrementalDecoder, MetaValue, Tokenizer};
 
 pub const GGUF_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -180,5 +180,32 @@ pub fn ids_and_decode_equal_transformers(tokenizer: &Arc<Tokenizer>, fixture: &V
         }
         streamed.push_str(&decoder.finish().unwrap());
         assert_eq!(streamed, case["decoded"].as_str().unwrap(), "{name}");
+    }
+}
+
+/// Every case of a `*_chat.json` fixture (tools and template arguments where the case has
+/// them) renders through `tokenizer`'s template as transformers rendered it, and encodes
+/// to transformers' ids.
+pub fn chats_render_as_transformers(tokenizer: &Tokenizer, fixture: &Value) {
+    let template = tokenizer.chat_template().unwrap();
+    for case in cases(fixture) {
+        let name = case["name"].as_str().unwrap();
+        let request = ChatRenderRequest {
+            messages: serde_json::from_value(case["messages"].clone()).unwrap(),
+            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            tools: case.get("tools").and_then(|t| t.as_array()).cloned(),
+            kwargs: case
+                .get("kwargs")
+                .and_then(|k| k.as_object())
+                .cloned()
+                .unwrap_or_default(),
+        };
+        let rendered = template.render(&request).unwrap();
+        assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
+        assert_eq!(
+            tokenizer.encode(&rendered, false).unwrap(),
+            ids_of(&case["ids"]),
+            "{name}"
+        );
     }
 }
