@@ -1,13 +1,12 @@
 //! The scheduler driving the real engine: batching, chunked prefill, prefix caching and
 //! preemption change no token of any request.
 
-use std::path::PathBuf;
-use std::thread;
+mod common;
 
+use std::path::PathBuf;
+
+use common::engine_loop::{idle_metrics, run_concurrently};
 use tessera_engine::{load_tokenizer, Engine, EngineConfig};
-use tessera_protocol::{
-    FinishReason, GenerationRequest, SamplingParams, StopCondition, TokenEvent,
-};
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle};
 
 fn model() -> PathBuf {
@@ -66,71 +65,6 @@ fn spawn(kv_cache_bytes: usize, max_batch_tokens: usize) -> SchedulerHandle {
     EngineLoop::spawn(sched, engine).expect("engine loop")
 }
 
-fn request(prompt: &[u32]) -> GenerationRequest {
-    GenerationRequest {
-        prompt_ids: prompt.to_vec(),
-        sampling: SamplingParams::greedy(),
-        stop: StopCondition {
-            max_tokens: MAX_TOKENS,
-            stop_token_ids: vec![],
-            ignore_eos: true,
-        },
-    }
-}
-
-/// Runs every prompt at once; returns each one's tokens.
-fn run_concurrently(handle: &SchedulerHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
-    let receivers: Vec<_> = prompts
-        .iter()
-        .map(|p| handle.submit(request(p)).expect("admitted").1)
-        .collect();
-    thread::scope(|s| {
-        let joins: Vec<_> = receivers
-            .into_iter()
-            .map(|mut rx| {
-                s.spawn(move || {
-                    let mut tokens = Vec::new();
-                    while let Some(ev) = rx.blocking_recv() {
-                        match ev {
-                            TokenEvent::Token { token, .. } => tokens.push(token),
-                            TokenEvent::Finished {
-                                reason,
-                                completion_tokens,
-                                ..
-                            } => {
-                                assert_eq!(reason, FinishReason::Length);
-                                assert_eq!(completion_tokens, tokens.len());
-                                break;
-                            }
-                            TokenEvent::Error(e) | TokenEvent::Failed(e) => {
-                                panic!("engine error: {e}")
-                            }
-                        }
-                    }
-                    tokens
-                })
-            })
-            .collect();
-        joins
-            .into_iter()
-            .map(|j| j.join().expect("receiver thread"))
-            .collect()
-    })
-}
-
-/// Metrics are published after each step's events are sent: wait (bounded) for the
-/// loop to go idle.
-fn idle_metrics(handle: &SchedulerHandle) -> tessera_scheduler::SchedulerMetrics {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let m = handle.metrics();
-        if (m.num_running == 0 && m.num_waiting == 0) || std::time::Instant::now() > deadline {
-            return m;
-        }
-        thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn sixteen_concurrent_requests_equal_each_alone_even_under_preemption() {
     let prompts = prompts();
@@ -138,13 +72,13 @@ fn sixteen_concurrent_requests_equal_each_alone_even_under_preemption() {
     let roomy = spawn(64 << 20, 2048);
     let alone: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| run_concurrently(&roomy, std::slice::from_ref(p)).remove(0))
+        .map(|p| run_concurrently(&roomy, std::slice::from_ref(p), MAX_TOKENS).remove(0))
         .collect();
     for t in &alone {
         assert_eq!(t.len(), MAX_TOKENS);
     }
     // Together: every step mixes prefills and decodes; the shared prefix is cached.
-    let together = run_concurrently(&roomy, &prompts);
+    let together = run_concurrently(&roomy, &prompts, MAX_TOKENS);
     assert_eq!(together, alone, "batching changed the tokens");
     let m = idle_metrics(&roomy);
     assert!(
@@ -159,7 +93,7 @@ fn sixteen_concurrent_requests_equal_each_alone_even_under_preemption() {
     // on top.
     let block_bytes = 2 * 30 * 3 * 64 * 4 * 16;
     let tight = spawn(16 * block_bytes, 64);
-    let squeezed = run_concurrently(&tight, &prompts);
+    let squeezed = run_concurrently(&tight, &prompts, MAX_TOKENS);
     let m = idle_metrics(&tight);
     println!("tight cache: {m:?}");
     assert!(m.preemptions_total >= 4, "expected preemptions: {m:?}");

@@ -3,16 +3,15 @@
 //! engine from a KV cache far smaller than the requests: blocks behind the window go back
 //! to the pool, and every request still gets transformers' greedy text.
 
-use std::path::PathBuf;
-use std::thread;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::path::PathBuf;
+
+use common::engine_loop::{idle_metrics, run_concurrently};
 use serde_json::Value;
 use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
-use tessera_protocol::{
-    Executor, FinishReason, GenerationRequest, SamplingParams, StopCondition, TokenEvent,
-};
-use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle};
+use tessera_protocol::{Executor, SamplingParams};
+use tessera_scheduler::{EngineLoop, SchedulerConfig};
 
 const MAX_TOKENS: usize = 16;
 const BLOCK: usize = 4;
@@ -57,44 +56,6 @@ fn engine(tp: usize, kv_cache_bytes: usize) -> Engine {
     Engine::load(&cfg).expect("engine")
 }
 
-fn request(prompt: &[u32]) -> GenerationRequest {
-    GenerationRequest {
-        prompt_ids: prompt.to_vec(),
-        sampling: SamplingParams::greedy(),
-        stop: StopCondition {
-            max_tokens: MAX_TOKENS,
-            stop_token_ids: vec![],
-            ignore_eos: true,
-        },
-    }
-}
-
-fn collect(mut rx: tessera_scheduler::TokenReceiver) -> Vec<u32> {
-    let mut tokens = Vec::new();
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            TokenEvent::Token { token, .. } => tokens.push(token),
-            TokenEvent::Finished { reason, .. } => {
-                assert_eq!(reason, FinishReason::Length);
-                break;
-            }
-            TokenEvent::Error(e) | TokenEvent::Failed(e) => panic!("engine error: {e}"),
-        }
-    }
-    tokens
-}
-
-fn wait_idle(handle: &SchedulerHandle) -> tessera_scheduler::SchedulerMetrics {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = handle.metrics();
-        if (m.num_running == 0 && m.num_waiting == 0) || Instant::now() > deadline {
-            return m;
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn requests_longer_than_the_cache_get_the_greedy_text_of_a_roomy_cache() {
     let cases = cases();
@@ -134,26 +95,13 @@ fn requests_longer_than_the_cache_get_the_greedy_text_of_a_roomy_cache() {
         )
         .expect("engine loop");
         // Twice each prompt, all at once: they preempt one another as well.
-        let receivers: Vec<_> = cases
-            .iter()
-            .chain(&cases)
-            .map(|(p, _)| handle.submit(request(p)).expect("admitted").1)
-            .collect();
-        let got: Vec<Vec<u32>> = thread::scope(|s| {
-            let joins: Vec<_> = receivers
-                .into_iter()
-                .map(|rx| s.spawn(move || collect(rx)))
-                .collect();
-            joins
-                .into_iter()
-                .map(|j| j.join().expect("receiver"))
-                .collect()
-        });
+        let prompts: Vec<Vec<u32>> = cases.iter().chain(&cases).map(|(p, _)| p.clone()).collect();
+        let got = run_concurrently(&handle, &prompts, MAX_TOKENS);
         let want: Vec<&Vec<u32>> = alone.iter().chain(&alone).collect();
         for (i, (got, want)) in got.iter().zip(want).enumerate() {
             assert_eq!(got, want, "tp={tp} request {i}");
         }
-        let m = wait_idle(&handle);
+        let m = idle_metrics(&handle);
         assert_eq!(m.kv_blocks_in_use, 0, "tp={tp}: blocks left held");
         handle.shutdown();
         handle.join().expect("loop");

@@ -4,6 +4,8 @@
 // Each test binary uses its own part of this module.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod engine_loop;
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
