@@ -23,6 +23,7 @@
 //! orchestrator restarts it.
 
 pub mod api_keys;
+mod args;
 pub mod auth;
 pub mod chat_route;
 pub mod chat_tools;
@@ -49,152 +50,25 @@ mod worker_node;
 #[cfg(test)]
 mod tests;
 
+pub use args::{default_max_batch_tokens, ServeArgs};
+
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use clap::Args;
 use tessera_engine::cluster::NodeLoss;
-use tessera_engine::{check_vocabulary, DeviceSpec, Engine, GrammarCompiler};
+use tessera_engine::{check_vocabulary, Engine, GrammarCompiler};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{
     EngineLoop, ExecutorLossNotifier, SchedulerConfig, SchedulerError, SchedulerHandle,
 };
 
-use crate::api::request_limits::RequestLimits;
 use crate::api::valid_request::ValidationContext;
-use crate::model_args::ModelArgs;
 use crate::serve::conn_limit::LimitedListener;
 use crate::serve::lifecycle::Lifecycle;
-use crate::serve::limits::ServerLimits;
 use crate::serve::metrics::ServerMetrics;
 use crate::serve::state::{unix_now, AppState};
-
-#[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-
-    /// Port to listen on (0 picks a free one; default 8000). A worker node of a group
-    /// (`--node-rank` above 0) serves its probes on it only when it is given.
-    #[arg(long)]
-    pub port: Option<u16>,
-
-    /// Model name clients must send in `model` (default: the model file stem).
-    #[arg(long)]
-    pub served_model_name: Option<String>,
-
-    /// Accepted API key (repeatable; comma-separated in TESSERA_API_KEY). Without
-    /// one, no authentication.
-    #[arg(
-        long = "api-key",
-        env = "TESSERA_API_KEY",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    pub api_keys: Vec<String>,
-
-    /// A file of accepted API keys, one per line (`#` comments allowed); added to
-    /// `--api-key`. Keeps keys out of the process list and the environment.
-    #[arg(long)]
-    pub api_key_file: Option<std::path::PathBuf>,
-
-    /// How tool calls are found in replies under `tool_choice` "auto": hermes,
-    /// llama3_json or mistral (default: chosen from the chat template).
-    #[arg(long)]
-    pub tool_call_parser: Option<crate::api::tool_parsers::ToolParserKind>,
-
-    /// Origins allowed by CORS, comma-separated, or `*`. CORS is off by default.
-    #[arg(long, value_delimiter = ',')]
-    pub allowed_origins: Vec<String>,
-
-    /// Most sequences running at once.
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
-
-    /// Most tokens run through the model in one step; longer prompts are prefilled in
-    /// chunks between decode steps (default: 256 when every rank is a CPU, where a step
-    /// of 2048 prompt tokens takes seconds and stalls every running stream; 2048 on GPUs).
-    #[arg(long)]
-    pub max_batch_tokens: Option<usize>,
-
-    /// Most requests waiting to start; more are refused with 429.
-    #[arg(long, default_value_t = 256)]
-    pub max_waiting: usize,
-
-    /// Longest context (prompt + completion) in tokens (default: the model's).
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
-
-    /// Largest request body in bytes; more is refused with 413.
-    #[arg(long, default_value_t = 4 << 20)]
-    pub max_body_bytes: usize,
-
-    /// Largest total size of the request headers in bytes; more is refused with 431.
-    #[arg(long, default_value_t = 32 << 10)]
-    pub max_header_bytes: usize,
-
-    /// Most connections open at once; more are answered 503 and closed.
-    #[arg(long, default_value_t = 1024)]
-    pub max_connections: usize,
-
-    /// Longest wall time of a request, streams included, in seconds (0: no limit).
-    /// Past it the request is cancelled and answered 408 (or, mid-stream, a
-    /// `request_timeout` error event).
-    #[arg(long, default_value_t = 600)]
-    pub request_timeout: u64,
-
-    /// Most choices per request (`n` times the number of prompts); more: 400.
-    #[arg(long, default_value_t = 16)]
-    pub max_choices: usize,
-
-    /// Most stop strings per request; more: 400.
-    #[arg(long, default_value_t = 16)]
-    pub max_stop_strings: usize,
-
-    /// Longest stop string in bytes; longer: 400.
-    #[arg(long, default_value_t = 256)]
-    pub max_stop_string_bytes: usize,
-
-    /// Most `logit_bias` entries per request; more: 400.
-    #[arg(long, default_value_t = 300)]
-    pub max_logit_bias: usize,
-
-    /// Events a streamed response buffers for a client that reads slowly.
-    #[arg(long, default_value_t = 64)]
-    pub stream_buffer_events: usize,
-
-    /// Seconds a streamed response's buffer may stay full (the client reads nothing)
-    /// before the request is cancelled.
-    #[arg(long, default_value_t = 30)]
-    pub stream_stall_timeout: u64,
-
-    /// Seconds running requests get to finish after SIGTERM/Ctrl-C before they are
-    /// aborted.
-    #[arg(long, default_value_t = 30)]
-    pub shutdown_timeout: u64,
-
-    /// A TOML file of settings (keys are these flags' names with `_`, e.g.
-    /// `max_num_seqs`). Precedence: file < environment `TESSERA_<KEY>` < flags.
-    #[arg(long, env = "TESSERA_CONFIG")]
-    pub config: Option<std::path::PathBuf>,
-
-    /// Print the effective configuration (after file, environment and flags) as TOML
-    /// and exit.
-    #[arg(long)]
-    pub print_config: bool,
-
-    /// Test hook: make device rank RANK fail (KIND error|panic|hang) after AFTER_STEPS
-    /// steps. Only in builds with the `fault-injection` feature.
-    #[cfg(feature = "fault-injection")]
-    #[arg(long, hide = true, value_name = "RANK:KIND:AFTER_STEPS")]
-    pub inject_fault: Option<fault_injection::FaultSpec>,
-}
 
 /// Exit status of `tessera serve` after the engine failed (a device rank errored,
 /// panicked or hung): 75, `EX_TEMPFAIL`, a failure a restart may clear. Other failures
@@ -242,42 +116,6 @@ fn watch_nodes(node_loss: NodeLoss, loop_: ExecutorLossNotifier) -> Result<()> {
         })
         .context("starting the node watch")?;
     Ok(())
-}
-
-impl ServeArgs {
-    /// The limits on `n`, `stop` and `logit_bias`.
-    pub fn request_limits(&self) -> RequestLimits {
-        RequestLimits {
-            max_choices: self.max_choices,
-            max_stop_strings: self.max_stop_strings,
-            max_stop_string_bytes: self.max_stop_string_bytes,
-            max_logit_bias: self.max_logit_bias,
-        }
-    }
-
-    /// The header, time and stream limits.
-    pub fn server_limits(&self) -> ServerLimits {
-        ServerLimits {
-            request_timeout: (self.request_timeout > 0)
-                .then(|| Duration::from_secs(self.request_timeout)),
-            max_header_bytes: self.max_header_bytes,
-            stream_buffer_events: self.stream_buffer_events.max(1),
-            stream_stall_timeout: Duration::from_secs(self.stream_stall_timeout),
-        }
-    }
-}
-
-/// Tokens per step when `--max-batch-tokens` is not given. On CPU ranks a prefill runs at
-/// hundreds of tokens per second, so 256 tokens keep a step (and the pause it puts into
-/// every running stream) under half a second; measured with 16 streaming clients of
-/// ~124-token prompts, the median time to first token fell from 2.6 s to 1.0 s at the
-/// same aggregate output rate (docs/benchmarks.md).
-pub fn default_max_batch_tokens(devices: &[DeviceSpec]) -> usize {
-    if devices.iter().all(|d| matches!(d, DeviceSpec::Cpu(_))) {
-        256
-    } else {
-        2048
-    }
 }
 
 /// Load the tokenizer and the model and start the engine loop. `lifecycle` moves to
