@@ -260,6 +260,9 @@ impl KvCacheManager {
     /// Committed blocks keep their cached content in the pool, so a later request with
     /// the same prefix can still find them until they are evicted.
     pub fn release_behind_window(&mut self, seq: SeqId, next_pos: usize) {
+        if self.shape.attention_window.is_none() {
+            return;
+        }
         let first_live = self.shape.first_live_block(next_pos);
         let Some(table) = self.tables.get_mut(&seq) else {
             return;

@@ -44,37 +44,22 @@ impl Default for SchedulerConfig {
 /// A config checked against one executor: every number here is usable as is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedConfig {
-    pub block_size_tokens: usize,
-    pub num_blocks: usize,
+    /// The executor's KV cache: blocks, their size, and the attention window when every
+    /// layer slides.
+    pub kv: KvCacheShape,
     pub max_batch_tokens: usize,
     pub max_num_seqs: usize,
     pub max_waiting: usize,
     pub max_model_len: usize,
     pub enable_prefix_caching: bool,
     pub max_buffered_events: usize,
-    /// The executor's attention window when every layer slides (see
-    /// [`KvCacheShape::attention_window`]).
-    pub attention_window: Option<usize>,
 }
 
 impl ResolvedConfig {
-    /// The executor's cache as this config sees it.
-    pub fn kv_shape(&self) -> KvCacheShape {
-        KvCacheShape {
-            attention_window: self.attention_window,
-            ..KvCacheShape::new(self.num_blocks, self.block_size_tokens)
-        }
-    }
-
-    /// Total KV capacity in tokens.
-    pub fn kv_capacity_tokens(&self) -> usize {
-        self.kv_shape().capacity_tokens()
-    }
-
     /// Longest context one sequence can reach in the cache: its capacity, or no bound
     /// when an attention window keeps what a sequence holds within the cache.
     pub fn max_sequence_tokens(&self) -> usize {
-        self.kv_shape().max_sequence_tokens(self.max_batch_tokens)
+        self.kv.max_sequence_tokens(self.max_batch_tokens)
     }
 }
 
@@ -133,15 +118,13 @@ impl SchedulerConfig {
             return bad("max_model_len must be at least 1".into());
         }
         Ok(ResolvedConfig {
-            block_size_tokens: shape.block_size_tokens,
-            num_blocks: shape.num_blocks,
+            kv: shape,
             max_batch_tokens: self.max_batch_tokens,
             max_num_seqs: self.max_num_seqs,
             max_waiting: self.max_waiting,
             max_model_len,
             enable_prefix_caching: self.enable_prefix_caching,
             max_buffered_events: self.max_buffered_events,
-            attention_window: shape.attention_window,
         })
     }
 }
@@ -159,7 +142,7 @@ mod tests {
         let r = SchedulerConfig::default().resolve(shape(100, 16), 4096);
         let r = r.map_err(|e| e.to_string());
         assert_eq!(r.as_ref().map(|r| r.max_model_len), Ok(4096));
-        assert_eq!(r.map(|r| r.kv_capacity_tokens()), Ok(1600));
+        assert_eq!(r.map(|r| r.kv.capacity_tokens()), Ok(1600));
     }
 
     #[test]

@@ -95,11 +95,11 @@ impl Scheduler {
     pub fn with_admission(cfg: ResolvedConfig, admission: Arc<Admission>) -> Self {
         Self {
             kv: KvCacheManager::new(
-                cfg.num_blocks,
-                cfg.block_size_tokens,
+                cfg.kv.num_blocks,
+                cfg.kv.block_size_tokens,
                 cfg.enable_prefix_caching,
             )
-            .with_attention_window(cfg.attention_window),
+            .with_attention_window(cfg.kv.attention_window),
             cfg,
             admission,
             seqs: HashMap::new(),
