@@ -56,6 +56,119 @@ pub fn merge_kernel(dtype: KvDtype, head_dim: usize) -> String {
     format!("attention_merge_{}_hd{head_dim}", dtype.suffix())
 }
 
+/// A launch's grid (blocks in x, y, z) and threads per block (x only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchShape {
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+}
+
+/// Threads of a `rope_write_kv` block.
+pub const ROPE_WRITE_THREADS: u32 = 128;
+
+/// `rope_write_kv_{dtype}`.
+pub fn rope_write_kernel(dtype: KvDtype) -> String {
+    format!("rope_write_kv_{}", dtype.suffix())
+}
+
+/// One block row per token, one thread per rotated (head, pair) and per value element.
+pub fn rope_write_shape(
+    tokens: usize,
+    num_q_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+) -> LaunchShape {
+    let items = ((num_q_heads + num_kv_heads) * head_dim / 2).max(num_kv_heads * head_dim);
+    LaunchShape {
+        grid: (
+            tokens as u32,
+            items.div_ceil(ROPE_WRITE_THREADS as usize) as u32,
+            1,
+        ),
+        block: ROPE_WRITE_THREADS,
+    }
+}
+
+/// The activation of a gated MLP kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// SiLU(gate) · up.
+    Silu,
+    /// GELU(gate) · up, GELU's tanh approximation.
+    GeluTanh,
+}
+
+/// `silu_mul_{dtype}` or `gelu_tanh_mul_{dtype}`.
+pub fn gated_kernel(dtype: KvDtype, gate: Gate) -> String {
+    let act = match gate {
+        Gate::Silu => "silu_mul",
+        Gate::GeluTanh => "gelu_tanh_mul",
+    };
+    format!("{act}_{}", dtype.suffix())
+}
+
+/// A grid-stride loop over `total` outputs: 256 threads a block, at most 65535 blocks.
+pub fn gated_shape(total: usize) -> LaunchShape {
+    LaunchShape {
+        grid: (total.div_ceil(256).min(65_535) as u32, 1, 1),
+        block: 256,
+    }
+}
+
+/// Most threads of an `add_rms_norm` block (norm.cu's launch bound).
+pub const NORM_MAX_THREADS: usize = 1024;
+
+/// `add_rms_norm_{dtype}`.
+pub fn norm_kernel(dtype: KvDtype) -> String {
+    format!("add_rms_norm_{}", dtype.suffix())
+}
+
+/// One block per row, one float4 per thread where the row allows, in whole warps.
+pub fn norm_shape(rows: usize, cols: usize) -> LaunchShape {
+    let threads = (cols.div_ceil(4).div_ceil(32) * 32).clamp(32, NORM_MAX_THREADS);
+    LaunchShape {
+        grid: (rows as u32, 1, 1),
+        block: threads as u32,
+    }
+}
+
+/// The arg-max kernel of f32 rows.
+pub const ARGMAX_KERNEL: &str = "argmax_rows_f32";
+/// Threads of an arg-max block (argmax.cu), and the most columns one block scans.
+pub const ARGMAX_THREADS: u32 = 256;
+pub const ARGMAX_COLS_PER_BLOCK: usize = 4096;
+
+/// Blocks across each row and one block row per row; returns the shape and the columns
+/// each block scans.
+pub fn argmax_shape(rows: usize, cols: usize) -> (LaunchShape, usize) {
+    let per_block = ARGMAX_COLS_PER_BLOCK.min(cols).max(1);
+    let shape = LaunchShape {
+        grid: (cols.div_ceil(per_block) as u32, rows as u32, 1),
+        block: ARGMAX_THREADS,
+    };
+    (shape, per_block)
+}
+
+/// One block per (query head, tile, partition).
+pub fn attention_shape(num_q_heads: usize, launch: &TileLaunch) -> LaunchShape {
+    LaunchShape {
+        grid: (
+            num_q_heads as u32,
+            launch.num_tiles() as u32,
+            launch.partitions.max(1) as u32,
+        ),
+        block: ATTENTION_THREADS,
+    }
+}
+
+/// One block per (query head, tile); a thread per output dimension, up to 256.
+pub fn merge_shape(num_q_heads: usize, launch: &TileLaunch, head_dim: usize) -> LaunchShape {
+    LaunchShape {
+        grid: (num_q_heads as u32, launch.num_tiles() as u32, 1),
+        block: head_dim.min(256) as u32,
+    }
+}
+
 /// One sequence of a step as attention sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeqSpan {

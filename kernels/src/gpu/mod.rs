@@ -1,8 +1,9 @@
-//! CUDA kernels: launch planning (plain Rust, tested anywhere) and, with the `cuda`
-//! feature, the PTX that nvcc compiled from `kernels/cuda/*.cu`. The engine loads the PTX
-//! into each rank's device and launches it on the rank's stream.
+//! CUDA kernels: launch planning and host references (plain Rust, tested anywhere) and,
+//! with the `cuda` feature, the PTX that nvcc compiled from `kernels/cuda/*.cu`. The
+//! engine loads the PTX into each rank's device and launches it on the rank's stream.
 
 pub mod launch;
+pub mod reference;
 
 /// PTX modules, each with the names of the kernels it defines.
 #[cfg(feature = "cuda")]

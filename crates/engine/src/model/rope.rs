@@ -41,6 +41,11 @@ impl RopeTable {
         self.max_positions
     }
 
+    /// The `cos` and `sin` tables, `[max_positions, head_dim / 2]` row-major.
+    pub fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+
     /// The `cos` and `sin` tables, `[max_positions, head_dim / 2]` f32, on `device`.
     pub fn tables_on(
         &self,

@@ -15,7 +15,8 @@ use tessera_engine::model::rope::RopeTable;
 use tessera_engine::model::step_meta::PackedMeta;
 use tessera_engine::Activation;
 use tessera_engine::RopeStyle;
-use tessera_kernels::gpu::launch::{KvDtype, HEAD_DIMS};
+use tessera_kernels::gpu::launch::{Gate, KvDtype, HEAD_DIMS};
+use tessera_kernels::gpu::reference::{self, scattered, AttentionInput, StepSeq};
 
 use crate::report::{check, download, gpu, max_abs_diff, rounded, upload, Lcg};
 
@@ -30,31 +31,29 @@ fn cuda(d: &Device) -> &candle_core::CudaDevice {
 }
 
 /// A batch of sequences `(start_pos, new tokens)` whose blocks are scattered over a
-/// cache of `num_blocks` (shuffled, so tables are never in order).
-fn scattered_batch(seqs: &[(usize, usize)], bs: usize, rng: &mut Lcg) -> (Batch, usize) {
-    let needed: usize = seqs.iter().map(|(p, n)| (p + n).div_ceil(bs)).sum();
-    let num_blocks = needed + 3;
-    let mut free: Vec<u32> = (0..num_blocks as u32).collect();
-    rng.shuffle(&mut free);
+/// cache, and the sequences as the references take them.
+fn scattered_batch(
+    seqs: &[(usize, usize)],
+    bs: usize,
+    rng: &mut Lcg,
+) -> (Batch, Vec<StepSeq>, usize) {
+    let (steps, num_blocks) = scattered(seqs, bs, rng);
     let mut batch = Batch::default();
-    for &(start, n) in seqs {
-        let table: Vec<u32> = (0..(start + n).div_ceil(bs))
-            .map(|_| free.pop().expect("enough blocks"))
-            .collect();
+    for s in &steps {
         let token_start = batch.token_ids.len();
-        for pos in start..start + n {
+        for pos in s.start_pos..s.start_pos + s.num_tokens {
             batch.token_ids.push(0);
             batch.positions.push(pos);
-            batch.slots.push(table[pos / bs] as usize * bs + pos % bs);
+            batch.slots.push(s.slot(pos, bs));
         }
         batch.seqs.push(BatchSeq {
             token_start,
-            num_tokens: n,
-            start_pos: start,
-            block_table: table,
+            num_tokens: s.num_tokens,
+            start_pos: s.start_pos,
+            block_table: s.block_table.clone(),
         });
     }
-    (batch, num_blocks)
+    (batch, steps, num_blocks)
 }
 
 struct AttentionCase {
@@ -74,7 +73,7 @@ struct AttentionCase {
 fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, usize) {
     let (hd, nq, nkv, bs) = (c.head_dim, c.num_q_heads, c.num_kv_heads, c.block_size);
     let dt = candle_dtype(c.dtype);
-    let (batch, num_blocks) = scattered_batch(&c.seqs, bs, rng);
+    let (batch, steps, num_blocks) = scattered_batch(&c.seqs, bs, rng);
     let n = batch.num_tokens();
     let row = nkv * hd;
     let k = rounded(&rng.values(num_blocks * bs * row), dt);
@@ -111,36 +110,19 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         },
     )
     .expect("attention");
-    let got = download(&out);
-    let scale = c.scale.unwrap_or(1.0 / (hd as f32).sqrt());
-    let mut want = vec![0f32; n * nq * hd];
-    for s in &batch.seqs {
-        for t in s.token_start..s.token_start + s.num_tokens {
-            let pos = batch.positions[t];
-            for h in 0..nq {
-                let kvh = h / group;
-                let q = &qkv[t * width + h * hd..t * width + (h + 1) * hd];
-                let at = |buf: &[f32], j: usize| {
-                    let slot = s.block_table[j / bs] as usize * bs + j % bs;
-                    buf[slot * row + kvh * hd..slot * row + (kvh + 1) * hd].to_vec()
-                };
-                let lo = c.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let scores: Vec<f32> = (lo..=pos)
-                    .map(|j| q.iter().zip(at(&k, j)).map(|(a, b)| a * b).sum::<f32>() * scale)
-                    .collect();
-                let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let w: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
-                let z: f32 = w.iter().sum();
-                let o = &mut want[(t * nq + h) * hd..(t * nq + h + 1) * hd];
-                for (j, wj) in (lo..=pos).zip(&w) {
-                    for (od, vd) in o.iter_mut().zip(at(&v, j)) {
-                        *od += wj / z * vd;
-                    }
-                }
-            }
-        }
-    }
-    (max_abs_diff(&got, &want), parts)
+    let want = reference::attention(&AttentionInput {
+        qkv: &qkv,
+        k_cache: &k,
+        v_cache: &v,
+        seqs: &steps,
+        num_q_heads: nq,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        block_size: bs,
+        window: c.window,
+        scale: c.scale.unwrap_or(1.0 / (hd as f32).sqrt()),
+    });
+    (max_abs_diff(&download(&out), &want), parts)
 }
 
 #[test]
@@ -274,7 +256,8 @@ fn rope_and_kv_write_match_the_reference() {
             let (nq, nkv, bs) = (6, 2, 16);
             let dtype = KvDtype::Bf16;
             let dt = candle_dtype(dtype);
-            let (batch, num_blocks) = scattered_batch(&[(0, 9), (300, 1), (40, 5)], bs, &mut rng);
+            let (batch, _, num_blocks) =
+                scattered_batch(&[(0, 9), (300, 1), (40, 5)], bs, &mut rng);
             let n = batch.num_tokens();
             let width = (nq + 2 * nkv) * hd;
             let qkv = rounded(&rng.values(n * width), dt);
@@ -352,19 +335,11 @@ fn gated_mul_and_f32_gemm_match_the_reference() {
                 activation,
             )
             .expect("gated_mul");
-            let act = |g: f32| match activation {
-                Activation::Silu => g / (1.0 + (-g).exp()),
-                Activation::GeluTanh => {
-                    let k = (2.0 / std::f32::consts::PI).sqrt();
-                    0.5 * g * (1.0 + (k * (g + 0.044715 * g * g * g)).tanh())
-                }
+            let gate = match activation {
+                Activation::Silu => Gate::Silu,
+                Activation::GeluTanh => Gate::GeluTanh,
             };
-            let want: Vec<f32> = (0..rows * width)
-                .map(|e| {
-                    let (r, c) = (e / width, e % width);
-                    act(gu[r * 2 * width + c]) * gu[r * 2 * width + width + c]
-                })
-                .collect();
+            let want = reference::gated(&gu, width, gate);
             let err = max_abs_diff(&download(&out), &rounded(&want, dt));
             let bound = if dtype == KvDtype::Bf16 { 1e-2 } else { 2e-3 };
             check(
@@ -419,18 +394,8 @@ fn add_rms_norm_matches_the_reference() {
             let delta = with_delta.then_some(&dd);
             let (sum, h) = add_rms_norm(cuda(&device), KvDtype::Bf16, &xd, delta, &wd, 1e-5)
                 .expect("add_rms_norm");
-            let want_sum: Vec<f32> = (0..rows * cols)
-                .map(|e| if with_delta { x[e] + d[e] } else { x[e] })
-                .collect();
-            let mut want_h = vec![0f32; rows * cols];
-            for r in 0..rows {
-                let row = &want_sum[r * cols..(r + 1) * cols];
-                let ms = row.iter().map(|v| v * v).sum::<f32>() / cols as f32;
-                let inv = 1.0 / (ms + 1e-5).sqrt();
-                for c in 0..cols {
-                    want_h[r * cols + c] = row[c] * inv * w[c];
-                }
-            }
+            let (want_sum, want_h) =
+                reference::add_rms_norm(&x, with_delta.then_some(&d[..]), &w, 1e-5);
             let sum_err = max_abs_diff(&download(&sum), &want_sum);
             let h_err = max_abs_diff(&download(&h), &rounded(&want_h, DType::BF16));
             check(

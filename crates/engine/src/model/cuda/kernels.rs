@@ -8,7 +8,9 @@ use candle_core::cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, Pus
 use candle_core::cuda::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor};
 use tessera_kernels::gpu::launch::{
-    attention_kernel, merge_kernel, KvDtype, TileLaunch, ATTENTION_THREADS, PREFILL_TILE,
+    argmax_shape, attention_kernel, attention_shape, gated_kernel, gated_shape, merge_kernel,
+    merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, Gate, KvDtype,
+    LaunchShape, TileLaunch, ARGMAX_KERNEL, PREFILL_TILE,
 };
 use tessera_kernels::gpu::ptx;
 
@@ -16,12 +18,6 @@ use crate::config::Activation;
 use crate::error::{EngineError, Result};
 use crate::model::cuda::buffers::{expect_dtype, wrap, Held};
 use crate::model::cuda::step_meta::StepMeta;
-
-/// Most threads of an `add_rms_norm` block (norm.cu's launch bound).
-const NORM_MAX_THREADS: usize = 1024;
-/// Threads of an `argmax_rows_f32` block (argmax.cu), and the columns each block scans.
-const ARGMAX_THREADS: u32 = 256;
-const ARGMAX_COLS_PER_BLOCK: usize = 4096;
 
 fn launch_err(what: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::Step(format!("CUDA kernel {what}: {e}"))
@@ -56,6 +52,15 @@ fn expect_all(dtype: KvDtype, tensors: &[(&Tensor, &str)]) -> Result<()> {
     tensors
         .iter()
         .try_for_each(|(t, what)| expect_dtype(t, candle_dtype(dtype), what))
+}
+
+/// The launch configuration of a shape chosen by `tessera_kernels::gpu::launch`.
+fn config(shape: LaunchShape) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: shape.grid,
+        block_dim: (shape.block, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 fn i32_of(x: usize, what: &str) -> Result<i32> {
@@ -138,7 +143,7 @@ pub fn rope_write_kv(
         let meta_h = meta.held()?;
         let positions = meta.positions(&meta_h)?;
         let slots = meta.slots(&meta_h)?;
-        let name = format!("rope_write_kv_{}", dtype.suffix());
+        let name = rope_write_kernel(dtype);
         let f = func!(dev, "tessera_kv_write", ptx::KV_WRITE, &name)?;
         let stride = i32_of(width, "qkv width")?;
         let nq = i32_of(heads.num_q_heads, "query heads")?;
@@ -158,14 +163,12 @@ pub fn rope_write_kv(
             .arg(&nkv)
             .arg(&hd)
             .arg(&interleaved);
-        // One thread per rotated (head, pair) and per value element of a token.
-        let items = ((heads.num_q_heads + heads.num_kv_heads) * heads.head_dim / 2)
-            .max(heads.num_kv_heads * heads.head_dim);
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, items.div_ceil(128) as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = config(rope_write_shape(
+            n,
+            heads.num_q_heads,
+            heads.num_kv_heads,
+            heads.head_dim,
+        ));
         // SAFETY: the arguments match the kernel's signature in kv_write.cu; every index the
         // kernel forms is within the buffers: token rows < n, slots < the cache's slots
         // (checked by `Batch::from_plan`), positions < the RoPE table (likewise).
@@ -322,11 +325,7 @@ fn launch_tiles<T: CudaDType + DeviceRepr>(
         .arg(&a.scale)
         .arg(&partition_size)
         .arg(&a.window);
-    let cfg = LaunchConfig {
-        grid_dim: (nq as u32, num_tiles as u32, parts as u32),
-        block_dim: (ATTENTION_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = config(attention_shape(nq, launch));
     // SAFETY: the arguments match attention.cu's signature; tiles, positions, block
     // tables and kv_of_q come from `StepMeta`, which checks them against the cache.
     unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
@@ -341,11 +340,7 @@ fn launch_tiles<T: CudaDType + DeviceRepr>(
             .arg(&part_acc)
             .arg(&tiles.0);
         b.arg(&a.nq).arg(&parts_i32);
-        let cfg = LaunchConfig {
-            grid_dim: (nq as u32, num_tiles as u32, 1),
-            block_dim: (hd.min(256) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = config(merge_shape(nq, launch, hd));
         // SAFETY: as above; the partial buffers hold `num_tiles * nq * parts` entries.
         unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
     }
@@ -377,21 +372,16 @@ pub fn gated_mul(
         }
         let held = Held::new(gate_up, "gate/up")?;
         let gu = held.view::<T>()?;
-        let kernel = match activation {
-            Activation::Silu => "silu_mul",
-            Activation::GeluTanh => "gelu_tanh_mul",
+        let gate = match activation {
+            Activation::Silu => Gate::Silu,
+            Activation::GeluTanh => Gate::GeluTanh,
         };
-        let name = format!("{kernel}_{}", dtype.suffix());
+        let name = gated_kernel(dtype, gate);
         let f = func!(dev, "tessera_activations", ptx::ACTIVATIONS, &name)?;
         let width_i32 = i32_of(width, "width")?;
         let mut b = f.builder();
         b.arg(&out).arg(&gu).arg(&width_i32).arg(&total);
-        let blocks = total.div_ceil(256).min(65_535) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = config(gated_shape(total));
         // SAFETY: matches activations.cu; a grid-stride loop covers `total` elements.
         unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
         Ok(wrap(out, dev, (rows, width)))
@@ -438,7 +428,7 @@ pub fn add_rms_norm(
             let dh = delta.map(|d| Held::new(d, "residual delta")).transpose()?;
             let (xv, wv) = (xh.view::<f32>()?, wh.view::<f32>()?);
             let dv = dh.as_ref().map(|d| d.view::<f32>()).transpose()?;
-            let name = format!("add_rms_norm_{}", dtype.suffix());
+            let name = norm_kernel(dtype);
             let f = func!(dev, "tessera_norm", ptx::NORM, &name)?;
             let cols_i32 = i32_of(cols, "hidden size")?;
             let null: u64 = 0;
@@ -450,13 +440,7 @@ pub fn add_rms_norm(
                 None => b.arg(&null),
             };
             b.arg(&wv).arg(&cols_i32).arg(&eps);
-            // One float4 per thread where the row allows (norm.cu), in whole warps.
-            let threads = (cols.div_ceil(4).div_ceil(32) * 32).clamp(32, NORM_MAX_THREADS);
-            let cfg = LaunchConfig {
-                grid_dim: (rows as u32, 1, 1),
-                block_dim: (threads as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = config(norm_shape(rows, cols));
             // SAFETY: matches norm.cu; every pointer covers rows x cols (w: cols) elements.
             unsafe { b.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
         }
@@ -473,7 +457,7 @@ pub fn argmax_rows(dev: &CudaDevice, logits: &Tensor) -> Result<Vec<u32>> {
         return Ok(vec![0; rows]);
     }
     let cols_i32 = i32_of(cols, "vocabulary size")?;
-    let per_block = ARGMAX_COLS_PER_BLOCK.min(cols);
+    let (shape, per_block) = argmax_shape(rows, cols);
     let per_block_i32 = i32_of(per_block, "columns per block")?;
     let stream = dev.cuda_stream();
     let keys: CudaSlice<u64> = stream
@@ -481,15 +465,11 @@ pub fn argmax_rows(dev: &CudaDevice, logits: &Tensor) -> Result<Vec<u32>> {
         .map_err(|e| launch_err("alloc", e))?;
     let held = Held::new(logits, "logits")?;
     let lv = held.view::<f32>()?;
-    let name = "argmax_rows_f32";
+    let name = ARGMAX_KERNEL;
     let f = func!(dev, "tessera_argmax", ptx::ARGMAX, name)?;
     let mut b = f.builder();
     b.arg(&keys).arg(&lv).arg(&cols_i32).arg(&per_block_i32);
-    let cfg = LaunchConfig {
-        grid_dim: (cols.div_ceil(per_block) as u32, rows as u32, 1),
-        block_dim: (ARGMAX_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = config(shape);
     // SAFETY: matches argmax.cu; `keys` holds one zeroed key per row and every block reads
     // columns below `cols` of its own row.
     unsafe { b.launch(cfg) }.map_err(|e| launch_err(name, e))?;
