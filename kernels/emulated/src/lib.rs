@@ -1,0 +1,516 @@
+//! Tessera's CUDA kernels (`kernels/cuda/*.cu`) run on the CPU.
+//!
+//! The build script compiles the `.cu` sources as host C++ against headers that stand in
+//! for CUDA (`include/cuda_emulation.h`): every CUDA thread of a block is a fiber,
+//! `__syncthreads` and warp shuffles are real barriers, blocks run one after another. The
+//! functions here launch a kernel by the name the engine uses, on the shape the engine
+//! chooses (`tessera_kernels::gpu::launch`), over host buffers. So the kernels' indexing,
+//! masking, tiling and reductions are tested on every machine, and a GPU run checks
+//! what only a GPU can tell (compilation for the device, speed, the device's math).
+
+use std::ffi::{c_char, c_int, c_void, CString};
+
+use half::{bf16, f16};
+use tessera_kernels::gpu::launch::{
+    argmax_shape, attention_kernel, attention_shape, gated_kernel, gated_shape, merge_kernel,
+    merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, AttentionPlan, Gate,
+    KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL, PREFILL_TILE,
+};
+
+/// What can go wrong launching an emulated kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EmuError {
+    /// The sources define no kernel of that name.
+    UnknownKernel(String),
+    /// A buffer is smaller than the launch reads or writes.
+    Size(String),
+}
+
+impl std::fmt::Display for EmuError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmuError::UnknownKernel(name) => write!(f, "no kernel named {name}"),
+            EmuError::Size(what) => write!(f, "buffer too small: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for EmuError {}
+
+pub type Result<T> = std::result::Result<T, EmuError>;
+
+/// A 16-bit element type of the kernels.
+pub trait Element: Copy + Default + Send + Sync + 'static {
+    const DTYPE: KvDtype;
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl Element for bf16 {
+    const DTYPE: KvDtype = KvDtype::Bf16;
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+impl Element for f16 {
+    const DTYPE: KvDtype = KvDtype::F16;
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+#[repr(C)]
+struct EmuGrid {
+    grid: [u32; 3],
+    block: [u32; 3],
+}
+
+impl From<LaunchShape> for EmuGrid {
+    fn from(s: LaunchShape) -> Self {
+        EmuGrid {
+            grid: [s.grid.0, s.grid.1, s.grid.2],
+            block: [s.block, 1, 1],
+        }
+    }
+}
+
+#[repr(C)]
+struct EmuAttention {
+    out: *mut c_void,
+    out_stride: c_int,
+    part_ms: *mut f32,
+    part_acc: *mut f32,
+    q: *const c_void,
+    q_stride: c_int,
+    k_cache: *const c_void,
+    v_cache: *const c_void,
+    positions: *const u32,
+    tile_start: *const u32,
+    tile_len: *const u32,
+    seq_of_token: *const u32,
+    block_tables: *const u32,
+    max_blocks: c_int,
+    kv_of_q: *const u32,
+    nq: c_int,
+    nkv: c_int,
+    block_size: c_int,
+    scale: f32,
+    partition_size: c_int,
+    window: c_int,
+}
+
+#[repr(C)]
+struct EmuMerge {
+    out: *mut c_void,
+    out_stride: c_int,
+    part_ms: *const f32,
+    part_acc: *const f32,
+    tile_start: *const u32,
+    nq: c_int,
+    num_parts: c_int,
+}
+
+extern "C" {
+    fn tessera_emu_attention(
+        name: *const c_char,
+        g: *const EmuGrid,
+        a: *const EmuAttention,
+    ) -> c_int;
+    fn tessera_emu_merge(name: *const c_char, g: *const EmuGrid, m: *const EmuMerge) -> c_int;
+    fn tessera_emu_rope_write_kv(
+        name: *const c_char,
+        g: *const EmuGrid,
+        qkv: *mut c_void,
+        qkv_stride: c_int,
+        k_cache: *mut c_void,
+        v_cache: *mut c_void,
+        positions: *const u32,
+        slots: *const u32,
+        cos_table: *const f32,
+        sin_table: *const f32,
+        nq: c_int,
+        nkv: c_int,
+        hd: c_int,
+        interleaved: c_int,
+    ) -> c_int;
+    fn tessera_emu_gated_mul(
+        name: *const c_char,
+        g: *const EmuGrid,
+        out: *mut c_void,
+        gate_up: *const c_void,
+        width: c_int,
+        total: usize,
+    ) -> c_int;
+    fn tessera_emu_add_rms_norm(
+        name: *const c_char,
+        g: *const EmuGrid,
+        x_out: *mut f32,
+        h: *mut c_void,
+        x: *const f32,
+        delta: *const f32,
+        w: *const f32,
+        cols: c_int,
+        eps: f32,
+    ) -> c_int;
+    fn tessera_emu_argmax_rows(
+        name: *const c_char,
+        g: *const EmuGrid,
+        keys: *mut u64,
+        logits: *const f32,
+        cols: c_int,
+        per_block: c_int,
+    ) -> c_int;
+}
+
+fn c_name(name: &str) -> Result<CString> {
+    CString::new(name).map_err(|_| EmuError::UnknownKernel(name.to_string()))
+}
+
+fn found(rc: c_int, name: &str) -> Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(EmuError::UnknownKernel(name.to_string()))
+    }
+}
+
+fn int(x: usize, what: &str) -> Result<c_int> {
+    c_int::try_from(x).map_err(|_| EmuError::Size(format!("{what} {x} exceeds an int")))
+}
+
+fn at_least(len: usize, need: usize, what: &str) -> Result<()> {
+    if len < need {
+        return Err(EmuError::Size(format!("{what}: {len} < {need}")));
+    }
+    Ok(())
+}
+
+/// A rank's attention geometry.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    pub num_q_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Heads {
+    /// Width of a fused QKV row.
+    pub fn qkv_width(&self) -> usize {
+        (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim
+    }
+}
+
+/// A step's metadata as the kernels read it (the engine packs it in `PackedMeta`).
+#[derive(Debug, Clone, Copy)]
+pub struct StepTables<'a> {
+    pub positions: &'a [u32],
+    pub slots: &'a [u32],
+    pub seq_of_token: &'a [u32],
+    /// One row of `max_blocks` entries per sequence.
+    pub block_tables: &'a [u32],
+    pub max_blocks: usize,
+    pub kv_of_q: &'a [u32],
+    pub block_size: usize,
+    pub plan: &'a AttentionPlan,
+}
+
+impl StepTables<'_> {
+    fn num_tokens(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Every index the kernels form from the tables stays inside `slots_in_cache`.
+    fn check(&self, slots_in_cache: usize, heads: Heads) -> Result<()> {
+        let n = self.num_tokens();
+        at_least(self.slots.len(), n, "slots")?;
+        at_least(self.seq_of_token.len(), n, "sequence of each token")?;
+        at_least(
+            self.kv_of_q.len(),
+            heads.num_q_heads,
+            "KV head of each query head",
+        )?;
+        let seqs = self.block_tables.len() / self.max_blocks.max(1);
+        if let Some(s) = self.seq_of_token.iter().find(|s| **s as usize >= seqs) {
+            return Err(EmuError::Size(format!("sequence {s} has no block table")));
+        }
+        let blocks = slots_in_cache / self.block_size.max(1);
+        if let Some(b) = self.block_tables.iter().find(|b| **b as usize >= blocks) {
+            return Err(EmuError::Size(format!("block {b} is not in the cache")));
+        }
+        if let Some(s) = self.slots.iter().find(|s| **s as usize >= slots_in_cache) {
+            return Err(EmuError::Size(format!("slot {s} is not in the cache")));
+        }
+        for t in 0..n {
+            let seq = self.seq_of_token[t] as usize;
+            let pos = self.positions[t] as usize;
+            if pos / self.block_size >= self.max_blocks
+                || self.block_tables[seq * self.max_blocks + pos / self.block_size] as usize
+                    * self.block_size
+                    + pos % self.block_size
+                    != self.slots[t] as usize
+            {
+                return Err(EmuError::Size(format!(
+                    "token {t}'s slot is not its block table's"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// RoPE on the queries (in place) and keys of `qkv`, keys and values into their cache
+/// slots; `cos`/`sin` are `[positions, head_dim / 2]`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_write_kv<T: Element>(
+    qkv: &mut [T],
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    meta: &StepTables<'_>,
+    cos: &[f32],
+    sin: &[f32],
+    interleaved: bool,
+    heads: Heads,
+) -> Result<()> {
+    let n = meta.num_tokens();
+    let width = heads.qkv_width();
+    let row = heads.num_kv_heads * heads.head_dim;
+    at_least(qkv.len(), n * width, "qkv")?;
+    at_least(v_cache.len(), k_cache.len(), "V cache")?;
+    meta.check(k_cache.len() / row, heads)?;
+    let half = heads.head_dim / 2;
+    let max_pos = meta.positions.iter().max().map_or(0, |p| *p as usize + 1);
+    at_least(cos.len().min(sin.len()), max_pos * half, "RoPE tables")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let name = rope_write_kernel(T::DTYPE);
+    let shape = rope_write_shape(n, heads.num_q_heads, heads.num_kv_heads, heads.head_dim);
+    let c = c_name(&name)?;
+    // SAFETY: the buffers cover every index the kernel forms (checked above).
+    let rc = unsafe {
+        tessera_emu_rope_write_kv(
+            c.as_ptr(),
+            &EmuGrid::from(shape),
+            qkv.as_mut_ptr().cast(),
+            int(width, "qkv width")?,
+            k_cache.as_mut_ptr().cast(),
+            v_cache.as_mut_ptr().cast(),
+            meta.positions.as_ptr(),
+            meta.slots.as_ptr(),
+            cos.as_ptr(),
+            sin.as_ptr(),
+            int(heads.num_q_heads, "query heads")?,
+            int(heads.num_kv_heads, "KV heads")?,
+            int(heads.head_dim, "head dim")?,
+            c_int::from(interleaved),
+        )
+    };
+    found(rc, &name)
+}
+
+/// Paged attention of every token of the step over its cached context (or its last
+/// `window` positions): `[tokens, num_q_heads * head_dim]`. `qkv` holds the rotated
+/// queries in its first columns.
+pub fn paged_attention<T: Element>(
+    qkv: &[T],
+    k_cache: &[T],
+    v_cache: &[T],
+    meta: &StepTables<'_>,
+    heads: Heads,
+    scale: f32,
+    window: Option<usize>,
+) -> Result<Vec<T>> {
+    let n = meta.num_tokens();
+    let (nq, hd) = (heads.num_q_heads, heads.head_dim);
+    at_least(qkv.len(), n * heads.qkv_width(), "qkv")?;
+    at_least(v_cache.len(), k_cache.len(), "V cache")?;
+    meta.check(k_cache.len() / (heads.num_kv_heads * hd), heads)?;
+    let mut out = vec![T::default(); n * nq * hd];
+    let plan = meta.plan;
+    for (launch, tile) in [(&plan.decode, 1), (&plan.prefill, PREFILL_TILE)] {
+        if launch.is_empty() {
+            continue;
+        }
+        attention_launch(
+            qkv, k_cache, v_cache, meta, heads, scale, window, launch, tile, &mut out,
+        )?;
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_launch<T: Element>(
+    qkv: &[T],
+    k_cache: &[T],
+    v_cache: &[T],
+    meta: &StepTables<'_>,
+    heads: Heads,
+    scale: f32,
+    window: Option<usize>,
+    launch: &TileLaunch,
+    tile: usize,
+    out: &mut [T],
+) -> Result<()> {
+    let (nq, hd) = (heads.num_q_heads, heads.head_dim);
+    let n = meta.num_tokens();
+    for (s, l) in launch.start.iter().zip(&launch.len) {
+        if (*s + *l) as usize > n || *l as usize > tile {
+            return Err(EmuError::Size(format!("tile {s}+{l} of {n} tokens")));
+        }
+    }
+    let parts = launch.partitions.max(1);
+    let partials = launch.num_tiles() * nq * parts;
+    let mut part_ms = vec![f32::NAN; partials * 2];
+    let mut part_acc = vec![f32::NAN; partials * hd];
+    let name = attention_kernel(T::DTYPE, hd, tile);
+    let c = c_name(&name)?;
+    let args = EmuAttention {
+        out: out.as_mut_ptr().cast(),
+        out_stride: int(nq * hd, "output width")?,
+        part_ms: part_ms.as_mut_ptr(),
+        part_acc: part_acc.as_mut_ptr(),
+        q: qkv.as_ptr().cast(),
+        q_stride: int(heads.qkv_width(), "qkv width")?,
+        k_cache: k_cache.as_ptr().cast(),
+        v_cache: v_cache.as_ptr().cast(),
+        positions: meta.positions.as_ptr(),
+        tile_start: launch.start.as_ptr(),
+        tile_len: launch.len.as_ptr(),
+        seq_of_token: meta.seq_of_token.as_ptr(),
+        block_tables: meta.block_tables.as_ptr(),
+        max_blocks: int(meta.max_blocks, "blocks per sequence")?,
+        kv_of_q: meta.kv_of_q.as_ptr(),
+        nq: int(nq, "query heads")?,
+        nkv: int(heads.num_kv_heads, "KV heads")?,
+        block_size: int(meta.block_size, "block size")?,
+        scale,
+        partition_size: int(launch.partition_size, "partition size")?,
+        window: int(window.unwrap_or(0), "window")?,
+    };
+    // SAFETY: the tables were checked against the cache, the tiles against the tokens;
+    // the partial buffers hold every (tile, head, partition).
+    let rc = unsafe {
+        tessera_emu_attention(
+            c.as_ptr(),
+            &EmuGrid::from(attention_shape(nq, launch)),
+            &args,
+        )
+    };
+    found(rc, &name)?;
+    if parts > 1 {
+        let name = merge_kernel(T::DTYPE, hd);
+        let c = c_name(&name)?;
+        let m = EmuMerge {
+            out: out.as_mut_ptr().cast(),
+            out_stride: args.out_stride,
+            part_ms: part_ms.as_ptr(),
+            part_acc: part_acc.as_ptr(),
+            tile_start: launch.start.as_ptr(),
+            nq: args.nq,
+            num_parts: int(parts, "partitions")?,
+        };
+        // SAFETY: as above.
+        let rc = unsafe {
+            tessera_emu_merge(c.as_ptr(), &EmuGrid::from(merge_shape(nq, launch, hd)), &m)
+        };
+        found(rc, &name)?;
+    }
+    Ok(())
+}
+
+/// act(gate) · up of fused `[rows, 2 * width]` gate/up rows.
+pub fn gated_mul<T: Element>(gate_up: &[T], width: usize, gate: Gate) -> Result<Vec<T>> {
+    let rows = gate_up.len() / (2 * width).max(1);
+    let total = rows * width;
+    let mut out = vec![T::default(); total];
+    if total == 0 {
+        return Ok(out);
+    }
+    let name = gated_kernel(T::DTYPE, gate);
+    let c = c_name(&name)?;
+    // SAFETY: `gate_up` holds `rows` rows of 2 · width; `out` holds `total`.
+    let rc = unsafe {
+        tessera_emu_gated_mul(
+            c.as_ptr(),
+            &EmuGrid::from(gated_shape(total)),
+            out.as_mut_ptr().cast(),
+            gate_up.as_ptr().cast(),
+            int(width, "width")?,
+            total,
+        )
+    };
+    found(rc, &name)?;
+    Ok(out)
+}
+
+/// `(x + delta, RMSNorm(x + delta) · w)` of `[rows, cols]` f32 rows.
+pub fn add_rms_norm<T: Element>(
+    x: &[f32],
+    delta: Option<&[f32]>,
+    w: &[f32],
+    eps: f32,
+) -> Result<(Vec<f32>, Vec<T>)> {
+    let cols = w.len();
+    let rows = x.len() / cols.max(1);
+    if let Some(d) = delta {
+        at_least(d.len(), x.len(), "delta")?;
+    }
+    let mut x_out = vec![0f32; rows * cols];
+    let mut h = vec![T::default(); rows * cols];
+    if rows == 0 {
+        return Ok((x_out, h));
+    }
+    let name = norm_kernel(T::DTYPE);
+    let c = c_name(&name)?;
+    // SAFETY: every pointer covers rows × cols values (`w`: cols); null delta adds nothing.
+    let rc = unsafe {
+        tessera_emu_add_rms_norm(
+            c.as_ptr(),
+            &EmuGrid::from(norm_shape(rows, cols)),
+            x_out.as_mut_ptr(),
+            h.as_mut_ptr().cast(),
+            x.as_ptr(),
+            delta.map_or(std::ptr::null(), |d| d.as_ptr()),
+            w.as_ptr(),
+            int(cols, "columns")?,
+            eps,
+        )
+    };
+    found(rc, &name)?;
+    Ok((x_out, h))
+}
+
+/// The arg-max column of each `cols`-wide row of `logits`, lowest index on ties.
+pub fn argmax_rows(logits: &[f32], cols: usize) -> Result<Vec<u32>> {
+    let rows = logits.len() / cols.max(1);
+    if rows == 0 || cols == 0 {
+        return Ok(vec![0; rows]);
+    }
+    let (shape, per_block) = argmax_shape(rows, cols);
+    let mut keys = vec![0u64; rows];
+    let c = c_name(ARGMAX_KERNEL)?;
+    // SAFETY: every block reads columns below `cols` of its own row; one key per row.
+    let rc = unsafe {
+        tessera_emu_argmax_rows(
+            c.as_ptr(),
+            &EmuGrid::from(shape),
+            keys.as_mut_ptr(),
+            logits.as_ptr(),
+            int(cols, "columns")?,
+            int(per_block, "columns per block")?,
+        )
+    };
+    found(rc, ARGMAX_KERNEL)?;
+    // The low half of a key is the complement of the column; 0: nothing beat NaN.
+    Ok(keys
+        .iter()
+        .map(|k| if *k == 0 { 0 } else { !(*k as u32) })
+        .collect())
+}

@@ -1,0 +1,169 @@
+//! The CUDA kernels around attention, run on CPU threads, against host references:
+//! RoPE with the KV-cache write, SiLU·up and GELU·up, the residual add with RMSNorm,
+//! and the arg-max of logit rows.
+
+mod common;
+
+use common::{kv_of_q, rounded, to_f32, Step};
+use half::{bf16, f16};
+use tessera_engine::model::rope::RopeTable;
+use tessera_engine::RopeStyle;
+use tessera_kernels::gpu::launch::{Gate, HEAD_DIMS};
+use tessera_kernels::gpu::reference::{self, max_abs_diff, Lcg};
+use tessera_kernels_emulated::{
+    add_rms_norm, argmax_rows, gated_mul, rope_write_kv, Element, Heads,
+};
+
+fn rope_and_kv_write<T: Element>(bound: f32) {
+    let mut rng = Lcg(3);
+    for style in [RopeStyle::Half, RopeStyle::Interleaved] {
+        for hd in HEAD_DIMS {
+            let (nq, nkv, bs) = (6, 2, 16);
+            let step = Step::new(
+                &[(0, 9), (300, 1), (40, 5)],
+                bs,
+                &kv_of_q(nq, nkv),
+                &mut rng,
+            );
+            let heads = Heads {
+                num_q_heads: nq,
+                num_kv_heads: nkv,
+                head_dim: hd,
+            };
+            let n = step.num_tokens();
+            let width = heads.qkv_width();
+            let (mut qkv, qkv32) = rounded::<T>(&rng.values(n * width));
+            let cache = step.num_blocks * bs * nkv * hd;
+            let mut k = vec![T::from_f32(0.0); cache];
+            let mut v = vec![T::from_f32(0.0); cache];
+            let table = RopeTable::new(hd, 10_000.0, 512, style);
+            let (cos, sin) = table.tables();
+            rope_write_kv(
+                &mut qkv,
+                &mut k,
+                &mut v,
+                &step.tables(),
+                cos,
+                sin,
+                table.interleaved(),
+                heads,
+            )
+            .expect("the kernel runs");
+            let (q_got, k_got, v_got) = (to_f32(&qkv), to_f32(&k), to_f32(&v));
+            let tables = step.tables();
+            for t in 0..n {
+                let pos = tables.positions[t] as usize;
+                let mut row = qkv32[t * width..(t + 1) * width].to_vec();
+                table.apply(&mut row[..(nq + nkv) * hd], pos);
+                let slot = tables.slots[t] as usize;
+                let cache_row = slot * nkv * hd..(slot + 1) * nkv * hd;
+                let q_err = max_abs_diff(&q_got[t * width..t * width + nq * hd], &row[..nq * hd]);
+                let k_err = max_abs_diff(&k_got[cache_row.clone()], &row[nq * hd..(nq + nkv) * hd]);
+                assert!(
+                    q_err < bound && k_err < bound,
+                    "{style:?} hd{hd} token {t}: {q_err} {k_err}"
+                );
+                assert_eq!(
+                    v_got[cache_row],
+                    row[(nq + nkv) * hd..],
+                    "values are copied exactly"
+                );
+                // The values and keys of the token stay where they were in its row.
+                assert_eq!(
+                    q_got[t * width + nq * hd..(t + 1) * width],
+                    qkv32[t * width + nq * hd..(t + 1) * width]
+                );
+            }
+            // Nothing outside the step's slots is written.
+            let written: std::collections::HashSet<usize> =
+                tables.slots.iter().map(|s| *s as usize).collect();
+            for slot in (0..cache / (nkv * hd)).filter(|s| !written.contains(s)) {
+                assert!(k_got[slot * nkv * hd..(slot + 1) * nkv * hd]
+                    .iter()
+                    .all(|x| *x == 0.0));
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_and_kv_write_bf16() {
+    rope_and_kv_write::<bf16>(1e-2);
+}
+
+#[test]
+fn rope_and_kv_write_f16() {
+    rope_and_kv_write::<f16>(2e-3);
+}
+
+#[test]
+fn silu_and_gelu_times_up() {
+    let mut rng = Lcg(5);
+    let (rows, width) = (37, 300);
+    let values: Vec<f32> = rng
+        .values(rows * 2 * width)
+        .iter()
+        .map(|v| 4.0 * v)
+        .collect();
+    for gate in [Gate::Silu, Gate::GeluTanh] {
+        let (gu, gu32) = rounded::<bf16>(&values);
+        let want = reference::gated(&gu32, width, gate);
+        let err = max_abs_diff(&to_f32(&gated_mul(&gu, width, gate).expect("runs")), &want);
+        assert!(err < 3e-2, "{gate:?} bf16: {err}");
+        let (gu, gu32) = rounded::<f16>(&values);
+        let want = reference::gated(&gu32, width, gate);
+        let err = max_abs_diff(&to_f32(&gated_mul(&gu, width, gate).expect("runs")), &want);
+        assert!(err < 5e-3, "{gate:?} f16: {err}");
+    }
+    // The two activations differ by far more than the bound: the kernel name picks one.
+    let (gu, _) = rounded::<f16>(&values);
+    let silu = to_f32(&gated_mul(&gu, width, Gate::Silu).expect("runs"));
+    let gelu = to_f32(&gated_mul(&gu, width, Gate::GeluTanh).expect("runs"));
+    assert!(max_abs_diff(&silu, &gelu) > 0.1);
+}
+
+#[test]
+fn residual_add_and_rms_norm() {
+    let mut rng = Lcg(17);
+    // Rows held in registers (4096, 5120), wider than the registers hold (20000), and
+    // not a multiple of 4 wide (1001: the scalar path).
+    for (rows, cols) in [(1, 4096), (7, 384), (2, 5120), (2, 20000), (2, 1001)] {
+        let x: Vec<f32> = rng.values(rows * cols).iter().map(|v| 3.0 * v).collect();
+        let d = rng.values(rows * cols);
+        let w: Vec<f32> = rng.values(cols).iter().map(|v| 1.0 + 0.1 * v).collect();
+        for delta in [None, Some(&d[..])] {
+            let (sum, h) = add_rms_norm::<bf16>(&x, delta, &w, 1e-5).expect("runs");
+            let (want_sum, want_h) = reference::add_rms_norm(&x, delta, &w, 1e-5);
+            assert_eq!(sum, want_sum, "{rows}x{cols}: the sum is exact");
+            let err = max_abs_diff(&to_f32(&h), &want_h);
+            assert!(err < 2e-2, "{rows}x{cols} delta {}: {err}", delta.is_some());
+        }
+    }
+}
+
+#[test]
+fn argmax_of_rows_lowest_index_on_ties() {
+    let mut rng = Lcg(23);
+    for (rows, cols) in [(1, 128_256), (3, 10_000), (3, 1000), (2, 5)] {
+        let mut logits = rng.values(rows * cols);
+        // Ties for the maximum in some rows, across the blocks a row is split over.
+        for r in (0..rows).step_by(2) {
+            let (a, b) = (rng.below(cols), rng.below(cols));
+            logits[r * cols + a] = 7.0;
+            logits[r * cols + b] = 7.0;
+        }
+        let want: Vec<u32> = logits
+            .chunks(cols)
+            .map(tessera_engine::sampler::argmax)
+            .collect();
+        assert_eq!(
+            argmax_rows(&logits, cols).expect("runs"),
+            want,
+            "{rows}x{cols}"
+        );
+    }
+    // NaN loses to every number; a row of NaN gives 0.
+    let row = [f32::NAN, -1.0, f32::NAN, -0.5, f32::NAN];
+    assert_eq!(argmax_rows(&row, 5).expect("runs"), vec![3]);
+    assert_eq!(argmax_rows(&[f32::NAN; 4], 4).expect("runs"), vec![0]);
+}
