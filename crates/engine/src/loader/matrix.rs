@@ -236,6 +236,20 @@ impl Matrix {
         Ok(LinearWeight::Candle(self.into_qmatmul(device)?))
     }
 
+    /// As [`Matrix::into_linear_weight`], but a dense weight stays f32 on every device
+    /// (a router, whose near-ties decide which experts run: CUDA ranks then score tokens
+    /// as CPU ranks and llama.cpp do, not in bf16).
+    pub fn into_f32_linear_weight(self, device: &Device) -> Result<LinearWeight> {
+        match self {
+            Matrix::Dense { weight, .. } => Ok(LinearWeight::Candle(QMatMul::Tensor(
+                weight
+                    .to_device(device)?
+                    .to_dtype(candle_core::DType::F32)?,
+            ))),
+            quantized => quantized.into_linear_weight(device),
+        }
+    }
+
     /// candle's matmul for this weight on `device`.
     pub fn into_qmatmul(self, device: &Device) -> Result<QMatMul> {
         match self {

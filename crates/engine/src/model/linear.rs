@@ -42,7 +42,7 @@ impl Linear {
         if let (LinearWeight::Candle(QMatMul::Tensor(w)), candle_core::Device::Cuda(dev)) =
             (&self.weight, x.device())
         {
-            // An f32 weight (a GGUF file's F32 router, say): candle's f32 matmul.
+            // An f32 weight (a mixture's router): candle's f32 matmul.
             if w.dtype() == candle_core::DType::F32 {
                 return self.forward(&x.to_dtype(candle_core::DType::F32)?);
             }

@@ -1,9 +1,9 @@
 //! The mixture-of-experts MLP (Qwen3-MoE, Mixtral) as one tensor-parallel shard.
 //!
-//! A router (mirrored on every rank: `[experts, hidden]`, small) scores each token; the
-//! `top_k` experts of highest softmax probability are kept, their probabilities divided by
-//! their sum where the family says so (`norm_topk_prob`; Mixtral always). Each expert is
-//! a SiLU-gated MLP.
+//! A router (mirrored on every rank: `[experts, hidden]`, small, f32 on every device)
+//! scores each token; the `top_k` experts of highest softmax probability are kept, their
+//! probabilities divided by their sum where the family says so (`norm_topk_prob`; Mixtral
+//! always). Each expert is a SiLU-gated MLP.
 //!
 //! Split: every expert is cut along its intermediate dimension like a dense MLP (gate/up
 //! column-parallel, down row-parallel), so every rank holds a slice of every expert and
@@ -133,7 +133,7 @@ pub fn load_shards(
         .zip(devices)
         .map(|(experts, dev)| {
             Ok(MoeShard {
-                router: Linear::new(router.clone().into_linear_weight(dev)?, None),
+                router: Linear::new(router.clone().into_f32_linear_weight(dev)?, None),
                 experts,
                 top_k: moe.top_k,
                 norm_topk_prob: moe.norm_topk_prob,

@@ -22,20 +22,34 @@ impl MoeShard {
             .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let mut out = Tensor::zeros((n, hidden), DType::F32, device)?;
+        // Every chosen expert once over its tokens' rows; their weighted outputs, in
+        // expert order, go into the sum in one `index_add` (which adds the rows of one
+        // index in order: the CPU's order), not one out-of-place copy per expert.
+        let (mut ids, mut outputs) = (Vec::new(), Vec::new());
         for (expert, group) in self.experts.iter().zip(self.groups(&logits)) {
             if group.is_empty() {
                 continue;
             }
             let tokens: Vec<u32> = group.iter().map(|(t, _)| *t as u32).collect();
             let weights: Vec<f32> = group.iter().map(|(_, w)| *w).collect();
-            let idx = Tensor::from_vec(tokens, group.len(), device)?;
+            let idx = Tensor::from_vec(tokens.clone(), group.len(), device)?;
             let rows = h.index_select(&idx, 0)?;
             let y = gated_mlp(&expert.gate_up, &expert.down, &rows, Activation::Silu)?
                 .to_dtype(DType::F32)?;
             let w = Tensor::from_vec(weights, (group.len(), 1), device)?;
-            out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
+            outputs.push(y.broadcast_mul(&w)?);
+            ids.extend(tokens);
         }
+        let out = Tensor::zeros((n, hidden), DType::F32, device)?;
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let count = ids.len();
+        let out = out.index_add(
+            &Tensor::from_vec(ids, count, device)?,
+            &Tensor::cat(&outputs, 0)?,
+            0,
+        )?;
         Ok(out)
     }
 }
