@@ -334,7 +334,12 @@ pub fn paged_attention<T: Element>(
     meta.check(k_cache.len() / (heads.num_kv_heads * hd), heads)?;
     let mut out = vec![T::default(); n * nq * hd];
     let plan = meta.plan;
-    for (launch, tile) in [(&plan.decode, 1), (&plan.prefill, PREFILL_TILE)] {
+    // As the engine launches it: a sliding layer's decode partitions split its window.
+    let decode = match window {
+        Some(w) => std::borrow::Cow::Owned(plan.decode.decode_windowed(w)),
+        None => std::borrow::Cow::Borrowed(&plan.decode),
+    };
+    for (launch, tile) in [(decode.as_ref(), 1), (&plan.prefill, PREFILL_TILE)] {
         if launch.is_empty() {
             continue;
         }

@@ -190,6 +190,10 @@ pub struct TileLaunch {
     /// Keys per partition: a multiple of [`ATTENTION_CHUNK`] covering every tile's
     /// context when `partitions` is 1.
     pub partition_size: usize,
+    /// The longest context of the launch's tiles.
+    pub context: usize,
+    /// Partitions per tile that would fill the GPU, before the context caps them.
+    pub wanted_partitions: usize,
 }
 
 impl TileLaunch {
@@ -200,6 +204,30 @@ impl TileLaunch {
     pub fn num_tiles(&self) -> usize {
         self.start.len()
     }
+
+    /// This decode launch for a layer whose tokens attend to their last `window`
+    /// positions: a tile reads from its window's start, so the partitions split the
+    /// window rather than the whole context. (Decode tiles only: a prefill tile's keys
+    /// span its window plus its tokens, in one partition.)
+    pub fn decode_windowed(&self, window: usize) -> TileLaunch {
+        let (partitions, partition_size) =
+            split_context(self.context.min(window.max(1)), self.wanted_partitions);
+        TileLaunch {
+            partitions,
+            partition_size,
+            ..self.clone()
+        }
+    }
+}
+
+/// Partitions and keys per partition for a context of `context` keys split about
+/// `wanted` ways: whole chunks per partition, at most [`MAX_PARTITIONS`], none empty.
+fn split_context(context: usize, wanted: usize) -> (usize, usize) {
+    let context = context.max(1);
+    let chunks = context.div_ceil(ATTENTION_CHUNK);
+    let parts = wanted.clamp(1, MAX_PARTITIONS).min(chunks);
+    let size = round_up(context.div_ceil(parts), ATTENTION_CHUNK);
+    (context.div_ceil(size), size)
 }
 
 /// The step's attention launches: decoding tokens, then prefill tiles.
@@ -237,17 +265,16 @@ impl AttentionPlan {
         }
         plan.prefill.partitions = 1;
         plan.prefill.partition_size = round_up(prefill_ctx.max(1), ATTENTION_CHUNK);
+        plan.prefill.context = prefill_ctx;
         let blocks = plan.decode.num_tiles() * num_q_heads.max(1);
-        let chunks = decode_ctx.max(1).div_ceil(ATTENTION_CHUNK);
         let wanted = if blocks == 0 {
             1
         } else {
             target_blocks.div_ceil(blocks)
         };
-        let parts = wanted.clamp(1, MAX_PARTITIONS).min(chunks);
-        let size = round_up(decode_ctx.max(1).div_ceil(parts), ATTENTION_CHUNK);
-        plan.decode.partition_size = size;
-        plan.decode.partitions = decode_ctx.max(1).div_ceil(size);
+        (plan.decode.partitions, plan.decode.partition_size) = split_context(decode_ctx, wanted);
+        plan.decode.context = decode_ctx;
+        plan.decode.wanted_partitions = wanted;
         plan
     }
 }
@@ -308,6 +335,32 @@ mod tests {
                     assert!((d.partitions - 1) * d.partition_size < ctx, "ctx {ctx}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn windowed_decodes_split_their_window_not_their_context() {
+        // 8 sequences x 32 heads at 32k context nearly fill the GPU: 2 partitions of 16k,
+        // so a 4096 window would sit in one partition and leave half the blocks idle.
+        let seqs: Vec<SeqSpan> = (0..8).map(|i| span(i..i + 1, 32_767)).collect();
+        let plan = AttentionPlan::new(&seqs, 32, 264);
+        assert_eq!(plan.decode.partitions, 2);
+        let w = plan.decode.decode_windowed(4096);
+        assert_eq!((w.partitions, w.partition_size), (2, 2048));
+        assert_eq!(
+            (w.start.clone(), w.len.clone()),
+            (plan.decode.start.clone(), plan.decode.len.clone())
+        );
+        // A window longer than the context changes nothing; every split covers its span.
+        assert_eq!(plan.decode.decode_windowed(100_000), plan.decode);
+        for window in [1, 100, 128, 129, 4096, 40_000] {
+            let w = plan.decode.decode_windowed(window);
+            let span = window.min(32_768);
+            assert!(w.partitions * w.partition_size >= span, "window {window}");
+            assert!(
+                (w.partitions - 1) * w.partition_size < span,
+                "window {window}"
+            );
         }
     }
 

@@ -238,8 +238,13 @@ pub fn paged_attention(
             // 0: the whole context.
             window: i32_of(layer.window.unwrap_or(0), "attention window")?,
         };
+        // A sliding layer's decode partitions split its window, not the whole context.
+        let decode = match layer.window {
+            Some(w) => std::borrow::Cow::Owned(meta.plan.decode.decode_windowed(w)),
+            None => std::borrow::Cow::Borrowed(&meta.plan.decode),
+        };
         for (launch, tile, tiles) in [
-            (&meta.plan.decode, 1, meta.decode_tiles(&meta_h)?),
+            (decode.as_ref(), 1, meta.decode_tiles(&meta_h)?),
             (
                 &meta.plan.prefill,
                 PREFILL_TILE,
