@@ -1,5 +1,6 @@
 //! A step's tokens flattened across sequences, with the KV slots they write.
 
+use tessera_kernels::gpu::reference::StepSeq;
 use tessera_protocol::{KvCacheShape, ScheduledChunk, StepPlan};
 
 use crate::error::{EngineError, Result};
@@ -89,6 +90,27 @@ impl ChunkLimits {
 }
 
 impl Batch {
+    /// The batch of kernel checks: sequences with given block tables and new positions,
+    /// every token id 0, nothing sampled.
+    pub fn of_steps(seqs: &[StepSeq], block_size: usize) -> Batch {
+        let mut batch = Batch::default();
+        for s in seqs {
+            let token_start = batch.token_ids.len();
+            for pos in s.start_pos..s.start_pos + s.num_tokens {
+                batch.token_ids.push(0);
+                batch.positions.push(pos);
+                batch.slots.push(s.slot(pos, block_size));
+            }
+            batch.seqs.push(BatchSeq {
+                token_start,
+                num_tokens: s.num_tokens,
+                start_pos: s.start_pos,
+                block_table: s.block_table.clone(),
+            });
+        }
+        batch
+    }
+
     /// Flattens a plan, checking every chunk against `limits`; any refusal fails it.
     pub fn from_plan(plan: &StepPlan, limits: &ChunkLimits) -> Result<Batch> {
         Self::from_chunks(plan.scheduled.iter(), limits)

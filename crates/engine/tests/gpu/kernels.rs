@@ -4,7 +4,7 @@
 //! write; SiLU·up and GELU·up; the f32-output GEMM.
 
 use candle_core::{DType, Device, Tensor};
-use tessera_engine::model::batch::{Batch, BatchSeq};
+use tessera_engine::model::batch::Batch;
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
     add_rms_norm, argmax_rows, candle_dtype, gated_mul, paged_attention, rope_write_kv, HeadLayout,
@@ -38,21 +38,7 @@ fn scattered_batch(
     rng: &mut Lcg,
 ) -> (Batch, Vec<StepSeq>, usize) {
     let (steps, num_blocks) = scattered(seqs, bs, rng);
-    let mut batch = Batch::default();
-    for s in &steps {
-        let token_start = batch.token_ids.len();
-        for pos in s.start_pos..s.start_pos + s.num_tokens {
-            batch.token_ids.push(0);
-            batch.positions.push(pos);
-            batch.slots.push(s.slot(pos, bs));
-        }
-        batch.seqs.push(BatchSeq {
-            token_start,
-            num_tokens: s.num_tokens,
-            start_pos: s.start_pos,
-            block_table: s.block_table.clone(),
-        });
-    }
+    let batch = Batch::of_steps(&steps, bs);
     (batch, steps, num_blocks)
 }
 

@@ -2,7 +2,7 @@
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
-use tessera_engine::model::batch::{Batch, BatchSeq};
+use tessera_engine::model::batch::Batch;
 use tessera_engine::model::step_meta::{PackedMeta, Part};
 use tessera_kernels::gpu::reference::{scattered, Lcg, StepSeq};
 use tessera_kernels_emulated::{Element, StepTables};
@@ -21,21 +21,7 @@ pub struct Step {
 impl Step {
     pub fn new(seqs: &[(usize, usize)], block_size: usize, kv_of_q: &[u32], rng: &mut Lcg) -> Self {
         let (seqs, num_blocks) = scattered(seqs, block_size, rng);
-        let mut batch = Batch::default();
-        for s in &seqs {
-            let token_start = batch.token_ids.len();
-            for pos in s.start_pos..s.start_pos + s.num_tokens {
-                batch.token_ids.push(0);
-                batch.positions.push(pos);
-                batch.slots.push(s.slot(pos, block_size));
-            }
-            batch.seqs.push(BatchSeq {
-                token_start,
-                num_tokens: s.num_tokens,
-                start_pos: s.start_pos,
-                block_table: s.block_table.clone(),
-            });
-        }
+        let batch = Batch::of_steps(&seqs, block_size);
         let meta = PackedMeta::new(&batch, kv_of_q, TARGET_BLOCKS).expect("pack the step");
         Step {
             seqs,
