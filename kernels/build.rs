@@ -8,7 +8,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: [&str; 5] = ["attention", "kv_write", "activations", "norm", "argmax"];
+const SOURCES: [&str; 6] = [
+    "attention",
+    "kv_write",
+    "activations",
+    "norm",
+    "argmax",
+    "candidates",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda");

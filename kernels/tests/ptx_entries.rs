@@ -4,7 +4,8 @@
 #![cfg(feature = "cuda")]
 
 use tessera_kernels::gpu::launch::{
-    attention_kernel, merge_kernel, KvDtype, HEAD_DIMS, PREFILL_TILE,
+    attention_kernel, merge_kernel, KvDtype, ARGMAX_KERNEL, CANDIDATES_KERNEL, HEAD_DIMS,
+    PREFILL_TILE,
 };
 use tessera_kernels::gpu::ptx;
 
@@ -37,7 +38,8 @@ fn every_kernel_the_planner_names_is_compiled() {
             assert!(entries(module).contains(&name.as_str()), "{name} missing");
         }
     }
-    assert!(entries(ptx::ARGMAX).contains(&"argmax_rows_f32"));
+    assert!(entries(ptx::ARGMAX).contains(&ARGMAX_KERNEL));
+    assert!(entries(ptx::CANDIDATES).contains(&CANDIDATES_KERNEL));
     // 2 dtypes x 5 head dims x (2 tiles + merge).
     assert_eq!(attention.len(), 30);
 }
@@ -52,6 +54,7 @@ fn the_ptx_targets_a_version_the_gpu_driver_loads() {
         ptx::ACTIVATIONS,
         ptx::NORM,
         ptx::ARGMAX,
+        ptx::CANDIDATES,
     ] {
         let version = module
             .lines()

@@ -20,7 +20,7 @@ use crate::sampler::Sampler;
 use crate::stats::EngineStats;
 use crate::structured::GrammarCompiler;
 use crate::tp::ShardPlan;
-use crate::worker::{self, Fault, Job, WorkerHandle, WorkerState};
+use crate::worker::{self, Fault, Job, Reduced, WorkerHandle, WorkerState};
 
 #[path = "engine_kv_sizing.rs"]
 mod kv_sizing;
@@ -261,12 +261,12 @@ impl Engine {
 
     /// Runs the batch on every rank; returns rank 0's logits `[rows * vocab]`.
     pub fn forward(&mut self, mut batch: Batch) -> Result<Vec<f32>> {
-        batch.argmax_rows.clear();
+        batch.row_reduce.clear();
         Ok(self.forward_rows(batch)?.values)
     }
 
     /// Runs the batch on every rank; returns the sampled rows as the logits-returning
-    /// rank handed them back (rows in `batch.argmax_rows` may come as their arg-max).
+    /// rank handed them back (rows in `batch.row_reduce` may come reduced).
     fn forward_rows(&mut self, batch: Batch) -> Result<worker::StepLogits> {
         self.dispatch(batch)?
             .ok_or_else(|| EngineError::Step("no rank returned logits".into()))
@@ -434,12 +434,12 @@ impl Engine {
         }
         let mut batch = Batch::from_chunks(runnable.iter().copied(), &limits)?;
         let unknown = |id: SeqId| EngineError::Step(format!("{id} was never announced"));
-        batch.argmax_rows = runnable
+        batch.row_reduce = runnable
             .iter()
             .filter(|c| c.sample)
             .map(|c| {
                 let state = self.sequences.get(&c.id).ok_or_else(|| unknown(c.id))?;
-                Ok(state.sampler.needs_only_argmax())
+                Ok(state.sampler.reduction())
             })
             .collect::<Result<_>>()?;
         let mut logits = self.forward_rows(batch)?;
@@ -452,8 +452,9 @@ impl Engine {
                 .sequences
                 .get_mut(&chunk.id)
                 .ok_or_else(|| unknown(chunk.id))?;
-            let (token, logprobs) = match logits.argmax.get(row).copied().flatten() {
-                Some(token) => (state.sampler.accept(token), None),
+            let (token, logprobs) = match logits.reduced.get(row).cloned().flatten() {
+                Some(Reduced::Token(token)) => (state.sampler.accept(token), None),
+                Some(Reduced::Candidates(c)) => (state.sampler.sample_candidates(&c), None),
                 None => {
                     let row_logits = rows
                         .next()

@@ -5,6 +5,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_protocol::{SamplingParams, TokenLogprobs};
 
+use crate::model::batch::RowReduce;
 use crate::structured::TokenConstraint;
 
 /// Sampling state of one sequence, kept by the engine for the sequence's whole life
@@ -69,18 +70,40 @@ impl Sampler {
         (self.accept(token), logprobs)
     }
 
-    /// True when the next token is the arg-max of the raw logits: greedy, with no bias,
-    /// no penalties, no log-probabilities to report and no grammar mask. The device may
-    /// then reduce the row itself and hand over only the token ([`Sampler::accept`]).
-    pub fn needs_only_argmax(&self) -> bool {
+    /// What of its logits row the next token needs. With no bias, no penalties, no
+    /// log-probabilities to report and no grammar mask, the raw logits decide: a greedy
+    /// sequence needs only their arg-max ([`Sampler::accept`]), a sampled one only its
+    /// candidates ([`Sampler::sample_candidates`]), and the device may reduce the row to
+    /// that. Anything else needs the whole row ([`Sampler::sample`]).
+    pub fn reduction(&self) -> RowReduce {
         let p = &self.params;
-        self.constraint.is_none()
-            && p.is_greedy()
+        let raw = self.constraint.is_none()
             && p.logprobs.is_none()
             && p.logit_bias.is_empty()
             && p.repetition_penalty == 1.0
             && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
+            && p.frequency_penalty == 0.0;
+        match (raw, p.is_greedy()) {
+            (false, _) => RowReduce::Logits,
+            (true, true) => RowReduce::Argmax,
+            (true, false) => RowReduce::Candidates {
+                temperature: temperature(p),
+            },
+        }
+    }
+
+    /// Draws the next token from the row's [`sampling_candidates`] (token, raw logit),
+    /// which a device gathered instead of copying the row: the same token, for the same
+    /// seed, as [`Sampler::sample`] on the whole row. Only for sequences whose
+    /// [`Sampler::reduction`] is `Candidates`.
+    pub fn sample_candidates(&mut self, candidates: &[(u32, f32)]) -> u32 {
+        let t = temperature(&self.params);
+        let scaled = scaled_candidates(candidates.iter().copied(), t);
+        let token = self
+            .draw_scaled(scaled)
+            .or_else(|| candidates.first().map(|c| c.0))
+            .unwrap_or(0);
+        self.accept(token)
     }
 
     /// Records `token`, chosen elsewhere as the arg-max, as this sequence's next token.
@@ -122,31 +145,20 @@ impl Sampler {
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
+        let t = temperature(&self.params);
+        let all = logits.iter().enumerate().map(|(i, l)| (i as u32, *l));
+        self.draw_scaled(scaled_candidates(all, t))
+            .unwrap_or_else(|| argmax(logits))
+    }
+
+    /// Draws from `(token, logit / temperature)` candidates; `None` when there are none.
+    fn draw_scaled(&mut self, mut cand: Vec<(u32, f32)>) -> Option<u32> {
         let p = &self.params;
-        let t = p.temperature.max(1e-5);
-        // Candidates sorted by logit (ties by id, so the order is deterministic). Tokens
-        // whose probability relative to the best is under 2^-25 are left out before the
-        // sort: added after the best token's 1.0 they cannot change an f32 sum, so the
-        // distribution and the draw for a seed are those of the whole vocabulary.
-        let max = logits
-            .iter()
-            .filter(|l| l.is_finite())
-            .fold(f32::NEG_INFINITY, |m, l| m.max(*l / t));
-        const NEGLIGIBLE: f32 = -17.33; // ln(2^-25)
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.is_finite())
-            .map(|(i, l)| (i as u32, *l / t))
-            .filter(|(_, l)| *l - max >= NEGLIGIBLE)
-            .collect();
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 {
             cand.truncate(p.top_k);
         }
-        let Some(&(best, max)) = cand.first() else {
-            return argmax(logits);
-        };
+        let &(best, max) = cand.first()?;
         let mut probs: Vec<f32> = cand.iter().map(|(_, l)| (l - max).exp()).collect();
         let total: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= total);
@@ -170,11 +182,47 @@ impl Sampler {
         for (i, pr) in probs[..keep].iter().enumerate() {
             r -= pr;
             if r <= 0.0 {
-                return cand[i].0;
+                return Some(cand[i].0);
             }
         }
-        cand.get(keep - 1).map(|c| c.0).unwrap_or(best)
+        Some(cand.get(keep - 1).map(|c| c.0).unwrap_or(best))
     }
+}
+
+/// A sampled sequence's temperature, kept off zero.
+fn temperature(p: &SamplingParams) -> f32 {
+    p.temperature.max(1e-5)
+}
+
+/// Tokens whose probability relative to the best is under 2^-25: added after the best
+/// token's 1.0 they cannot change an f32 sum, so leaving them out changes neither the
+/// distribution nor the draw for a seed.
+pub const NEGLIGIBLE: f32 = -17.33; // ln(2^-25)
+
+/// `(token, logit / t)` of the finite `(token, logit)` pairs within [`NEGLIGIBLE`] of the
+/// best scaled logit, in the pairs' order.
+fn scaled_candidates(pairs: impl Iterator<Item = (u32, f32)> + Clone, t: f32) -> Vec<(u32, f32)> {
+    let max = pairs
+        .clone()
+        .filter(|(_, l)| l.is_finite())
+        .fold(f32::NEG_INFINITY, |m, (_, l)| m.max(l / t));
+    pairs
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, l)| (i, l / t))
+        .filter(|(_, l)| *l - max >= NEGLIGIBLE)
+        .collect()
+}
+
+/// The tokens a draw at temperature `t` (kept off zero) can pick from `logits`: `(token,
+/// logit)` of every finite logit whose `logit / t` is within [`NEGLIGIBLE`] of the best,
+/// in token order. A GPU gathers the same set on the device (`kernels/cuda/candidates.cu`).
+pub fn sampling_candidates(logits: &[f32], t: f32) -> Vec<(u32, f32)> {
+    let t = t.max(1e-5);
+    let all = logits.iter().enumerate().map(|(i, l)| (i as u32, *l));
+    scaled_candidates(all.clone(), t)
+        .into_iter()
+        .map(|(i, _)| (i, logits[i as usize]))
+        .collect()
 }
 
 /// Index of the largest logit; the lowest index wins ties.
@@ -401,5 +449,79 @@ mod tests {
         let z: f32 = [0.0f32, 1.0, 2.0].iter().map(|x| x.exp()).sum();
         assert!((lp.logprob - (2.0 - z.ln())).abs() < 1e-5);
         assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 1]);
+    }
+
+    #[test]
+    fn candidates_draw_what_the_whole_row_draws() {
+        // Peaked and flat rows with -inf and NaN entries, under plain temperature and
+        // top-k / top-p / min-p: a sampler handed the row's candidates draws the same
+        // token, seed for seed, as one handed the whole row.
+        let mut state = 0x9e37_79b9_u64;
+        let mut unit = || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut fewer = false;
+        for spread in [0.5f32, 4.0, 30.0] {
+            let mut row: Vec<f32> = (0..3000).map(|_| spread * unit()).collect();
+            row[7] = f32::NEG_INFINITY;
+            row[11] = f32::NAN;
+            for (t, k, top_p, min_p) in [
+                (1.0, 0, 1.0, 0.0),
+                (0.7, 0, 0.9, 0.0),
+                (1.3, 40, 1.0, 0.05),
+                (0.05, 0, 1.0, 0.0),
+            ] {
+                let p = params(|p| {
+                    p.temperature = t;
+                    p.top_k = k;
+                    p.top_p = top_p;
+                    p.min_p = min_p;
+                    p.seed = Some(9);
+                });
+                let (mut whole, mut reduced) = (Sampler::new(p.clone(), &[]), Sampler::new(p, &[]));
+                assert_eq!(
+                    reduced.reduction(),
+                    RowReduce::Candidates { temperature: t }
+                );
+                let cand = sampling_candidates(&row, t);
+                assert!(cand.windows(2).all(|w| w[0].0 < w[1].0), "in token order");
+                assert!(cand.iter().all(|(i, l)| row[*i as usize] == *l));
+                fewer |= cand.len() < 2998;
+                for draw in 0..40 {
+                    let want = whole.sample(&mut row.clone()).0;
+                    assert_eq!(
+                        reduced.sample_candidates(&cand),
+                        want,
+                        "spread {spread} t {t} draw {draw}"
+                    );
+                }
+            }
+        }
+        assert!(fewer, "some rows leave tokens out");
+    }
+
+    #[test]
+    fn only_raw_logit_draws_are_reduced() {
+        let reduction = |f: fn(&mut SamplingParams)| Sampler::new(params(f), &[]).reduction();
+        assert_eq!(reduction(|p| p.temperature = 0.0), RowReduce::Argmax);
+        assert_eq!(
+            reduction(|p| p.temperature = 0.5),
+            RowReduce::Candidates { temperature: 0.5 }
+        );
+        for f in [
+            (|p: &mut SamplingParams| p.logprobs = Some(0)) as fn(&mut SamplingParams),
+            |p| p.logit_bias = vec![(3, 1.0)],
+            |p| p.repetition_penalty = 1.1,
+            |p| p.presence_penalty = 0.5,
+            |p| {
+                p.temperature = 0.0;
+                p.frequency_penalty = 0.5
+            },
+        ] {
+            assert_eq!(reduction(f), RowReduce::Logits);
+        }
     }
 }

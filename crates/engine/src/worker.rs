@@ -16,46 +16,103 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::error::{EngineError, Result};
 use candle_core::Tensor;
 
+#[cfg(feature = "cuda")]
+use crate::model::batch::RowReduce;
 use crate::model::{Batch, LlamaShard, RankCache};
 use crate::stats::{RankStats, TimedComm};
 use crate::tp::{Communicator, Endpoint};
 
+/// One sampled row as the device reduced it (only a GPU rank reduces rows).
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum Reduced {
+    /// Its arg-max.
+    Token(u32),
+    /// Its sampling candidates: `(token, logit)` by token.
+    Candidates(Vec<(u32, f32)>),
+}
+
 /// What the rank that returns logits hands back for the step's sampled rows.
 #[derive(Debug, Default)]
 pub(crate) struct StepLogits {
-    /// The logits of the rows that need them (`argmax[i]` is `None`), in row order,
+    /// The logits of the rows that need them (`reduced[i]` is `None`), in row order,
     /// `vocab` values each.
     pub values: Vec<f32>,
-    /// Per sampled row, the arg-max token when the device reduced the row to it.
-    pub argmax: Vec<Option<u32>>,
+    /// Per sampled row, what the device reduced it to, if it did.
+    pub reduced: Vec<Option<Reduced>>,
 }
 
 /// `Some` from the rank that returns logits, `None` from the others.
 pub(crate) type StepResult = Result<Option<StepLogits>>;
 
-/// The sampled rows' logits on the host. On a GPU, rows that need only their arg-max
-/// (`batch.argmax_rows`) are reduced there: copying every row's logits (64 rows of a
-/// 128k vocabulary are 33 MB a step) and scanning them on one host thread cost more than
-/// the forward pass itself.
+/// The sampled rows' logits on the host. On a GPU, rows that need only their arg-max or
+/// their sampling candidates (`batch.row_reduce`) are reduced there: copying every row's
+/// logits (64 rows of a 128k vocabulary are 33 MB a step) and scanning them on one host
+/// thread cost more than the forward pass itself.
 fn logits_to_host(logits: &Tensor, batch: &Batch) -> Result<StepLogits> {
     let rows = logits.dim(0)?;
-    let reduce: Vec<bool> = (0..rows)
-        .map(|r| batch.argmax_rows.get(r).copied().unwrap_or(false))
-        .collect();
-    if !logits.device().is_cuda() || !reduce.contains(&true) {
-        return Ok(StepLogits {
-            values: logits.flatten_all()?.to_vec1::<f32>()?,
-            argmax: vec![None; rows],
-        });
-    }
     #[cfg(feature = "cuda")]
-    let ids = match logits.device() {
-        candle_core::Device::Cuda(dev) => crate::model::cuda::kernels::argmax_rows(dev, logits)?,
-        _ => logits.argmax(1)?.to_vec1::<u32>()?,
-    };
+    if let candle_core::Device::Cuda(dev) = logits.device() {
+        let modes: Vec<RowReduce> = (0..rows)
+            .map(|r| {
+                batch
+                    .row_reduce
+                    .get(r)
+                    .copied()
+                    .unwrap_or(RowReduce::Logits)
+            })
+            .collect();
+        if modes.iter().any(|m| *m != RowReduce::Logits) {
+            return reduce_on_device(dev, logits, &modes);
+        }
+    }
     #[cfg(not(feature = "cuda"))]
-    let ids = logits.argmax(1)?.to_vec1::<u32>()?;
-    let full: Vec<u32> = (0..rows as u32).filter(|r| !reduce[*r as usize]).collect();
+    let _ = batch;
+    Ok(StepLogits {
+        values: logits.flatten_all()?.to_vec1::<f32>()?,
+        reduced: vec![None; rows],
+    })
+}
+
+/// The rows reduced on the GPU as `modes` ask, and the whole rows of the others (and of
+/// candidate rows the device could not reduce).
+#[cfg(feature = "cuda")]
+fn reduce_on_device(
+    dev: &candle_core::CudaDevice,
+    logits: &Tensor,
+    modes: &[RowReduce],
+) -> Result<StepLogits> {
+    let temperatures: Vec<f32> = modes
+        .iter()
+        .map(|m| match m {
+            RowReduce::Candidates { temperature } => *temperature,
+            _ => 1.0,
+        })
+        .collect();
+    let wants_candidates = modes
+        .iter()
+        .any(|m| matches!(m, RowReduce::Candidates { .. }));
+    let r = crate::model::cuda::kernels::reduce_rows(
+        dev,
+        logits,
+        wants_candidates.then_some(&temperatures[..]),
+    )?;
+    let mut candidates = r.candidates.into_iter();
+    let reduced: Vec<Option<Reduced>> = modes
+        .iter()
+        .zip(&r.argmax)
+        .map(|(m, id)| {
+            let cand = candidates.next().flatten();
+            match m {
+                RowReduce::Logits => None,
+                RowReduce::Argmax => Some(Reduced::Token(*id)),
+                RowReduce::Candidates { .. } => cand.map(Reduced::Candidates),
+            }
+        })
+        .collect();
+    let full: Vec<u32> = (0..reduced.len() as u32)
+        .filter(|r| reduced[*r as usize].is_none())
+        .collect();
     let values = if full.is_empty() {
         Vec::new()
     } else {
@@ -65,10 +122,7 @@ fn logits_to_host(logits: &Tensor, batch: &Batch) -> Result<StepLogits> {
             .flatten_all()?
             .to_vec1::<f32>()?
     };
-    Ok(StepLogits {
-        values,
-        argmax: (0..rows).map(|r| reduce[r].then(|| ids[r])).collect(),
-    })
+    Ok(StepLogits { values, reduced })
 }
 
 /// Test-only fault injection: make a rank fail in a chosen way on a chosen step.

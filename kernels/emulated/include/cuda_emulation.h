@@ -77,6 +77,12 @@ inline auto max(A a, B b) {
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
+inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
+using std::isfinite;
+
+inline unsigned atomicAdd(unsigned* addr, unsigned v) {
+    return std::atomic_ref<unsigned>(*addr).fetch_add(v);
+}
 
 inline unsigned long long atomicMax(unsigned long long* addr, unsigned long long v) {
     std::atomic_ref<unsigned long long> a(*addr);

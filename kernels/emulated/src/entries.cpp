@@ -41,6 +41,8 @@ extern "C" void add_rms_norm_bf16(float*, __nv_bfloat16*, const float*, const fl
 extern "C" void add_rms_norm_f16(float*, __half*, const float*, const float*, const float*,
                                  int, float);
 extern "C" void argmax_rows_f32(unsigned long long*, const float*, int, int);
+extern "C" void sampling_candidates_f32(unsigned*, unsigned*, float*, const unsigned long long*,
+                                        const float*, const float*, int, int, int);
 
 extern "C" {
 
@@ -192,5 +194,18 @@ extern "C" int tessera_emu_argmax_rows(const char* name, const EmuGrid* g,
                                        int per_block) {
     if (!is(name, "argmax_rows_f32")) return -1;
     emu::run(dims(g->grid), dims(g->block), [&] { argmax_rows_f32(keys, logits, cols, per_block); });
+    return 0;
+}
+
+extern "C" int tessera_emu_sampling_candidates(const char* name, const EmuGrid* g,
+                                               unsigned* counts, unsigned* ids, float* values,
+                                               const unsigned long long* max_keys,
+                                               const float* logits, const float* temperatures,
+                                               int cols, int per_block, int cap) {
+    if (!is(name, "sampling_candidates_f32")) return -1;
+    emu::run(dims(g->grid), dims(g->block), [&] {
+        sampling_candidates_f32(counts, ids, values, max_keys, logits, temperatures, cols,
+                                per_block, cap);
+    });
     return 0;
 }

@@ -12,9 +12,10 @@ use std::ffi::{c_char, c_int, c_void, CString};
 
 use half::{bf16, f16};
 use tessera_kernels::gpu::launch::{
-    argmax_shape, attention_kernel, attention_shape, gated_kernel, gated_shape, merge_kernel,
-    merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, AttentionPlan, Gate,
-    KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL, PREFILL_TILE,
+    argmax_shape, attention_kernel, attention_shape, candidate_rows, gated_kernel, gated_shape,
+    merge_kernel, merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape,
+    AttentionPlan, CandidateRow, Gate, KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL,
+    CANDIDATES_KERNEL, PREFILL_TILE,
 };
 
 /// What can go wrong launching an emulated kernel.
@@ -158,6 +159,19 @@ extern "C" {
         w: *const f32,
         cols: c_int,
         eps: f32,
+    ) -> c_int;
+    fn tessera_emu_sampling_candidates(
+        name: *const c_char,
+        g: *const EmuGrid,
+        counts: *mut u32,
+        ids: *mut u32,
+        values: *mut f32,
+        max_keys: *const u64,
+        logits: *const f32,
+        temperatures: *const f32,
+        cols: c_int,
+        per_block: c_int,
+        cap: c_int,
     ) -> c_int;
     fn tessera_emu_argmax_rows(
         name: *const c_char,
@@ -492,14 +506,14 @@ pub fn add_rms_norm<T: Element>(
     Ok((x_out, h))
 }
 
-/// The arg-max column of each `cols`-wide row of `logits`, lowest index on ties.
-pub fn argmax_rows(logits: &[f32], cols: usize) -> Result<Vec<u32>> {
+/// The arg-max kernel's key of each `cols`-wide row of `logits`.
+fn argmax_keys(logits: &[f32], cols: usize) -> Result<Vec<u64>> {
     let rows = logits.len() / cols.max(1);
+    let mut keys = vec![0u64; rows];
     if rows == 0 || cols == 0 {
-        return Ok(vec![0; rows]);
+        return Ok(keys);
     }
     let (shape, per_block) = argmax_shape(rows, cols);
-    let mut keys = vec![0u64; rows];
     let c = c_name(ARGMAX_KERNEL)?;
     // SAFETY: every block reads columns below `cols` of its own row; one key per row.
     let rc = unsafe {
@@ -513,9 +527,65 @@ pub fn argmax_rows(logits: &[f32], cols: usize) -> Result<Vec<u32>> {
         )
     };
     found(rc, ARGMAX_KERNEL)?;
+    Ok(keys)
+}
+
+/// The arg-max column of each `cols`-wide row of `logits`, lowest index on ties.
+pub fn argmax_rows(logits: &[f32], cols: usize) -> Result<Vec<u32>> {
     // The low half of a key is the complement of the column; 0: nothing beat NaN.
-    Ok(keys
+    Ok(argmax_keys(logits, cols)?
         .iter()
         .map(|k| if *k == 0 { 0 } else { !(*k as u32) })
         .collect())
+}
+
+/// Each row's sampling candidates at its temperature, as the engine launches the
+/// kernels on a GPU (arg-max keys, then the candidates, at most `cap` a row).
+pub fn sampling_candidates(
+    logits: &[f32],
+    cols: usize,
+    temperatures: &[f32],
+    cap: usize,
+) -> Result<Vec<Option<CandidateRow>>> {
+    let rows = logits.len() / cols.max(1);
+    at_least(temperatures.len(), rows, "temperatures")?;
+    let keys = argmax_keys(logits, cols)?;
+    let (mut counts, mut ids, mut values) = (
+        vec![0u32; rows],
+        vec![0u32; rows * cap],
+        vec![0f32; rows * cap],
+    );
+    if rows > 0 && cols > 0 {
+        let (shape, per_block) = argmax_shape(rows, cols);
+        let c = c_name(CANDIDATES_KERNEL)?;
+        // SAFETY: one key, count and temperature per row, `cap` slots per row.
+        let rc = unsafe {
+            tessera_emu_sampling_candidates(
+                c.as_ptr(),
+                &EmuGrid::from(shape),
+                counts.as_mut_ptr(),
+                ids.as_mut_ptr(),
+                values.as_mut_ptr(),
+                keys.as_ptr(),
+                logits.as_ptr(),
+                temperatures.as_ptr(),
+                int(cols, "columns")?,
+                int(per_block, "columns per block")?,
+                int(cap, "candidates per row")?,
+            )
+        };
+        found(rc, CANDIDATES_KERNEL)?;
+    }
+    // As the engine copies them: the slots the fullest row used.
+    let used = counts
+        .iter()
+        .map(|c| (*c as usize).min(cap))
+        .max()
+        .unwrap_or(0);
+    Ok(candidate_rows(
+        &counts,
+        &ids[..used * rows],
+        &values[..used * rows],
+        cap,
+    ))
 }

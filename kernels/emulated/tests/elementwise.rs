@@ -167,3 +167,38 @@ fn argmax_of_rows_lowest_index_on_ties() {
     assert_eq!(argmax_rows(&row, 5).expect("runs"), vec![3]);
     assert_eq!(argmax_rows(&[f32::NAN; 4], 4).expect("runs"), vec![0]);
 }
+
+#[test]
+fn sampling_candidates_are_the_host_samplers() {
+    use tessera_engine::sampler::sampling_candidates as host;
+    use tessera_kernels_emulated::sampling_candidates;
+    let mut rng = Lcg(29);
+    let cols = 20_000;
+    // Peaked rows (few candidates), flat rows (thousands), rows with NaN and -inf, and
+    // temperatures from near-greedy to hot, several rows a launch.
+    for spread in [40.0f32, 6.0, 0.3] {
+        let mut logits: Vec<f32> = rng.values(4 * cols).iter().map(|v| spread * v).collect();
+        logits[5] = f32::NAN;
+        logits[cols + 9] = f32::NEG_INFINITY;
+        let temps = [1.0, 0.7, 0.05, 1.5];
+        let got = sampling_candidates(&logits, cols, &temps, 4096).expect("runs");
+        for (r, t) in temps.iter().enumerate() {
+            let want = host(&logits[r * cols..(r + 1) * cols], *t);
+            match &got[r] {
+                Some(c) => assert_eq!(c, &want, "spread {spread} row {r}"),
+                // More than fit: the host takes the row.
+                None => assert!(want.len() > 4096, "spread {spread} row {r}: {}", want.len()),
+            }
+        }
+    }
+    // A row with +inf or only NaN has no finite best: it is copied whole.
+    let mut rows = vec![0.5f32; 8];
+    rows[2] = f32::INFINITY;
+    rows[4..].fill(f32::NAN);
+    let got = sampling_candidates(&rows, 4, &[1.0, 1.0], 16).expect("runs");
+    assert_eq!(got, vec![None, None]);
+    // A small cap: the rows that overflow it come back as None, the others whole.
+    let logits = [0.0f32, 0.1, 0.2, 0.3, 9.0, -30.0, -8.0, -20.0];
+    let got = sampling_candidates(&logits, 4, &[1.0, 1.0], 2).expect("runs");
+    assert_eq!(got, vec![None, Some(vec![(0, 9.0), (2, -8.0)])]);
+}

@@ -149,6 +149,43 @@ pub fn argmax_shape(rows: usize, cols: usize) -> (LaunchShape, usize) {
     (shape, per_block)
 }
 
+/// The kernel that gathers each row's sampling candidates; launched on the arg-max's
+/// shape ([`argmax_shape`]) after it, whose keys give each row's best logit.
+pub const CANDIDATES_KERNEL: &str = "sampling_candidates_f32";
+/// Most candidates a row hands over; a row with more is copied whole.
+pub const MAX_CANDIDATES: usize = 4096;
+
+/// One row's sampling candidates: `(token, logit)` by token.
+pub type CandidateRow = Vec<(u32, f32)>;
+
+/// Each row's candidates as the kernel left them (`counts` per row; `ids` and `values`
+/// slot-major, slot `s` of row `r` at `s * rows + r`, the first slots of every row),
+/// sorted by column: `None` where the row must be copied whole (no finite best, or more
+/// candidates than `cap`).
+pub fn candidate_rows(
+    counts: &[u32],
+    ids: &[u32],
+    values: &[f32],
+    cap: usize,
+) -> Vec<Option<CandidateRow>> {
+    counts
+        .iter()
+        .enumerate()
+        .map(|(r, &n)| {
+            let n = n as usize;
+            if n == 0 || n > cap {
+                return None;
+            }
+            let rows = counts.len();
+            let mut row = (0..n)
+                .map(|s| Some((*ids.get(s * rows + r)?, *values.get(s * rows + r)?)))
+                .collect::<Option<Vec<(u32, f32)>>>()?;
+            row.sort_unstable_by_key(|(c, _)| *c);
+            Some(row)
+        })
+        .collect()
+}
+
 /// One block per (query head, tile, partition).
 pub fn attention_shape(num_q_heads: usize, launch: &TileLaunch) -> LaunchShape {
     LaunchShape {

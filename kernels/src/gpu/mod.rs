@@ -20,4 +20,6 @@ pub mod ptx {
     pub const NORM: &str = include_str!(concat!(env!("OUT_DIR"), "/norm.ptx"));
     /// `argmax_rows_f32`: the arg-max of each row of f32 logits.
     pub const ARGMAX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
+    /// `sampling_candidates_f32`: the tokens a temperature draw can pick, per row.
+    pub const CANDIDATES: &str = include_str!(concat!(env!("OUT_DIR"), "/candidates.ptx"));
 }

@@ -26,7 +26,7 @@ struct WireBatch {
     slots: Vec<usize>,
     seqs: Vec<WireSeq>,
     sample_rows: Vec<usize>,
-    argmax_rows: Vec<bool>,
+    row_reduce: Vec<crate::model::batch::RowReduce>,
 }
 
 pub(crate) fn encode_batch(b: &Batch) -> Vec<u8> {
@@ -45,7 +45,7 @@ pub(crate) fn encode_batch(b: &Batch) -> Vec<u8> {
             })
             .collect(),
         sample_rows: b.sample_rows.clone(),
-        argmax_rows: b.argmax_rows.clone(),
+        row_reduce: b.row_reduce.clone(),
     };
     serde_json::to_vec(&wire).unwrap_or_default()
 }
@@ -88,7 +88,7 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Result<Batch, String> {
             })
             .collect(),
         sample_rows: w.sample_rows,
-        argmax_rows: w.argmax_rows,
+        row_reduce: w.row_reduce,
     })
 }
 
@@ -167,7 +167,7 @@ mod tests {
                 block_table: vec![1],
             }],
             sample_rows: vec![2],
-            argmax_rows: vec![true],
+            row_reduce: vec![crate::model::batch::RowReduce::Argmax],
         };
         assert_eq!(decode_batch(&encode_batch(&b)), Ok(b.clone()));
         let mut bad = b.clone();

@@ -17,7 +17,7 @@ pub struct BatchSeq {
 }
 
 /// Everything a forward pass needs, identical on every rank.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Batch {
     pub token_ids: Vec<u32>,
     pub positions: Vec<usize>,
@@ -26,10 +26,20 @@ pub struct Batch {
     pub seqs: Vec<BatchSeq>,
     /// Flattened rows whose logits are wanted, one per sampled sequence, in plan order.
     pub sample_rows: Vec<usize>,
-    /// Per sample row, whether only its arg-max is needed (plain greedy sampling): a GPU
-    /// rank then reduces the row on the device instead of copying its logits. Empty:
-    /// every row's logits.
-    pub argmax_rows: Vec<bool>,
+    /// Per sample row, what of its logits the sampler needs; a GPU rank reduces the row
+    /// on the device to that instead of copying it. Empty: every row's logits.
+    pub row_reduce: Vec<RowReduce>,
+}
+
+/// What of one sampled row's logits the host needs.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum RowReduce {
+    /// The whole row (bias, penalties, log-probabilities, a grammar mask).
+    Logits,
+    /// Its arg-max only (plain greedy sampling).
+    Argmax,
+    /// The tokens a draw at this temperature can pick (`sampler::sampling_candidates`).
+    Candidates { temperature: f32 },
 }
 
 /// What a chunk must fit to run: the cache, the positions and the embedding.

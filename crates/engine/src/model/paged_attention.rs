@@ -475,7 +475,7 @@ mod tests {
                 block_table: table.clone(),
             }],
             sample_rows: vec![n - 1],
-            argmax_rows: vec![],
+            row_reduce: vec![],
         };
         let mut layer = std::mem::take(&mut cache.layers);
         write_kv(&mut layer[0], &cache, &batch, &k, &v);

@@ -7,15 +7,15 @@ use candle_core::{DType, Device, Tensor};
 use tessera_engine::model::batch::Batch;
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
-    add_rms_norm, argmax_rows, candle_dtype, gated_mul, paged_attention, rope_write_kv, HeadLayout,
-    LayerAttention, RopeTables,
+    add_rms_norm, argmax_rows, candle_dtype, gated_mul, paged_attention, reduce_rows,
+    rope_write_kv, HeadLayout, LayerAttention, RopeTables,
 };
 use tessera_engine::model::cuda::step_meta::StepMeta;
 use tessera_engine::model::rope::RopeTable;
 use tessera_engine::model::step_meta::PackedMeta;
 use tessera_engine::Activation;
 use tessera_engine::RopeStyle;
-use tessera_kernels::gpu::launch::{Gate, KvDtype, HEAD_DIMS};
+use tessera_kernels::gpu::launch::{Gate, KvDtype, HEAD_DIMS, MAX_CANDIDATES};
 use tessera_kernels::gpu::reference::{self, scattered, AttentionInput, StepSeq};
 
 use crate::report::{check, download, gpu, max_abs_diff, rounded, upload, Lcg};
@@ -423,6 +423,45 @@ fn argmax_rows_matches_the_host_sampler() {
             ),
             "all, lowest index on ties".into(),
             got == want,
+        );
+    }
+}
+
+#[test]
+fn sampling_candidates_match_the_host_sampler() {
+    let device = gpu();
+    let mut rng = Lcg(29);
+    for (spread, cols) in [(40.0f32, 128_256), (6.0, 151_936), (0.3, 20_000)] {
+        let rows = 4;
+        let mut logits: Vec<f32> = rng.values(rows * cols).iter().map(|v| spread * v).collect();
+        logits[5] = f32::NAN;
+        logits[cols + 9] = f32::NEG_INFINITY;
+        let temps = [1.0, 0.7, 0.05, 1.5];
+        let got = reduce_rows(
+            cuda(&device),
+            &upload(&logits, &[rows, cols], DType::F32, &device),
+            Some(&temps),
+        )
+        .expect("reduce");
+        let mut agree = 0;
+        let mut copied = 0;
+        for (r, t) in temps.iter().enumerate() {
+            let row = &logits[r * cols..(r + 1) * cols];
+            let want = tessera_engine::sampler::sampling_candidates(row, *t);
+            match &got.candidates[r] {
+                Some(c) => agree += usize::from(*c == want),
+                None => copied += usize::from(want.len() > MAX_CANDIDATES),
+            }
+            agree += usize::from(got.argmax[r] == tessera_engine::sampler::argmax(row));
+        }
+        check(
+            &format!("sampling candidates of {rows} rows of {cols}, spread {spread}"),
+            format!(
+                "{agree} of {} rows and arg-maxes agree, {copied} left whole",
+                2 * rows - copied
+            ),
+            "all; rows over the cap left whole".into(),
+            agree + copied == 2 * rows,
         );
     }
 }

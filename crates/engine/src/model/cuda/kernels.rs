@@ -8,9 +8,10 @@ use candle_core::cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, Pus
 use candle_core::cuda::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor};
 use tessera_kernels::gpu::launch::{
-    argmax_shape, attention_kernel, attention_shape, gated_kernel, gated_shape, merge_kernel,
-    merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, Gate, KvDtype,
-    LaunchShape, TileLaunch, ARGMAX_KERNEL, PREFILL_TILE,
+    argmax_shape, attention_kernel, attention_shape, candidate_rows, gated_kernel, gated_shape,
+    merge_kernel, merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape,
+    CandidateRow, Gate, KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL,
+    MAX_CANDIDATES, PREFILL_TILE,
 };
 use tessera_kernels::gpu::ptx;
 
@@ -453,13 +454,32 @@ pub fn add_rms_norm(
     })
 }
 
-/// The arg-max column of each row of f32 `logits` (`[rows, cols]`), the lowest index
-/// winning ties as in the host sampler; rows whose values are all NaN give 0.
-pub fn argmax_rows(dev: &CudaDevice, logits: &Tensor) -> Result<Vec<u32>> {
+/// What the device reduced a step's logit rows to.
+#[derive(Debug, Default)]
+pub struct Reductions {
+    /// Each row's arg-max column, the lowest index winning ties as in the host sampler;
+    /// 0 for a row whose values are all NaN.
+    pub argmax: Vec<u32>,
+    /// With temperatures, each row's sampling candidates (`sampler::sampling_candidates`:
+    /// token and logit, by token); `None` for a row the host must take whole.
+    pub candidates: Vec<Option<CandidateRow>>,
+}
+
+/// The arg-max of each row of f32 `logits` (`[rows, cols]`) and, given a temperature per
+/// row, the row's sampling candidates: two kernels, then copies of a few bytes per row
+/// and of at most [`MAX_CANDIDATES`] pairs per candidate row.
+pub fn reduce_rows(
+    dev: &CudaDevice,
+    logits: &Tensor,
+    temperatures: Option<&[f32]>,
+) -> Result<Reductions> {
     expect_dtype(logits, DType::F32, "logits")?;
     let (rows, cols) = logits.dims2()?;
     if rows == 0 || cols == 0 {
-        return Ok(vec![0; rows]);
+        return Ok(Reductions {
+            argmax: vec![0; rows],
+            candidates: vec![None; rows],
+        });
     }
     let cols_i32 = i32_of(cols, "vocabulary size")?;
     let (shape, per_block) = argmax_shape(rows, cols);
@@ -474,16 +494,81 @@ pub fn argmax_rows(dev: &CudaDevice, logits: &Tensor) -> Result<Vec<u32>> {
     let f = func!(dev, "tessera_argmax", ptx::ARGMAX, name)?;
     let mut b = f.builder();
     b.arg(&keys).arg(&lv).arg(&cols_i32).arg(&per_block_i32);
-    let cfg = config(shape);
     // SAFETY: matches argmax.cu; `keys` holds one zeroed key per row and every block reads
     // columns below `cols` of its own row.
-    unsafe { b.launch(cfg) }.map_err(|e| launch_err(name, e))?;
+    unsafe { b.launch(config(shape)) }.map_err(|e| launch_err(name, e))?;
+    let candidates = match temperatures {
+        None => vec![None; rows],
+        Some(t) => {
+            if t.len() != rows {
+                return Err(EngineError::Step(format!(
+                    "{} temperatures for {rows} rows",
+                    t.len()
+                )));
+            }
+            let temps = stream
+                .clone_htod(t)
+                .map_err(|e| launch_err("copy to device", e))?;
+            let cap = MAX_CANDIDATES;
+            let cap_i32 = i32_of(cap, "candidates per row")?;
+            let counts: CudaSlice<u32> = stream
+                .alloc_zeros::<u32>(rows)
+                .map_err(|e| launch_err("alloc", e))?;
+            // SAFETY: the kernel writes the slots it counts, below `cap`; the host reads
+            // only those (`candidate_rows`).
+            let ids: CudaSlice<u32> =
+                unsafe { dev.alloc::<u32>(rows * cap) }.map_err(|e| launch_err("alloc", e))?;
+            // SAFETY: as above.
+            let values: CudaSlice<f32> =
+                unsafe { dev.alloc::<f32>(rows * cap) }.map_err(|e| launch_err("alloc", e))?;
+            let name = CANDIDATES_KERNEL;
+            let f = func!(dev, "tessera_candidates", ptx::CANDIDATES, name)?;
+            let mut b = f.builder();
+            b.arg(&counts).arg(&ids).arg(&values).arg(&keys).arg(&lv);
+            b.arg(&temps)
+                .arg(&cols_i32)
+                .arg(&per_block_i32)
+                .arg(&cap_i32);
+            // SAFETY: matches candidates.cu, launched on the arg-max's grid: one key,
+            // count and temperature per row, `cap` slots per row.
+            unsafe { b.launch(config(shape)) }.map_err(|e| launch_err(name, e))?;
+            let counts = stream
+                .clone_dtoh(&counts)
+                .map_err(|e| launch_err("copy to host", e))?;
+            // Only the slots the fullest row used come back (slot-major: one prefix).
+            let used = counts
+                .iter()
+                .map(|c| (*c as usize).min(cap))
+                .max()
+                .unwrap_or(0);
+            let (ids, values) = if used == 0 {
+                (Vec::new(), Vec::new())
+            } else {
+                (
+                    stream
+                        .clone_dtoh(&ids.slice(..used * rows))
+                        .map_err(|e| launch_err("copy to host", e))?,
+                    stream
+                        .clone_dtoh(&values.slice(..used * rows))
+                        .map_err(|e| launch_err("copy to host", e))?,
+                )
+            };
+            candidate_rows(&counts, &ids, &values, cap)
+        }
+    };
     let keys = stream
         .clone_dtoh(&keys)
         .map_err(|e| launch_err("copy to host", e))?;
     // The low half of a key is the complement of its column; 0 means no value beat NaN.
-    Ok(keys
+    let argmax = keys
         .iter()
         .map(|k| if *k == 0 { 0 } else { !(*k as u32) })
-        .collect())
+        .collect();
+    Ok(Reductions { argmax, candidates })
+}
+
+/// The arg-max column of each row of f32 `logits` (`[rows, cols]`), the lowest index
+/// winning ties as in the host sampler; rows whose values are all NaN give 0.
+pub fn argmax_rows(dev: &CudaDevice, logits: &Tensor) -> Result<Vec<u32>> {
+    Ok(reduce_rows(dev, logits, None)?.argmax)
 }
