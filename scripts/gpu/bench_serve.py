@@ -11,6 +11,7 @@ interpreter lock and become the bottleneck at 64 streams). Prints one JSON objec
   python3 bench_serve.py TESSERA_BINARY MODEL DEVICES PORT [TOKENIZER]
 """
 import json
+import os
 import statistics
 import sys
 import time
@@ -19,12 +20,15 @@ from concurrent.futures import ProcessPoolExecutor
 from client import complete, metric, start_server, stop_server
 
 MAX_TOKENS = 256
+# 0: greedy (rows reduced to their arg-max on the GPU); above 0: sampled (rows reduced to
+# their sampling candidates), what chat clients send by default.
+TEMPERATURE = float(os.environ.get("TESSERA_BENCH_TEMPERATURE", "0"))
 
 
 def one_client(args):
     port, prompt = args
     body = {"model": "m", "prompt": prompt, "max_tokens": MAX_TOKENS,
-            "temperature": 0, "stream": True, "ignore_eos": True}
+            "temperature": TEMPERATURE, "stream": True, "ignore_eos": True}
     try:
         return complete(port, body), None
     except Exception as e:  # noqa: BLE001 - reported in the output
