@@ -10,7 +10,9 @@
 // Pairs land in `ids` / `values` slot-major (slot s of row r at s · rows + r, so the host
 // copies only the slots the fullest row used), in no particular order; `counts[r]` counts
 // every qualifying column, also those past `cap` (then the host copies the row).
-// `counts` must be zeroed before the launch. Grid and blocks as argmax_rows_f32.
+// A row whose temperature is not above 0 is skipped (a greedy row or a whole one of the
+// same launch). `counts` must be zeroed before the launch. Grid and blocks as
+// argmax_rows_f32.
 
 #include "common.cuh"
 
@@ -32,11 +34,12 @@ extern "C" __global__ void __launch_bounds__(CANDIDATE_THREADS)
                             const unsigned long long* max_keys, const float* logits,
                             const float* temperatures, int cols, int per_block, int cap) {
     const size_t row = blockIdx.y;
+    const float t = temperatures[row];
+    if (!(t > 0.f)) return;
     const unsigned long long key = max_keys[row];
     const float best = value_of(key);
     // No finite best (every value NaN, or an infinity): the host takes the whole row.
     if (key == 0 || !isfinite(best)) return;
-    const float t = temperatures[row];
     const float m = best / t;
     const int begin = blockIdx.x * per_block;
     const int end = min(cols, begin + per_block);

@@ -86,7 +86,8 @@ fn reduce_on_device(
         .iter()
         .map(|m| match m {
             RowReduce::Candidates { temperature } => *temperature,
-            _ => 1.0,
+            // Not a candidate row: the kernel skips it.
+            _ => 0.0,
         })
         .collect();
     let wants_candidates = modes

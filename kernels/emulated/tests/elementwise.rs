@@ -201,4 +201,8 @@ fn sampling_candidates_are_the_host_samplers() {
     let logits = [0.0f32, 0.1, 0.2, 0.3, 9.0, -30.0, -8.0, -20.0];
     let got = sampling_candidates(&logits, 4, &[1.0, 1.0], 2).expect("runs");
     assert_eq!(got, vec![None, Some(vec![(0, 9.0), (2, -8.0)])]);
+    // A row at temperature 0 (greedy, or copied whole) is skipped.
+    let got = sampling_candidates(&logits, 4, &[1.0, 0.0], 8).expect("runs");
+    assert_eq!(got[0].as_ref().map(Vec::len), Some(4));
+    assert_eq!(got[1], None);
 }
