@@ -70,6 +70,26 @@ def test_completions_plain_stream_logprobs(client, model):
     assert chunks[-1].usage.total_tokens == r.usage.total_tokens
 
 
+def test_completions_echo_logprobs_score_the_prompt(client, model):
+    # What evaluation harnesses send for a log-likelihood: the context and continuation
+    # as one prompt, echoed with log-probabilities.
+    context, continuation = "The capital of France is", " Paris"
+    r = client.completions.create(
+        model=model, prompt=context + continuation, max_tokens=1, temperature=0, echo=True, logprobs=1,
+    )
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(context + continuation)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    prompt_tokens = r.usage.prompt_tokens
+    assert len(lp.tokens) == prompt_tokens + 1
+    assert "".join(lp.tokens[:prompt_tokens]) == context + continuation
+    assert all(x <= 0 for x in lp.token_logprobs[1:])
+    assert all(len(t) == 1 for t in lp.top_logprobs[1:])
+    # " Paris" is the model's first choice after the context.
+    assert lp.tokens[prompt_tokens - 1] == continuation
+    assert list(lp.top_logprobs[prompt_tokens - 1]) == [continuation]
+
+
 def test_completions_list_of_prompts(client, model):
     r = client.completions.create(model=model, prompt=["Hello", "Goodbye"], max_tokens=2, temperature=0)
     assert sorted(c.index for c in r.choices) == [0, 1]

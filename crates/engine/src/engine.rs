@@ -14,8 +14,10 @@ use crate::config::{EngineConfig, ModelConfig};
 use crate::device::DeviceSpec;
 use crate::error::{EngineError, Result};
 use crate::loader;
+use crate::model::batch::RowReduce;
 use crate::model::{Batch, ChunkLimits, RankCache};
 use crate::placement;
+use crate::prompt_logprobs::PromptLogprobs;
 use crate::sampler::Sampler;
 use crate::stats::EngineStats;
 use crate::structured::GrammarCompiler;
@@ -27,6 +29,8 @@ mod kv_sizing;
 
 struct SeqState {
     sampler: Sampler,
+    /// When the sequence asked for its prompt's log-probabilities.
+    prompt: Option<PromptLogprobs>,
 }
 
 /// A loaded model on its group of devices.
@@ -399,7 +403,11 @@ impl Engine {
                 })?;
                 sampler = sampler.with_constraint(compiler.compile(constraint)?);
             }
-            self.sequences.insert(new.id, SeqState { sampler });
+            let prompt = new
+                .sampling
+                .prompt_logprobs
+                .map(|top| PromptLogprobs::new(&new.prompt_ids, top));
+            self.sequences.insert(new.id, SeqState { sampler, prompt });
         }
         // A chunk that cannot run fails its own sequence; the rest of the step runs.
         let limits = ChunkLimits {
@@ -442,6 +450,22 @@ impl Engine {
                 Ok(state.sampler.reduction())
             })
             .collect::<Result<_>>()?;
+        // Rows scoring prompt tokens, after the sampled ones: whole rows.
+        let mut prompt_rows = Vec::new();
+        for (chunk, seq) in runnable.iter().zip(&batch.seqs) {
+            let Some(p) = self
+                .sequences
+                .get(&chunk.id)
+                .and_then(|s| s.prompt.as_ref())
+            else {
+                continue;
+            };
+            for (offset, pos) in p.wanted(chunk) {
+                batch.sample_rows.push(seq.token_start + offset);
+                batch.row_reduce.push(RowReduce::Logits);
+                prompt_rows.push((chunk.id, pos));
+            }
+        }
         let mut logits = self.forward_rows(batch)?;
         let vocab = self.config.vocab_size;
         let mut rows = logits.values.chunks_exact_mut(vocab.max(1));
@@ -476,8 +500,35 @@ impl Engine {
                 id: chunk.id,
                 token,
                 logprobs,
+                prompt_logprobs: None,
             });
         }
+        for (id, pos) in prompt_rows {
+            let row = rows
+                .next()
+                .ok_or_else(|| EngineError::Step("fewer logit rows than prompt rows".into()))?;
+            if let Some(p) = self.sequences.get_mut(&id).and_then(|s| s.prompt.as_mut()) {
+                p.record(pos, row);
+            }
+        }
+        // A sequence's first token carries its prompt's log-probabilities.
+        let mut incomplete = Vec::new();
+        for s in &mut samples {
+            let prompt = self
+                .sequences
+                .get_mut(&s.id)
+                .and_then(|st| st.prompt.as_mut());
+            match prompt.and_then(PromptLogprobs::take) {
+                Some(Ok(lp)) => s.prompt_logprobs = Some(lp),
+                Some(Err(message)) => incomplete.push(FailedSequence { id: s.id, message }),
+                None => {}
+            }
+        }
+        for f in &incomplete {
+            self.sequences.remove(&f.id);
+        }
+        samples.retain(|s| !incomplete.iter().any(|f| f.id == s.id));
+        failed.extend(incomplete);
         Ok(StepOutput { samples, failed })
     }
 }

@@ -13,6 +13,7 @@ pub mod gpu_memory;
 pub mod loader;
 pub mod model;
 mod placement;
+mod prompt_logprobs;
 pub mod sampler;
 pub mod stats;
 pub mod structured;

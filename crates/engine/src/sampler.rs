@@ -255,7 +255,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// Log-softmax value of `token` and the `k` most likely tokens.
-fn logprobs_of(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+pub fn logprobs_of(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
     let lp = |t: u32| {

@@ -29,6 +29,11 @@ pub struct SamplingParams {
     /// Constrained decoding: every token must keep the output a prefix of this format.
     #[serde(default)]
     pub constraint: Option<OutputConstraint>,
+    /// Also return the log-probability of every prompt token after the first (from the
+    /// model's logits at the position before it) with this many alternatives. The whole
+    /// prompt is then computed: no prefix-cache hit skips part of it.
+    #[serde(default)]
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// A format the output must follow, enforced token by token by masking the logits.
@@ -55,6 +60,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             logprobs: None,
             constraint: None,
+            prompt_logprobs: None,
         }
     }
 }

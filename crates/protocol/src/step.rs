@@ -82,6 +82,10 @@ pub struct SampledToken {
     pub id: SeqId,
     pub token: u32,
     pub logprobs: Option<TokenLogprobs>,
+    /// With the sequence's first token, when its sampling asks for `prompt_logprobs`:
+    /// the log-probabilities of prompt tokens 1.. (the first has none).
+    #[serde(default)]
+    pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
 }
 
 /// A sequence the executor refused in a step that otherwise ran: its own input is at
@@ -104,10 +108,12 @@ pub struct StepOutput {
 /// What a request's receiver gets from the scheduler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum TokenEvent {
-    /// A generated token.
+    /// A generated token; the first one carries the prompt's log-probabilities when the
+    /// sampling asks for `prompt_logprobs` (in the same event: no extra channel slot).
     Token {
         token: u32,
         logprobs: Option<TokenLogprobs>,
+        prompt_logprobs: Option<Vec<TokenLogprobs>>,
     },
     /// The sequence ended; no further events follow.
     Finished {

@@ -239,6 +239,7 @@ impl Scheduler {
             let delivered = seq.send(TokenEvent::Token {
                 token: sample.token,
                 logprobs: sample.logprobs.clone(),
+                prompt_logprobs: sample.prompt_logprobs.clone(),
             });
             if !delivered {
                 self.finish(sample.id, None);
@@ -358,7 +359,11 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            let hit = self.kv.find_prefix(&seq.tokens);
+            // Prompt log-probabilities need the logits of every prompt position.
+            let hit = match seq.sampling.prompt_logprobs {
+                Some(_) => self.kv.find_prefix(&[]),
+                None => self.kv.find_prefix(&seq.tokens),
+            };
             // `find_prefix` leaves at least one token uncomputed, so `num_new >= 1`.
             let num_new = (seq.num_tokens() - hit.num_tokens()).min(*budget);
             let Ok(cached) = self.kv.allocate(id, &hit, hit.num_tokens() + num_new) else {

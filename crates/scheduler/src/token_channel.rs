@@ -164,6 +164,7 @@ mod tests {
         TokenEvent::Token {
             token: t,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 

@@ -242,6 +242,28 @@ fn second_request_with_cached_three_block_prefix_starts_past_it() {
 }
 
 #[test]
+fn a_request_for_prompt_logprobs_computes_its_whole_prompt() {
+    let mut ex = FakeExecutor::new(64, 4, 4096);
+    let mut s = scheduler(&config(4, 64, 8), &ex);
+    let p = prompt(9, 12);
+    let (_, _rx1) = s.submit(request(p.clone(), 2)).unwrap();
+    run(&mut s, &mut ex);
+    // The same prompt is cached, but every position's logits are wanted.
+    let mut req = request(p.clone(), 2);
+    req.sampling.prompt_logprobs = Some(1);
+    let (b, mut rx2) = s.submit(req).unwrap();
+    let plans = run(&mut s, &mut ex);
+    let c = plans[0].scheduled.iter().find(|c| c.id == b).unwrap();
+    assert_eq!((c.start_pos, c.tokens.len()), (0, 12));
+    assert_eq!(drain(&mut rx2).0, expected_tokens(&p, 2));
+    // Without the request for them, the cache serves the prefix again.
+    let (c2, _rx3) = s.submit(request(p.clone(), 2)).unwrap();
+    let plans = run(&mut s, &mut ex);
+    let c = plans[0].scheduled.iter().find(|c| c.id == c2).unwrap();
+    assert_eq!(c.start_pos, 8);
+}
+
+#[test]
 fn identical_prompt_hit_still_computes_the_last_token() {
     let mut ex = FakeExecutor::new(64, 4, 4096);
     let mut s = scheduler(&config(4, 64, 8), &ex);

@@ -161,6 +161,7 @@ impl Executor for FakeExecutor {
                     id: c.id,
                     token: next_token(&context),
                     logprobs: None,
+                    prompt_logprobs: None,
                 });
             }
         }

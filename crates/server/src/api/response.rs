@@ -191,8 +191,9 @@ pub struct CompletionChoice {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    /// `null` for an echoed prompt's first token, which nothing scores.
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
     /// Character offset of each token's text in the choice's text.
     pub text_offset: Vec<usize>,
 }
@@ -203,11 +204,23 @@ impl CompletionLogprobs {
     pub fn extend(&mut self, tokens: &[TokenLogprob], mut offset: usize) -> usize {
         for t in tokens {
             self.tokens.push(t.token.clone());
-            self.token_logprobs.push(t.logprob);
-            self.top_logprobs.push(t.top.iter().cloned().collect());
+            self.token_logprobs.push(Some(t.logprob));
+            self.top_logprobs
+                .push(Some(t.top.iter().cloned().collect()));
             self.text_offset.push(offset);
             offset += t.token.chars().count();
         }
         offset
+    }
+
+    /// Append a token nothing scores (an echoed prompt's first); returns the offset
+    /// after it.
+    pub fn push_unscored(&mut self, token: String, offset: usize) -> usize {
+        let next = offset + token.chars().count();
+        self.tokens.push(token);
+        self.token_logprobs.push(None);
+        self.top_logprobs.push(None);
+        self.text_offset.push(offset);
+        next
     }
 }

@@ -170,10 +170,10 @@ impl ValidRequest {
             None => None,
         };
         let echo = req.completion.echo.unwrap_or(false);
-        if echo && logprobs.is_some() {
+        if echo && logprobs.is_some() && spec.stream {
             return Err(ServerError::invalid(
                 "echo",
-                "`echo` with `logprobs` is not supported (prompt log-probabilities are not computed)",
+                "`echo` with `logprobs` (the prompt's log-probabilities) is supported without `stream` only",
             ));
         }
         let inputs = req.prompts()?;
@@ -278,6 +278,8 @@ impl ValidRequest {
                 sampling.logprobs = self.logprobs.map(|l| match l {
                     LogprobsShape::Chat { top } | LogprobsShape::Completion { top } => top,
                 });
+                // An echoed prompt is scored too.
+                sampling.prompt_logprobs = sampling.logprobs.filter(|_| self.echo);
                 out.push(PlannedChoice {
                     index: p * n + i,
                     prompt_index: p,

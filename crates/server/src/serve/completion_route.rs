@@ -5,12 +5,14 @@ use std::collections::HashMap;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use tessera_protocol::TokenLogprobs;
+use tessera_tokenizer::Tokenizer;
 
 use crate::api::completion_request::CompletionRequest;
 use crate::api::error::ServerError;
 use crate::api::response::{Completion, CompletionChoice, CompletionLogprobs, TokenLogprob, Usage};
 use crate::api::valid_request::ValidRequest;
-use crate::serve::generation::{collect_all, log_end_user, Submitted};
+use crate::serve::generation::{collect_all, log_end_user, token_logprob, Submitted};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
 use crate::serve::stream::{sse_response, to_json, ChunkFormat};
@@ -53,23 +55,31 @@ pub async fn completions(
     }
     let outputs = collect_all(runs).await?;
     let completion_tokens = outputs.iter().map(|o| o.completion_tokens).sum();
+    let tokenizer = &app.validation.tokenizer;
     let choices = outputs
         .into_iter()
         .map(|o| {
             let echo = echo_texts.get(o.prompt_index).cloned().unwrap_or_default();
-            let logprobs = with_logprobs.then(|| {
+            let logprobs = if with_logprobs {
                 let mut lp = CompletionLogprobs::default();
+                if let (Some(scored), Some(prompt)) =
+                    (&o.prompt_logprobs, valid.prompts().get(o.prompt_index))
+                {
+                    echoed_prompt_logprobs(&mut lp, tokenizer, &prompt.ids, scored)?;
+                }
                 lp.extend(&o.logprobs, echo.chars().count());
-                lp
-            });
-            CompletionChoice {
+                Some(lp)
+            } else {
+                None
+            };
+            Ok(CompletionChoice {
                 index: o.index,
                 text: echo + &o.text,
                 logprobs,
                 finish_reason: Some(o.finish_reason),
-            }
+            })
         })
-        .collect();
+        .collect::<Result<_, ServerError>>()?;
     Ok(Json(Completion {
         id,
         object: "text_completion",
@@ -79,6 +89,24 @@ pub async fn completions(
         usage: Some(Usage::new(prompt_tokens, completion_tokens)),
     })
     .into_response())
+}
+
+/// The echoed prompt's tokens first: the first unscored, each later one with the
+/// log-probability the model gave it after the tokens before it.
+fn echoed_prompt_logprobs(
+    lp: &mut CompletionLogprobs,
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    scored: &[TokenLogprobs],
+) -> Result<(), ServerError> {
+    let Some((&first, rest)) = ids.split_first() else {
+        return Ok(());
+    };
+    let mut offset = lp.push_unscored(tokenizer.decode(&[first], false)?, 0);
+    for (&id, s) in rest.iter().zip(scored) {
+        offset = lp.extend(&[token_logprob(tokenizer, id, s)?], offset);
+    }
+    Ok(())
 }
 
 /// The `text_completion` chunks of a streamed completion.

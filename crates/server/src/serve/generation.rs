@@ -51,6 +51,8 @@ pub struct ChoiceRun {
     matcher: StopMatcher,
     completion_tokens: usize,
     pending_logprobs: Vec<TokenLogprob>,
+    /// The prompt's log-probabilities, when the request echoes them.
+    prompt_logprobs: Option<Vec<TokenLogprobs>>,
     queued: VecDeque<ChoiceEvent>,
     timing: SeqTiming,
 }
@@ -149,6 +151,7 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
             matcher: StopMatcher::new(req.stop_strings().iter().cloned()),
             completion_tokens: 0,
             pending_logprobs: Vec::new(),
+            prompt_logprobs: None,
             queued: VecDeque::new(),
             timing,
         });
@@ -175,7 +178,14 @@ impl ChoiceRun {
 
     fn apply(&mut self, event: Option<TokenEvent>) -> Result<(), ServerError> {
         match event {
-            Some(TokenEvent::Token { token, logprobs }) => {
+            Some(TokenEvent::Token {
+                token,
+                logprobs,
+                prompt_logprobs,
+            }) => {
+                if prompt_logprobs.is_some() {
+                    self.prompt_logprobs = prompt_logprobs;
+                }
                 self.timing.token();
                 self.completion_tokens += 1;
                 if let Some(lp) = logprobs {
@@ -248,17 +258,26 @@ impl ChoiceRun {
     }
 
     fn token_logprob(&self, token: u32, lp: &TokenLogprobs) -> Result<TokenLogprob, ServerError> {
-        let text = |id: u32| self.tokenizer.decode(&[id], false);
-        Ok(TokenLogprob {
-            token: text(token)?,
-            logprob: lp.logprob,
-            top: lp
-                .top
-                .iter()
-                .map(|&(id, logprob)| Ok((text(id)?, logprob)))
-                .collect::<Result<_, tessera_tokenizer::TokenizerError>>()?,
-        })
+        token_logprob(&self.tokenizer, token, lp)
     }
+}
+
+/// `token` and its alternatives as text, with their log-probabilities.
+pub fn token_logprob(
+    tokenizer: &Tokenizer,
+    token: u32,
+    lp: &TokenLogprobs,
+) -> Result<TokenLogprob, ServerError> {
+    let text = |id: u32| tokenizer.decode(&[id], false);
+    Ok(TokenLogprob {
+        token: text(token)?,
+        logprob: lp.logprob,
+        top: lp
+            .top
+            .iter()
+            .map(|&(id, logprob)| Ok((text(id)?, logprob)))
+            .collect::<Result<_, tessera_tokenizer::TokenizerError>>()?,
+    })
 }
 
 /// A whole choice, for non-streaming responses.
@@ -268,6 +287,8 @@ pub struct ChoiceOutput {
     pub prompt_index: usize,
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
+    /// The prompt's tokens after the first, scored, when the request echoes them.
+    pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
     pub finish_reason: &'static str,
     pub completion_tokens: usize,
 }
@@ -303,6 +324,7 @@ async fn collect_one(mut run: ChoiceRun) -> Result<ChoiceOutput, ServerError> {
                     prompt_index: run.prompt_index,
                     text,
                     logprobs,
+                    prompt_logprobs: run.prompt_logprobs.take(),
                     finish_reason: reason,
                     completion_tokens,
                 })

@@ -213,6 +213,7 @@ impl Executor for FakeExecutor {
                     id: c.id,
                     token: self.token,
                     logprobs: None,
+                    prompt_logprobs: None,
                 })
                 .collect(),
             failed: Vec::new(),

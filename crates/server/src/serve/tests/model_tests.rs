@@ -356,3 +356,85 @@ async fn client_disconnect_without_stream_frees_the_sequence() {
     assert!(result.is_err(), "the request should time out on the client");
     wait_for_idle(&s.state).await;
 }
+
+#[tokio::test]
+async fn completions_echo_with_logprobs_scores_the_prompt() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let url = s.url("/v1/completions");
+    let (_, tok) = post(
+        &s.url("/tokenize"),
+        &json!({"prompt": "The capital of France is Paris, and the capital of Italy is"}),
+    )
+    .await;
+    let ids: Vec<u64> = tok["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let n = ids.len();
+    let body = json!({"model": "smollm2", "prompt": ids, "max_tokens": 2, "temperature": 0,
+                      "echo": true, "logprobs": 5});
+    let (status, echoed) = post(&url, &body).await;
+    assert_eq!(status, 200, "{echoed}");
+    let l = &echoed["choices"][0]["logprobs"];
+    let tokens = l["tokens"].as_array().unwrap();
+    assert_eq!(
+        tokens.len(),
+        n + 2,
+        "the prompt's tokens, then the generated ones"
+    );
+    // The first prompt token is not scored; every later token is, with 5 alternatives.
+    assert!(l["token_logprobs"][0].is_null() && l["top_logprobs"][0].is_null());
+    for i in 1..n + 2 {
+        let lp = l["token_logprobs"][i].as_f64().unwrap();
+        assert!(lp <= 0.0, "position {i}: {lp}");
+        assert_eq!(l["top_logprobs"][i].as_object().unwrap().len(), 5);
+    }
+    let joined: String = tokens.iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(joined, text(&echoed, 0));
+    let offsets: Vec<u64> = l["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[0] == 0);
+
+    // The last prompt token is scored by the distribution that generating after the
+    // tokens before it samples from: the same five alternatives, the same values.
+    let (_, shorter) = post(
+        &url,
+        &json!({"model": "smollm2", "prompt": ids[..n - 1], "max_tokens": 1,
+                "temperature": 0, "logprobs": 5}),
+    )
+    .await;
+    let want = shorter["choices"][0]["logprobs"]["top_logprobs"][0]
+        .as_object()
+        .unwrap()
+        .clone();
+    let got = l["top_logprobs"][n - 1].as_object().unwrap();
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    for (k, v) in got {
+        let (a, b) = (v.as_f64().unwrap(), want[k].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-3, "{k}: {a} against {b}");
+    }
+    // And the generated tokens are those of the same request without echo.
+    let (_, plain) = post(
+        &url,
+        &json!({"model": "smollm2", "prompt": ids, "max_tokens": 2, "temperature": 0}),
+    )
+    .await;
+    assert!(text(&echoed, 0).ends_with(&text(&plain, 0)));
+
+    // Streaming cannot carry them: refused, naming `echo`.
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let (status, err) = post(&url, &stream).await;
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["param"], "echo");
+}
