@@ -83,15 +83,19 @@ pub fn template_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>,
 }
 
 fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerError> {
-    if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
-        return Err(ServerError::invalid(
-            format!("messages[{i}].role"),
-            format!(
-                "unsupported role `{}`: use system, user, assistant or tool",
-                m.role
-            ),
-        ));
-    }
+    // OpenAI's `developer` messages are the system messages of chat templates.
+    let role = match m.role.as_str() {
+        "developer" => "system",
+        r @ ("system" | "user" | "assistant" | "tool") => r,
+        other => {
+            return Err(ServerError::invalid(
+                format!("messages[{i}].role"),
+                format!(
+                    "unsupported role `{other}`: use system, developer, user, assistant or tool"
+                ),
+            ))
+        }
+    };
     let mut extra = Map::new();
     let tool_calls = assistant_tool_calls(i, m)?;
     if m.role == "tool" {
@@ -105,7 +109,7 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerErr
             extra.insert("name".into(), Value::String(name.clone()));
         }
         return Ok(ChatMessage {
-            role: m.role.clone(),
+            role: role.to_string(),
             content: Some(MessageContent::Text(String::new())),
             extra,
         });
@@ -157,7 +161,7 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerErr
         extra.insert("name".into(), Value::String(name.clone()));
     }
     Ok(ChatMessage {
-        role: m.role.clone(),
+        role: role.to_string(),
         content: Some(content),
         extra,
     })

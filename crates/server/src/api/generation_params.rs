@@ -138,5 +138,21 @@ pub fn refuse_unsupported(body: &Map<String, Value>, route: Route) -> Result<(),
             ));
         }
     }
+    // Settings of reasoning models: the served model has no reasoning budget or
+    // verbosity setting to honour them with.
+    for key in ["reasoning_effort", "verbosity"] {
+        if present(key).is_some() {
+            return Err(ServerError::invalid(
+                key,
+                format!("`{key}` is not supported: the model has no such setting"),
+            ));
+        }
+    }
+    if present("store").is_some_and(|v| v != &Value::Bool(false)) {
+        return Err(ServerError::invalid(
+            "store",
+            "`store` is not supported: completions are not kept",
+        ));
+    }
     Ok(())
 }

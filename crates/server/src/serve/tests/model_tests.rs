@@ -438,3 +438,26 @@ async fn completions_echo_with_logprobs_scores_the_prompt() {
     assert_eq!(status, 400, "{err}");
     assert_eq!(err["error"]["param"], "echo");
 }
+
+#[tokio::test]
+async fn a_developer_message_is_the_templates_system_message() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let url = s.url("/v1/chat/completions");
+    let with = |role: &str| {
+        json!({"model": "smollm2", "temperature": 0, "max_tokens": 8, "messages": [
+            {"role": role, "content": "Answer in French."},
+            {"role": "user", "content": "What is the capital of France?"}]})
+    };
+    let (status, developer) = post(&url, &with("developer")).await;
+    assert_eq!(status, 200, "{developer}");
+    let (_, system) = post(&url, &with("system")).await;
+    let (_, user_only) = post(&url, &france(json!({"max_tokens": 8}))).await;
+    assert_eq!(developer["usage"], system["usage"]);
+    assert_eq!(text(&developer, 0), text(&system, 0));
+    // The instruction is in the prompt: without it the prompt is shorter.
+    assert_ne!(
+        developer["usage"]["prompt_tokens"],
+        user_only["usage"]["prompt_tokens"]
+    );
+}

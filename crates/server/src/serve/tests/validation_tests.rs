@@ -36,6 +36,9 @@ async fn chat_parameters_out_of_range_are_refused_by_name() {
         (json!({"logit_bias": {"5": 500}}), "logit_bias"),
         (json!({"stop": [""]}), "stop"),
         (json!({"top_logprobs": 2}), "top_logprobs"),
+        (json!({"reasoning_effort": "low"}), "reasoning_effort"),
+        (json!({"verbosity": "low"}), "verbosity"),
+        (json!({"store": true}), "store"),
         (
             json!({"logprobs": true, "top_logprobs": 50}),
             "top_logprobs",
