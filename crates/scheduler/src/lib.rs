@@ -17,6 +17,7 @@ pub mod loop_stats;
 pub mod metrics;
 pub mod scheduler;
 mod sequence;
+pub use sequence::PROMPT_LOGPROBS_CHUNK;
 pub mod token_channel;
 
 pub use admission::{Admission, AdmittedRequest, QueuePermit};

@@ -316,7 +316,7 @@ impl Scheduler {
                 self.running.remove(i);
                 continue;
             };
-            let num_new = seq.num_uncomputed().min(*budget);
+            let num_new = seq.num_uncomputed().min(*budget).min(seq.max_chunk());
             // Backpressure: a client that is not reading gets no more tokens made.
             if num_new == 0 || !seq.sender.has_room_for_token() {
                 self.num_stalled += usize::from(num_new > 0);
@@ -365,7 +365,9 @@ impl Scheduler {
                 None => self.kv.find_prefix(&seq.tokens),
             };
             // `find_prefix` leaves at least one token uncomputed, so `num_new >= 1`.
-            let num_new = (seq.num_tokens() - hit.num_tokens()).min(*budget);
+            let num_new = (seq.num_tokens() - hit.num_tokens())
+                .min(*budget)
+                .min(seq.max_chunk());
             let Ok(cached) = self.kv.allocate(id, &hit, hit.num_tokens() + num_new) else {
                 // The head does not fit yet: wait for blocks rather than let a smaller
                 // request overtake it.

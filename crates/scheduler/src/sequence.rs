@@ -9,6 +9,10 @@ use crate::admission::{AdmittedRequest, QueuePermit};
 use crate::token_channel::TokenSender;
 use tessera_protocol::{FinishReason, SamplingParams, SeqId, StopCondition, TokenEvent};
 
+/// Most prompt tokens per chunk of a sequence that scores its prompt: at most 128
+/// logits rows a step (64 MiB for a 128k vocabulary).
+pub const PROMPT_LOGPROBS_CHUNK: usize = 128;
+
 #[derive(Debug)]
 pub(crate) struct Sequence {
     pub id: SeqId,
@@ -66,6 +70,16 @@ impl Sequence {
     /// Tokens still to run through the model before the next sample.
     pub fn num_uncomputed(&self) -> usize {
         self.tokens.len().saturating_sub(self.num_computed_tokens)
+    }
+
+    /// Most tokens of one chunk of this sequence. A sequence scoring its prompt has the
+    /// full logits of every prompt position made in its step (`tokens × vocabulary`
+    /// f32: 1 GiB for 2048 tokens of a 128k vocabulary), so its chunks stay small.
+    pub fn max_chunk(&self) -> usize {
+        match self.sampling.prompt_logprobs {
+            Some(_) => PROMPT_LOGPROBS_CHUNK,
+            None => usize::MAX,
+        }
     }
 
     /// The client dropped its receiver.

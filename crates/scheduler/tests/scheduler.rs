@@ -5,7 +5,7 @@ mod common;
 
 use common::{drain, expected_tokens, prompt, request, run, FakeExecutor};
 use tessera_protocol::{Executor, FinishReason, SeqId, StepPlan, TokenEvent};
-use tessera_scheduler::{AdmissionError, Scheduler, SchedulerConfig};
+use tessera_scheduler::{AdmissionError, Scheduler, SchedulerConfig, PROMPT_LOGPROBS_CHUNK};
 
 fn config(block: usize, batch: usize, seqs: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -261,6 +261,25 @@ fn a_request_for_prompt_logprobs_computes_its_whole_prompt() {
     let plans = run(&mut s, &mut ex);
     let c = plans[0].scheduled.iter().find(|c| c.id == c2).unwrap();
     assert_eq!(c.start_pos, 8);
+}
+
+#[test]
+fn a_long_prompt_is_scored_in_small_chunks() {
+    // A budget of 512 tokens a step, but every prompt position's logits are made.
+    let mut ex = FakeExecutor::new(64, 4, 4096);
+    let mut s = scheduler(&config(4, 512, 8), &ex);
+    let long = prompt(3, 200);
+    let mut req = request(long.clone(), 1);
+    req.sampling.prompt_logprobs = Some(1);
+    let (l, mut rx) = s.submit(req).unwrap();
+    let plans = run(&mut s, &mut ex);
+    let chunks: Vec<(usize, usize)> = plans
+        .iter()
+        .flat_map(|p| p.scheduled.iter().filter(|c| c.id == l))
+        .map(|c| (c.start_pos, c.tokens.len()))
+        .collect();
+    assert_eq!(chunks, [(0, PROMPT_LOGPROBS_CHUNK), (128, 72)]);
+    assert_eq!(drain(&mut rx).0, expected_tokens(&long, 1));
 }
 
 #[test]
