@@ -88,6 +88,13 @@ def test_completions_echo_logprobs_score_the_prompt(client, model):
     # " Paris" is the model's first choice after the context.
     assert lp.tokens[prompt_tokens - 1] == continuation
     assert list(lp.top_logprobs[prompt_tokens - 1]) == [continuation]
+    # The older form: max_tokens=0 returns the scored prompt alone.
+    z = client.completions.create(
+        model=model, prompt=context + continuation, max_tokens=0, temperature=0, echo=True, logprobs=1,
+    )
+    assert z.choices[0].text == context + continuation
+    assert z.usage.completion_tokens == 0
+    assert z.choices[0].logprobs.token_logprobs == lp.token_logprobs[:prompt_tokens]
 
 
 def test_completions_list_of_prompts(client, model):

@@ -70,6 +70,8 @@ pub struct ValidRequest {
     stop_token_ids: Vec<u32>,
     logprobs: Option<LogprobsShape>,
     echo: bool,
+    /// `max_tokens: 0` with `echo`.
+    score_only: bool,
     tool_output: Option<ToolOutput>,
 }
 
@@ -157,9 +159,19 @@ impl ValidRequest {
     }
 
     pub async fn completion(
-        req: CompletionRequest,
+        mut req: CompletionRequest,
         ctx: &ValidationContext,
     ) -> Result<Self, ServerError> {
+        // `max_tokens: 0` with `echo`: the prompt alone, scored when `logprobs` asks (as
+        // OpenAI's legacy completions allowed). One token is generated and dropped: the
+        // last prompt position's logits are made anyway.
+        let echo = req.completion.echo.unwrap_or(false);
+        let score_only =
+            echo && req.params.max_completion_tokens.or(req.params.max_tokens) == Some(0);
+        if score_only {
+            req.params.max_completion_tokens = None;
+            req.params.max_tokens = Some(1);
+        }
         let spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
         check_model(&spec.model, ctx)?;
         check_constraint(&spec, ctx).await?;
@@ -169,7 +181,12 @@ impl ValidRequest {
             }),
             None => None,
         };
-        let echo = req.completion.echo.unwrap_or(false);
+        if score_only && spec.stream {
+            return Err(ServerError::invalid(
+                "max_tokens",
+                "`max_tokens: 0` (the echoed prompt alone) is supported without `stream` only",
+            ));
+        }
         if echo && logprobs.is_some() && spec.stream {
             return Err(ServerError::invalid(
                 "echo",
@@ -219,7 +236,9 @@ impl ValidRequest {
                 ctx,
             )?);
         }
-        Ok(Self::assemble(prompts, spec, logprobs, echo, ctx))
+        let mut valid = Self::assemble(prompts, spec, logprobs, echo, ctx);
+        valid.score_only = score_only;
+        Ok(valid)
     }
 
     fn assemble(
@@ -235,6 +254,7 @@ impl ValidRequest {
             stop_token_ids: ctx.tokenizer.eos_token_ids().to_vec(),
             logprobs,
             echo,
+            score_only: false,
             tool_output: None,
         }
     }
@@ -261,6 +281,11 @@ impl ValidRequest {
     }
     pub fn echo(&self) -> bool {
         self.echo
+    }
+    /// `max_tokens: 0` with `echo`: the reply is the prompt alone; the one token
+    /// generated is dropped.
+    pub fn score_only(&self) -> bool {
+        self.score_only
     }
     pub fn model(&self) -> &str {
         &self.spec.model

@@ -54,7 +54,12 @@ pub async fn completions(
         ));
     }
     let outputs = collect_all(runs).await?;
-    let completion_tokens = outputs.iter().map(|o| o.completion_tokens).sum();
+    let score_only = valid.score_only();
+    let completion_tokens = if score_only {
+        0
+    } else {
+        outputs.iter().map(|o| o.completion_tokens).sum()
+    };
     let tokenizer = &app.validation.tokenizer;
     let choices = outputs
         .into_iter()
@@ -67,16 +72,24 @@ pub async fn completions(
                 {
                     echoed_prompt_logprobs(&mut lp, tokenizer, &prompt.ids, scored)?;
                 }
-                lp.extend(&o.logprobs, echo.chars().count());
+                if !score_only {
+                    lp.extend(&o.logprobs, echo.chars().count());
+                }
                 Some(lp)
             } else {
                 None
             };
+            // The prompt alone: the token generated to get there is dropped.
+            let (text, finish_reason) = if score_only {
+                (echo, "length")
+            } else {
+                (echo + &o.text, o.finish_reason)
+            };
             Ok(CompletionChoice {
                 index: o.index,
-                text: echo + &o.text,
+                text,
                 logprobs,
-                finish_reason: Some(o.finish_reason),
+                finish_reason: Some(finish_reason),
             })
         })
         .collect::<Result<_, ServerError>>()?;

@@ -437,6 +437,40 @@ async fn completions_echo_with_logprobs_scores_the_prompt() {
     let (status, err) = post(&url, &stream).await;
     assert_eq!(status, 400, "{err}");
     assert_eq!(err["error"]["param"], "echo");
+
+    // `max_tokens: 0`: the prompt alone, scored the same; nothing generated.
+    let mut zero = body.clone();
+    zero["max_tokens"] = json!(0);
+    let (status, scored) = post(&url, &zero).await;
+    assert_eq!(status, 200, "{scored}");
+    let z = &scored["choices"][0]["logprobs"];
+    assert_eq!(z["tokens"].as_array().unwrap().len(), n);
+    assert_eq!(
+        z["token_logprobs"],
+        json!(l["token_logprobs"].as_array().unwrap()[..n])
+    );
+    assert_eq!(
+        z["top_logprobs"],
+        json!(l["top_logprobs"].as_array().unwrap()[..n])
+    );
+    let prompt_text: String = tokens[..n].iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(text(&scored, 0), prompt_text);
+    assert_eq!(scored["choices"][0]["finish_reason"], "length");
+    assert_eq!(scored["usage"]["completion_tokens"], 0);
+    assert_eq!(scored["usage"]["prompt_tokens"], n);
+    // Without echo there would be nothing to return; streamed, it is refused too.
+    for (extra, param) in [
+        (json!({"echo": false}), "max_tokens"),
+        (json!({"stream": true, "logprobs": null}), "max_tokens"),
+    ] {
+        let mut b = zero.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (status, err) = post(&url, &b).await;
+        assert_eq!(status, 400, "{err}");
+        assert_eq!(err["error"]["param"], param);
+    }
 }
 
 #[tokio::test]
