@@ -42,7 +42,7 @@ use crate::block_manager::KvCacheManager;
 use crate::config::{ResolvedConfig, SchedulerConfig};
 use crate::error::{AdmissionError, SchedulerError};
 use crate::metrics::SchedulerMetrics;
-use crate::sequence::Sequence;
+use crate::sequence::{Sequence, PROMPT_LOGPROBS_CHUNK};
 use crate::token_channel::TokenReceiver;
 
 #[derive(Debug, Default)]
@@ -77,6 +77,8 @@ pub struct Scheduler {
     queue_times: Vec<std::time::Duration>,
     /// Running sequences the last plan skipped because their clients are not reading.
     num_stalled: usize,
+    /// Tokens of this step left for chunks that score prompts ([`PROMPT_LOGPROBS_CHUNK`]).
+    scoring_left: usize,
 }
 
 impl Scheduler {
@@ -110,6 +112,7 @@ impl Scheduler {
             counters: Counters::default(),
             queue_times: Vec::new(),
             num_stalled: 0,
+            scoring_left: PROMPT_LOGPROBS_CHUNK,
         }
     }
 
@@ -181,6 +184,7 @@ impl Scheduler {
         };
         let mut budget = self.cfg.max_batch_tokens;
         self.num_stalled = 0;
+        self.scoring_left = PROMPT_LOGPROBS_CHUNK;
         let preempted = self.schedule_running(&mut plan, &mut budget);
         if !preempted {
             self.schedule_waiting(&mut plan, &mut budget);
@@ -316,7 +320,13 @@ impl Scheduler {
                 self.running.remove(i);
                 continue;
             };
-            let num_new = seq.num_uncomputed().min(*budget).min(seq.max_chunk());
+            let scoring = seq.scores_prompt();
+            let cap = if scoring {
+                self.scoring_left
+            } else {
+                usize::MAX
+            };
+            let num_new = seq.num_uncomputed().min(*budget).min(cap);
             // Backpressure: a client that is not reading gets no more tokens made.
             if num_new == 0 || !seq.sender.has_room_for_token() {
                 self.num_stalled += usize::from(num_new > 0);
@@ -344,6 +354,9 @@ impl Scheduler {
             }
             self.push_chunk(plan, id, num_new);
             *budget -= num_new;
+            if scoring {
+                self.scoring_left -= num_new;
+            }
             i += 1;
         }
         preempted
@@ -365,9 +378,17 @@ impl Scheduler {
                 None => self.kv.find_prefix(&seq.tokens),
             };
             // `find_prefix` leaves at least one token uncomputed, so `num_new >= 1`.
-            let num_new = (seq.num_tokens() - hit.num_tokens())
-                .min(*budget)
-                .min(seq.max_chunk());
+            let scoring = seq.scores_prompt();
+            let cap = if scoring {
+                self.scoring_left
+            } else {
+                usize::MAX
+            };
+            let num_new = (seq.num_tokens() - hit.num_tokens()).min(*budget).min(cap);
+            if num_new == 0 {
+                // Scoring tokens are spent for this step; the head waits for the next.
+                break;
+            }
             let Ok(cached) = self.kv.allocate(id, &hit, hit.num_tokens() + num_new) else {
                 // The head does not fit yet: wait for blocks rather than let a smaller
                 // request overtake it.
@@ -375,6 +396,9 @@ impl Scheduler {
             };
             self.waiting.pop_front();
             self.running.push(id);
+            if scoring {
+                self.scoring_left -= num_new;
+            }
             let Some(seq) = self.seqs.get_mut(&id) else {
                 continue;
             };

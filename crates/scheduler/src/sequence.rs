@@ -9,8 +9,8 @@ use crate::admission::{AdmittedRequest, QueuePermit};
 use crate::token_channel::TokenSender;
 use tessera_protocol::{FinishReason, SamplingParams, SeqId, StopCondition, TokenEvent};
 
-/// Most prompt tokens per chunk of a sequence that scores its prompt: at most 128
-/// logits rows a step (64 MiB for a 128k vocabulary).
+/// Tokens a step gives the chunks of sequences that score their prompts: at most 128
+/// full logits rows a step (64 MiB for a 128k vocabulary).
 pub const PROMPT_LOGPROBS_CHUNK: usize = 128;
 
 #[derive(Debug)]
@@ -72,14 +72,13 @@ impl Sequence {
         self.tokens.len().saturating_sub(self.num_computed_tokens)
     }
 
-    /// Most tokens of one chunk of this sequence. A sequence scoring its prompt has the
-    /// full logits of every prompt position made in its step (`tokens × vocabulary`
-    /// f32: 1 GiB for 2048 tokens of a 128k vocabulary), so its chunks stay small.
-    pub fn max_chunk(&self) -> usize {
-        match self.sampling.prompt_logprobs {
-            Some(_) => PROMPT_LOGPROBS_CHUNK,
-            None => usize::MAX,
-        }
+    /// Whether this sequence's next chunk scores prompt tokens: its prompt's
+    /// log-probabilities are wanted and some position before its last is not computed.
+    /// The full logits of every such position are made in the step (`tokens ×
+    /// vocabulary` f32: 1 GiB for 2048 tokens of a 128k vocabulary), so the chunks of
+    /// all such sequences share [`PROMPT_LOGPROBS_CHUNK`] tokens a step.
+    pub fn scores_prompt(&self) -> bool {
+        self.sampling.prompt_logprobs.is_some() && self.num_computed_tokens + 1 < self.prompt_len
     }
 
     /// The client dropped its receiver.

@@ -280,6 +280,41 @@ fn a_long_prompt_is_scored_in_small_chunks() {
         .collect();
     assert_eq!(chunks, [(0, PROMPT_LOGPROBS_CHUNK), (128, 72)]);
     assert_eq!(drain(&mut rx).0, expected_tokens(&long, 1));
+
+    // Two at once share the scoring tokens of a step; a plain request beside them
+    // takes the rest of the budget; once prompts are scored, decodes are not held back.
+    let mut ex = FakeExecutor::new(200, 4, 4096);
+    let mut s = scheduler(&config(4, 512, 8), &ex);
+    let scoring = |seed| {
+        let mut req = request(prompt(seed, 100), 3);
+        req.sampling.prompt_logprobs = Some(1);
+        req
+    };
+    let (a, mut rx_a) = s.submit(scoring(1)).unwrap();
+    let (b, mut rx_b) = s.submit(scoring(2)).unwrap();
+    let (c, mut rx_c) = s.submit(request(prompt(3, 300), 3)).unwrap();
+    let plans = run(&mut s, &mut ex);
+    let tokens = |plan: &StepPlan, id| {
+        plan.scheduled
+            .iter()
+            .filter(|ch| ch.id == id)
+            .map(|ch| ch.tokens.len())
+            .sum::<usize>()
+    };
+    assert_eq!(
+        (
+            tokens(&plans[0], a),
+            tokens(&plans[0], b),
+            tokens(&plans[0], c)
+        ),
+        (100, 28, 300)
+    );
+    for plan in &plans {
+        assert!(tokens(plan, a) + tokens(plan, b) <= PROMPT_LOGPROBS_CHUNK.max(2));
+    }
+    assert_eq!(drain(&mut rx_a).0, expected_tokens(&prompt(1, 100), 3));
+    assert_eq!(drain(&mut rx_b).0, expected_tokens(&prompt(2, 100), 3));
+    assert_eq!(drain(&mut rx_c).0, expected_tokens(&prompt(3, 300), 3));
 }
 
 #[test]
