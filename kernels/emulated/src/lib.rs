@@ -12,10 +12,10 @@ use std::ffi::{c_char, c_int, c_void, CString};
 
 use half::{bf16, f16};
 use tessera_kernels::gpu::launch::{
-    argmax_shape, attention_kernel, attention_shape, candidate_rows, gated_kernel, gated_shape,
-    merge_kernel, merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape,
-    AttentionPlan, CandidateRow, Gate, KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL,
-    CANDIDATES_KERNEL, PREFILL_TILE,
+    argmax_shape, attention_kernel, attention_shape, candidate_rows, candidate_slots_used,
+    column_of_key, gated_kernel, gated_shape, merge_kernel, merge_shape, norm_kernel, norm_shape,
+    rope_write_kernel, rope_write_shape, AttentionPlan, CandidateRow, Gate, KvDtype, LaunchShape,
+    TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL, PREFILL_TILE,
 };
 
 /// What can go wrong launching an emulated kernel.
@@ -532,10 +532,9 @@ fn argmax_keys(logits: &[f32], cols: usize) -> Result<Vec<u64>> {
 
 /// The arg-max column of each `cols`-wide row of `logits`, lowest index on ties.
 pub fn argmax_rows(logits: &[f32], cols: usize) -> Result<Vec<u32>> {
-    // The low half of a key is the complement of the column; 0: nothing beat NaN.
     Ok(argmax_keys(logits, cols)?
-        .iter()
-        .map(|k| if *k == 0 { 0 } else { !(*k as u32) })
+        .into_iter()
+        .map(column_of_key)
         .collect())
 }
 
@@ -577,11 +576,7 @@ pub fn sampling_candidates(
         found(rc, CANDIDATES_KERNEL)?;
     }
     // As the engine copies them: the slots the fullest row used.
-    let used = counts
-        .iter()
-        .map(|c| (*c as usize).min(cap))
-        .max()
-        .unwrap_or(0);
+    let used = candidate_slots_used(&counts, cap);
     Ok(candidate_rows(
         &counts,
         &ids[..used * rows],

@@ -155,6 +155,26 @@ pub const CANDIDATES_KERNEL: &str = "sampling_candidates_f32";
 /// Most candidates a row hands over; a row with more is copied whole.
 pub const MAX_CANDIDATES: usize = 4096;
 
+/// The column an arg-max key names (argmax.cu: the low half is its complement); a key
+/// of 0 (nothing beat NaN) names column 0.
+pub fn column_of_key(key: u64) -> u32 {
+    if key == 0 {
+        0
+    } else {
+        !(key as u32)
+    }
+}
+
+/// Slots per row the candidates kernel filled in the fullest row (at most `cap`): the
+/// prefix of its slot-major output that comes back to the host.
+pub fn candidate_slots_used(counts: &[u32], cap: usize) -> usize {
+    counts
+        .iter()
+        .map(|c| (*c as usize).min(cap))
+        .max()
+        .unwrap_or(0)
+}
+
 /// One row's sampling candidates: `(token, logit)` by token.
 pub type CandidateRow = Vec<(u32, f32)>;
 

@@ -8,10 +8,10 @@ use candle_core::cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, Pus
 use candle_core::cuda::CudaDType;
 use candle_core::{CudaDevice, DType, Tensor};
 use tessera_kernels::gpu::launch::{
-    argmax_shape, attention_kernel, attention_shape, candidate_rows, gated_kernel, gated_shape,
-    merge_kernel, merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape,
-    CandidateRow, Gate, KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL,
-    MAX_CANDIDATES, PREFILL_TILE,
+    argmax_shape, attention_kernel, attention_shape, candidate_rows, candidate_slots_used,
+    column_of_key, gated_kernel, gated_shape, merge_kernel, merge_shape, norm_kernel, norm_shape,
+    rope_write_kernel, rope_write_shape, CandidateRow, Gate, KvDtype, LaunchShape, TileLaunch,
+    ARGMAX_KERNEL, CANDIDATES_KERNEL, MAX_CANDIDATES, PREFILL_TILE,
 };
 use tessera_kernels::gpu::ptx;
 
@@ -536,11 +536,7 @@ pub fn reduce_rows(
                 .clone_dtoh(&counts)
                 .map_err(|e| launch_err("copy to host", e))?;
             // Only the slots the fullest row used come back (slot-major: one prefix).
-            let used = counts
-                .iter()
-                .map(|c| (*c as usize).min(cap))
-                .max()
-                .unwrap_or(0);
+            let used = candidate_slots_used(&counts, cap);
             let (ids, values) = if used == 0 {
                 (Vec::new(), Vec::new())
             } else {
@@ -559,11 +555,7 @@ pub fn reduce_rows(
     let keys = stream
         .clone_dtoh(&keys)
         .map_err(|e| launch_err("copy to host", e))?;
-    // The low half of a key is the complement of its column; 0 means no value beat NaN.
-    let argmax = keys
-        .iter()
-        .map(|k| if *k == 0 { 0 } else { !(*k as u32) })
-        .collect();
+    let argmax = keys.into_iter().map(column_of_key).collect();
     Ok(Reductions { argmax, candidates })
 }
 
