@@ -70,7 +70,7 @@ impl Engine {
             config.vocab_size,
             config.max_position_embeddings
         );
-        let input_block = row_parallel_block(source.as_ref(), config.num_layers)?;
+        let input_block = loader::row_parallel_block(source.as_ref(), config.num_layers)?;
         let placement = match (&cfg.device_layers, &cfg.nodes) {
             (_, Some(nodes)) if nodes.nnodes > 1 => {
                 crate::cluster::placement::nodes(source.as_ref(), cfg, &config, input_block, nodes)?
@@ -135,7 +135,7 @@ impl Engine {
             )));
         }
         let kv = KvCacheShape {
-            attention_window: attention_window(&config, any_gpu),
+            attention_window: kv_sizing::attention_window(&config, any_gpu),
             ..KvCacheShape::new(num_blocks, cfg.block_size_tokens)
         };
         if let Some(window) = kv.attention_window {
@@ -531,33 +531,6 @@ impl Engine {
         failed.extend(incomplete);
         Ok(StepOutput { samples, failed })
     }
-}
-
-/// Largest quantization block of the row-parallel weights of every layer (their input
-/// dimension is split; mixed-quantization files may differ per layer). Metadata only.
-fn row_parallel_block(source: &dyn loader::TensorSource, num_layers: usize) -> Result<usize> {
-    let mut block = 1;
-    let config = source.config();
-    for layer in 0..num_layers {
-        block =
-            block.max(source.block_cols(&loader::layer_name(layer, "self_attn.o_proj.weight"))?);
-        block = block.max(match &config.moe {
-            Some(moe) if config.is_moe_layer(layer) => {
-                crate::model::moe::down_block(source, moe, layer)?
-            }
-            _ => source.block_cols(&loader::layer_name(layer, "mlp.down_proj.weight"))?,
-        });
-    }
-    Ok(block)
-}
-
-/// The window every layer attends to, when every layer slides. CUDA ranks honour the
-/// window in attention but keep every block: their kernels have not yet been run with
-/// released table entries.
-fn attention_window(config: &ModelConfig, any_gpu: bool) -> Option<usize> {
-    let sw = config.sliding_window.as_ref()?;
-    (!any_gpu && sw.layers.len() == config.num_layers && sw.layers.iter().all(|s| *s))
-        .then_some(sw.window)
 }
 
 impl Executor for Engine {

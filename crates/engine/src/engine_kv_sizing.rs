@@ -8,6 +8,7 @@ use candle_core::Device;
 use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
 
 use super::Engine;
+use crate::config::ModelConfig;
 use crate::device::DeviceSpec;
 
 /// A step of `tokens` tokens spread over up to `seqs` sequences (each sampling one row),
@@ -164,6 +165,15 @@ impl Engine {
         );
         Ok(())
     }
+}
+
+/// The window every layer attends to, when every layer slides. CUDA ranks honour the
+/// window in attention but keep every block: their kernels have not yet been run with
+/// released table entries.
+pub(crate) fn attention_window(config: &ModelConfig, any_gpu: bool) -> Option<usize> {
+    let sw = config.sliding_window.as_ref()?;
+    (!any_gpu && sw.layers.len() == config.num_layers && sw.layers.iter().all(|s| *s))
+        .then_some(sw.window)
 }
 
 #[cfg(test)]

@@ -106,3 +106,20 @@ pub fn open(path: &Path) -> Result<Box<dyn TensorSource>> {
 pub(crate) fn layer_name(layer: usize, suffix: &str) -> String {
     format!("model.layers.{layer}.{suffix}")
 }
+
+/// Largest quantization block of the row-parallel weights of every layer (their input
+/// dimension is split; mixed-quantization files may differ per layer). Metadata only.
+pub(crate) fn row_parallel_block(source: &dyn TensorSource, num_layers: usize) -> Result<usize> {
+    let mut block = 1;
+    let config = source.config();
+    for layer in 0..num_layers {
+        block = block.max(source.block_cols(&layer_name(layer, "self_attn.o_proj.weight"))?);
+        block = block.max(match &config.moe {
+            Some(moe) if config.is_moe_layer(layer) => {
+                crate::model::moe::down_block(source, moe, layer)?
+            }
+            _ => source.block_cols(&layer_name(layer, "mlp.down_proj.weight"))?,
+        });
+    }
+    Ok(block)
+}
