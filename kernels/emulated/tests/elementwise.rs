@@ -96,6 +96,16 @@ fn rope_and_kv_write_f16() {
     rope_and_kv_write::<f16>(2e-3);
 }
 
+/// The largest difference, relative where the reference exceeds 1 in magnitude: the
+/// outputs are rounded to 16 bits, so their error grows with their size.
+fn max_scaled_diff(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+        .fold(0.0, f32::max)
+}
+
 #[test]
 fn silu_and_gelu_times_up() {
     let mut rng = Lcg(5);
@@ -108,12 +118,12 @@ fn silu_and_gelu_times_up() {
     for gate in [Gate::Silu, Gate::GeluTanh] {
         let (gu, gu32) = rounded::<bf16>(&values);
         let want = reference::gated(&gu32, width, gate);
-        let err = max_abs_diff(&to_f32(&gated_mul(&gu, width, gate).expect("runs")), &want);
-        assert!(err < 3e-2, "{gate:?} bf16: {err}");
+        let err = max_scaled_diff(&to_f32(&gated_mul(&gu, width, gate).expect("runs")), &want);
+        assert!(err < 1e-2, "{gate:?} bf16: {err}");
         let (gu, gu32) = rounded::<f16>(&values);
         let want = reference::gated(&gu32, width, gate);
-        let err = max_abs_diff(&to_f32(&gated_mul(&gu, width, gate).expect("runs")), &want);
-        assert!(err < 5e-3, "{gate:?} f16: {err}");
+        let err = max_scaled_diff(&to_f32(&gated_mul(&gu, width, gate).expect("runs")), &want);
+        assert!(err < 2e-3, "{gate:?} f16: {err}");
     }
     // The two activations differ by far more than the bound: the kernel name picks one.
     let (gu, _) = rounded::<f16>(&values);

@@ -11,6 +11,7 @@ use super::launch::Gate;
 pub struct Lcg(pub u64);
 
 impl Lcg {
+    /// 31 random bits.
     pub fn next_u32(&mut self) -> u32 {
         self.0 = self
             .0
@@ -21,7 +22,7 @@ impl Lcg {
 
     /// Uniform in [-1, 1).
     pub fn unit(&mut self) -> f32 {
-        self.next_u32() as f32 / (1u64 << 31) as f32 - 1.0
+        self.next_u32() as f32 / (1u64 << 30) as f32 - 1.0
     }
 
     pub fn below(&mut self, n: usize) -> usize {
