@@ -14,8 +14,8 @@ use half::{bf16, f16};
 use tessera_kernels::gpu::launch::{
     argmax_shape, attention_kernel, attention_shape, candidate_rows, candidate_slots_used,
     column_of_key, gated_kernel, gated_shape, merge_kernel, merge_shape, norm_kernel, norm_shape,
-    rope_write_kernel, rope_write_shape, AttentionPlan, CandidateRow, Gate, KvDtype, LaunchShape,
-    TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL, PREFILL_TILE,
+    rope_write_kernel, rope_write_shape, AttentionPlan, CandidateRow, Gate, KernelArg, KvDtype,
+    LaunchShape, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL, PREFILL_TILE,
 };
 
 /// What can go wrong launching an emulated kernel.
@@ -25,6 +25,8 @@ pub enum EmuError {
     UnknownKernel(String),
     /// A buffer is smaller than the launch reads or writes.
     Size(String),
+    /// The arguments do not match the kernel's signature.
+    Arguments(String),
 }
 
 impl std::fmt::Display for EmuError {
@@ -32,6 +34,7 @@ impl std::fmt::Display for EmuError {
         match self {
             EmuError::UnknownKernel(name) => write!(f, "no kernel named {name}"),
             EmuError::Size(what) => write!(f, "buffer too small: {what}"),
+            EmuError::Arguments(what) => write!(f, "kernel arguments: {what}"),
         }
     }
 }
@@ -82,104 +85,13 @@ impl From<LaunchShape> for EmuGrid {
     }
 }
 
-#[repr(C)]
-struct EmuAttention {
-    out: *mut c_void,
-    out_stride: c_int,
-    part_ms: *mut f32,
-    part_acc: *mut f32,
-    q: *const c_void,
-    q_stride: c_int,
-    k_cache: *const c_void,
-    v_cache: *const c_void,
-    positions: *const u32,
-    tile_start: *const u32,
-    tile_len: *const u32,
-    seq_of_token: *const u32,
-    block_tables: *const u32,
-    max_blocks: c_int,
-    kv_of_q: *const u32,
-    nq: c_int,
-    nkv: c_int,
-    block_size: c_int,
-    scale: f32,
-    partition_size: c_int,
-    window: c_int,
-}
-
-#[repr(C)]
-struct EmuMerge {
-    out: *mut c_void,
-    out_stride: c_int,
-    part_ms: *const f32,
-    part_acc: *const f32,
-    tile_start: *const u32,
-    nq: c_int,
-    num_parts: c_int,
-}
-
 extern "C" {
-    fn tessera_emu_attention(
+    fn tessera_emu_launch(
         name: *const c_char,
         g: *const EmuGrid,
-        a: *const EmuAttention,
-    ) -> c_int;
-    fn tessera_emu_merge(name: *const c_char, g: *const EmuGrid, m: *const EmuMerge) -> c_int;
-    fn tessera_emu_rope_write_kv(
-        name: *const c_char,
-        g: *const EmuGrid,
-        qkv: *mut c_void,
-        qkv_stride: c_int,
-        k_cache: *mut c_void,
-        v_cache: *mut c_void,
-        positions: *const u32,
-        slots: *const u32,
-        cos_table: *const f32,
-        sin_table: *const f32,
-        nq: c_int,
-        nkv: c_int,
-        hd: c_int,
-        interleaved: c_int,
-    ) -> c_int;
-    fn tessera_emu_gated_mul(
-        name: *const c_char,
-        g: *const EmuGrid,
-        out: *mut c_void,
-        gate_up: *const c_void,
-        width: c_int,
-        total: usize,
-    ) -> c_int;
-    fn tessera_emu_add_rms_norm(
-        name: *const c_char,
-        g: *const EmuGrid,
-        x_out: *mut f32,
-        h: *mut c_void,
-        x: *const f32,
-        delta: *const f32,
-        w: *const f32,
-        cols: c_int,
-        eps: f32,
-    ) -> c_int;
-    fn tessera_emu_sampling_candidates(
-        name: *const c_char,
-        g: *const EmuGrid,
-        counts: *mut u32,
-        ids: *mut u32,
-        values: *mut f32,
-        max_keys: *const u64,
-        logits: *const f32,
-        temperatures: *const f32,
-        cols: c_int,
-        per_block: c_int,
-        cap: c_int,
-    ) -> c_int;
-    fn tessera_emu_argmax_rows(
-        name: *const c_char,
-        g: *const EmuGrid,
-        keys: *mut u64,
-        logits: *const f32,
-        cols: c_int,
-        per_block: c_int,
+        params: *mut *mut c_void,
+        sizes: *const usize,
+        count: c_int,
     ) -> c_int;
 }
 
@@ -187,16 +99,56 @@ fn c_name(name: &str) -> Result<CString> {
     CString::new(name).map_err(|_| EmuError::UnknownKernel(name.to_string()))
 }
 
-fn found(rc: c_int, name: &str) -> Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(EmuError::UnknownKernel(name.to_string()))
+/// Launches kernel `name` on `shape` with `args`, as the CUDA launcher would: every
+/// pointer argument is a host address here. The argument count and each width must match
+/// the kernel's signature.
+///
+/// # Safety
+///
+/// Every pointer argument must address a live host buffer as large as the kernel reads
+/// or writes at that position, with nothing else reading or writing what it writes
+/// during the launch.
+pub unsafe fn launch(name: &str, shape: LaunchShape, args: &[KernelArg]) -> Result<()> {
+    let c = c_name(name)?;
+    let grid = EmuGrid::from(shape);
+    let mut params: Vec<*mut c_void> = args.iter().map(KernelArg::as_param).collect();
+    let sizes: Vec<usize> = args.iter().map(KernelArg::size).collect();
+    let count = int(args.len(), "argument count")?;
+    // SAFETY: `params` and `sizes` hold `count` entries; each param points at a value
+    // in `args`, borrowed for the call; the buffers are the caller's promise.
+    let rc = unsafe {
+        tessera_emu_launch(
+            c.as_ptr(),
+            &grid,
+            params.as_mut_ptr(),
+            sizes.as_ptr(),
+            count,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        -1 => Err(EmuError::UnknownKernel(name.to_string())),
+        -2 => Err(EmuError::Arguments(format!(
+            "{name} does not take {} arguments",
+            args.len()
+        ))),
+        _ => Err(EmuError::Arguments(format!(
+            "an argument of {name} has the wrong width: {args:?}"
+        ))),
     }
+}
+
+/// A host buffer's address as a kernel argument.
+fn ptr<T>(p: *const T) -> KernelArg {
+    KernelArg::Ptr(p as u64)
 }
 
 fn int(x: usize, what: &str) -> Result<c_int> {
     c_int::try_from(x).map_err(|_| EmuError::Size(format!("{what} {x} exceeds an int")))
+}
+
+fn arg_int(x: usize, what: &str) -> Result<KernelArg> {
+    int(x, what).map(KernelArg::I32)
 }
 
 fn at_least(len: usize, need: usize, what: &str) -> Result<()> {
@@ -306,27 +258,22 @@ pub fn rope_write_kv<T: Element>(
     }
     let name = rope_write_kernel(T::DTYPE);
     let shape = rope_write_shape(n, heads.num_q_heads, heads.num_kv_heads, heads.head_dim);
-    let c = c_name(&name)?;
+    let args = [
+        ptr(qkv.as_mut_ptr()),
+        arg_int(width, "qkv width")?,
+        ptr(k_cache.as_mut_ptr()),
+        ptr(v_cache.as_mut_ptr()),
+        ptr(meta.positions.as_ptr()),
+        ptr(meta.slots.as_ptr()),
+        ptr(cos.as_ptr()),
+        ptr(sin.as_ptr()),
+        arg_int(heads.num_q_heads, "query heads")?,
+        arg_int(heads.num_kv_heads, "KV heads")?,
+        arg_int(heads.head_dim, "head dim")?,
+        KernelArg::I32(i32::from(interleaved)),
+    ];
     // SAFETY: the buffers cover every index the kernel forms (checked above).
-    let rc = unsafe {
-        tessera_emu_rope_write_kv(
-            c.as_ptr(),
-            &EmuGrid::from(shape),
-            qkv.as_mut_ptr().cast(),
-            int(width, "qkv width")?,
-            k_cache.as_mut_ptr().cast(),
-            v_cache.as_mut_ptr().cast(),
-            meta.positions.as_ptr(),
-            meta.slots.as_ptr(),
-            cos.as_ptr(),
-            sin.as_ptr(),
-            int(heads.num_q_heads, "query heads")?,
-            int(heads.num_kv_heads, "KV heads")?,
-            int(heads.head_dim, "head dim")?,
-            c_int::from(interleaved),
-        )
-    };
-    found(rc, &name)
+    unsafe { launch(&name, shape, &args) }
 }
 
 /// Paged attention of every token of the step over its cached context (or its last
@@ -389,57 +336,47 @@ fn attention_launch<T: Element>(
     let mut part_ms = vec![f32::NAN; partials * 2];
     let mut part_acc = vec![f32::NAN; partials * hd];
     let name = attention_kernel(T::DTYPE, hd, tile);
-    let c = c_name(&name)?;
-    let args = EmuAttention {
-        out: out.as_mut_ptr().cast(),
-        out_stride: int(nq * hd, "output width")?,
-        part_ms: part_ms.as_mut_ptr(),
-        part_acc: part_acc.as_mut_ptr(),
-        q: qkv.as_ptr().cast(),
-        q_stride: int(heads.qkv_width(), "qkv width")?,
-        k_cache: k_cache.as_ptr().cast(),
-        v_cache: v_cache.as_ptr().cast(),
-        positions: meta.positions.as_ptr(),
-        tile_start: launch.start.as_ptr(),
-        tile_len: launch.len.as_ptr(),
-        seq_of_token: meta.seq_of_token.as_ptr(),
-        block_tables: meta.block_tables.as_ptr(),
-        max_blocks: int(meta.max_blocks, "blocks per sequence")?,
-        kv_of_q: meta.kv_of_q.as_ptr(),
-        nq: int(nq, "query heads")?,
-        nkv: int(heads.num_kv_heads, "KV heads")?,
-        block_size: int(meta.block_size, "block size")?,
-        scale,
-        partition_size: int(launch.partition_size, "partition size")?,
-        window: int(window.unwrap_or(0), "window")?,
-    };
+    let out_stride = arg_int(nq * hd, "output width")?;
+    let nq_arg = arg_int(nq, "query heads")?;
+    let args = [
+        ptr(out.as_mut_ptr()),
+        out_stride,
+        ptr(part_ms.as_mut_ptr()),
+        ptr(part_acc.as_mut_ptr()),
+        ptr(qkv.as_ptr()),
+        arg_int(heads.qkv_width(), "qkv width")?,
+        ptr(k_cache.as_ptr()),
+        ptr(v_cache.as_ptr()),
+        ptr(meta.positions.as_ptr()),
+        ptr(launch.start.as_ptr()),
+        ptr(launch.len.as_ptr()),
+        ptr(meta.seq_of_token.as_ptr()),
+        ptr(meta.block_tables.as_ptr()),
+        arg_int(meta.max_blocks, "blocks per sequence")?,
+        ptr(meta.kv_of_q.as_ptr()),
+        nq_arg,
+        arg_int(heads.num_kv_heads, "KV heads")?,
+        arg_int(meta.block_size, "block size")?,
+        KernelArg::F32(scale),
+        arg_int(launch.partition_size, "partition size")?,
+        arg_int(window.unwrap_or(0), "window")?,
+    ];
     // SAFETY: the tables were checked against the cache, the tiles against the tokens;
     // the partial buffers hold every (tile, head, partition).
-    let rc = unsafe {
-        tessera_emu_attention(
-            c.as_ptr(),
-            &EmuGrid::from(attention_shape(nq, launch)),
-            &args,
-        )
-    };
-    found(rc, &name)?;
+    unsafe { self::launch(&name, attention_shape(nq, launch), &args) }?;
     if parts > 1 {
         let name = merge_kernel(T::DTYPE, hd);
-        let c = c_name(&name)?;
-        let m = EmuMerge {
-            out: out.as_mut_ptr().cast(),
-            out_stride: args.out_stride,
-            part_ms: part_ms.as_ptr(),
-            part_acc: part_acc.as_ptr(),
-            tile_start: launch.start.as_ptr(),
-            nq: args.nq,
-            num_parts: int(parts, "partitions")?,
-        };
+        let args = [
+            ptr(out.as_mut_ptr()),
+            out_stride,
+            ptr(part_ms.as_ptr()),
+            ptr(part_acc.as_ptr()),
+            ptr(launch.start.as_ptr()),
+            nq_arg,
+            arg_int(parts, "partitions")?,
+        ];
         // SAFETY: as above.
-        let rc = unsafe {
-            tessera_emu_merge(c.as_ptr(), &EmuGrid::from(merge_shape(nq, launch, hd)), &m)
-        };
-        found(rc, &name)?;
+        unsafe { self::launch(&name, merge_shape(nq, launch, hd), &args) }?;
     }
     Ok(())
 }
@@ -453,19 +390,14 @@ pub fn gated_mul<T: Element>(gate_up: &[T], width: usize, gate: Gate) -> Result<
         return Ok(out);
     }
     let name = gated_kernel(T::DTYPE, gate);
-    let c = c_name(&name)?;
+    let args = [
+        ptr(out.as_mut_ptr()),
+        ptr(gate_up.as_ptr()),
+        arg_int(width, "width")?,
+        KernelArg::Usize(total),
+    ];
     // SAFETY: `gate_up` holds `rows` rows of 2 · width; `out` holds `total`.
-    let rc = unsafe {
-        tessera_emu_gated_mul(
-            c.as_ptr(),
-            &EmuGrid::from(gated_shape(total)),
-            out.as_mut_ptr().cast(),
-            gate_up.as_ptr().cast(),
-            int(width, "width")?,
-            total,
-        )
-    };
-    found(rc, &name)?;
+    unsafe { launch(&name, gated_shape(total), &args) }?;
     Ok(out)
 }
 
@@ -487,22 +419,17 @@ pub fn add_rms_norm<T: Element>(
         return Ok((x_out, h));
     }
     let name = norm_kernel(T::DTYPE);
-    let c = c_name(&name)?;
+    let args = [
+        ptr(x_out.as_mut_ptr()),
+        ptr(h.as_mut_ptr()),
+        ptr(x.as_ptr()),
+        ptr(delta.map_or(std::ptr::null(), |d| d.as_ptr())),
+        ptr(w.as_ptr()),
+        arg_int(cols, "columns")?,
+        KernelArg::F32(eps),
+    ];
     // SAFETY: every pointer covers rows × cols values (`w`: cols); null delta adds nothing.
-    let rc = unsafe {
-        tessera_emu_add_rms_norm(
-            c.as_ptr(),
-            &EmuGrid::from(norm_shape(rows, cols)),
-            x_out.as_mut_ptr(),
-            h.as_mut_ptr().cast(),
-            x.as_ptr(),
-            delta.map_or(std::ptr::null(), |d| d.as_ptr()),
-            w.as_ptr(),
-            int(cols, "columns")?,
-            eps,
-        )
-    };
-    found(rc, &name)?;
+    unsafe { launch(&name, norm_shape(rows, cols), &args) }?;
     Ok((x_out, h))
 }
 
@@ -514,19 +441,14 @@ fn argmax_keys(logits: &[f32], cols: usize) -> Result<Vec<u64>> {
         return Ok(keys);
     }
     let (shape, per_block) = argmax_shape(rows, cols);
-    let c = c_name(ARGMAX_KERNEL)?;
+    let args = [
+        ptr(keys.as_mut_ptr()),
+        ptr(logits.as_ptr()),
+        arg_int(cols, "columns")?,
+        arg_int(per_block, "columns per block")?,
+    ];
     // SAFETY: every block reads columns below `cols` of its own row; one key per row.
-    let rc = unsafe {
-        tessera_emu_argmax_rows(
-            c.as_ptr(),
-            &EmuGrid::from(shape),
-            keys.as_mut_ptr(),
-            logits.as_ptr(),
-            int(cols, "columns")?,
-            int(per_block, "columns per block")?,
-        )
-    };
-    found(rc, ARGMAX_KERNEL)?;
+    unsafe { launch(ARGMAX_KERNEL, shape, &args) }?;
     Ok(keys)
 }
 
@@ -556,24 +478,19 @@ pub fn sampling_candidates(
     );
     if rows > 0 && cols > 0 {
         let (shape, per_block) = argmax_shape(rows, cols);
-        let c = c_name(CANDIDATES_KERNEL)?;
+        let args = [
+            ptr(counts.as_mut_ptr()),
+            ptr(ids.as_mut_ptr()),
+            ptr(values.as_mut_ptr()),
+            ptr(keys.as_ptr()),
+            ptr(logits.as_ptr()),
+            ptr(temperatures.as_ptr()),
+            arg_int(cols, "columns")?,
+            arg_int(per_block, "columns per block")?,
+            arg_int(cap, "candidates per row")?,
+        ];
         // SAFETY: one key, count and temperature per row, `cap` slots per row.
-        let rc = unsafe {
-            tessera_emu_sampling_candidates(
-                c.as_ptr(),
-                &EmuGrid::from(shape),
-                counts.as_mut_ptr(),
-                ids.as_mut_ptr(),
-                values.as_mut_ptr(),
-                keys.as_ptr(),
-                logits.as_ptr(),
-                temperatures.as_ptr(),
-                int(cols, "columns")?,
-                int(per_block, "columns per block")?,
-                int(cap, "candidates per row")?,
-            )
-        };
-        found(rc, CANDIDATES_KERNEL)?;
+        unsafe { launch(CANDIDATES_KERNEL, shape, &args) }?;
     }
     // As the engine copies them: the slots the fullest row used.
     let used = candidate_slots_used(&counts, cap);

@@ -63,6 +63,42 @@ pub struct LaunchShape {
     pub block: u32,
 }
 
+/// One argument of a kernel launch, by value: a device address, or a scalar of the
+/// kernel parameter's exact width. The CUDA launcher and the emulated one (which checks
+/// each width against the kernel's signature) take the same list.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArg {
+    /// A buffer's address (a device pointer on CUDA; 0 for a null pointer).
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+    /// A `size_t`.
+    Usize(usize),
+}
+
+impl KernelArg {
+    /// The parameter's size in bytes.
+    pub fn size(&self) -> usize {
+        match self {
+            KernelArg::Ptr(_) => std::mem::size_of::<u64>(),
+            KernelArg::I32(_) => std::mem::size_of::<i32>(),
+            KernelArg::F32(_) => std::mem::size_of::<f32>(),
+            KernelArg::Usize(_) => std::mem::size_of::<usize>(),
+        }
+    }
+
+    /// The address of the value, as `cuLaunchKernel` takes each parameter; valid while
+    /// `self` is borrowed.
+    pub fn as_param(&self) -> *mut std::ffi::c_void {
+        match self {
+            KernelArg::Ptr(v) => v as *const u64 as *mut std::ffi::c_void,
+            KernelArg::I32(v) => v as *const i32 as *mut std::ffi::c_void,
+            KernelArg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+            KernelArg::Usize(v) => v as *const usize as *mut std::ffi::c_void,
+        }
+    }
+}
+
 /// Threads of a `rope_write_kv` block.
 pub const ROPE_WRITE_THREADS: u32 = 128;
 
