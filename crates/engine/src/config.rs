@@ -236,6 +236,10 @@ pub struct EngineConfig {
     /// This process's place in a group of nodes; `None`: every rank is in this process.
     /// With N nodes, `devices` are this node's ranks, a 1/N of the group.
     pub nodes: Option<crate::cluster::NodeTopology>,
+    /// Test builds: CPU ranks take the CUDA ranks' forward pass, with our CUDA kernels
+    /// emulated on the host (tensor-parallel placements only).
+    #[cfg(feature = "gpu-emulation")]
+    pub emulate_gpu: bool,
 }
 
 impl EngineConfig {
@@ -254,6 +258,8 @@ impl EngineConfig {
             threads_per_rank: None,
             step_timeout: Duration::from_secs(120),
             nodes: None,
+            #[cfg(feature = "gpu-emulation")]
+            emulate_gpu: false,
         }
     }
 

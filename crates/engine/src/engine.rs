@@ -71,6 +71,12 @@ impl Engine {
             config.max_position_embeddings
         );
         let input_block = loader::row_parallel_block(source.as_ref(), config.num_layers)?;
+        #[cfg(feature = "gpu-emulation")]
+        if cfg.emulate_gpu && (cfg.device_layers.is_some() || cfg.nodes.is_some()) {
+            return Err(EngineError::Config(
+                "emulated GPU ranks take tensor-parallel placements on one node only".into(),
+            ));
+        }
         let placement = match (&cfg.device_layers, &cfg.nodes) {
             (_, Some(nodes)) if nodes.nnodes > 1 => {
                 crate::cluster::placement::nodes(source.as_ref(), cfg, &config, input_block, nodes)?

@@ -123,7 +123,14 @@ pub(crate) fn tensor_parallel(
             s.vocab
         );
     }
-    let shards = load_shards(source, &plan, &devices, 0..config.num_layers)?;
+    #[allow(unused_mut)]
+    let mut shards = load_shards(source, &plan, &devices, 0..config.num_layers)?;
+    #[cfg(feature = "gpu-emulation")]
+    if cfg.emulate_gpu {
+        for shard in &mut shards {
+            shard.take_gpu_path()?;
+        }
+    }
     settle_uploads(&devices)?;
     let groups = CommGroups::new(cfg, vec![cfg.devices.clone()]);
     let comms = groups.endpoints()?;

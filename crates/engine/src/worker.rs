@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::error::{EngineError, Result};
 use candle_core::Tensor;
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 use crate::model::batch::RowReduce;
 use crate::model::{Batch, LlamaShard, RankCache};
 use crate::stats::{RankStats, TimedComm};
@@ -24,7 +24,10 @@ use crate::tp::{Communicator, Endpoint};
 
 /// One sampled row as the device reduced it (only a GPU rank reduces rows).
 #[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "gpu-emulation")),
+    allow(dead_code)
+)]
 pub(crate) enum Reduced {
     /// Its arg-max.
     Token(u32),
@@ -49,10 +52,11 @@ pub(crate) type StepResult = Result<Option<StepLogits>>;
 /// their sampling candidates (`batch.row_reduce`) are reduced there: copying every row's
 /// logits (64 rows of a 128k vocabulary are 33 MB a step) and scanning them on one host
 /// thread cost more than the forward pass itself.
-fn logits_to_host(logits: &Tensor, batch: &Batch) -> Result<StepLogits> {
+fn logits_to_host(logits: &Tensor, batch: &Batch, gpu_path: bool) -> Result<StepLogits> {
     let rows = logits.dim(0)?;
-    #[cfg(feature = "cuda")]
-    if let candle_core::Device::Cuda(dev) = logits.device() {
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+    if gpu_path {
+        let gpu = crate::model::cuda::buffers::Gpu::of(logits.device())?;
         let modes: Vec<RowReduce> = (0..rows)
             .map(|r| {
                 batch
@@ -63,11 +67,11 @@ fn logits_to_host(logits: &Tensor, batch: &Batch) -> Result<StepLogits> {
             })
             .collect();
         if modes.iter().any(|m| *m != RowReduce::Logits) {
-            return reduce_on_device(dev, logits, &modes);
+            return reduce_on_device(gpu, logits, &modes);
         }
     }
-    #[cfg(not(feature = "cuda"))]
-    let _ = batch;
+    #[cfg(not(any(feature = "cuda", feature = "gpu-emulation")))]
+    let _ = (batch, gpu_path);
     Ok(StepLogits {
         values: logits.flatten_all()?.to_vec1::<f32>()?,
         reduced: vec![None; rows],
@@ -76,9 +80,9 @@ fn logits_to_host(logits: &Tensor, batch: &Batch) -> Result<StepLogits> {
 
 /// The rows reduced on the GPU as `modes` ask, and the whole rows of the others (and of
 /// candidate rows the device could not reduce).
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 fn reduce_on_device(
-    dev: &candle_core::CudaDevice,
+    gpu: crate::model::cuda::buffers::Gpu<'_>,
     logits: &Tensor,
     modes: &[RowReduce],
 ) -> Result<StepLogits> {
@@ -94,7 +98,7 @@ fn reduce_on_device(
         .iter()
         .any(|m| matches!(m, RowReduce::Candidates { .. }));
     let r = crate::model::cuda::kernels::reduce_rows(
-        dev,
+        gpu,
         logits,
         wants_candidates.then_some(&temperatures[..]),
     )?;
@@ -328,6 +332,7 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
         }
     };
     let on_gpu = shard.device().is_cuda();
+    let gpu_path = shard.runs_gpu_path();
     let mut fault = None;
     while let Ok(job) = jobs.recv() {
         let batch = match job {
@@ -386,7 +391,9 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
             out
         }));
         let result = match outcome {
-            Ok(Ok(Some(logits))) if returns_logits => logits_to_host(&logits, &batch).map(Some),
+            Ok(Ok(Some(logits))) if returns_logits => {
+                logits_to_host(&logits, &batch, gpu_path).map(Some)
+            }
             Ok(Ok(_)) => Ok(None),
             Ok(Err(e)) => Err(e),
             Err(panic) => {

@@ -11,7 +11,7 @@
 #[derive(Debug)]
 pub enum RankCache {
     Cpu(KvCache),
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
     Cuda(crate::model::cuda::CudaKvCache),
 }
 
@@ -40,8 +40,8 @@ impl RankCache {
             shard.num_local_kv_heads(),
             shard.head_dim(),
         );
-        #[cfg(feature = "cuda")]
-        if shard.device().is_cuda() {
+        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+        if shard.runs_gpu_path() {
             let cache = crate::model::cuda::CudaKvCache::new(
                 shard.device(),
                 layers,
@@ -66,7 +66,7 @@ impl RankCache {
                 Self::bytes_per_token(false, c.layers.len(), c.num_kv_heads, c.head_dim)
                     * c.block_size
             }
-            #[cfg(feature = "cuda")]
+            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
             RankCache::Cuda(c) => {
                 Self::bytes_per_token(true, c.k.len(), c.num_kv_heads, c.head_dim) * c.block_size
             }

@@ -29,7 +29,7 @@ use crate::model::paged_attention::{attend, query_groups, write_kv, AttentionSha
 use crate::model::rope::RopeTable;
 use crate::tp::{Communicator, RankShard, ShardPlan};
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 #[path = "llama_cuda.rs"]
 mod cuda;
 
@@ -66,18 +66,26 @@ enum Mlp {
 struct HeadNorms {
     q: Vec<f32>,
     k: Vec<f32>,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "cuda", feature = "gpu-emulation")),
+        allow(dead_code)
+    )]
     on_device: Option<(Tensor, Tensor)>,
 }
 
 impl HeadNorms {
+    /// The query and key weights as f32 tensors on `dev`.
+    fn tensors(&self, dev: &Device) -> Result<(Tensor, Tensor)> {
+        Ok((
+            Tensor::from_slice(&self.q, self.q.len(), dev)?,
+            Tensor::from_slice(&self.k, self.k.len(), dev)?,
+        ))
+    }
+
     /// These norms for a rank on `dev`: CUDA ranks also get the weights as tensors.
     fn for_device(&self, dev: &Device) -> Result<Self> {
         let on_device = if dev.is_cuda() {
-            Some((
-                Tensor::from_slice(&self.q, self.q.len(), dev)?,
-                Tensor::from_slice(&self.k, self.k.len(), dev)?,
-            ))
+            Some(self.tensors(dev)?)
         } else {
             None
         };
@@ -103,7 +111,7 @@ pub struct LlamaShard {
     query_groups: Vec<QueryGroup>,
     device: Device,
     /// The RoPE tables and launch facts of a CUDA rank.
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
     gpu: Option<cuda::GpuParts>,
 }
 
@@ -345,7 +353,7 @@ pub fn load_rank_shards(
         let head_rows = head_split.rank_ranges(rank).unwrap_or_default();
         let shard = plan.ranks[rank].clone();
         let kv_of_q = shard.local_kv_of_q(config.group_size());
-        #[cfg(feature = "cuda")]
+        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
         let gpu = if dev.is_cuda() {
             Some(cuda::GpuParts::new(
                 dev,
@@ -367,7 +375,7 @@ pub fn load_rank_shards(
             rope: rope.clone(),
             rope_sliding: rope_sliding.clone(),
             device: dev.clone(),
-            #[cfg(feature = "cuda")]
+            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
             gpu,
         });
     }
@@ -377,6 +385,34 @@ pub fn load_rank_shards(
 impl LlamaShard {
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Whether this shard runs the CUDA ranks' forward pass (its KV cache, our kernels).
+    pub fn runs_gpu_path(&self) -> bool {
+        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+        return self.gpu.is_some();
+        #[cfg(not(any(feature = "cuda", feature = "gpu-emulation")))]
+        false
+    }
+
+    /// Test builds: this host shard takes the CUDA ranks' forward pass, our CUDA kernels
+    /// emulated (its weights stay as loaded for the host; each matmul reads its input in
+    /// their type).
+    #[cfg(feature = "gpu-emulation")]
+    pub(crate) fn take_gpu_path(&mut self) -> Result<()> {
+        let kv_of_q = self.shard.local_kv_of_q(self.config.group_size());
+        self.gpu = Some(cuda::GpuParts::new(
+            &self.device,
+            &self.rope,
+            self.rope_sliding.as_deref(),
+            &kv_of_q,
+        )?);
+        for block in &mut self.blocks {
+            if let Some(norms) = &mut block.qk_norm {
+                norms.on_device = Some(norms.tensors(&self.device)?);
+            }
+        }
+        Ok(())
     }
 
     pub fn num_local_kv_heads(&self) -> usize {
@@ -412,7 +448,7 @@ impl LlamaShard {
     ) -> Result<Tensor> {
         match cache {
             RankCache::Cpu(cache) => self.layers_cpu(x, batch, cache, comm),
-            #[cfg(feature = "cuda")]
+            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
             RankCache::Cuda(cache) => self.layers_cuda(x, batch, cache, comm),
         }
     }
@@ -501,8 +537,8 @@ impl LlamaShard {
                 &self.device,
             )?);
         }
-        #[cfg(feature = "cuda")]
-        if self.device.is_cuda() {
+        if self.runs_gpu_path() {
+            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
             return self.head_cuda(x, batch, comm);
         }
         let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();

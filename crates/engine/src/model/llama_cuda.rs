@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use super::LlamaShard;
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
-use crate::model::cuda::buffers::cuda_device;
+use crate::model::cuda::buffers::Gpu;
 use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention, RopeTables};
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::cuda::{gated_mlp, CudaKvCache, ACTIVATIONS};
@@ -46,7 +46,21 @@ impl GpuParts {
         rope_sliding: Option<&RopeTable>,
         kv_of_q: &[usize],
     ) -> Result<Self> {
-        let dev = cuda_device(device)?;
+        Ok(Self {
+            rope: tables(device, rope)?,
+            rope_sliding: rope_sliding.map(|r| tables(device, r)).transpose()?,
+            kv_of_q: kv_of_q.iter().map(|k| *k as u32).collect(),
+            target_blocks: 2 * multiprocessors(device)?,
+        })
+    }
+}
+
+/// The multiprocessors of a CUDA device; an emulated one claims 4, so that decoding
+/// short contexts is already split into partitions.
+fn multiprocessors(device: &Device) -> Result<usize> {
+    Gpu::of(device)?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
         let sms = dev
             .cuda_stream()
             .context()
@@ -54,13 +68,9 @@ impl GpuParts {
                 candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(|e| EngineError::Parallel(format!("CUDA device attribute: {e}")))?;
-        Ok(Self {
-            rope: tables(device, rope)?,
-            rope_sliding: rope_sliding.map(|r| tables(device, r)).transpose()?,
-            kv_of_q: kv_of_q.iter().map(|k| *k as u32).collect(),
-            target_blocks: 2 * sms.max(1) as usize,
-        })
+        return Ok(sms.max(1) as usize);
     }
+    Ok(4)
 }
 
 /// The per-head RMSNorm of the queries and keys in a fused QKV row (Qwen3, Gemma 3),
@@ -113,7 +123,7 @@ impl LlamaShard {
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
         let gpu = self.gpu()?;
-        let dev = cuda_device(&self.device)?;
+        let gpu_dev = Gpu::of(&self.device)?;
         let eps = self.config.rms_norm_eps as f32;
         let scale = self
             .config
@@ -139,7 +149,7 @@ impl LlamaShard {
         };
         let x = x.to_dtype(DType::F32)?.contiguous()?;
         let (mut x, mut h) =
-            kernels::add_rms_norm(dev, ACTIVATIONS, &x, None, &first.attn_norm, eps)?;
+            kernels::add_rms_norm(gpu_dev, ACTIVATIONS, &x, None, &first.attn_norm, eps)?;
         for (i, block) in self.blocks.iter().enumerate() {
             // Attention half, on h = norm(x).
             let mut qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
@@ -151,7 +161,16 @@ impl LlamaShard {
                 (Some(r), true) => r,
                 _ => &gpu.rope,
             };
-            kernels::rope_write_kv(dev, ACTIVATIONS, &qkv, k_cache, v_cache, &meta, rope, heads)?;
+            kernels::rope_write_kv(
+                gpu_dev,
+                ACTIVATIONS,
+                &qkv,
+                k_cache,
+                v_cache,
+                &meta,
+                rope,
+                heads,
+            )?;
             let layer = LayerAttention {
                 window: block
                     .sliding
@@ -160,7 +179,7 @@ impl LlamaShard {
                 scale,
             };
             let attn = kernels::paged_attention(
-                dev,
+                gpu_dev,
                 ACTIVATIONS,
                 &qkv,
                 k_cache,
@@ -173,7 +192,8 @@ impl LlamaShard {
             if let Some(w) = &block.post_attn_norm {
                 o = candle_nn::ops::rms_norm(&o.contiguous()?, w, eps)?;
             }
-            (x, h) = kernels::add_rms_norm(dev, ACTIVATIONS, &x, Some(&o), &block.ffn_norm, eps)?;
+            (x, h) =
+                kernels::add_rms_norm(gpu_dev, ACTIVATIONS, &x, Some(&o), &block.ffn_norm, eps)?;
             // MLP half.
             let partial = match &block.mlp {
                 super::Mlp::Dense { gate_up, down } => {
@@ -187,8 +207,14 @@ impl LlamaShard {
             }
             match self.blocks.get(i + 1) {
                 Some(next) => {
-                    (x, h) =
-                        kernels::add_rms_norm(dev, ACTIVATIONS, &x, Some(&d), &next.attn_norm, eps)?
+                    (x, h) = kernels::add_rms_norm(
+                        gpu_dev,
+                        ACTIVATIONS,
+                        &x,
+                        Some(&d),
+                        &next.attn_norm,
+                        eps,
+                    )?
                 }
                 None => x = (x + d)?,
             }

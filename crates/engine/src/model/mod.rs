@@ -2,7 +2,7 @@
 
 pub mod batch;
 pub mod cpu_ops;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 pub mod cuda;
 pub mod fast_math;
 pub mod kv_cache;
@@ -24,7 +24,7 @@ use candle_core::{DType, Device};
 /// CPU (our kernels and candle's fast CPU paths), bf16 on CUDA (cuBLAS tensor cores;
 /// results accumulate in f32).
 pub(crate) fn compute_dtype(device: &Device) -> DType {
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
     if device.is_cuda() {
         return cuda::kernels::candle_dtype(cuda::ACTIVATIONS);
     }

@@ -22,7 +22,7 @@ use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::tp::split::{split_units, Segment};
 use crate::tp::{ShardPlan, SplitState};
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 #[path = "moe_cuda.rs"]
 mod cuda;
 

@@ -24,12 +24,12 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use candle_core::cuda::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use candle_core::cuda::cudarc::driver::CudaStream;
 use candle_core::cuda::cudarc::nccl::{result, safe::Id, sys};
 use candle_core::{CudaDevice, DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
-use crate::model::cuda::buffers::{cuda_device, wrap, Held};
+use crate::model::cuda::buffers::{cuda_device, Gpu, Held};
 use crate::tp::comm::{AllReduceDtype, Communicator, Endpoint};
 use crate::tp::gpu_wait::{wait_for_stream, WaitEnd};
 
@@ -221,34 +221,29 @@ impl NcclComm {
         let x = x.contiguous()?;
         let ty = nccl_type(x.dtype())?;
         let count = x.elem_count();
-        macro_rules! go {
-            ($t:ty) => {{
-                let held = Held::new(&x, "NCCL input")?;
-                let send = held.view::<$t>()?;
-                // SAFETY: NCCL writes every element of the output.
-                let mut recv: CudaSlice<$t> =
-                    unsafe { self.dev.alloc::<$t>(out_len) }.map_err(|e| nccl_err(what, e))?;
-                {
-                    let (sp, _s) = send.device_ptr(&self.stream);
-                    let (rp, _r) = recv.device_ptr_mut(&self.stream);
-                    op(
-                        sp as *const c_void,
-                        rp as *mut c_void,
-                        count,
-                        ty,
-                        comm,
-                        self.stream.cu_stream() as _,
-                    )?;
-                }
-                wrap(recv, &self.dev, out_shape)
-            }};
+        if out_shape.iter().product::<usize>() != out_len {
+            return Err(nccl_err(
+                what,
+                format!("{out_len} elements for {out_shape:?}"),
+            ));
         }
-        Ok(match x.dtype() {
-            DType::F32 => go!(f32),
-            DType::BF16 => go!(half::bf16),
-            DType::F16 => go!(half::f16),
-            _ => go!(u32),
-        })
+        // NCCL writes every element of the output.
+        let out = Gpu::of(&Device::Cuda(self.dev.clone()))?.output(x.dtype(), out_shape)?;
+        {
+            let (xh, oh) = (
+                Held::new(&x, "NCCL input")?,
+                Held::new(&out, "NCCL output")?,
+            );
+            op(
+                xh.address()? as *const c_void,
+                oh.address()? as *mut c_void,
+                count,
+                ty,
+                comm,
+                self.stream.cu_stream() as _,
+            )?;
+        }
+        Ok(out)
     }
 
     /// Every rank's `x` (all of one size) one after another along a new leading extent:

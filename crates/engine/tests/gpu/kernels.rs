@@ -5,6 +5,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use tessera_engine::model::batch::Batch;
+use tessera_engine::model::cuda::buffers::Gpu;
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
     add_rms_norm, argmax_rows, candle_dtype, gated_mul, paged_attention, reduce_rows,
@@ -22,6 +23,10 @@ use crate::report::{check, download, gpu, max_abs_diff, rounded, upload, Lcg};
 
 /// Multiprocessors × 2 on an H100; only decides how decode contexts are split.
 const TARGET_BLOCKS: usize = 264;
+
+fn launcher(d: &Device) -> Gpu<'_> {
+    Gpu::of(d).expect("a CUDA device")
+}
 
 fn cuda(d: &Device) -> &candle_core::CudaDevice {
     match d {
@@ -83,7 +88,7 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         head_dim: hd,
     };
     let out = paged_attention(
-        cuda(device),
+        launcher(device),
         c.dtype,
         &qkv_dev,
         &k_dev,
@@ -267,7 +272,7 @@ fn rope_and_kv_write_match_the_reference() {
                 head_dim: hd,
             };
             rope_write_kv(
-                cuda(&device),
+                launcher(&device),
                 dtype,
                 &qkv_dev,
                 &k_dev,
@@ -314,7 +319,7 @@ fn gated_mul_and_f32_gemm_match_the_reference() {
         let gu = rounded(&rng.values(rows * 2 * width), dt);
         for (activation, label) in [(Activation::Silu, "silu"), (Activation::GeluTanh, "gelu")] {
             let out = gated_mul(
-                cuda(&device),
+                launcher(&device),
                 dtype,
                 &upload(&gu, &[rows, 2 * width], dt, &device),
                 width,
@@ -378,7 +383,7 @@ fn add_rms_norm_matches_the_reference() {
         let wd = upload(&w, &[cols], DType::F32, &device);
         for with_delta in [false, true] {
             let delta = with_delta.then_some(&dd);
-            let (sum, h) = add_rms_norm(cuda(&device), KvDtype::Bf16, &xd, delta, &wd, 1e-5)
+            let (sum, h) = add_rms_norm(launcher(&device), KvDtype::Bf16, &xd, delta, &wd, 1e-5)
                 .expect("add_rms_norm");
             let (want_sum, want_h) =
                 reference::add_rms_norm(&x, with_delta.then_some(&d[..]), &w, 1e-5);
@@ -407,7 +412,7 @@ fn argmax_rows_matches_the_host_sampler() {
             logits[r * cols + b] = 7.0;
         }
         let got = argmax_rows(
-            cuda(&device),
+            launcher(&device),
             &upload(&logits, &[rows, cols], DType::F32, &device),
         )
         .expect("argmax");
@@ -438,7 +443,7 @@ fn sampling_candidates_match_the_host_sampler() {
         logits[cols + 9] = f32::NEG_INFINITY;
         let temps = [1.0, 0.7, 0.05, 1.5];
         let got = reduce_rows(
-            cuda(&device),
+            launcher(&device),
             &upload(&logits, &[rows, cols], DType::F32, &device),
             Some(&temps),
         )

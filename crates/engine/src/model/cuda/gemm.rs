@@ -9,11 +9,10 @@
 use std::ffi::c_void;
 
 use candle_core::cuda::cudarc::cublas::{result::gemm_ex, sys as cublas_sys};
-use candle_core::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use candle_core::{CudaDevice, DType, Tensor};
+use candle_core::{CudaDevice, DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
-use crate::model::cuda::buffers::{wrap, Held};
+use crate::model::cuda::buffers::{Gpu, Held};
 
 /// `x · wᵀ` for `x` `[m, k]` and `w` `[n, k]` (both bf16 or both f16, contiguous):
 /// `[m, n]` in f32.
@@ -40,55 +39,44 @@ pub fn matmul_f32_out(dev: &CudaDevice, x: &Tensor, w: &Tensor) -> Result<Tensor
         i32::try_from(v).map_err(|_| EngineError::Step(format!("gemm dimension {v} too large")))
     };
     let (mi, ni, ki) = (dims(m)?, dims(n)?, dims(k)?);
-    // SAFETY: with beta = 0 cuBLAS writes every element of the output without reading it.
-    let mut out: CudaSlice<f32> =
-        unsafe { dev.alloc::<f32>(m * n) }.map_err(|e| EngineError::Step(format!("gemm: {e}")))?;
+    // With beta = 0 cuBLAS writes every element of the output without reading it.
+    let out = Gpu::of(&Device::Cuda(dev.clone()))?.output(DType::F32, (m, n))?;
     if m == 0 || n == 0 {
-        return Ok(wrap(out, dev, (m, n)));
+        return Ok(out);
     }
-    let stream = dev.cuda_stream();
     let blas = dev.cublas_handle();
     let (xh, wh) = (Held::new(x, "gemm x")?, Held::new(w, "gemm w")?);
     let (alpha, beta) = (1f32, 0f32);
-    macro_rules! run {
-        ($t:ty) => {{
-            let (xv, wv) = (xh.view::<$t>()?, wh.view::<$t>()?);
-            let (xp, _xs) = xv.device_ptr(&stream);
-            let (wp, _ws) = wv.device_ptr(&stream);
-            let (op, _os) = out.device_ptr_mut(&stream);
-            // Row-major `out[m, n] = x[m, k] · w[n, k]ᵀ` is column-major
-            // `outᵀ[n, m] = w · xᵀ`: A = w read transposed (lda k), B = x (ldb k).
-            // SAFETY: the pointers cover m·k, n·k and m·n elements of the stated types,
-            // and the handle launches on this device's stream, where they are valid.
-            unsafe {
-                gemm_ex(
-                    *blas.handle(),
-                    cublas_sys::cublasOperation_t::CUBLAS_OP_T,
-                    cublas_sys::cublasOperation_t::CUBLAS_OP_N,
-                    ni,
-                    mi,
-                    ki,
-                    (&alpha as *const f32).cast::<c_void>(),
-                    wp as *const c_void,
-                    data_type,
-                    ki,
-                    xp as *const c_void,
-                    data_type,
-                    ki,
-                    (&beta as *const f32).cast::<c_void>(),
-                    op as *mut c_void,
-                    cublas_sys::cudaDataType::CUDA_R_32F,
-                    ni,
-                    cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| EngineError::Step(format!("cuBLAS GemmEx: {e:?}")))?;
-        }};
+    let oh = Held::new(&out, "gemm out")?;
+    let (xp, wp, op) = (xh.address()?, wh.address()?, oh.address()?);
+    // Row-major `out[m, n] = x[m, k] · w[n, k]ᵀ` is column-major `outᵀ[n, m] = w · xᵀ`:
+    // A = w read transposed (lda k), B = x (ldb k).
+    // SAFETY: the pointers cover m·k, n·k and m·n elements of the stated types, and the
+    // handle launches on this device's stream, where they are valid.
+    unsafe {
+        gemm_ex(
+            *blas.handle(),
+            cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+            cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+            ni,
+            mi,
+            ki,
+            (&alpha as *const f32).cast::<c_void>(),
+            wp as *const c_void,
+            data_type,
+            ki,
+            xp as *const c_void,
+            data_type,
+            ki,
+            (&beta as *const f32).cast::<c_void>(),
+            op as *mut c_void,
+            cublas_sys::cudaDataType::CUDA_R_32F,
+            ni,
+            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
     }
-    match x.dtype() {
-        DType::BF16 => run!(half::bf16),
-        _ => run!(half::f16),
-    }
-    Ok(wrap(out, dev, (m, n)))
+    .map_err(|e| EngineError::Step(format!("cuBLAS GemmEx: {e:?}")))?;
+    drop((xh, wh, oh));
+    Ok(out)
 }

@@ -1,8 +1,10 @@
 //! The pieces of a CUDA rank's forward pass that candle does not provide: device buffers
 //! for our kernels, their launches, the paged KV cache on the GPU, the step's metadata on
-//! the device, and f32-output matmuls.
+//! the device, and f32-output matmuls. In test builds (`gpu-emulation`) host ranks run
+//! the same path with the kernels emulated.
 
-pub(crate) mod buffers;
+pub mod buffers;
+#[cfg(feature = "cuda")]
 pub mod gemm;
 pub mod kernels;
 pub mod kv_cache;
@@ -14,7 +16,7 @@ use candle_core::Tensor;
 
 use crate::config::Activation;
 use crate::error::Result;
-use crate::model::cuda::buffers::cuda_device;
+use crate::model::cuda::buffers::Gpu;
 use crate::model::linear::{ColumnParallel, Linear};
 
 /// The element type of a CUDA rank's matmul inputs and KV cache. The kernels take f16
@@ -31,12 +33,12 @@ pub(crate) fn gated_mlp(
     h: &Tensor,
     activation: Activation,
 ) -> Result<Tensor> {
-    let dev = cuda_device(h.device())?;
+    let gpu = Gpu::of(h.device())?;
     let fused = gate_up
         .forward_fused(h)?
         .to_dtype(kernels::candle_dtype(ACTIVATIONS))?
         .contiguous()?;
     let width = gate_up.widths().first().copied().unwrap_or(0);
-    let a = kernels::gated_mul(dev, ACTIVATIONS, &fused, width, activation)?;
+    let a = kernels::gated_mul(gpu, ACTIVATIONS, &fused, width, activation)?;
     down.forward_f32(&a)
 }

@@ -3,9 +3,8 @@
 
 use std::ops::Range;
 
-use candle_core::cuda::cudarc::driver::CudaView;
 use candle_core::{Device, Tensor};
-use tessera_kernels::gpu::launch::AttentionPlan;
+use tessera_kernels::gpu::launch::{AttentionPlan, KernelArg};
 
 use crate::error::Result;
 use crate::model::cuda::buffers::Held;
@@ -41,41 +40,8 @@ impl StepMeta {
         Held::new(&self.packed, "step metadata")
     }
 
-    fn part<'a>(&self, held: &'a Held<'_>, part: Part) -> Result<CudaView<'a, u32>> {
-        held.view_range::<u32>(self.ranges[part as usize].clone())
-    }
-
-    pub(crate) fn positions<'a>(&self, h: &'a Held<'_>) -> Result<CudaView<'a, u32>> {
-        self.part(h, Part::Positions)
-    }
-    pub(crate) fn slots<'a>(&self, h: &'a Held<'_>) -> Result<CudaView<'a, u32>> {
-        self.part(h, Part::Slots)
-    }
-    pub(crate) fn seq_of_token<'a>(&self, h: &'a Held<'_>) -> Result<CudaView<'a, u32>> {
-        self.part(h, Part::SeqOfToken)
-    }
-    pub(crate) fn block_tables<'a>(&self, h: &'a Held<'_>) -> Result<CudaView<'a, u32>> {
-        self.part(h, Part::BlockTables)
-    }
-    pub(crate) fn kv_of_q<'a>(&self, h: &'a Held<'_>) -> Result<CudaView<'a, u32>> {
-        self.part(h, Part::KvOfQ)
-    }
-    pub(crate) fn decode_tiles<'a>(
-        &self,
-        h: &'a Held<'_>,
-    ) -> Result<(CudaView<'a, u32>, CudaView<'a, u32>)> {
-        Ok((
-            self.part(h, Part::DecodeStart)?,
-            self.part(h, Part::DecodeLen)?,
-        ))
-    }
-    pub(crate) fn prefill_tiles<'a>(
-        &self,
-        h: &'a Held<'_>,
-    ) -> Result<(CudaView<'a, u32>, CudaView<'a, u32>)> {
-        Ok((
-            self.part(h, Part::PrefillStart)?,
-            self.part(h, Part::PrefillLen)?,
-        ))
+    /// The address of one part of the packed metadata.
+    pub(crate) fn part(&self, held: &Held<'_>, part: Part) -> Result<KernelArg> {
+        held.arg_range(self.ranges[part as usize].clone())
     }
 }
