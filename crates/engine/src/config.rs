@@ -237,7 +237,8 @@ pub struct EngineConfig {
     /// With N nodes, `devices` are this node's ranks, a 1/N of the group.
     pub nodes: Option<crate::cluster::NodeTopology>,
     /// Test builds: CPU ranks take the CUDA ranks' forward pass, with our CUDA kernels
-    /// emulated on the host (tensor-parallel placements only).
+    /// emulated on the host (one node; in a layer map, the stages that are not the
+    /// host's).
     #[cfg(feature = "gpu-emulation")]
     pub emulate_gpu: bool,
 }

@@ -72,9 +72,9 @@ impl Engine {
         );
         let input_block = loader::row_parallel_block(source.as_ref(), config.num_layers)?;
         #[cfg(feature = "gpu-emulation")]
-        if cfg.emulate_gpu && (cfg.device_layers.is_some() || cfg.nodes.is_some()) {
+        if cfg.emulate_gpu && cfg.nodes.is_some() {
             return Err(EngineError::Config(
-                "emulated GPU ranks take tensor-parallel placements on one node only".into(),
+                "emulated GPU ranks run on one node only".into(),
             ));
         }
         let placement = match (&cfg.device_layers, &cfg.nodes) {

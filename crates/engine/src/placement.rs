@@ -192,6 +192,14 @@ pub(crate) fn pipeline(
         )?
         .pop()
         .ok_or_else(|| EngineError::Parallel("no shard was loaded".into()))?;
+        #[cfg(feature = "gpu-emulation")]
+        let shard = {
+            let mut shard = shard;
+            if cfg.emulate_gpu && !stage.host {
+                shard.take_gpu_path()?;
+            }
+            shard
+        };
         settle_uploads(std::slice::from_ref(&device))?;
         let last = i + 1 == stages.len();
         let (next, next_prev) = if last {

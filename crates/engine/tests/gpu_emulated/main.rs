@@ -253,6 +253,26 @@ fn gpu_path_tensor_parallel_equals_tp1() {
 }
 
 #[test]
+fn a_layer_map_runs_gpu_path_stages_before_host_layers() {
+    // Three of the six layers take the GPU path on cpu:0, the rest are the host's.
+    let path = model("tiny-gemma3");
+    let mut cfg = EngineConfig::new(&path);
+    cfg.emulate_gpu = true;
+    cfg.device_layers = Some("0:3".parse().expect("layer map"));
+    cfg.kv_cache_bytes = 32 << 20;
+    let mut mixed = Engine::load(&cfg).expect("layers 0-2 on the GPU path, 3-5 on the host");
+    let mut cpu = engine(&path, 1, false);
+    for prompt in prompts(cpu.model_config().vocab_size) {
+        let want = last_logits(&mut cpu, &prompt);
+        let got = last_logits(&mut mixed, &prompt);
+        let err = rel_l2(&got, &want);
+        assert!(err < LOGITS_BOUND, "prompt of {}: {err:.2e}", prompt.len());
+        // Not the CPU engine's own numbers: the first stage really ran in bf16.
+        assert!(err > 1e-4, "prompt of {}: {err:.2e}", prompt.len());
+    }
+}
+
+#[test]
 fn sampling_from_device_candidates_equals_sampling_whole_rows() {
     // Untied and with spread logits: draws differ from step to step.
     let path = model("tiny-qwen2");
