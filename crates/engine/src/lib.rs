@@ -17,6 +17,8 @@ mod prompt_logprobs;
 pub mod sampler;
 pub mod stats;
 pub mod structured;
+#[cfg(feature = "gpu-emulation")]
+pub mod test_models;
 pub mod tp;
 mod worker;
 

@@ -15,13 +15,11 @@
 mod batched;
 #[path = "../common/mod.rs"]
 mod common;
-mod random_model;
 
 use std::path::{Path, PathBuf};
 
 use common::{last_logits, rel_l2};
-use random_model::Dims;
-use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
+use tessera_engine::{generate, test_models, Engine, EngineConfig, GenerateOptions};
 use tessera_kernels::gpu::reference::Lcg;
 use tessera_protocol::SamplingParams;
 
@@ -35,60 +33,14 @@ fn engine(path: &Path, ranks: usize, emulate_gpu: bool) -> Engine {
     Engine::load(&cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The models: (fixture, dims).
+/// A random-weight model of the fixture's architecture in GPU head dimensions
+/// (`tessera_engine::test_models`), written once under the target directory.
 fn model(fixture: &str) -> PathBuf {
-    let dims = match fixture {
-        // GQA 6/2 (4 ranks replicate KV heads and split query heads unevenly).
-        "tiny-llama" => Dims {
-            hidden: 192,
-            heads: 6,
-            kv_heads: 2,
-            head_dim: 64,
-            intermediate: 256,
-        },
-        // QKV bias, head dim 128.
-        "tiny-qwen2" => Dims {
-            hidden: 128,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 128,
-            intermediate: 256,
-        },
-        // Query/key norms, head dim 128 (not hidden / heads).
-        "tiny-qwen3" => Dims {
-            hidden: 160,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 128,
-            intermediate: 192,
-        },
-        // Every layer attends to its last 8 positions.
-        "tiny-mistral" => Dims {
-            hidden: 128,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 64,
-            intermediate: 192,
-        },
-        // Sliding layers with their own RoPE base, sandwich norms, GELU, one KV head.
-        "tiny-gemma3" => Dims {
-            hidden: 128,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 256,
-            intermediate: 192,
-        },
-        // Mixtures of experts.
-        "tiny-qwen3-moe" | "tiny-mixtral" => Dims {
-            hidden: 128,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 64,
-            intermediate: 160,
-        },
-        other => panic!("no dimensions for {other}"),
-    };
-    random_model::write(fixture, &dims, 20261124)
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("gpu-emulated-{fixture}"));
+    let dims = test_models::gpu_shaped(fixture).expect("dimensions");
+    test_models::write(&common::fixtures().join(fixture), &out, &dims, 20261124)
+        .unwrap_or_else(|e| panic!("{fixture}: {e}"));
+    out
 }
 
 const MODELS: [&str; 7] = [
