@@ -2,15 +2,20 @@
 //! `crates/engine/tests/gpu_emulated`), as `tessera serve` drives CUDA ranks: sixteen
 //! requests at once — chunked prefills beside decodes, a shared prefix served from the
 //! cache, preemption when blocks run out — each get the tokens they get alone, and every
-//! KV block comes back.
+//! KV block comes back; and greedy, sampled, log-probability and prompt-scoring requests
+//! share steps (rows reduced on the device beside rows taken whole) without changing what
+//! any of them streams.
 
 mod common;
 
 use std::path::PathBuf;
 
-use common::engine_loop::{idle_metrics, run_concurrently};
+use common::engine_loop::{greedy_request, idle_metrics, run_concurrently};
 use tessera_engine::{test_models, Engine, EngineConfig};
 use tessera_kernels::gpu::reference::Lcg;
+use tessera_protocol::{
+    FinishReason, GenerationRequest, SamplingParams, TokenEvent, TokenLogprobs,
+};
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle};
 
 const MAX_TOKENS: usize = 10;
@@ -87,4 +92,148 @@ fn sixteen_concurrent_requests_on_the_gpu_path_equal_each_alone() {
     assert!(m.preemptions_total >= 4, "expected preemptions: {m:?}");
     assert_eq!(squeezed, alone, "preemption changed the tokens");
     assert_eq!(m.kv_blocks_in_use, 0, "blocks leaked: {m:?}");
+}
+
+/// What one request streamed: its tokens, each token's log-probabilities, and the
+/// prompt's.
+type Streamed = (
+    Vec<u32>,
+    Vec<Option<TokenLogprobs>>,
+    Option<Vec<TokenLogprobs>>,
+);
+
+fn run_requests(handle: &SchedulerHandle, requests: &[GenerationRequest]) -> Vec<Streamed> {
+    let receivers: Vec<_> = requests
+        .iter()
+        .map(|r| handle.submit(r.clone()).expect("admitted").1)
+        .collect();
+    std::thread::scope(|s| {
+        let joins: Vec<_> = receivers
+            .into_iter()
+            .map(|mut rx| {
+                s.spawn(move || {
+                    let mut out: Streamed = (Vec::new(), Vec::new(), None);
+                    while let Some(ev) = rx.blocking_recv() {
+                        match ev {
+                            TokenEvent::Token {
+                                token,
+                                logprobs,
+                                prompt_logprobs,
+                            } => {
+                                out.0.push(token);
+                                out.1.push(logprobs);
+                                if prompt_logprobs.is_some() {
+                                    out.2 = prompt_logprobs;
+                                }
+                            }
+                            TokenEvent::Finished { reason, .. } => {
+                                assert_eq!(reason, FinishReason::Length);
+                                break;
+                            }
+                            TokenEvent::Error(e) | TokenEvent::Failed(e) => {
+                                panic!("engine error: {e}")
+                            }
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| j.join().expect("receiver thread"))
+            .collect()
+    })
+}
+
+/// The largest difference between two lists of log-probabilities, which must name the
+/// same tokens.
+fn logprob_gap(a: &[Option<TokenLogprobs>], b: &[Option<TokenLogprobs>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| match (x, y) {
+            (Some(x), Some(y)) => {
+                let ids = |t: &TokenLogprobs| t.top.iter().map(|p| p.0).collect::<Vec<_>>();
+                assert_eq!(ids(x), ids(y), "the alternatives differ");
+                x.top
+                    .iter()
+                    .zip(&y.top)
+                    .map(|(p, q)| (p.1 - q.1).abs())
+                    .fold((x.logprob - y.logprob).abs(), f32::max)
+            }
+            (None, None) => 0.0,
+            _ => panic!("log-probabilities on one side only"),
+        })
+        .fold(0.0, f32::max)
+}
+
+/// Greedy rows (reduced to their arg-max on the device), sampled rows (reduced to their
+/// candidates), rows with log-probabilities and prompts being scored (taken whole) in the
+/// same steps: each request streams what it streams alone.
+#[test]
+fn mixed_sampling_in_one_batch_on_the_gpu_path_equals_each_alone() {
+    // This tied model's logits are peaked: high temperatures make the draws differ from
+    // the greedy text.
+    let sampled = |temperature: f32, seed: usize| SamplingParams {
+        temperature,
+        top_p: 0.95,
+        seed: Some(seed as u64),
+        ..SamplingParams::greedy()
+    };
+    let requests: Vec<GenerationRequest> = prompts()
+        .into_iter()
+        .skip(2)
+        .take(10)
+        .enumerate()
+        .map(|(i, prompt)| {
+            let mut r = greedy_request(&prompt, MAX_TOKENS);
+            r.sampling = match i % 5 {
+                0 => SamplingParams::greedy(),
+                1 => sampled(3.0, i),
+                2 => sampled(4.0, i),
+                3 => SamplingParams {
+                    logprobs: Some(2),
+                    ..sampled(4.0, i)
+                },
+                _ => SamplingParams {
+                    prompt_logprobs: Some(2),
+                    logprobs: Some(1),
+                    ..SamplingParams::greedy()
+                },
+            };
+            r
+        })
+        .collect();
+    let handle = spawn(512 * BLOCK_BYTES, 2048);
+    let alone: Vec<Streamed> = requests
+        .iter()
+        .map(|r| run_requests(&handle, std::slice::from_ref(r)).remove(0))
+        .collect();
+    let together = run_requests(&handle, &requests);
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(t.0, a.0, "request {i}: tokens changed in the batch");
+        // Batch sizes change matmul summation orders, and so a bf16 rounding here and
+        // there: scores move by a little, tokens not at all.
+        let gap = logprob_gap(&t.1, &a.1);
+        assert!(gap < 2e-2, "request {i}: log-probabilities moved by {gap}");
+        match (&a.2, &t.2) {
+            (Some(pa), Some(pt)) => {
+                assert_eq!(pa.len(), requests[i].prompt_ids.len() - 1, "request {i}");
+                let wrap = |v: &Vec<TokenLogprobs>| v.iter().cloned().map(Some).collect::<Vec<_>>();
+                let gap = logprob_gap(&wrap(pt), &wrap(pa));
+                assert!(gap < 2e-2, "request {i}: prompt scores moved by {gap}");
+            }
+            (None, None) => assert!(requests[i].sampling.prompt_logprobs.is_none()),
+            _ => panic!("request {i}: prompt scores on one side only"),
+        }
+    }
+    // Sampled requests really sampled: not every one is its greedy text.
+    let sampled_differ = [1, 2, 3, 6, 7, 8].iter().any(|i| {
+        let mut r = requests[*i].clone();
+        r.sampling = SamplingParams::greedy();
+        run_requests(&handle, &[r]).remove(0).0 != alone[*i].0
+    });
+    assert!(sampled_differ, "sampling gave the greedy text every time");
+    assert_eq!(idle_metrics(&handle).kv_blocks_in_use, 0);
 }
