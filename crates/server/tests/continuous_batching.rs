@@ -5,9 +5,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::engine_loop::{idle_metrics, run_concurrently};
-use tessera_engine::{load_tokenizer, Engine, EngineConfig};
-use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle};
+use common::engine_loop::{idle_metrics, run_concurrently, spawn_loop};
+use tessera_engine::{load_tokenizer, EngineConfig};
+use tessera_scheduler::SchedulerHandle;
 
 fn model() -> PathBuf {
     std::env::var("TESSERA_TEST_MODEL")
@@ -56,13 +56,7 @@ fn prompts() -> Vec<Vec<u32>> {
 fn spawn(kv_cache_bytes: usize, max_batch_tokens: usize) -> SchedulerHandle {
     let mut cfg = EngineConfig::new(model());
     cfg.kv_cache_bytes = kv_cache_bytes;
-    let engine = Engine::load(&cfg).expect("engine");
-    let sched = SchedulerConfig {
-        max_batch_tokens,
-        max_num_seqs: 16,
-        ..SchedulerConfig::default()
-    };
-    EngineLoop::spawn(sched, engine).expect("engine loop")
+    spawn_loop(&cfg, max_batch_tokens)
 }
 
 #[test]

@@ -10,13 +10,13 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::engine_loop::{greedy_request, idle_metrics, run_concurrently};
-use tessera_engine::{test_models, Engine, EngineConfig};
-use tessera_kernels::gpu::reference::Lcg;
-use tessera_protocol::{
-    FinishReason, GenerationRequest, SamplingParams, TokenEvent, TokenLogprobs,
+use common::engine_loop::{
+    greedy_request, idle_metrics, run_concurrently, spawn_loop, stream_all, Streamed,
 };
-use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle};
+use tessera_engine::{test_models, EngineConfig};
+use tessera_kernels::gpu::reference::Lcg;
+use tessera_protocol::{GenerationRequest, SamplingParams, TokenLogprobs};
+use tessera_scheduler::SchedulerHandle;
 
 const MAX_TOKENS: usize = 10;
 /// Bytes of one KV block on the GPU path: K and V, 2 layers, 2 KV heads of 64, bf16, 16
@@ -57,13 +57,7 @@ fn spawn(kv_cache_bytes: usize, max_batch_tokens: usize) -> SchedulerHandle {
     let mut cfg = EngineConfig::new(model());
     cfg.kv_cache_bytes = kv_cache_bytes;
     cfg.emulate_gpu = true;
-    let engine = Engine::load(&cfg).expect("engine");
-    let sched = SchedulerConfig {
-        max_batch_tokens,
-        max_num_seqs: 16,
-        ..SchedulerConfig::default()
-    };
-    EngineLoop::spawn(sched, engine).expect("engine loop")
+    spawn_loop(&cfg, max_batch_tokens)
 }
 
 #[test]
@@ -92,58 +86,6 @@ fn sixteen_concurrent_requests_on_the_gpu_path_equal_each_alone() {
     assert!(m.preemptions_total >= 4, "expected preemptions: {m:?}");
     assert_eq!(squeezed, alone, "preemption changed the tokens");
     assert_eq!(m.kv_blocks_in_use, 0, "blocks leaked: {m:?}");
-}
-
-/// What one request streamed: its tokens, each token's log-probabilities, and the
-/// prompt's.
-type Streamed = (
-    Vec<u32>,
-    Vec<Option<TokenLogprobs>>,
-    Option<Vec<TokenLogprobs>>,
-);
-
-fn run_requests(handle: &SchedulerHandle, requests: &[GenerationRequest]) -> Vec<Streamed> {
-    let receivers: Vec<_> = requests
-        .iter()
-        .map(|r| handle.submit(r.clone()).expect("admitted").1)
-        .collect();
-    std::thread::scope(|s| {
-        let joins: Vec<_> = receivers
-            .into_iter()
-            .map(|mut rx| {
-                s.spawn(move || {
-                    let mut out: Streamed = (Vec::new(), Vec::new(), None);
-                    while let Some(ev) = rx.blocking_recv() {
-                        match ev {
-                            TokenEvent::Token {
-                                token,
-                                logprobs,
-                                prompt_logprobs,
-                            } => {
-                                out.0.push(token);
-                                out.1.push(logprobs);
-                                if prompt_logprobs.is_some() {
-                                    out.2 = prompt_logprobs;
-                                }
-                            }
-                            TokenEvent::Finished { reason, .. } => {
-                                assert_eq!(reason, FinishReason::Length);
-                                break;
-                            }
-                            TokenEvent::Error(e) | TokenEvent::Failed(e) => {
-                                panic!("engine error: {e}")
-                            }
-                        }
-                    }
-                    out
-                })
-            })
-            .collect();
-        joins
-            .into_iter()
-            .map(|j| j.join().expect("receiver thread"))
-            .collect()
-    })
 }
 
 /// The largest difference between two lists of log-probabilities, which must name the
@@ -208,9 +150,9 @@ fn mixed_sampling_in_one_batch_on_the_gpu_path_equals_each_alone() {
     let handle = spawn(512 * BLOCK_BYTES, 2048);
     let alone: Vec<Streamed> = requests
         .iter()
-        .map(|r| run_requests(&handle, std::slice::from_ref(r)).remove(0))
+        .map(|r| stream_all(&handle, std::slice::from_ref(r)).remove(0))
         .collect();
-    let together = run_requests(&handle, &requests);
+    let together = stream_all(&handle, &requests);
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(t.0, a.0, "request {i}: tokens changed in the batch");
         // Batch sizes change matmul summation orders, and so a bf16 rounding here and
@@ -232,7 +174,7 @@ fn mixed_sampling_in_one_batch_on_the_gpu_path_equals_each_alone() {
     let sampled_differ = [1, 2, 3, 6, 7, 8].iter().any(|i| {
         let mut r = requests[*i].clone();
         r.sampling = SamplingParams::greedy();
-        run_requests(&handle, &[r]).remove(0).0 != alone[*i].0
+        stream_all(&handle, &[r]).remove(0).0 != alone[*i].0
     });
     assert!(sampled_differ, "sampling gave the greedy text every time");
     assert_eq!(idle_metrics(&handle).kv_blocks_in_use, 0);

@@ -228,3 +228,19 @@ pub fn top4_error(engine: &mut Engine, case: &Value) -> f64 {
         .map(|(t, w)| (lp[*t as usize] - *w as f64).abs())
         .fold(0f64, f64::max)
 }
+
+/// Greedy tokens of a reference run with the top-2 logit gap before each: how many tokens
+/// of `other` are compared (those before the reference's first gap under `margin`, where
+/// rounding may legitimately pick the other token), and whether they all agree.
+pub fn agree_until_tie(
+    reference: &(Vec<u32>, Vec<f32>),
+    other: &[u32],
+    margin: f32,
+) -> (usize, bool) {
+    let stop = reference
+        .1
+        .iter()
+        .position(|g| *g < margin)
+        .unwrap_or(reference.0.len());
+    (stop, reference.0[..stop] == other[..stop])
+}

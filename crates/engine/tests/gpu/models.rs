@@ -19,7 +19,7 @@ use tessera_engine::model::batch::{Batch, ChunkLimits};
 use tessera_engine::{generate, DeviceSpec, Engine, EngineConfig, GenerateOptions};
 use tessera_protocol::{Executor, KvCacheShape, SamplingParams, ScheduledChunk, SeqId, StepPlan};
 
-use crate::common::{floats, ids, read_json, rel_l2};
+use crate::common::{agree_until_tie, floats, ids, read_json, rel_l2};
 use crate::gguf_writer::write_gguf;
 use crate::report::{check, Lcg};
 
@@ -133,17 +133,6 @@ fn greedy(engine: &mut Engine, prompt: &[u32], n: usize, chunk: usize) -> (Vec<u
     (tokens, gaps)
 }
 
-/// Tokens compared before the reference's first near tie, and whether they agree.
-fn compare_greedy(reference: &(Vec<u32>, Vec<f32>), other: &[u32], margin: f32) -> (usize, bool) {
-    let stop = reference
-        .1
-        .iter()
-        .position(|g| *g < margin)
-        .unwrap_or(reference.0.len());
-    // The token at a near tie itself may differ; everything before it must not.
-    (stop, reference.0[..stop] == other[..stop])
-}
-
 #[test]
 fn cuda_logits_match_cpu_and_transformers() {
     for (label, path, ref_dir) in models() {
@@ -211,7 +200,7 @@ fn greedy_text_on_cuda_equals_the_cpu_engine() {
                 "identical".into(),
                 served == got.0,
             );
-            let (compared, same) = compare_greedy(&want, &got.0, margin);
+            let (compared, same) = agree_until_tie(&want, &got.0, margin);
             compared_tokens += compared;
             check(
                 &format!(
@@ -251,7 +240,7 @@ fn tensor_parallel_on_one_gpu_equals_tp1() {
             let (tokens, _) = greedy(&mut e, &prompt, 24, 5);
             let diff = rel_l2(&logits, &base_logits);
             if dense {
-                let (compared, same) = compare_greedy(&base, &tokens, 0.02);
+                let (compared, same) = agree_until_tie(&base, &tokens, 0.02);
                 check(
                     &format!("{label}: TP={tp} on one GPU against TP=1"),
                     format!("logits rel L2 {diff:.2e}; greedy {compared} tokens compared, identical: {same}"),

@@ -18,7 +18,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{last_logits, rel_l2};
+use common::{agree_until_tie, last_logits, rel_l2};
 use tessera_engine::{generate, test_models, Engine, EngineConfig, GenerateOptions};
 use tessera_kernels::gpu::reference::Lcg;
 use tessera_protocol::SamplingParams;
@@ -86,16 +86,6 @@ fn greedy_with_gaps(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>,
         seq.push(order[0] as u32);
     }
     (tokens, gaps)
-}
-
-/// How many tokens agree before the reference's first near tie, and whether all do.
-fn agree_until_tie(reference: &(Vec<u32>, Vec<f32>), other: &[u32], margin: f32) -> (usize, bool) {
-    let stop = reference
-        .1
-        .iter()
-        .position(|g| *g < margin)
-        .unwrap_or(reference.0.len());
-    (stop, reference.0[..stop] == other[..stop])
 }
 
 #[test]

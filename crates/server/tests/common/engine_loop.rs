@@ -4,10 +4,11 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+use tessera_engine::{Engine, EngineConfig};
 use tessera_protocol::{
-    FinishReason, GenerationRequest, SamplingParams, StopCondition, TokenEvent,
+    FinishReason, GenerationRequest, SamplingParams, StopCondition, TokenEvent, TokenLogprobs,
 };
-use tessera_scheduler::{SchedulerHandle, SchedulerMetrics};
+use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle, SchedulerMetrics};
 
 /// A greedy request for `max_tokens` tokens that never stops early.
 pub fn greedy_request(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
@@ -22,38 +23,59 @@ pub fn greedy_request(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
     }
 }
 
-/// Runs every prompt at once for `max_tokens` greedy tokens; returns each one's tokens.
-/// Each must end by its length, with every token it reported.
-pub fn run_concurrently(
-    handle: &SchedulerHandle,
-    prompts: &[Vec<u32>],
-    max_tokens: usize,
-) -> Vec<Vec<u32>> {
-    let receivers: Vec<_> = prompts
+/// Loads `cfg` and runs the scheduler's engine loop over it, at most 16 sequences and
+/// `max_batch_tokens` tokens a step.
+pub fn spawn_loop(cfg: &EngineConfig, max_batch_tokens: usize) -> SchedulerHandle {
+    let engine = Engine::load(cfg).expect("engine");
+    let sched = SchedulerConfig {
+        max_batch_tokens,
+        max_num_seqs: 16,
+        ..SchedulerConfig::default()
+    };
+    EngineLoop::spawn(sched, engine).expect("engine loop")
+}
+
+/// What one request streamed: its tokens, each token's log-probabilities, and the
+/// prompt's.
+pub type Streamed = (
+    Vec<u32>,
+    Vec<Option<TokenLogprobs>>,
+    Option<Vec<TokenLogprobs>>,
+);
+
+/// Runs every request at once; returns what each streamed. Each must end by its length,
+/// with every token it reported.
+pub fn stream_all(handle: &SchedulerHandle, requests: &[GenerationRequest]) -> Vec<Streamed> {
+    let receivers: Vec<_> = requests
         .iter()
-        .map(|p| {
-            handle
-                .submit(greedy_request(p, max_tokens))
-                .expect("admitted")
-                .1
-        })
+        .map(|r| handle.submit(r.clone()).expect("admitted").1)
         .collect();
     thread::scope(|s| {
         let joins: Vec<_> = receivers
             .into_iter()
             .map(|mut rx| {
                 s.spawn(move || {
-                    let mut tokens = Vec::new();
+                    let mut out: Streamed = (Vec::new(), Vec::new(), None);
                     while let Some(ev) = rx.blocking_recv() {
                         match ev {
-                            TokenEvent::Token { token, .. } => tokens.push(token),
+                            TokenEvent::Token {
+                                token,
+                                logprobs,
+                                prompt_logprobs,
+                            } => {
+                                out.0.push(token);
+                                out.1.push(logprobs);
+                                if prompt_logprobs.is_some() {
+                                    out.2 = prompt_logprobs;
+                                }
+                            }
                             TokenEvent::Finished {
                                 reason,
                                 completion_tokens,
                                 ..
                             } => {
                                 assert_eq!(reason, FinishReason::Length);
-                                assert_eq!(completion_tokens, tokens.len());
+                                assert_eq!(completion_tokens, out.0.len());
                                 break;
                             }
                             TokenEvent::Error(e) | TokenEvent::Failed(e) => {
@@ -61,7 +83,7 @@ pub fn run_concurrently(
                             }
                         }
                     }
-                    tokens
+                    out
                 })
             })
             .collect();
@@ -70,6 +92,22 @@ pub fn run_concurrently(
             .map(|j| j.join().expect("receiver thread"))
             .collect()
     })
+}
+
+/// Runs every prompt at once for `max_tokens` greedy tokens; returns each one's tokens.
+pub fn run_concurrently(
+    handle: &SchedulerHandle,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<Vec<u32>> {
+    let requests: Vec<_> = prompts
+        .iter()
+        .map(|p| greedy_request(p, max_tokens))
+        .collect();
+    stream_all(handle, &requests)
+        .into_iter()
+        .map(|s| s.0)
+        .collect()
 }
 
 /// Metrics are published after each step's events are sent: wait (bounded) for the
