@@ -95,6 +95,18 @@ def test_completions_echo_logprobs_score_the_prompt(client, model):
     assert z.choices[0].text == context + continuation
     assert z.usage.completion_tokens == 0
     assert z.choices[0].logprobs.token_logprobs == lp.token_logprobs[:prompt_tokens]
+    # Streamed: the scored prompt first, then the generated token.
+    chunks = list(client.completions.create(
+        model=model, prompt=context + continuation, max_tokens=1, temperature=0, echo=True, logprobs=1,
+        stream=True,
+    ))
+    assert chunks[0].choices[0].text == context + continuation
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert sum((s.tokens for s in streamed), []) == lp.tokens
+    scores = sum((s.token_logprobs for s in streamed), [])
+    assert scores[0] is None
+    assert all(abs(a - b) < 1e-3 for a, b in zip(scores[1:], lp.token_logprobs[1:]))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
 
 
 def test_completions_list_of_prompts(client, model):

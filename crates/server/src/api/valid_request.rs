@@ -187,12 +187,6 @@ impl ValidRequest {
                 "`max_tokens: 0` (the echoed prompt alone) is supported without `stream` only",
             ));
         }
-        if echo && logprobs.is_some() && spec.stream {
-            return Err(ServerError::invalid(
-                "echo",
-                "`echo` with `logprobs` (the prompt's log-probabilities) is supported without `stream` only",
-            ));
-        }
         let inputs = req.prompts()?;
         let max_choices = ctx.limits.max_choices;
         if inputs.len().saturating_mul(spec.n) > max_choices {

@@ -1,6 +1,7 @@
 //! `POST /v1/completions`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -44,7 +45,11 @@ pub async fn completions(
         })
         .collect();
     if valid.stream() {
-        let format = CompletionFormat::new(id, created, model, with_logprobs, echo_texts);
+        let mut format = CompletionFormat::new(id, created, model, with_logprobs, echo_texts);
+        if with_logprobs && valid.echo() {
+            let prompts = valid.prompts().iter().map(|p| p.ids.clone()).collect();
+            format = format.scoring_echoes(prompts, app.validation.tokenizer.clone());
+        }
         return Ok(sse_response(
             runs,
             format,
@@ -128,9 +133,21 @@ pub struct CompletionFormat {
     created: u64,
     model: String,
     with_logprobs: bool,
+    /// The prompts when echoed, by prompt index.
     echo_texts: Vec<String>,
     /// Character offset reached by each choice's text (for `text_offset`).
     offsets: HashMap<usize, usize>,
+    /// When echoed prompts are sent with their log-probabilities.
+    scoring: Option<EchoScoring>,
+    /// Choices whose echoed prompt waits for its scores: index to prompt index.
+    held_echoes: HashMap<usize, usize>,
+}
+
+/// What an echoed prompt's scores are turned into text with.
+struct EchoScoring {
+    /// The prompts' tokens, by prompt index.
+    prompts: Vec<Vec<u32>>,
+    tokenizer: Arc<Tokenizer>,
 }
 
 impl CompletionFormat {
@@ -149,7 +166,16 @@ impl CompletionFormat {
             with_logprobs,
             echo_texts,
             offsets: HashMap::new(),
+            scoring: None,
+            held_echoes: HashMap::new(),
         }
+    }
+
+    /// Sends each echoed prompt with its log-probabilities (`prompts`: the prompts'
+    /// tokens by prompt index), once they come with the choice's first token.
+    pub fn scoring_echoes(mut self, prompts: Vec<Vec<u32>>, tokenizer: Arc<Tokenizer>) -> Self {
+        self.scoring = Some(EchoScoring { prompts, tokenizer });
+        self
     }
 
     fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
@@ -161,6 +187,46 @@ impl CompletionFormat {
             choices,
             usage,
         })
+    }
+
+    fn echo_chunk(
+        &self,
+        index: usize,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+    ) -> String {
+        self.chunk(
+            vec![CompletionChoice {
+                index,
+                text,
+                logprobs,
+                finish_reason: None,
+            }],
+            None,
+        )
+    }
+
+    /// The echoed prompt of choice `index` with the scores it has: all of them once
+    /// they came, none if the choice produced text without them.
+    fn release_echo(
+        &mut self,
+        index: usize,
+        scored: &[TokenLogprobs],
+    ) -> Result<Vec<String>, ServerError> {
+        let Some(prompt_index) = self.held_echoes.remove(&index) else {
+            return Ok(Vec::new());
+        };
+        let text = self
+            .echo_texts
+            .get(prompt_index)
+            .cloned()
+            .unwrap_or_default();
+        let mut lp = CompletionLogprobs::default();
+        if let Some(s) = &self.scoring {
+            let ids = s.prompts.get(prompt_index).map_or(&[][..], Vec::as_slice);
+            echoed_prompt_logprobs(&mut lp, &s.tokenizer, ids, scored)?;
+        }
+        Ok(vec![self.echo_chunk(index, text, Some(lp))])
     }
 }
 
@@ -174,29 +240,35 @@ impl ChunkFormat for CompletionFormat {
                 .cloned()
                 .unwrap_or_default();
             self.offsets.insert(index, echo.chars().count());
-            if !echo.is_empty() {
-                out.push(self.chunk(
-                    vec![CompletionChoice {
-                        index,
-                        text: echo,
-                        logprobs: None,
-                        finish_reason: None,
-                    }],
-                    None,
-                ));
+            if self.scoring.is_some() {
+                // Sent with its log-probabilities, which come with the first token.
+                self.held_echoes.insert(index, prompt_index);
+            } else if !echo.is_empty() {
+                out.push(self.echo_chunk(index, echo, None));
             }
         }
         out
     }
 
+    fn prompt_scored(
+        &mut self,
+        index: usize,
+        logprobs: &[TokenLogprobs],
+    ) -> Result<Vec<String>, ServerError> {
+        self.release_echo(index, logprobs)
+    }
+
     fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String> {
+        // The engine scores an echoed prompt before its first token; should the scores
+        // ever be missing, the prompt still comes first.
+        let mut out = self.release_echo(index, &[]).unwrap_or_default();
         let lp = self.with_logprobs.then(|| {
             let mut lp = CompletionLogprobs::default();
             let offset = self.offsets.get(&index).copied().unwrap_or(0);
             self.offsets.insert(index, lp.extend(logprobs, offset));
             lp
         });
-        vec![self.chunk(
+        out.push(self.chunk(
             vec![CompletionChoice {
                 index,
                 text,
@@ -204,11 +276,13 @@ impl ChunkFormat for CompletionFormat {
                 finish_reason: None,
             }],
             None,
-        )]
+        ));
+        out
     }
 
     fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String> {
-        vec![self.chunk(
+        let mut out = self.release_echo(index, &[]).unwrap_or_default();
+        out.push(self.chunk(
             vec![CompletionChoice {
                 index,
                 text: String::new(),
@@ -216,7 +290,8 @@ impl ChunkFormat for CompletionFormat {
                 finish_reason: Some(reason),
             }],
             None,
-        )]
+        ));
+        out
     }
 
     fn usage(&mut self, usage: Usage) -> String {

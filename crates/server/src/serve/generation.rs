@@ -26,6 +26,12 @@ use crate::serve::state::{random_id, unix_now, AppState};
 /// What a choice produced since the last event.
 #[derive(Debug)]
 pub enum ChoiceEvent {
+    /// The prompt's tokens after the first, scored (a request that echoes them): before
+    /// the choice's first text.
+    PromptScored {
+        index: usize,
+        logprobs: Vec<TokenLogprobs>,
+    },
     Delta {
         index: usize,
         text: String,
@@ -51,8 +57,6 @@ pub struct ChoiceRun {
     matcher: StopMatcher,
     completion_tokens: usize,
     pending_logprobs: Vec<TokenLogprob>,
-    /// The prompt's log-probabilities, when the request echoes them.
-    prompt_logprobs: Option<Vec<TokenLogprobs>>,
     queued: VecDeque<ChoiceEvent>,
     timing: SeqTiming,
 }
@@ -151,7 +155,6 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
             matcher: StopMatcher::new(req.stop_strings().iter().cloned()),
             completion_tokens: 0,
             pending_logprobs: Vec::new(),
-            prompt_logprobs: None,
             queued: VecDeque::new(),
             timing,
         });
@@ -183,8 +186,11 @@ impl ChoiceRun {
                 logprobs,
                 prompt_logprobs,
             }) => {
-                if prompt_logprobs.is_some() {
-                    self.prompt_logprobs = prompt_logprobs;
+                if let Some(logprobs) = prompt_logprobs {
+                    self.queued.push_back(ChoiceEvent::PromptScored {
+                        index: self.index,
+                        logprobs,
+                    });
                 }
                 self.timing.token();
                 self.completion_tokens += 1;
@@ -304,8 +310,10 @@ pub async fn collect_all(runs: Vec<ChoiceRun>) -> Result<Vec<ChoiceOutput>, Serv
 async fn collect_one(mut run: ChoiceRun) -> Result<ChoiceOutput, ServerError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
+    let mut prompt_logprobs = None;
     while let Some(event) = run.next_event().await {
         match event {
+            ChoiceEvent::PromptScored { logprobs: l, .. } => prompt_logprobs = Some(l),
             ChoiceEvent::Delta {
                 text: t,
                 logprobs: l,
@@ -324,7 +332,7 @@ async fn collect_one(mut run: ChoiceRun) -> Result<ChoiceOutput, ServerError> {
                     prompt_index: run.prompt_index,
                     text,
                     logprobs,
-                    prompt_logprobs: run.prompt_logprobs.take(),
+                    prompt_logprobs,
                     finish_reason: reason,
                     completion_tokens,
                 })

@@ -24,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, BoxStream, SelectAll};
 use futures_util::StreamExt;
 use serde::Serialize;
+use tessera_protocol::TokenLogprobs;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::SendTimeoutError;
 use tracing::Instrument;
@@ -43,6 +44,15 @@ pub trait ChunkFormat: Send + 'static {
     }
     /// Chunks before any generated text, given `(index, prompt_index)` of every choice.
     fn opening(&mut self, choices: &[(usize, usize)]) -> Vec<String>;
+    /// Chunks for the scored prompt of choice `index` (a request that echoes the prompt
+    /// with its log-probabilities), before any of its text.
+    fn prompt_scored(
+        &mut self,
+        _index: usize,
+        _logprobs: &[TokenLogprobs],
+    ) -> Result<Vec<String>, ServerError> {
+        Ok(Vec::new())
+    }
     /// Chunks for new text of choice `index` (none while a format holds text back).
     fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String>;
     /// Chunks that end choice `index`: whatever was held back, then the finish reason.
@@ -71,6 +81,18 @@ struct StreamState<F> {
     done: bool,
 }
 
+impl<F> StreamState<F> {
+    /// Ends the stream with `e`'s error envelope; dropping the other choices cancels
+    /// them.
+    fn fail(&mut self, e: ServerError, terminator: Option<&'static str>) {
+        e.log();
+        self.merged = SelectAll::new();
+        self.queued.push_back(frame(to_json(&e.body())));
+        self.queued.extend(terminator.map(frame));
+        self.done = true;
+    }
+}
+
 /// The SSE response for `runs`. `prompt_tokens` counts each prompt once.
 pub fn sse_response<F: ChunkFormat>(
     runs: Vec<ChoiceRun>,
@@ -97,50 +119,47 @@ pub fn sse_response<F: ChunkFormat>(
         include_usage,
         done: false,
     };
-    let events = stream::unfold(state, move |mut s| {
-        async move {
-            loop {
-                if let Some(event) = s.queued.pop_front() {
-                    return Some((event, s));
+    let events = stream::unfold(state, move |mut s| async move {
+        loop {
+            if let Some(event) = s.queued.pop_front() {
+                return Some((event, s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.merged.next().await {
+                Some(ChoiceEvent::PromptScored { index, logprobs }) => {
+                    match s.format.prompt_scored(index, &logprobs) {
+                        Ok(chunks) => s.queued.extend(chunks.into_iter().map(frame)),
+                        Err(e) => s.fail(e, terminator),
+                    }
                 }
-                if s.done {
-                    return None;
+                Some(ChoiceEvent::Delta {
+                    index,
+                    text,
+                    logprobs,
+                }) => {
+                    let chunks = s.format.delta(index, text, &logprobs);
+                    s.queued.extend(chunks.into_iter().map(frame));
                 }
-                match s.merged.next().await {
-                    Some(ChoiceEvent::Delta {
-                        index,
-                        text,
-                        logprobs,
-                    }) => {
-                        let chunks = s.format.delta(index, text, &logprobs);
-                        s.queued.extend(chunks.into_iter().map(frame));
+                Some(ChoiceEvent::Finished {
+                    index,
+                    reason,
+                    completion_tokens,
+                }) => {
+                    s.completion_tokens += completion_tokens;
+                    let chunks = s.format.finish(index, reason);
+                    s.queued.extend(chunks.into_iter().map(frame));
+                }
+                Some(ChoiceEvent::Failed(e)) => s.fail(e, terminator),
+                None => {
+                    if s.include_usage {
+                        let usage = Usage::new(s.prompt_tokens, s.completion_tokens);
+                        let data = s.format.usage(usage);
+                        s.queued.push_back(frame(data));
                     }
-                    Some(ChoiceEvent::Finished {
-                        index,
-                        reason,
-                        completion_tokens,
-                    }) => {
-                        s.completion_tokens += completion_tokens;
-                        let chunks = s.format.finish(index, reason);
-                        s.queued.extend(chunks.into_iter().map(frame));
-                    }
-                    Some(ChoiceEvent::Failed(e)) => {
-                        e.log();
-                        // Dropping the other choices cancels them.
-                        s.merged = SelectAll::new();
-                        s.queued.push_back(frame(to_json(&e.body())));
-                        s.queued.extend(terminator.map(frame));
-                        s.done = true;
-                    }
-                    None => {
-                        if s.include_usage {
-                            let usage = Usage::new(s.prompt_tokens, s.completion_tokens);
-                            let data = s.format.usage(usage);
-                            s.queued.push_back(frame(data));
-                        }
-                        s.queued.extend(terminator.map(frame));
-                        s.done = true;
-                    }
+                    s.queued.extend(terminator.map(frame));
+                    s.done = true;
                 }
             }
         }

@@ -357,6 +357,11 @@ async fn client_disconnect_without_stream_frees_the_sequence() {
     wait_for_idle(&s.state).await;
 }
 
+/// The text of the first `n` of `tokens` (a `logprobs.tokens` array).
+fn prompt_text_of(tokens: &[Value], n: usize) -> String {
+    tokens[..n].iter().map(|t| t.as_str().unwrap()).collect()
+}
+
 #[tokio::test]
 async fn completions_echo_with_logprobs_scores_the_prompt() {
     let _gate = SCHEDULER_GATE.read().await;
@@ -431,12 +436,68 @@ async fn completions_echo_with_logprobs_scores_the_prompt() {
     .await;
     assert!(text(&echoed, 0).ends_with(&text(&plain, 0)));
 
-    // Streaming cannot carry them: refused, naming `echo`.
+    // Streamed: the first chunk is the prompt with its scores (they come with the first
+    // token), then the generated tokens; together the same as the whole response.
     let mut stream = body.clone();
     stream["stream"] = json!(true);
-    let (status, err) = post(&url, &stream).await;
-    assert_eq!(status, 400, "{err}");
-    assert_eq!(err["error"]["param"], "echo");
+    let (status, events) = post_sse(&url, &stream).await;
+    assert_eq!(status, 200, "{events:?}");
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let first = &chunks[0]["choices"][0];
+    assert_eq!(first["text"].as_str().unwrap(), prompt_text_of(tokens, n));
+    assert_eq!(first["logprobs"]["tokens"], json!(tokens[..n]));
+    let mut streamed = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for c in &chunks {
+        let lp = &c["choices"][0]["logprobs"];
+        if lp.is_null() {
+            continue;
+        }
+        streamed.0.extend(lp["tokens"].as_array().unwrap().clone());
+        streamed
+            .1
+            .extend(lp["token_logprobs"].as_array().unwrap().clone());
+        streamed
+            .2
+            .extend(lp["top_logprobs"].as_array().unwrap().clone());
+        streamed
+            .3
+            .extend(lp["text_offset"].as_array().unwrap().clone());
+    }
+    assert_eq!(json!(streamed.0), l["tokens"]);
+    assert_eq!(json!(streamed.3), l["text_offset"]);
+    assert!(streamed.1[0].is_null() && streamed.2[0].is_null());
+    for i in 1..n + 2 {
+        let (a, b) = (
+            streamed.1[i].as_f64().unwrap(),
+            l["token_logprobs"][i].as_f64().unwrap(),
+        );
+        assert!(
+            (a - b).abs() < 1e-3,
+            "position {i}: {a} streamed, {b} whole"
+        );
+        assert_eq!(
+            streamed.2[i]
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            l["top_logprobs"][i]
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            "position {i}"
+        );
+    }
+    let streamed_text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed_text, text(&echoed, 0));
 
     // `max_tokens: 0`: the prompt alone, scored the same; nothing generated.
     let mut zero = body.clone();
@@ -453,8 +514,7 @@ async fn completions_echo_with_logprobs_scores_the_prompt() {
         z["top_logprobs"],
         json!(l["top_logprobs"].as_array().unwrap()[..n])
     );
-    let prompt_text: String = tokens[..n].iter().map(|t| t.as_str().unwrap()).collect();
-    assert_eq!(text(&scored, 0), prompt_text);
+    assert_eq!(text(&scored, 0), prompt_text_of(tokens, n));
     assert_eq!(scored["choices"][0]["finish_reason"], "length");
     assert_eq!(scored["usage"]["completion_tokens"], 0);
     assert_eq!(scored["usage"]["prompt_tokens"], n);

@@ -153,7 +153,6 @@ async fn completion_parameters_are_refused_by_name() {
         (json!({"prompt": []}), "prompt"),
         (json!({"prompt": ""}), "prompt"),
         (json!({"prompt": {"a": 1}}), "prompt"),
-        (json!({"echo": true, "logprobs": 1, "stream": true}), "echo"),
         (json!({"logprobs": 21}), "logprobs"),
         (json!({"best_of": 2}), "best_of"),
         // A character whose UTF-8 bytes include one SmolLM2's vocabulary has no token for.
