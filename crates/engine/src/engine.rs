@@ -93,7 +93,7 @@ impl Engine {
             .iter()
             .map(|m| {
                 RankCache::bytes_per_token(
-                    matches!(m.device, DeviceSpec::Cuda(_)),
+                    m.shard.runs_gpu_path(),
                     m.layers.len(),
                     placement
                         .kv_heads_max

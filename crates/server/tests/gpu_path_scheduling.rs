@@ -78,9 +78,9 @@ fn sixteen_concurrent_requests_on_the_gpu_path_equal_each_alone() {
     assert_eq!(m.kv_blocks_in_use, 0, "blocks leaked: {m:?}");
     drop(roomy);
 
-    // 16 blocks (256 tokens) cannot hold the sixteen sequences (about 700 tokens): the
+    // 8 blocks (128 tokens) cannot hold the sixteen sequences (about 700 tokens): the
     // newest are preempted and recomputed, in prefill chunks of at most 48 tokens.
-    let tight = spawn(16 * BLOCK_BYTES, 48);
+    let tight = spawn(8 * BLOCK_BYTES, 48);
     let squeezed = run_concurrently(&tight, &prompts, MAX_TOKENS);
     let m = idle_metrics(&tight);
     assert!(m.preemptions_total >= 4, "expected preemptions: {m:?}");
