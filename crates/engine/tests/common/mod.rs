@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use tessera_engine::model::{Batch, ChunkLimits};
 use tessera_engine::{generate, Engine, GenerateOptions};
-use tessera_protocol::{KvCacheShape, SamplingParams, ScheduledChunk, SeqId, StepPlan};
+use tessera_protocol::{Executor, KvCacheShape, SamplingParams, ScheduledChunk, SeqId, StepPlan};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -243,4 +243,79 @@ pub fn agree_until_tie(
         .position(|g| *g < margin)
         .unwrap_or(reference.0.len());
     (stop, reference.0[..stop] == other[..stop])
+}
+
+/// Bounds of the GPU model checks (`tests/gpu/models.rs`), which the pre-flight on
+/// emulated GPU ranks (`tests/gpu_preflight.rs`) holds too. CUDA ranks compute matmul
+/// inputs in bf16 where the CPU engine computes in f32: logits differ by bf16 rounding.
+pub const GPU_LOGITS_BOUND: f32 = 2e-2;
+/// Gemma 3 (embeddings scaled by √hidden, norms around attention and the MLP) loses more
+/// to bf16: the pre-flight measured 1.8e-2 on the checks' Gemma 3-shaped model, against
+/// at most 5e-3 on the others.
+pub const GPU_GEMMA_LOGITS_BOUND: f32 = 3e-2;
+/// Tensor parallelism changes f32 summation orders and so some bf16 roundings: the
+/// pre-flight saw TP = 3 move the Qwen2-shaped model's logits across a top-2 gap of
+/// 0.029, and none across a larger one. Greedy text is compared up to the first gap
+/// under this margin.
+pub const GPU_TP_MARGIN: f32 = 0.05;
+
+/// The logits bound of the dense model labelled `label` (its folder name first).
+pub fn gpu_logits_bound(label: &str) -> f32 {
+    if label.starts_with("gemma3") {
+        GPU_GEMMA_LOGITS_BOUND
+    } else {
+        GPU_LOGITS_BOUND
+    }
+}
+
+/// Greedy decoding step by step as the scheduler plans it (chunked prefill of `chunk` tokens, then one
+/// token per step), with the top-2 gap of each.
+pub fn greedy_steps(
+    engine: &mut Engine,
+    prompt: &[u32],
+    n: usize,
+    chunk: usize,
+) -> (Vec<u32>, Vec<f32>) {
+    let bs = engine.kv_cache_shape().block_size_tokens;
+    let num_blocks = engine.kv_cache_shape().num_blocks;
+    let max_pos = engine.model_config().max_position_embeddings;
+    let table: Vec<u32> = (0..(prompt.len() + n).div_ceil(bs) as u32).collect();
+    let (mut tokens, mut gaps) = (Vec::new(), Vec::new());
+    let mut pos = 0;
+    let mut pending: Vec<u32> = Vec::new();
+    while tokens.len() < n {
+        let step: Vec<u32> = if pos < prompt.len() {
+            prompt[pos..(pos + chunk).min(prompt.len())].to_vec()
+        } else {
+            std::mem::take(&mut pending)
+        };
+        let sample = pos + step.len() >= prompt.len();
+        let plan = StepPlan {
+            new_sequences: vec![],
+            scheduled: vec![ScheduledChunk {
+                id: SeqId(1),
+                tokens: step.clone(),
+                start_pos: pos,
+                block_table: table.clone(),
+                sample,
+            }],
+            finished: vec![],
+        };
+        let limits = ChunkLimits {
+            kv: KvCacheShape::new(num_blocks, bs),
+            max_positions: max_pos,
+            vocab_rows: engine.model_config().vocab_size,
+        };
+        let batch = Batch::from_plan(&plan, &limits).expect("batch");
+        let logits = engine.forward(batch).expect("forward");
+        pos += step.len();
+        if sample {
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
+            tokens.push(order[0] as u32);
+            gaps.push(logits[order[0]] - logits[order[1]]);
+            pending = vec![order[0] as u32];
+        }
+    }
+    (tokens, gaps)
 }

@@ -1,0 +1,134 @@
+//! The GPU model checks (`tests/gpu/models.rs`) on emulated GPU ranks, before a GPU is
+//! at hand: the same random-weight models (`scripts/gpu/make_models.py`, in the folder
+//! `TESSERA_GPU_MODELS`), the same comparisons and bounds (`common`), with the CUDA
+//! ranks' forward pass run on the host and our kernels emulated (see `gpu_emulated`).
+//! What a GPU adds (cuBLAS, candle's CUDA operations) moves bf16 roundings a little;
+//! a check passing here with no room to spare may fail there.
+//!
+//! The models need torch and transformers, so these tests are ignored by `cargo test`;
+//! `scripts/gpu-preflight` makes the models and runs them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
+use tessera_kernels::gpu::reference::Lcg;
+use tessera_protocol::SamplingParams;
+
+/// The dense models of the GPU checks (their GGUF variants need the checks' writer).
+const MODELS: [&str; 6] = ["llama", "qwen2", "mistral", "qwen3", "qwen3-moe", "gemma3"];
+const MIN_COMPARED: usize = 8;
+
+fn model(name: &str) -> PathBuf {
+    let dir = std::env::var("TESSERA_GPU_MODELS")
+        .expect("TESSERA_GPU_MODELS: the folder scripts/gpu/make_models.py wrote");
+    PathBuf::from(dir).join(name)
+}
+
+fn engine(path: &Path, ranks: usize, emulate_gpu: bool) -> Engine {
+    let mut cfg = EngineConfig::new(path).with_cpu_ranks(ranks);
+    cfg.emulate_gpu = emulate_gpu;
+    cfg.kv_cache_bytes = 128 << 20;
+    Engine::load(&cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The reference prompts and one long random prompt, as the GPU checks take them.
+fn prompts(dir: &Path, vocab: usize) -> Vec<Vec<u32>> {
+    let reference = read_json(dir.join("reference.json"));
+    let mut out: Vec<Vec<u32>> = reference["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| ids(&c["input_ids"]))
+        .collect();
+    let mut rng = Lcg(99);
+    out.push((0..700).map(|_| rng.below(vocab) as u32).collect());
+    out
+}
+
+#[test]
+#[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
+fn gpu_path_logits_match_cpu_and_transformers() {
+    for name in MODELS {
+        let dir = model(name);
+        let (mut cpu, mut gpu) = (engine(&dir, 1, false), engine(&dir, 1, true));
+        let reference = read_json(dir.join("reference.json"));
+        let cases = reference["cases"].as_array().expect("cases").clone();
+        let (mut worst_cpu, mut worst_hf) = (0f32, 0f32);
+        for (i, prompt) in prompts(&dir, cpu.model_config().vocab_size)
+            .iter()
+            .enumerate()
+        {
+            let got = last_logits(&mut gpu, prompt);
+            worst_cpu = worst_cpu.max(rel_l2(&got, &last_logits(&mut cpu, prompt)));
+            if let Some(case) = cases.get(i) {
+                worst_hf = worst_hf.max(rel_l2(&got, &floats(&case["last_logits"])));
+            }
+        }
+        let bound = gpu_logits_bound(name);
+        println!("{name}: rel L2 {worst_cpu:.2e} to the CPU engine, {worst_hf:.2e} to transformers (< {bound:.0e})");
+        assert!(worst_cpu < bound && worst_hf < bound, "{name}");
+    }
+}
+
+#[test]
+#[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
+fn gpu_path_greedy_text_equals_the_cpu_engine() {
+    let margin = 0.1;
+    for name in MODELS {
+        let dir = model(name);
+        let (mut cpu, mut gpu) = (engine(&dir, 1, false), engine(&dir, 1, true));
+        let mut compared = 0;
+        for prompt in prompts(&dir, cpu.model_config().vocab_size) {
+            let want = greedy_steps(&mut cpu, &prompt, 24, 7);
+            let got = greedy_steps(&mut gpu, &prompt, 24, 7);
+            let opts = GenerateOptions {
+                max_tokens: 24,
+                sampling: SamplingParams::greedy(),
+                stop_token_ids: vec![],
+                prefill_chunk: 7,
+            };
+            let served = generate(&mut gpu, &prompt, &opts, |_| {}).expect("generate");
+            assert_eq!(
+                served, got.0,
+                "{name}: the device arg-max differs from the copied logits'"
+            );
+            let (n, same) = agree_until_tie(&want, &got.0, margin);
+            assert!(
+                same,
+                "{name}, prompt of {}: {:?} against {:?}",
+                prompt.len(),
+                got.0,
+                want.0
+            );
+            compared += n;
+        }
+        println!("{name}: {compared} greedy tokens compared");
+        assert!(compared >= 2 * MIN_COMPARED, "{name}: {compared} compared");
+    }
+}
+
+#[test]
+#[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
+fn gpu_path_tensor_parallel_equals_tp1() {
+    for name in MODELS {
+        let dir = model(name);
+        let mut tp1 = engine(&dir, 1, true);
+        let prompt = prompts(&dir, tp1.model_config().vocab_size).swap_remove(1);
+        let base_logits = last_logits(&mut tp1, &prompt);
+        let base = greedy_steps(&mut tp1, &prompt, 24, 5);
+        drop(tp1);
+        for tp in 2..=4 {
+            let mut e = engine(&dir, tp, true);
+            let diff = rel_l2(&last_logits(&mut e, &prompt), &base_logits);
+            let (tokens, _) = greedy_steps(&mut e, &prompt, 24, 5);
+            let (n, same) = agree_until_tie(&base, &tokens, GPU_TP_MARGIN);
+            println!(
+                "{name} TP={tp}: logits rel L2 {diff:.2e}, greedy {n} compared, identical: {same}"
+            );
+            assert!(diff < 1e-2 && same && n >= MIN_COMPARED, "{name} TP={tp}");
+        }
+    }
+}
