@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
-use tessera_kernels::gpu::reference::Lcg;
 use tessera_protocol::SamplingParams;
 
 /// The dense models of the GPU checks (their GGUF variants need the checks' writer).
@@ -34,20 +33,6 @@ fn engine(path: &Path, ranks: usize, emulate_gpu: bool) -> Engine {
     Engine::load(&cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The reference prompts and one long random prompt, as the GPU checks take them.
-fn prompts(dir: &Path, vocab: usize) -> Vec<Vec<u32>> {
-    let reference = read_json(dir.join("reference.json"));
-    let mut out: Vec<Vec<u32>> = reference["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .map(|c| ids(&c["input_ids"]))
-        .collect();
-    let mut rng = Lcg(99);
-    out.push((0..700).map(|_| rng.below(vocab) as u32).collect());
-    out
-}
-
 #[test]
 #[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
 fn gpu_path_logits_match_cpu_and_transformers() {
@@ -57,7 +42,7 @@ fn gpu_path_logits_match_cpu_and_transformers() {
         let reference = read_json(dir.join("reference.json"));
         let cases = reference["cases"].as_array().expect("cases").clone();
         let (mut worst_cpu, mut worst_hf) = (0f32, 0f32);
-        for (i, prompt) in prompts(&dir, cpu.model_config().vocab_size)
+        for (i, prompt) in gpu_check_prompts(&dir, cpu.model_config().vocab_size)
             .iter()
             .enumerate()
         {
@@ -81,7 +66,7 @@ fn gpu_path_greedy_text_equals_the_cpu_engine() {
         let dir = model(name);
         let (mut cpu, mut gpu) = (engine(&dir, 1, false), engine(&dir, 1, true));
         let mut compared = 0;
-        for prompt in prompts(&dir, cpu.model_config().vocab_size) {
+        for prompt in gpu_check_prompts(&dir, cpu.model_config().vocab_size) {
             let want = greedy_steps(&mut cpu, &prompt, 24, 7);
             let got = greedy_steps(&mut gpu, &prompt, 24, 7);
             let opts = GenerateOptions {
@@ -116,7 +101,7 @@ fn gpu_path_tensor_parallel_equals_tp1() {
     for name in MODELS {
         let dir = model(name);
         let mut tp1 = engine(&dir, 1, true);
-        let prompt = prompts(&dir, tp1.model_config().vocab_size).swap_remove(1);
+        let prompt = gpu_check_prompts(&dir, tp1.model_config().vocab_size).swap_remove(1);
         let base_logits = last_logits(&mut tp1, &prompt);
         let base = greedy_steps(&mut tp1, &prompt, 24, 5);
         drop(tp1);

@@ -319,3 +319,19 @@ pub fn greedy_steps(
     }
     (tokens, gaps)
 }
+
+/// The prompts of the GPU model checks: the model's reference prompts
+/// (`reference.json` in `dir`), and one long random prompt whose decoding splits
+/// attention into partitions.
+pub fn gpu_check_prompts(dir: &std::path::Path, vocab: usize) -> Vec<Vec<u32>> {
+    let reference = read_json(dir.join("reference.json"));
+    let mut out: Vec<Vec<u32>> = reference["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| ids(&c["input_ids"]))
+        .collect();
+    let mut rng = tessera_kernels::gpu::reference::Lcg(99);
+    out.push((0..700).map(|_| rng.below(vocab) as u32).collect());
+    out
+}

@@ -19,11 +19,11 @@ use tessera_engine::{generate, DeviceSpec, Engine, EngineConfig, GenerateOptions
 use tessera_protocol::{Executor, SamplingParams};
 
 use crate::common::{
-    agree_until_tie, floats, gpu_logits_bound, greedy_steps, ids, read_json, rel_l2,
+    agree_until_tie, floats, gpu_check_prompts, gpu_logits_bound, greedy_steps, read_json, rel_l2,
     GPU_LOGITS_BOUND, GPU_TP_MARGIN,
 };
 use crate::gguf_writer::write_gguf;
-use crate::report::{check, Lcg};
+use crate::report::check;
 
 const GGUF_LOGITS_BOUND: f32 = 5e-2;
 const MIN_COMPARED: usize = 8;
@@ -72,21 +72,6 @@ fn engine(path: &Path, spec: &str) -> Engine {
     Engine::load(&cfg).unwrap_or_else(|e| panic!("{} on {spec}: {e}", path.display()))
 }
 
-/// The reference prompts of a model, and one long random prompt whose decoding splits
-/// attention into partitions.
-fn prompts(reference_dir: &Path, vocab: usize) -> Vec<Vec<u32>> {
-    let reference = read_json(reference_dir.join("reference.json"));
-    let mut out: Vec<Vec<u32>> = reference["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .map(|c| ids(&c["input_ids"]))
-        .collect();
-    let mut rng = Lcg(99);
-    out.push((0..700).map(|_| rng.below(vocab) as u32).collect());
-    out
-}
-
 #[test]
 fn cuda_logits_match_cpu_and_transformers() {
     for (label, path, ref_dir) in models() {
@@ -96,7 +81,7 @@ fn cuda_logits_match_cpu_and_transformers() {
         let reference = read_json(ref_dir.join("reference.json"));
         let cases = reference["cases"].as_array().expect("cases").clone();
         let (mut worst_cpu, mut worst_hf) = (0f32, 0f32);
-        for (i, prompt) in prompts(ref_dir, vocab).iter().enumerate() {
+        for (i, prompt) in gpu_check_prompts(ref_dir, vocab).iter().enumerate() {
             let on_cpu = crate::common::last_logits(&mut cpu, prompt);
             let on_gpu = crate::common::last_logits(&mut gpu, prompt);
             worst_cpu = worst_cpu.max(rel_l2(&on_gpu, &on_cpu));
@@ -137,7 +122,7 @@ fn greedy_text_on_cuda_equals_the_cpu_engine() {
         let mut gpu = engine(path, "cuda:0");
         let vocab = cpu.model_config().vocab_size;
         let mut compared_tokens = 0;
-        for prompt in prompts(ref_dir, vocab) {
+        for prompt in gpu_check_prompts(ref_dir, vocab) {
             let want = greedy_steps(&mut cpu, &prompt, 24, 7);
             let got = greedy_steps(&mut gpu, &prompt, 24, 7);
             // The serving path: the GPU reduces greedy rows to their arg-max itself.
@@ -181,7 +166,7 @@ fn tensor_parallel_on_one_gpu_equals_tp1() {
         let dense = label.contains("bf16");
         let mut tp1 = engine(path, "cuda:0");
         let vocab = tp1.model_config().vocab_size;
-        let prompt = prompts(ref_dir, vocab).swap_remove(1);
+        let prompt = gpu_check_prompts(ref_dir, vocab).swap_remove(1);
         let base_logits = crate::common::last_logits(&mut tp1, &prompt);
         let base = greedy_steps(&mut tp1, &prompt, 24, 5);
         drop(tp1);
@@ -284,7 +269,7 @@ fn a_layer_map_puts_layers_on_the_gpu_and_the_rest_on_the_host() {
     let mut cpu = engine(path, "cpu:0");
     let vocab = cpu.model_config().vocab_size;
     let mut worst = 0f32;
-    for prompt in prompts(ref_dir, vocab) {
+    for prompt in gpu_check_prompts(ref_dir, vocab) {
         let want = crate::common::last_logits(&mut cpu, &prompt);
         let got = crate::common::last_logits(&mut mixed, &prompt);
         worst = worst.max(rel_l2(&got, &want));
