@@ -72,7 +72,7 @@ impl Engine {
         );
         let input_block = loader::row_parallel_block(source.as_ref(), config.num_layers)?;
         #[cfg(feature = "gpu-emulation")]
-        if cfg.emulate_gpu && cfg.nodes.is_some() {
+        if cfg.emulate_gpu && cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1) {
             return Err(EngineError::Config(
                 "emulated GPU ranks run on one node only".into(),
             ));

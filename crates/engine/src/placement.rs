@@ -123,14 +123,10 @@ pub(crate) fn tensor_parallel(
             s.vocab
         );
     }
-    #[allow(unused_mut)]
-    let mut shards = load_shards(source, &plan, &devices, 0..config.num_layers)?;
-    #[cfg(feature = "gpu-emulation")]
-    if cfg.emulate_gpu {
-        for shard in &mut shards {
-            shard.take_gpu_path()?;
-        }
-    }
+    let shards = load_shards(source, &plan, &devices, 0..config.num_layers)?
+        .into_iter()
+        .map(|s| path_for(s, cfg, false))
+        .collect::<Result<Vec<_>>>()?;
     settle_uploads(&devices)?;
     let groups = CommGroups::new(cfg, vec![cfg.devices.clone()]);
     let comms = groups.endpoints()?;
@@ -155,6 +151,20 @@ pub(crate) fn tensor_parallel(
         kv_heads_max: None,
         links: crate::cluster::NodeLinks::Single,
     })
+}
+
+/// Test builds: with `emulate_gpu`, a shard that is not the host stage's takes the GPU
+/// path. Otherwise the shard runs the path its device gave it.
+fn path_for(shard: LlamaShard, cfg: &EngineConfig, host: bool) -> Result<LlamaShard> {
+    #[cfg(feature = "gpu-emulation")]
+    if cfg.emulate_gpu && !host {
+        let mut shard = shard;
+        shard.take_gpu_path()?;
+        return Ok(shard);
+    }
+    #[cfg(not(feature = "gpu-emulation"))]
+    let _ = (cfg, host);
+    Ok(shard)
 }
 
 /// Pipeline stages from a layer map: whole layers per device, host layers last.
@@ -192,14 +202,7 @@ pub(crate) fn pipeline(
         )?
         .pop()
         .ok_or_else(|| EngineError::Parallel("no shard was loaded".into()))?;
-        #[cfg(feature = "gpu-emulation")]
-        let shard = {
-            let mut shard = shard;
-            if cfg.emulate_gpu && !stage.host {
-                shard.take_gpu_path()?;
-            }
-            shard
-        };
+        let shard = path_for(shard, cfg, stage.host)?;
         settle_uploads(std::slice::from_ref(&device))?;
         let last = i + 1 == stages.len();
         let (next, next_prev) = if last {

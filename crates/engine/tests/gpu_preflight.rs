@@ -13,8 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
-use tessera_protocol::SamplingParams;
+use tessera_engine::{generate, Engine, EngineConfig};
 
 /// The dense models of the GPU checks (their GGUF variants need the checks' writer).
 const MODELS: [&str; 6] = ["llama", "qwen2", "mistral", "qwen3", "qwen3-moe", "gemma3"];
@@ -69,13 +68,8 @@ fn gpu_path_greedy_text_equals_the_cpu_engine() {
         for prompt in gpu_check_prompts(&dir, cpu.model_config().vocab_size) {
             let want = greedy_steps(&mut cpu, &prompt, 24, 7);
             let got = greedy_steps(&mut gpu, &prompt, 24, 7);
-            let opts = GenerateOptions {
-                max_tokens: 24,
-                sampling: SamplingParams::greedy(),
-                stop_token_ids: vec![],
-                prefill_chunk: 7,
-            };
-            let served = generate(&mut gpu, &prompt, &opts, |_| {}).expect("generate");
+            let served =
+                generate(&mut gpu, &prompt, &greedy_opts(24, 7), |_| {}).expect("generate");
             assert_eq!(
                 served, got.0,
                 "{name}: the device arg-max differs from the copied logits'"

@@ -60,6 +60,21 @@ impl Linear {
         self.forward(x)
     }
 
+    /// `x` as host weights read it. CPU ranks compute in f32 throughout; 16-bit
+    /// activations reach host weights only from a GPU-path rank emulated in tests, and are
+    /// widened to the dense weights' type (f32 for quantized ones), so the product
+    /// accumulates in f32 as cuBLAS does.
+    fn host_input(&self, x: &Tensor) -> Result<Tensor> {
+        if !x.device().is_cpu() || x.dtype() == candle_core::DType::F32 {
+            return Ok(x.clone());
+        }
+        let want = match &self.weight {
+            LinearWeight::Candle(QMatMul::Tensor(w)) => w.dtype(),
+            _ => candle_core::DType::F32,
+        };
+        Ok(x.to_dtype(want)?)
+    }
+
     /// `x`: `[tokens, in]` → `[tokens, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = &self.host_input(x)?;
@@ -75,23 +90,6 @@ impl Linear {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
-    }
-}
-
-impl Linear {
-    /// `x` as host weights read it. CPU ranks compute in f32 throughout; 16-bit
-    /// activations reach host weights only from a GPU-path rank emulated in tests, and are
-    /// widened to the dense weights' type (f32 for quantized ones), so the product
-    /// accumulates in f32 as cuBLAS does.
-    fn host_input(&self, x: &Tensor) -> Result<Tensor> {
-        if !x.device().is_cpu() || x.dtype() == candle_core::DType::F32 {
-            return Ok(x.clone());
-        }
-        let want = match &self.weight {
-            LinearWeight::Candle(QMatMul::Tensor(w)) => w.dtype(),
-            _ => candle_core::DType::F32,
-        };
-        Ok(x.to_dtype(want)?)
     }
 }
 

@@ -228,7 +228,7 @@ impl NcclComm {
             ));
         }
         // NCCL writes every element of the output.
-        let out = Gpu::of(&Device::Cuda(self.dev.clone()))?.output(x.dtype(), out_shape)?;
+        let out = Gpu::of(x.device())?.output(x.dtype(), out_shape)?;
         {
             let (xh, oh) = (
                 Held::new(&x, "NCCL input")?,

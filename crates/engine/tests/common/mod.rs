@@ -335,3 +335,14 @@ pub fn gpu_check_prompts(dir: &std::path::Path, vocab: usize) -> Vec<Vec<u32>> {
     out.push((0..700).map(|_| rng.below(vocab) as u32).collect());
     out
 }
+
+/// Greedy generation of `max_tokens` tokens, the prompt prefilled `prefill_chunk` tokens
+/// a step.
+pub fn greedy_opts(max_tokens: usize, prefill_chunk: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+        prefill_chunk,
+    }
+}

@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use candle_core::quantized::GgmlDType;
-use tessera_engine::{generate, DeviceSpec, Engine, EngineConfig, GenerateOptions};
-use tessera_protocol::{Executor, SamplingParams};
+use tessera_engine::{generate, DeviceSpec, Engine, EngineConfig};
+use tessera_protocol::Executor;
 
 use crate::common::{
-    agree_until_tie, floats, gpu_check_prompts, gpu_logits_bound, greedy_steps, read_json, rel_l2,
-    GPU_LOGITS_BOUND, GPU_TP_MARGIN,
+    agree_until_tie, floats, gpu_check_prompts, gpu_logits_bound, greedy_opts, greedy_steps,
+    read_json, rel_l2, GPU_LOGITS_BOUND, GPU_TP_MARGIN,
 };
 use crate::gguf_writer::write_gguf;
 use crate::report::check;
@@ -126,13 +126,8 @@ fn greedy_text_on_cuda_equals_the_cpu_engine() {
             let want = greedy_steps(&mut cpu, &prompt, 24, 7);
             let got = greedy_steps(&mut gpu, &prompt, 24, 7);
             // The serving path: the GPU reduces greedy rows to their arg-max itself.
-            let opts = GenerateOptions {
-                max_tokens: 24,
-                sampling: SamplingParams::greedy(),
-                stop_token_ids: vec![],
-                prefill_chunk: 7,
-            };
-            let served = generate(&mut gpu, &prompt, &opts, |_| {}).expect("generate");
+            let served =
+                generate(&mut gpu, &prompt, &greedy_opts(24, 7), |_| {}).expect("generate");
             check(
                 &format!("{label}: arg-max on the GPU = arg-max of the copied logits, prompt of {} tokens", prompt.len()),
                 format!("identical: {}", served == got.0),

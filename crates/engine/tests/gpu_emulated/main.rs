@@ -18,7 +18,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{agree_until_tie, last_logits, rel_l2};
+use common::{agree_until_tie, greedy_opts, last_logits, rel_l2};
 use tessera_engine::{generate, test_models, Engine, EngineConfig, GenerateOptions};
 use tessera_kernels::gpu::reference::Lcg;
 use tessera_protocol::SamplingParams;
@@ -61,15 +61,6 @@ fn prompts(vocab: usize) -> Vec<Vec<u32>> {
         .iter()
         .map(|n| (0..*n).map(|_| rng.below(vocab) as u32).collect())
         .collect()
-}
-
-fn greedy_opts(max_tokens: usize, prefill_chunk: usize) -> GenerateOptions {
-    GenerateOptions {
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop_token_ids: vec![],
-        prefill_chunk,
-    }
 }
 
 /// The tokens `engine` generates greedily, with the top-2 logit gap before each (from

@@ -209,15 +209,21 @@ impl<'a> Held<'a> {
         self.arg_range(0..self.end - self.start)
     }
 
+    /// Elements `range` of the tensor (counted from its first element) as a kernel
+    /// argument: the address of the first.
+    pub(crate) fn arg_range(&self, range: std::ops::Range<usize>) -> Result<KernelArg> {
+        self.address_of(range).map(KernelArg::Ptr)
+    }
+
     /// The address of the tensor's first element.
     #[cfg(feature = "cuda")]
     pub(crate) fn address(&self) -> Result<u64> {
-        Ok(self.base()? + (self.start * self.dtype.size_in_bytes()) as u64)
+        self.address_of(0..self.end - self.start)
     }
 
-    /// The address of element `range.start` (counted from the tensor's first element),
-    /// after checking that `range` lies inside the tensor.
-    pub(crate) fn arg_range(&self, range: std::ops::Range<usize>) -> Result<KernelArg> {
+    /// The address of element `range.start`, after checking that `range` lies inside
+    /// the tensor.
+    fn address_of(&self, range: std::ops::Range<usize>) -> Result<u64> {
         if range.end > self.end - self.start || range.start > range.end {
             return Err(EngineError::Step(format!(
                 "{}: elements {range:?} outside its {}",
@@ -225,15 +231,13 @@ impl<'a> Held<'a> {
                 self.end - self.start
             )));
         }
-        let base = self.base()?;
         let offset = (self.start + range.start) * self.dtype.size_in_bytes();
-        Ok(KernelArg::Ptr(base + offset as u64))
+        Ok(self.base()? + offset as u64)
     }
 
     /// The address of the storage's first element.
     fn base(&self) -> Result<u64> {
         use candle_core::{CpuStorage, Storage};
-        let wrong = |e: candle_core::Error| EngineError::Step(format!("{}: {e}", self.what));
         match &*self.storage {
             Storage::Cpu(s) => Ok(match s {
                 CpuStorage::BF16(v) => v.as_ptr() as u64,
@@ -246,6 +250,8 @@ impl<'a> Held<'a> {
             #[cfg(feature = "cuda")]
             Storage::Cuda(s) => {
                 use candle_core::cuda::cudarc::driver::DevicePtr;
+                let wrong =
+                    |e: candle_core::Error| EngineError::Step(format!("{}: {e}", self.what));
                 macro_rules! ptr {
                     ($t:ty) => {{
                         let slice = s.as_cuda_slice::<$t>().map_err(wrong)?;
@@ -262,11 +268,7 @@ impl<'a> Held<'a> {
                     _ => return Err(not_gpu(self.what)),
                 })
             }
-            #[allow(unreachable_patterns)]
-            _ => {
-                let _ = wrong;
-                Err(not_gpu(self.what))
-            }
+            _ => Err(not_gpu(self.what)),
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::ffi::c_void;
 
 use candle_core::cuda::cudarc::cublas::{result::gemm_ex, sys as cublas_sys};
-use candle_core::{CudaDevice, DType, Device, Tensor};
+use candle_core::{CudaDevice, DType, Tensor};
 
 use crate::error::{EngineError, Result};
 use crate::model::cuda::buffers::{Gpu, Held};
@@ -40,7 +40,7 @@ pub fn matmul_f32_out(dev: &CudaDevice, x: &Tensor, w: &Tensor) -> Result<Tensor
     };
     let (mi, ni, ki) = (dims(m)?, dims(n)?, dims(k)?);
     // With beta = 0 cuBLAS writes every element of the output without reading it.
-    let out = Gpu::of(&Device::Cuda(dev.clone()))?.output(DType::F32, (m, n))?;
+    let out = Gpu::of(x.device())?.output(DType::F32, (m, n))?;
     if m == 0 || n == 0 {
         return Ok(out);
     }

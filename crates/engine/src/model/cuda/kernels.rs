@@ -228,7 +228,6 @@ struct AttentionArgs {
     window: KernelArg,
 }
 
-#[allow(clippy::too_many_arguments)]
 fn launch_tiles(
     gpu: Gpu<'_>,
     dtype: KvDtype,
