@@ -9,20 +9,36 @@
 //! `scripts/gpu-preflight` makes the models and runs them.
 
 mod common;
+#[path = "common/gguf_writer.rs"]
+mod gguf_writer;
 
 use std::path::{Path, PathBuf};
 
+use candle_core::quantized::GgmlDType;
 use common::*;
+use gguf_writer::{write_gguf, Vocab};
 use tessera_engine::{generate, Engine, EngineConfig};
 
-/// The dense models of the GPU checks (their GGUF variants need the checks' writer).
+/// The dense models of the GPU checks.
 const MODELS: [&str; 6] = ["llama", "qwen2", "mistral", "qwen3", "qwen3-moe", "gemma3"];
+/// The ones the checks also write as GGUF files, in Q4_1 and Q8_0.
+const GGUF_MODELS: [&str; 4] = ["llama", "qwen2", "mistral", "qwen3"];
 const MIN_COMPARED: usize = 8;
 
 fn model(name: &str) -> PathBuf {
     let dir = std::env::var("TESSERA_GPU_MODELS")
         .expect("TESSERA_GPU_MODELS: the folder scripts/gpu/make_models.py wrote");
     PathBuf::from(dir).join(name)
+}
+
+/// The GGUF file the GPU checks write for `name` (written here when missing).
+fn gguf(name: &str, dtype: GgmlDType, tag: &str) -> PathBuf {
+    let folder = model(name);
+    let file = folder.with_file_name(format!("{name}-{tag}.gguf"));
+    if !file.exists() {
+        write_gguf(&folder, dtype, Vocab::Omitted, &file);
+    }
+    file
 }
 
 fn engine(path: &Path, ranks: usize, emulate_gpu: bool) -> Engine {
@@ -108,6 +124,44 @@ fn gpu_path_tensor_parallel_equals_tp1() {
                 "{name} TP={tp}: logits rel L2 {diff:.2e}, greedy {n} compared, identical: {same}"
             );
             assert!(diff < 1e-2 && same && n >= MIN_COMPARED, "{name} TP={tp}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
+fn gpu_path_gguf_logits_match_cpu_and_tensor_parallel_keeps_the_distance() {
+    for name in GGUF_MODELS {
+        let dir = model(name);
+        for (dtype, tag) in [(GgmlDType::Q4_1, "q4_1"), (GgmlDType::Q8_0, "q8_0")] {
+            let file = gguf(name, dtype, tag);
+            let (mut cpu, mut gpu) = (engine(&file, 1, false), engine(&file, 1, true));
+            let prompts = gpu_check_prompts(&dir, cpu.model_config().vocab_size);
+            let mut worst = 0f32;
+            for prompt in &prompts {
+                worst = worst.max(rel_l2(
+                    &last_logits(&mut gpu, prompt),
+                    &last_logits(&mut cpu, prompt),
+                ));
+            }
+            println!("{name} {tag}: rel L2 {worst:.2e} to the CPU engine (< {GPU_GGUF_LOGITS_BOUND:.0e})");
+            assert!(worst < GPU_GGUF_LOGITS_BOUND, "{name} {tag}");
+            // As the GPU checks: Q4_1 at TP = 2..4 stays as close to the CPU engine as
+            // TP = 1 is, give or take half of that distance.
+            if tag != "q4_1" {
+                continue;
+            }
+            let prompt = &prompts[1];
+            let on_cpu = last_logits(&mut cpu, prompt);
+            let base = rel_l2(&last_logits(&mut gpu, prompt), &on_cpu);
+            drop(gpu);
+            for tp in 2..=4 {
+                let err = rel_l2(&last_logits(&mut engine(&file, tp, true), prompt), &on_cpu);
+                println!(
+                    "{name} {tag} TP={tp}: rel L2 {err:.2e} to the CPU engine (TP=1: {base:.2e})"
+                );
+                assert!(err <= 1.5 * base, "{name} {tag} TP={tp}");
+            }
         }
     }
 }

@@ -258,6 +258,9 @@ pub const GPU_GEMMA_LOGITS_BOUND: f32 = 3e-2;
 /// 0.029, and none across a larger one. Greedy text is compared up to the first gap
 /// under this margin.
 pub const GPU_TP_MARGIN: f32 = 0.05;
+/// GGUF weights on CUDA ranks: candle's quantized CUDA matmuls round activations
+/// differently from the CPU engine's, on top of bf16.
+pub const GPU_GGUF_LOGITS_BOUND: f32 = 5e-2;
 
 /// The logits bound of the dense model labelled `label` (its folder name first).
 pub fn gpu_logits_bound(label: &str) -> f32 {

@@ -10,8 +10,10 @@
 //!   text against the CPU engine, and tensor parallelism on one GPU against TP = 1.
 #![cfg(feature = "cuda")]
 
+mod bench_files;
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/gguf_writer.rs"]
 mod gguf_writer;
 mod kernels;
 mod models;

@@ -20,12 +20,11 @@ use tessera_protocol::Executor;
 
 use crate::common::{
     agree_until_tie, floats, gpu_check_prompts, gpu_logits_bound, greedy_opts, greedy_steps,
-    read_json, rel_l2, GPU_LOGITS_BOUND, GPU_TP_MARGIN,
+    read_json, rel_l2, GPU_GGUF_LOGITS_BOUND, GPU_LOGITS_BOUND, GPU_TP_MARGIN,
 };
-use crate::gguf_writer::write_gguf;
+use crate::gguf_writer::{write_gguf, Vocab};
 use crate::report::check;
 
-const GGUF_LOGITS_BOUND: f32 = 5e-2;
 const MIN_COMPARED: usize = 8;
 
 fn models_dir() -> PathBuf {
@@ -46,7 +45,7 @@ fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
             for (q, tag) in [(GgmlDType::Q4_1, "q4_1"), (GgmlDType::Q8_0, "q8_0")] {
                 let file = dir.join(format!("{name}-{tag}.gguf"));
                 if !file.exists() {
-                    write_gguf(&folder, q, &file);
+                    write_gguf(&folder, q, Vocab::Omitted, &file);
                 }
                 out.push((format!("{name} {tag} GGUF"), file, folder.clone()));
             }
@@ -92,7 +91,7 @@ fn cuda_logits_match_cpu_and_transformers() {
             }
         }
         let bound = if label.contains("GGUF") {
-            GGUF_LOGITS_BOUND
+            GPU_GGUF_LOGITS_BOUND
         } else {
             gpu_logits_bound(label)
         };

@@ -1,7 +1,9 @@
 //! Writes a Hugging Face llama, qwen2 or qwen3 folder (config.json + safetensors) as a GGUF file
 //! with its matrices quantized (Q4_1, Q8_0), the way llama.cpp's converter lays it out:
 //! GGUF tensor names, llama's query and key rows permuted for interleaved RoPE, norms
-//! and biases in f32.
+//! and biases in f32. With `Vocab::Embedded` the folder's byte-level BPE tokenizer goes
+//! into the file too, as llama.cpp's converter writes it, so that llama.cpp's own server
+//! can load the same file (scripts/bench-gpu's peer rows).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -22,7 +24,99 @@ fn permute_rows(w: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
         .reshape((rows, cols))
 }
 
-pub fn write_gguf(dir: &Path, dtype: GgmlDType, out: &Path) {
+/// Whether the file carries the tokenizer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // the CPU test of this writer embeds the tokenizer always
+pub enum Vocab {
+    /// Weights and hyper-parameters only: Tessera takes the folder's tokenizer.
+    Omitted,
+    /// `tokenizer.ggml.*` from the folder's `tokenizer.json` (byte-level BPE).
+    Embedded,
+}
+
+/// llama.cpp's token types (`tokenizer.ggml.token_type`).
+const NORMAL: i32 = 1;
+const CONTROL: i32 = 3;
+const USER_DEFINED: i32 = 4;
+
+/// The `tokenizer.ggml.*` entries of a byte-level BPE `tokenizer.json`: tokens in id
+/// order, merges, special tokens as control tokens and every other added token as a
+/// user-defined one (matched whole in text, as transformers does), GPT-2's pre-tokenizer (the folder's is `ByteLevel` with its regex).
+fn tokenizer_metadata(dir: &Path, config: &Json) -> Vec<(String, gguf_file::Value)> {
+    use gguf_file::Value;
+    let tok: Json = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("tokenizer.json")).expect("tokenizer.json"),
+    )
+    .expect("tokenizer json");
+    let model = &tok["model"];
+    assert_eq!(
+        model["type"], "BPE",
+        "only byte-level BPE tokenizers are written"
+    );
+    // GGUF names the split rules; "gpt-2" is ByteLevel's own regex, nothing else is mapped.
+    let pre = &tok["pre_tokenizer"];
+    assert!(
+        pre["type"] == "ByteLevel" && pre["use_regex"] != false,
+        "only a lone ByteLevel pre-tokenizer is written, not {pre}"
+    );
+    let mut by_id: Vec<Option<(String, i32)>> = Vec::new();
+    let mut put = |id: usize, text: &str, kind: i32| {
+        if by_id.len() <= id {
+            by_id.resize(id + 1, None);
+        }
+        by_id[id] = Some((text.to_string(), kind));
+    };
+    for (text, id) in model["vocab"].as_object().expect("model.vocab") {
+        put(id.as_u64().expect("vocab id") as usize, text, NORMAL);
+    }
+    for added in tok["added_tokens"].as_array().into_iter().flatten() {
+        let kind = if added["special"].as_bool() == Some(true) {
+            CONTROL
+        } else {
+            USER_DEFINED
+        };
+        put(
+            added["id"].as_u64().expect("added id") as usize,
+            added["content"].as_str().expect("added content"),
+            kind,
+        );
+    }
+    let (tokens, types): (Vec<Value>, Vec<Value>) = by_id
+        .into_iter()
+        .enumerate()
+        .map(|(id, entry)| {
+            let (text, kind) = entry.unwrap_or_else(|| panic!("no token has id {id}"));
+            (Value::String(text), Value::I32(kind))
+        })
+        .unzip();
+    // tokenizers writes merges as "a b" strings or, since 0.20, as [a, b] pairs.
+    let merges: Vec<Value> = model["merges"]
+        .as_array()
+        .expect("model.merges")
+        .iter()
+        .map(|m| match m {
+            Json::String(s) => Value::String(s.clone()),
+            Json::Array(pair) => Value::String(format!(
+                "{} {}",
+                pair[0].as_str().expect("merge"),
+                pair[1].as_str().expect("merge")
+            )),
+            other => panic!("merge {other}"),
+        })
+        .collect();
+    let eos = config["eos_token_id"].as_u64().expect("eos_token_id") as u32;
+    vec![
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("gpt-2".into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
+        ("tokenizer.ggml.token_type".into(), Value::Array(types)),
+        ("tokenizer.ggml.merges".into(), Value::Array(merges)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+    ]
+}
+
+pub fn write_gguf(dir: &Path, dtype: GgmlDType, vocab: Vocab, out: &Path) {
     let config: Json = serde_json::from_str(
         &std::fs::read_to_string(dir.join("config.json")).expect("config.json"),
     )
@@ -118,27 +212,13 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, out: &Path) {
         ),
         (key("vocab_size"), gguf_file::Value::U32(get("vocab_size"))),
     ];
+    let mut metadata = metadata;
+    if vocab == Vocab::Embedded {
+        metadata.extend(tokenizer_metadata(dir, &config));
+    }
     let md: Vec<(&str, &gguf_file::Value)> =
         metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let ts: Vec<(&str, &QTensor)> = quantized.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(out).expect("create gguf");
     gguf_file::write(&mut file, &md, &ts).expect("write gguf");
-}
-
-/// Not a check: writes the Q4_1 GGUF of the benchmark model in `TESSERA_BENCH_MODEL`
-/// (a safetensors folder) next to it, for scripts/bench-gpu.
-#[test]
-#[ignore = "run by scripts/bench-gpu"]
-fn write_q4_1_for_the_benchmarks() {
-    let dir = std::path::PathBuf::from(
-        std::env::var("TESSERA_BENCH_MODEL").expect("TESSERA_BENCH_MODEL"),
-    );
-    let out = dir.with_extension("q4_1.gguf");
-    let started = std::time::Instant::now();
-    write_gguf(&dir, GgmlDType::Q4_1, &out);
-    println!(
-        "wrote {} in {:.1}s",
-        out.display(),
-        started.elapsed().as_secs_f64()
-    );
 }
