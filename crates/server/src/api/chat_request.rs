@@ -6,7 +6,8 @@ use tessera_tokenizer::{ChatMessage, MessageContent};
 
 use crate::api::error::ServerError;
 use crate::api::generation_params::{
-    as_object, parse_fields, refuse_unsupported, GenerationParams, Route,
+    as_object, parse_noting_ignored, refuse_unsupported, GenerationParams, IgnoredFields, Route,
+    CHECKED_FIELDS,
 };
 use crate::api::tool_messages::{assistant_tool_calls, tool_call_id};
 use crate::api::tools::ToolRequest;
@@ -38,15 +39,19 @@ pub struct ChatMessageIn {
 pub struct ChatRequest {
     pub params: GenerationParams,
     pub chat: ChatFields,
+    /// Paths of the body's fields that nothing reads (unknown to this server).
+    pub ignored: Vec<String>,
 }
 
 impl ChatRequest {
     pub fn parse(body: &Value) -> Result<Self, ServerError> {
         let object = as_object(body)?;
         refuse_unsupported(object, Route::Chat)?;
+        let mut ignored = IgnoredFields::default();
         Ok(ChatRequest {
-            params: parse_fields(body)?,
-            chat: parse_fields(body)?,
+            params: parse_noting_ignored(body, &mut ignored)?,
+            chat: parse_noting_ignored(body, &mut ignored)?,
+            ignored: ignored.paths(&CHECKED_FIELDS),
         })
     }
 

@@ -5,7 +5,8 @@ use serde_json::Value;
 
 use crate::api::error::ServerError;
 use crate::api::generation_params::{
-    as_object, parse_fields, refuse_unsupported, GenerationParams, Route,
+    as_object, parse_noting_ignored, refuse_unsupported, GenerationParams, IgnoredFields, Route,
+    CHECKED_FIELDS,
 };
 
 /// `prompt`: text, texts, token ids, or lists of token ids.
@@ -38,15 +39,19 @@ pub struct CompletionFields {
 pub struct CompletionRequest {
     pub params: GenerationParams,
     pub completion: CompletionFields,
+    /// Paths of the body's fields that nothing reads (unknown to this server).
+    pub ignored: Vec<String>,
 }
 
 impl CompletionRequest {
     pub fn parse(body: &Value) -> Result<Self, ServerError> {
         let object = as_object(body)?;
         refuse_unsupported(object, Route::Completion)?;
+        let mut ignored = IgnoredFields::default();
         Ok(CompletionRequest {
-            params: parse_fields(body)?,
-            completion: parse_fields(body)?,
+            params: parse_noting_ignored(body, &mut ignored)?,
+            completion: parse_noting_ignored(body, &mut ignored)?,
+            ignored: ignored.paths(&CHECKED_FIELDS),
         })
     }
 

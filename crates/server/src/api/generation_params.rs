@@ -1,9 +1,10 @@
 //! Request fields shared by chat and text completions, as sent (before validation).
 //!
-//! Unknown fields are ignored, as OpenAI clients expect; fields we know but cannot
-//! honour are refused by [`refuse_unsupported`] with a 400 naming the parameter.
+//! Unknown fields are ignored, as OpenAI clients expect (and the routes log them, see
+//! [`IgnoredFields`]); fields we know but cannot honour are refused by
+//! [`refuse_unsupported`] with a 400 naming the parameter.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -58,7 +59,64 @@ pub struct GenerationParams {
 
 /// Deserialize `T` from the body, naming the field at fault in the error.
 pub fn parse_fields<T: DeserializeOwned>(body: &Value) -> Result<T, ServerError> {
-    serde_path_to_error::deserialize(body).map_err(|e| {
+    parse_noting_ignored(body, &mut IgnoredFields::default())
+}
+
+/// The fields of a body that no part of the request read. A body is parsed into several
+/// structs (the shared fields, the route's own), each of which skips the others' fields:
+/// a field is ignored when every parse skipped it, or skipped the object it is in.
+#[derive(Debug, Default)]
+pub struct IgnoredFields {
+    parses: Vec<BTreeSet<String>>,
+}
+
+impl IgnoredFields {
+    /// The ignored fields' paths (`top_a`, `messages.0.foo`), less the top-level keys in
+    /// `checked`, which [`refuse_unsupported`] reads and accepts (`store: false`, ...).
+    pub fn paths(&self, checked: &[&str]) -> Vec<String> {
+        let skipped_by = |parse: &BTreeSet<String>, path: &str| {
+            parse.iter().any(|p| {
+                path == p
+                    || path
+                        .strip_prefix(p.as_str())
+                        .is_some_and(|r| r.starts_with('.'))
+            })
+        };
+        let all: BTreeSet<&String> = self.parses.iter().flatten().collect();
+        all.into_iter()
+            .filter(|path| self.parses.iter().all(|parse| skipped_by(parse, path)))
+            .filter(|path| {
+                let top = path.split('.').next().unwrap_or(path);
+                !checked.contains(&top)
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// The top-level keys [`refuse_unsupported`] accepts with some values: not ignored.
+pub const CHECKED_FIELDS: [&str; 5] = [
+    "functions",
+    "function_call",
+    "suffix",
+    "modalities",
+    "store",
+];
+
+/// [`parse_fields`], noting in `ignored` the paths of the fields `T` skipped.
+pub fn parse_noting_ignored<T: DeserializeOwned>(
+    body: &Value,
+    ignored: &mut IgnoredFields,
+) -> Result<T, ServerError> {
+    let mut skipped = BTreeSet::new();
+    let mut note = |path: serde_ignored::Path| {
+        // serde_ignored writes `?` for the inside of an `Option`: not part of the body.
+        let path = path.to_string();
+        let segments: Vec<&str> = path.split('.').filter(|s| *s != "?").collect();
+        skipped.insert(segments.join("."));
+    };
+    let de = serde_ignored::Deserializer::new(body, &mut note);
+    let parsed = serde_path_to_error::deserialize(de).map_err(|e| {
         let inner = e.inner().to_string();
         let path = e.path().to_string();
         let param = if path == "." {
@@ -71,7 +129,9 @@ pub fn parse_fields<T: DeserializeOwned>(body: &Value) -> Result<T, ServerError>
             _ => inner,
         };
         ServerError::InvalidRequest { message, param }
-    })
+    })?;
+    ignored.parses.push(skipped);
+    Ok(parsed)
 }
 
 fn missing_field_name(message: &str) -> Option<String> {

@@ -24,3 +24,6 @@ pub mod valid_request;
 
 #[cfg(test)]
 mod tool_chat_tests;
+
+#[cfg(test)]
+mod ignored_fields_tests;

@@ -15,7 +15,7 @@ use crate::api::response::{
 use crate::api::tool_prompt::ToolOutput;
 use crate::api::valid_request::ValidRequest;
 use crate::serve::chat_tools::{finish_reason, reply_message, StreamedCalls};
-use crate::serve::generation::{collect_all, log_end_user, Submitted};
+use crate::serve::generation::{collect_all, log_end_user, log_ignored_fields, Submitted};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
 use crate::serve::stream::{sse_response, to_json, ChunkFormat};
@@ -26,6 +26,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ServerError> {
     let req = ChatRequest::parse(&body)?;
     log_end_user(req.params.user.as_ref());
+    log_ignored_fields(&req.ignored);
     let valid = ValidRequest::chat(req, &app.validation).await?;
     let Submitted {
         runs,

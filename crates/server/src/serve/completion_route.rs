@@ -13,7 +13,9 @@ use crate::api::completion_request::CompletionRequest;
 use crate::api::error::ServerError;
 use crate::api::response::{Completion, CompletionChoice, CompletionLogprobs, TokenLogprob, Usage};
 use crate::api::valid_request::ValidRequest;
-use crate::serve::generation::{collect_all, log_end_user, token_logprob, Submitted};
+use crate::serve::generation::{
+    collect_all, log_end_user, log_ignored_fields, token_logprob, Submitted,
+};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
 use crate::serve::stream::{sse_response, to_json, ChunkFormat};
@@ -24,6 +26,7 @@ pub async fn completions(
 ) -> Result<Response, ServerError> {
     let req = CompletionRequest::parse(&body)?;
     log_end_user(req.params.user.as_ref());
+    log_ignored_fields(&req.ignored);
     let valid = ValidRequest::completion(req, &app.validation).await?;
     let Submitted {
         runs,

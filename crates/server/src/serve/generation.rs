@@ -123,6 +123,14 @@ pub fn log_end_user(user: Option<&String>) {
     }
 }
 
+/// Logs the fields of a request that nothing reads: a parameter of another server or a
+/// typo, which would otherwise change nothing without a word (as vLLM warns).
+pub fn log_ignored_fields(ignored: &[String]) {
+    if !ignored.is_empty() {
+        tracing::warn!(fields = ?ignored, "request fields this server does not know were ignored");
+    }
+}
+
 /// Submit every choice of `req`. On a refusal the runs already submitted are dropped,
 /// which cancels them.
 fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, ServerError> {
