@@ -1,14 +1,19 @@
-"""Decode speed of `tessera serve` on a GPU (for scripts/bench-gpu): one streaming client,
-then 16 and 64 at once, each generating MAX_TOKENS tokens (EOS ignored) after a short
+"""Decode speed of `tessera serve`, or of llama.cpp's `llama-server` beside it, on a GPU (for
+scripts/bench-gpu): one streaming client, then 16 and 64 at once, each generating MAX_TOKENS tokens (EOS ignored) after a short
 prompt. Each client is its own process (threads of one Python process contend for its
 interpreter lock and become the bottleneck at 64 streams). Prints one JSON object:
 
   single_decode_tok_s  tokens after the first, over the time between the first and last
   clients_N_tok_s      every client's tokens over the wall time of the whole run
   clients_N_ttft_s     median time to the first token under that load
-  clients_N_step_ms    mean engine step time (the server's tessera_step_duration_seconds)
+  clients_N_step_ms    mean engine step time (the server's tessera_step_duration_seconds;
+                       none for llama-server)
 
   python3 bench_serve.py TESSERA_BINARY MODEL DEVICES PORT [TOKENIZER]
+  python3 bench_serve.py --llama-server LLAMA_SERVER_BINARY GGUF PORT
+
+llama-server runs with 64 slots (the most clients at once), each with room for the
+prompt and MAX_TOKENS, every layer on the GPU, its defaults otherwise.
 """
 import json
 import os
@@ -17,9 +22,10 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from client import complete, metric, start_server, stop_server
+from client import complete, metric, start_llama_server, start_server, stop_server
 
 MAX_TOKENS = 256
+CLIENTS = (16, 64)
 # 0: greedy (rows reduced to their arg-max on the GPU); above 0: sampled (rows reduced to
 # their sampling candidates), what chat clients send by default.
 TEMPERATURE = float(os.environ.get("TESSERA_BENCH_TEMPERATURE", "0"))
@@ -57,13 +63,19 @@ def run_clients(port, n, prompts):
 
 
 def main():
-    binary, model, devices, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    extra = ["--tokenizer", sys.argv[5]] if len(sys.argv) > 5 else []
-    log = f"bench-{port}.log"
     started = time.time()
-    proc = start_server(binary, model, devices, port, log, extra)
+    if sys.argv[1] == "--llama-server":
+        binary, model, port = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        devices, server = "cuda:0", "llama-server"
+        proc = start_llama_server(binary, model, port, f"bench-{port}.log", max(CLIENTS),
+                                  MAX_TOKENS + 256)
+    else:
+        binary, model, devices, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+        extra = ["--tokenizer", sys.argv[5]] if len(sys.argv) > 5 else []
+        server = "tessera"
+        proc = start_server(binary, model, devices, port, f"bench-{port}.log", extra)
     load_s = time.time() - started
-    out = {"model": model, "devices": devices, "load_s": round(load_s, 1)}
+    out = {"server": server, "model": model, "devices": devices, "load_s": round(load_s, 1)}
     try:
         words = "Paris Rome Madrid Berlin Vienna London server blocks tensor fox".split()
         prompts = [f"The {w} and the river are both" for w in words]
@@ -72,7 +84,7 @@ def main():
         times = single[0][3]
         out["single_decode_tok_s"] = round((MAX_TOKENS - 1) / (times[-1] - times[0]), 1)
         out["single_ttft_s"] = round(times[0], 3)
-        for n in (16, 64):
+        for n in CLIENTS:
             rate, ttft, errors, _, step_ms = run_clients(port, n, prompts)
             out[f"clients_{n}_tok_s"] = round(rate, 1)
             out[f"clients_{n}_step_ms"] = round(step_ms, 2) if step_ms else None

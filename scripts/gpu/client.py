@@ -9,26 +9,41 @@ import time
 
 def start_server(binary, model, devices, port, log_path, extra=()):
     """Starts `tessera serve` and waits for /readyz (up to 10 minutes)."""
-    log = open(log_path, "w")
-    proc = subprocess.Popen(
+    return _start(
         [binary, "serve", "--model", model, "--devices", devices,
          "--tensor-parallel-size", str(len(devices.split(","))),
          "--port", str(port), "--served-model-name", "m", *extra],
-        stdout=log, stderr=subprocess.STDOUT)
+        port, log_path, "/readyz", "tessera")
+
+
+def start_llama_server(binary, gguf, port, log_path, slots, slot_tokens):
+    """Starts llama.cpp's `llama-server` with every layer on the GPU and `slots` parallel
+    slots of `slot_tokens` context each (continuous batching is its default), and waits
+    for /health (up to 10 minutes)."""
+    return _start(
+        [binary, "--model", gguf, "--n-gpu-layers", "999", "--parallel", str(slots),
+         "--ctx-size", str(slots * slot_tokens), "--host", "127.0.0.1", "--port", str(port),
+         "--alias", "m"],
+        port, log_path, "/health", "llama-server")
+
+
+def _start(argv, port, log_path, ready_path, name):
+    log = open(log_path, "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"tessera exited with {proc.returncode}; see {log_path}")
+            raise RuntimeError(f"{name} exited with {proc.returncode}; see {log_path}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/readyz")
+            conn.request("GET", ready_path)
             if conn.getresponse().status == 200:
                 return proc
         except OSError:
             pass
         time.sleep(0.5)
     proc.kill()
-    raise RuntimeError("tessera did not become ready")
+    raise RuntimeError(f"{name} did not become ready")
 
 
 def stop_server(proc):
@@ -77,6 +92,9 @@ def metric(port, name):
     """One sample of a Prometheus metric from /metrics, or None."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.request("GET", "/metrics")
-    body = conn.getresponse().read().decode()
+    resp = conn.getresponse()
+    body = resp.read().decode(errors="replace")
+    if resp.status != 200:
+        return None
     m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", body, re.M)
     return float(m.group(1)) if m else None
