@@ -26,7 +26,7 @@ fn permute_rows(w: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
 
 /// Whether the file carries the tokenizer.
 #[derive(Clone, Copy, PartialEq, Eq)]
-#[allow(dead_code)] // the CPU test of this writer embeds the tokenizer always
+#[allow(dead_code)] // a test crate that includes this file may use only one
 pub enum Vocab {
     /// Weights and hyper-parameters only: Tessera takes the folder's tokenizer.
     Omitted,
@@ -41,7 +41,8 @@ const USER_DEFINED: i32 = 4;
 
 /// The `tokenizer.ggml.*` entries of a byte-level BPE `tokenizer.json`: tokens in id
 /// order, merges, special tokens as control tokens and every other added token as a
-/// user-defined one (matched whole in text, as transformers does), GPT-2's pre-tokenizer (the folder's is `ByteLevel` with its regex).
+/// user-defined one (matched whole in text, as transformers does), and GPT-2's split
+/// rules (the folder's pre-tokenizer must be `ByteLevel` with its regex).
 fn tokenizer_metadata(dir: &Path, config: &Json) -> Vec<(String, gguf_file::Value)> {
     use gguf_file::Value;
     let tok: Json = serde_json::from_str(
