@@ -9,6 +9,9 @@
 //! `top_logprobs` chat's `logprobs` and `top_logprobs`. Nothing is stored: `store: true`,
 //! `previous_response_id` and `conversation` are refused.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+
 use serde_json::{json, Map, Value};
 
 use crate::api::error::ServerError;
@@ -28,10 +31,21 @@ pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
 
 /// The chat request body `body` stands for.
 pub fn chat_body(body: &Value) -> Result<Value, ServerError> {
+    chat_body_noting_ignored(body).map(|(chat, _)| chat)
+}
+
+/// [`chat_body`], with the top-level fields of `body` that nothing read (unknown to this
+/// server), for the route to log.
+pub fn chat_body_noting_ignored(body: &Value) -> Result<(Value, Vec<String>), ServerError> {
     let object = body
         .as_object()
         .ok_or_else(|| ServerError::InvalidJson("the request body must be a JSON object".into()))?;
-    let present = |k: &str| object.get(k).filter(|v| !v.is_null());
+    // Every field is read through `present`, which notes its name.
+    let read = RefCell::new(BTreeSet::new());
+    let present = |k: &str| {
+        read.borrow_mut().insert(k.to_string());
+        object.get(k).filter(|v| !v.is_null())
+    };
     if present("store").is_some_and(|v| v != &Value::Bool(false)) {
         return Err(ServerError::invalid(
             "store",
@@ -129,7 +143,13 @@ pub fn chat_body(body: &Value) -> Result<Value, ServerError> {
     if let Some(choice) = present("tool_choice") {
         chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
     }
-    Ok(Value::Object(chat))
+    let read = read.into_inner();
+    let ignored = object
+        .keys()
+        .filter(|k| !read.contains(*k))
+        .cloned()
+        .collect();
+    Ok((Value::Object(chat), ignored))
 }
 
 /// Whether `include` asks for the output text's log-probabilities; any other value is
@@ -450,5 +470,23 @@ mod tests {
         assert_eq!(chat["top_logprobs"], 3);
         let plain = chat_body(&json!({"model": "m", "input": "x", "include": []})).unwrap();
         assert!(plain.get("logprobs").is_none(), "{plain}");
+    }
+
+    #[test]
+    fn only_fields_nothing_reads_are_noted_as_ignored() {
+        let (_, ignored) = chat_body_noting_ignored(&json!({
+            "model": "m", "input": "x", "instructions": "be brief", "temperature": 0.2,
+            "top_p": 0.9, "stream": true, "user": "u", "max_output_tokens": 5,
+            "store": false, "include": [INCLUDE_LOGPROBS], "top_logprobs": 2,
+            "text": {"format": {"type": "text"}}, "tool_choice": "none",
+            "parallel_tool_calls": false,
+        }))
+        .unwrap();
+        assert_eq!(ignored, Vec::<String>::new());
+        let (_, ignored) = chat_body_noting_ignored(&json!({
+            "model": "m", "input": "x", "metadata": {"k": "v"}, "top_a": 0.1,
+        }))
+        .unwrap();
+        assert_eq!(ignored, ["metadata", "top_a"]);
     }
 }

@@ -15,11 +15,11 @@ use crate::api::response::{TokenLogprob, Usage};
 use crate::api::responses_object::{
     function_call_item, logprob_values, message_item, output_text_part, status_of, ResponseHeader,
 };
-use crate::api::responses_request::chat_body;
+use crate::api::responses_request::chat_body_noting_ignored;
 use crate::api::tool_parsers::{ParsedReply, ToolCallParser, ToolEvent};
 use crate::api::valid_request::ValidRequest;
 use crate::serve::chat_tools::new_call_id;
-use crate::serve::generation::{collect_all, log_end_user, Submitted};
+use crate::serve::generation::{collect_all, log_end_user, log_ignored_fields, Submitted};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::{random_id, AppState};
 use crate::serve::stream::{sse_response, to_json, ChunkFormat};
@@ -28,9 +28,10 @@ pub async fn create_response(
     State(app): State<AppState>,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ServerError> {
-    let chat = chat_body(&body)?;
+    let (chat, ignored) = chat_body_noting_ignored(&body)?;
     let req = ChatRequest::parse(&chat)?;
     log_end_user(req.params.user.as_ref());
+    log_ignored_fields(&ignored);
     let valid = ValidRequest::chat(req, &app.validation).await?;
     let Submitted {
         runs,
