@@ -7,7 +7,6 @@ use tessera_tokenizer::{ChatMessage, MessageContent};
 use crate::api::error::ServerError;
 use crate::api::generation_params::{
     as_object, parse_noting_ignored, refuse_unsupported, GenerationParams, IgnoredFields, Route,
-    CHECKED_FIELDS,
 };
 use crate::api::tool_messages::{assistant_tool_calls, tool_call_id};
 use crate::api::tools::ToolRequest;
@@ -46,12 +45,12 @@ pub struct ChatRequest {
 impl ChatRequest {
     pub fn parse(body: &Value) -> Result<Self, ServerError> {
         let object = as_object(body)?;
-        refuse_unsupported(object, Route::Chat)?;
+        let checked = refuse_unsupported(object, Route::Chat)?;
         let mut ignored = IgnoredFields::default();
         Ok(ChatRequest {
             params: parse_noting_ignored(body, &mut ignored)?,
             chat: parse_noting_ignored(body, &mut ignored)?,
-            ignored: ignored.paths(&CHECKED_FIELDS),
+            ignored: ignored.paths(&checked),
         })
     }
 

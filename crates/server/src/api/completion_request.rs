@@ -6,7 +6,6 @@ use serde_json::Value;
 use crate::api::error::ServerError;
 use crate::api::generation_params::{
     as_object, parse_noting_ignored, refuse_unsupported, GenerationParams, IgnoredFields, Route,
-    CHECKED_FIELDS,
 };
 
 /// `prompt`: text, texts, token ids, or lists of token ids.
@@ -46,12 +45,12 @@ pub struct CompletionRequest {
 impl CompletionRequest {
     pub fn parse(body: &Value) -> Result<Self, ServerError> {
         let object = as_object(body)?;
-        refuse_unsupported(object, Route::Completion)?;
+        let checked = refuse_unsupported(object, Route::Completion)?;
         let mut ignored = IgnoredFields::default();
         Ok(CompletionRequest {
             params: parse_noting_ignored(body, &mut ignored)?,
             completion: parse_noting_ignored(body, &mut ignored)?,
-            ignored: ignored.paths(&CHECKED_FIELDS),
+            ignored: ignored.paths(&checked),
         })
     }
 

@@ -4,6 +4,7 @@
 //! [`IgnoredFields`]); fields we know but cannot honour are refused by
 //! [`refuse_unsupported`] with a 400 naming the parameter.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::de::DeserializeOwned;
@@ -72,8 +73,8 @@ pub struct IgnoredFields {
 
 impl IgnoredFields {
     /// The ignored fields' paths (`top_a`, `messages.0.foo`), less the top-level keys in
-    /// `checked`, which [`refuse_unsupported`] reads and accepts (`store: false`, ...).
-    pub fn paths(&self, checked: &[&str]) -> Vec<String> {
+    /// `checked`, which [`refuse_unsupported`] read and accepted (`store: false`, ...).
+    pub fn paths(&self, checked: &BTreeSet<String>) -> Vec<String> {
         let skipped_by = |parse: &BTreeSet<String>, path: &str| {
             parse.iter().any(|p| {
                 path == p
@@ -87,21 +88,49 @@ impl IgnoredFields {
             .filter(|path| self.parses.iter().all(|parse| skipped_by(parse, path)))
             .filter(|path| {
                 let top = path.split('.').next().unwrap_or(path);
-                !checked.contains(&top)
+                !checked.contains(top)
             })
             .cloned()
             .collect()
     }
 }
 
-/// The top-level keys [`refuse_unsupported`] accepts with some values: not ignored.
-pub const CHECKED_FIELDS: [&str; 5] = [
-    "functions",
-    "function_call",
-    "suffix",
-    "modalities",
-    "store",
-];
+/// A request object whose reads are noted, so that the fields nothing read can be named.
+pub struct NotedFields<'a> {
+    object: &'a Map<String, Value>,
+    read: RefCell<BTreeSet<String>>,
+}
+
+impl<'a> NotedFields<'a> {
+    pub fn new(object: &'a Map<String, Value>) -> Self {
+        NotedFields {
+            object,
+            read: RefCell::new(BTreeSet::new()),
+        }
+    }
+
+    /// Field `key` unless it is missing or null; notes it as read either way.
+    pub fn present(&self, key: &str) -> Option<&'a Value> {
+        self.read.borrow_mut().insert(key.to_string());
+        self.object.get(key).filter(|v| !v.is_null())
+    }
+
+    /// The keys read so far.
+    pub fn read(self) -> BTreeSet<String> {
+        self.read.into_inner()
+    }
+
+    /// The object's keys that were never read, in order.
+    pub fn unread(self) -> Vec<String> {
+        let object = self.object;
+        let read = self.read();
+        object
+            .keys()
+            .filter(|k| !read.contains(*k))
+            .cloned()
+            .collect()
+    }
+}
 
 /// [`parse_fields`], noting in `ignored` the paths of the fields `T` skipped.
 pub fn parse_noting_ignored<T: DeserializeOwned>(
@@ -152,9 +181,14 @@ pub enum Route {
     Completion,
 }
 
-/// Refuse fields we know and cannot honour. Each refusal names the parameter.
-pub fn refuse_unsupported(body: &Map<String, Value>, route: Route) -> Result<(), ServerError> {
-    let present = |k: &str| body.get(k).filter(|v| !v.is_null());
+/// Refuse fields we know and cannot honour. Each refusal names the parameter. Returns the
+/// keys it read: those present were accepted (`store: false`, the text modality).
+pub fn refuse_unsupported(
+    body: &Map<String, Value>,
+    route: Route,
+) -> Result<BTreeSet<String>, ServerError> {
+    let fields = NotedFields::new(body);
+    let present = |k: &str| fields.present(k);
     let non_empty = |v: &Value| match v {
         Value::Array(a) => !a.is_empty(),
         Value::Object(o) => !o.is_empty(),
@@ -214,5 +248,5 @@ pub fn refuse_unsupported(body: &Map<String, Value>, route: Route) -> Result<(),
             "`store` is not supported: completions are not kept",
         ));
     }
-    Ok(())
+    Ok(fields.read())
 }

@@ -9,12 +9,10 @@
 //! `top_logprobs` chat's `logprobs` and `top_logprobs`. Nothing is stored: `store: true`,
 //! `previous_response_id` and `conversation` are refused.
 
-use std::cell::RefCell;
-use std::collections::BTreeSet;
-
 use serde_json::{json, Map, Value};
 
 use crate::api::error::ServerError;
+use crate::api::generation_params::NotedFields;
 
 /// Fields copied to the chat request as they are.
 const PASSED: [&str; 6] = [
@@ -29,23 +27,15 @@ const PASSED: [&str; 6] = [
 /// The one `include` value served: log-probabilities of the output text.
 pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
 
-/// The chat request body `body` stands for.
-pub fn chat_body(body: &Value) -> Result<Value, ServerError> {
-    chat_body_noting_ignored(body).map(|(chat, _)| chat)
-}
-
-/// [`chat_body`], with the top-level fields of `body` that nothing read (unknown to this
-/// server), for the route to log.
-pub fn chat_body_noting_ignored(body: &Value) -> Result<(Value, Vec<String>), ServerError> {
+/// The chat request body `body` stands for, and the top-level fields of `body` that
+/// nothing read (unknown to this server), for the route to log.
+pub fn chat_body(body: &Value) -> Result<(Value, Vec<String>), ServerError> {
     let object = body
         .as_object()
         .ok_or_else(|| ServerError::InvalidJson("the request body must be a JSON object".into()))?;
     // Every field is read through `present`, which notes its name.
-    let read = RefCell::new(BTreeSet::new());
-    let present = |k: &str| {
-        read.borrow_mut().insert(k.to_string());
-        object.get(k).filter(|v| !v.is_null())
-    };
+    let fields = NotedFields::new(object);
+    let present = |k: &str| fields.present(k);
     if present("store").is_some_and(|v| v != &Value::Bool(false)) {
         return Err(ServerError::invalid(
             "store",
@@ -143,13 +133,7 @@ pub fn chat_body_noting_ignored(body: &Value) -> Result<(Value, Vec<String>), Se
     if let Some(choice) = present("tool_choice") {
         chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
     }
-    let read = read.into_inner();
-    let ignored = object
-        .keys()
-        .filter(|k| !read.contains(*k))
-        .cloned()
-        .collect();
-    Ok((Value::Object(chat), ignored))
+    Ok((Value::Object(chat), fields.unread()))
 }
 
 /// Whether `include` asks for the output text's log-probabilities; any other value is
@@ -385,7 +369,7 @@ mod tests {
 
     #[test]
     fn items_become_chat_messages() {
-        let chat = chat_body(&json!({
+        let (chat, _) = chat_body(&json!({
             "model": "m", "instructions": "Be brief.", "max_output_tokens": 9,
             "input": [
                 {"role": "developer", "content": "Use tools."},
@@ -461,20 +445,20 @@ mod tests {
 
     #[test]
     fn included_logprobs_become_chat_logprobs() {
-        let chat = chat_body(&json!({
+        let (chat, _) = chat_body(&json!({
             "model": "m", "input": "x", "include": [INCLUDE_LOGPROBS], "top_logprobs": 3,
             "tools": [{"type": "function", "name": "f"}], "tool_choice": "none"
         }))
         .unwrap();
         assert_eq!(chat["logprobs"], true);
         assert_eq!(chat["top_logprobs"], 3);
-        let plain = chat_body(&json!({"model": "m", "input": "x", "include": []})).unwrap();
+        let (plain, _) = chat_body(&json!({"model": "m", "input": "x", "include": []})).unwrap();
         assert!(plain.get("logprobs").is_none(), "{plain}");
     }
 
     #[test]
     fn only_fields_nothing_reads_are_noted_as_ignored() {
-        let (_, ignored) = chat_body_noting_ignored(&json!({
+        let (_, ignored) = chat_body(&json!({
             "model": "m", "input": "x", "instructions": "be brief", "temperature": 0.2,
             "top_p": 0.9, "stream": true, "user": "u", "max_output_tokens": 5,
             "store": false, "include": [INCLUDE_LOGPROBS], "top_logprobs": 2,
@@ -483,7 +467,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(ignored, Vec::<String>::new());
-        let (_, ignored) = chat_body_noting_ignored(&json!({
+        let (_, ignored) = chat_body(&json!({
             "model": "m", "input": "x", "metadata": {"k": "v"}, "top_a": 0.1,
         }))
         .unwrap();

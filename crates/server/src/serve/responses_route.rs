@@ -15,7 +15,7 @@ use crate::api::response::{TokenLogprob, Usage};
 use crate::api::responses_object::{
     function_call_item, logprob_values, message_item, output_text_part, status_of, ResponseHeader,
 };
-use crate::api::responses_request::chat_body_noting_ignored;
+use crate::api::responses_request::chat_body;
 use crate::api::tool_parsers::{ParsedReply, ToolCallParser, ToolEvent};
 use crate::api::valid_request::ValidRequest;
 use crate::serve::chat_tools::new_call_id;
@@ -28,7 +28,7 @@ pub async fn create_response(
     State(app): State<AppState>,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ServerError> {
-    let (chat, ignored) = chat_body_noting_ignored(&body)?;
+    let (chat, ignored) = chat_body(&body)?;
     let req = ChatRequest::parse(&chat)?;
     log_end_user(req.params.user.as_ref());
     log_ignored_fields(&ignored);
