@@ -1,7 +1,8 @@
-"""Decode speed of `tessera serve`, or of llama.cpp's `llama-server` beside it, on a GPU (for
-scripts/bench-gpu): one streaming client, then 16 and 64 at once, each generating MAX_TOKENS tokens (EOS ignored) after a short
-prompt. Each client is its own process (threads of one Python process contend for its
-interpreter lock and become the bottleneck at 64 streams). Prints one JSON object:
+"""Decode speed of `tessera serve`, or of llama.cpp's `llama-server` beside it, on a GPU
+(for scripts/bench-gpu): one streaming client, then 16 and 64 at once, each generating
+MAX_TOKENS tokens (EOS ignored) after a short prompt. Each client is its own process
+(threads of one Python process contend for its interpreter lock and become the
+bottleneck at 64 streams). Prints one JSON object:
 
   single_decode_tok_s  tokens after the first, over the time between the first and last
   clients_N_tok_s      every client's tokens over the wall time of the whole run

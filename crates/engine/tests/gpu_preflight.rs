@@ -14,31 +14,18 @@ mod gguf_writer;
 
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::GgmlDType;
 use common::*;
-use gguf_writer::{write_gguf, Vocab};
+use gguf_writer::{check_gguf, GGUF_CHECK_FORMATS, GGUF_CHECK_MODELS};
 use tessera_engine::{generate, Engine, EngineConfig};
 
 /// The dense models of the GPU checks.
 const MODELS: [&str; 6] = ["llama", "qwen2", "mistral", "qwen3", "qwen3-moe", "gemma3"];
-/// The ones the checks also write as GGUF files, in Q4_1 and Q8_0.
-const GGUF_MODELS: [&str; 4] = ["llama", "qwen2", "mistral", "qwen3"];
 const MIN_COMPARED: usize = 8;
 
 fn model(name: &str) -> PathBuf {
     let dir = std::env::var("TESSERA_GPU_MODELS")
         .expect("TESSERA_GPU_MODELS: the folder scripts/gpu/make_models.py wrote");
     PathBuf::from(dir).join(name)
-}
-
-/// The GGUF file the GPU checks write for `name` (written here when missing).
-fn gguf(name: &str, dtype: GgmlDType, tag: &str) -> PathBuf {
-    let folder = model(name);
-    let file = folder.with_file_name(format!("{name}-{tag}.gguf"));
-    if !file.exists() {
-        write_gguf(&folder, dtype, Vocab::Omitted, &file);
-    }
-    file
 }
 
 fn engine(path: &Path, ranks: usize, emulate_gpu: bool) -> Engine {
@@ -131,10 +118,10 @@ fn gpu_path_tensor_parallel_equals_tp1() {
 #[test]
 #[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
 fn gpu_path_gguf_logits_match_cpu_and_tensor_parallel_keeps_the_distance() {
-    for name in GGUF_MODELS {
+    for name in GGUF_CHECK_MODELS {
         let dir = model(name);
-        for (dtype, tag) in [(GgmlDType::Q4_1, "q4_1"), (GgmlDType::Q8_0, "q8_0")] {
-            let file = gguf(name, dtype, tag);
+        for (dtype, tag) in GGUF_CHECK_FORMATS {
+            let file = check_gguf(&dir, dtype, tag);
             let (mut cpu, mut gpu) = (engine(&file, 1, false), engine(&file, 1, true));
             let prompts = gpu_check_prompts(&dir, cpu.model_config().vocab_size);
             let mut worst = 0f32;

@@ -4,9 +4,10 @@
 //! and biases in f32. With `Vocab::Embedded` the folder's byte-level BPE tokenizer goes
 //! into the file too, as llama.cpp's converter writes it, so that llama.cpp's own server
 //! can load the same file (scripts/bench-gpu's peer rows).
+#![allow(dead_code)] // each test crate that includes this file uses a part of it
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -26,7 +27,6 @@ fn permute_rows(w: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
 
 /// Whether the file carries the tokenizer.
 #[derive(Clone, Copy, PartialEq, Eq)]
-#[allow(dead_code)] // a test crate that includes this file may use only one
 pub enum Vocab {
     /// Weights and hyper-parameters only: Tessera takes the folder's tokenizer.
     Omitted,
@@ -222,4 +222,27 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, vocab: Vocab, out: &Path) {
     let ts: Vec<(&str, &QTensor)> = quantized.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(out).expect("create gguf");
     gguf_file::write(&mut file, &md, &ts).expect("write gguf");
+}
+
+/// The models of the GPU checks (`scripts/gpu/make_models.py`) this writer can write.
+/// It knows neither Gemma 3's layout (norms stored with 1 added, its window) nor stacked
+/// experts: those are checked from their safetensors folders only.
+pub const GGUF_CHECK_MODELS: [&str; 4] = ["llama", "qwen2", "mistral", "qwen3"];
+
+/// The GGUF formats the GPU checks run.
+pub const GGUF_CHECK_FORMATS: [(GgmlDType, &str); 2] =
+    [(GgmlDType::Q4_1, "q4_1"), (GgmlDType::Q8_0, "q8_0")];
+
+/// The GPU checks' GGUF file of the model folder `folder` in `dtype` (`NAME-TAG.gguf`
+/// beside the folder), written the first time it is asked for.
+pub fn check_gguf(folder: &Path, dtype: GgmlDType, tag: &str) -> PathBuf {
+    let name = folder
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("model folder name");
+    let file = folder.with_file_name(format!("{name}-{tag}.gguf"));
+    if !file.exists() {
+        write_gguf(folder, dtype, Vocab::Omitted, &file);
+    }
+    file
 }

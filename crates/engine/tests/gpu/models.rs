@@ -4,8 +4,8 @@
 //!
 //! Bounds: CUDA computes matmul inputs in bf16 (f32 accumulation, f32 residual stream and
 //! logits) where the CPU engine computes in f32, so logits differ by bf16 rounding: the
-//! relative L2 bound is 2e-2 for bf16 weights (3e-2 for Gemma 3; see `common`). On GGUF weights both engines quantize the
-//! activations to q8_1, the GPU from bf16-rounded values, so some roundings differ by a
+//! relative L2 bound is 2e-2 for bf16 weights (3e-2 for Gemma 3; see `common`). On GGUF
+//! weights both engines quantize the activations to q8_1, the GPU from bf16-rounded values, so some roundings differ by a
 //! step; the bound is 5e-2 (on these models, Q8_0 weights alone move the CPU engine's
 //! logits 1.7e-2 from the bf16 weights'). Greedy text is compared token by token until the reference
 //! run meets a near tie (top-2 logit gap below the stated margin), where rounding may
@@ -14,7 +14,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use candle_core::quantized::GgmlDType;
 use tessera_engine::{generate, DeviceSpec, Engine, EngineConfig};
 use tessera_protocol::Executor;
 
@@ -22,7 +21,7 @@ use crate::common::{
     agree_until_tie, floats, gpu_check_prompts, gpu_logits_bound, greedy_opts, greedy_steps,
     read_json, rel_l2, GPU_GGUF_LOGITS_BOUND, GPU_LOGITS_BOUND, GPU_TP_MARGIN,
 };
-use crate::gguf_writer::{write_gguf, Vocab};
+use crate::gguf_writer::{check_gguf, GGUF_CHECK_FORMATS, GGUF_CHECK_MODELS};
 use crate::report::check;
 
 const MIN_COMPARED: usize = 8;
@@ -39,19 +38,14 @@ fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
     MODELS.get_or_init(|| {
         let dir = models_dir();
         let mut out = Vec::new();
-        for name in ["llama", "qwen2", "mistral", "qwen3"] {
+        for name in GGUF_CHECK_MODELS {
             let folder = dir.join(name);
             out.push((format!("{name} bf16"), folder.clone(), folder.clone()));
-            for (q, tag) in [(GgmlDType::Q4_1, "q4_1"), (GgmlDType::Q8_0, "q8_0")] {
-                let file = dir.join(format!("{name}-{tag}.gguf"));
-                if !file.exists() {
-                    write_gguf(&folder, q, Vocab::Omitted, &file);
-                }
+            for (q, tag) in GGUF_CHECK_FORMATS {
+                let file = check_gguf(&folder, q, tag);
                 out.push((format!("{name} {tag} GGUF"), file, folder.clone()));
             }
         }
-        // This GGUF writer knows neither Gemma 3's layout (norms stored with 1 added, its
-        // window) nor stacked experts: their safetensors folders only.
         for name in ["qwen3-moe", "gemma3"] {
             let folder = dir.join(name);
             out.push((format!("{name} bf16"), folder.clone(), folder));
