@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
@@ -205,18 +205,10 @@ impl TensorSource for GgufSource {
             });
         };
         match dtype {
-            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-                let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
-                    dtype,
-                    &data,
-                    vec![rows, cols],
-                    &Device::Cpu,
-                )?;
-                Ok(Matrix::Dense {
-                    name: gname,
-                    weight: q.dequantize(&Device::Cpu)?,
-                })
-            }
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Ok(Matrix::Dense {
+                name: gname,
+                weight: dense_tensor(dtype, &data, &[rows, cols])?,
+            }),
             _ => Ok(Matrix::Quantized {
                 name: gname,
                 dtype,
@@ -259,15 +251,29 @@ impl TensorSource for GgufSource {
     fn embedding(&self) -> Result<Embedding> {
         let name = "model.embed_tokens.weight";
         let (dtype, dims, data) = self.raw(&self.locate(name)?, name)?;
+        if let GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 = dtype {
+            return Ok(Embedding::Dense(dense_tensor(dtype, &data, &dims)?));
+        }
         let q =
             candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
-        match dtype {
-            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-                Ok(Embedding::Dense(q.dequantize(&Device::Cpu)?))
-            }
-            _ => Ok(Embedding::Quantized(Arc::new(q))),
-        }
+        Ok(Embedding::Quantized(Arc::new(q)))
     }
+}
+
+/// A float tensor of the file in its own type (GGUF stores them little-endian, as the
+/// hosts Tessera runs on).
+fn dense_tensor(dtype: GgmlDType, data: &[u8], dims: &[usize]) -> Result<Tensor> {
+    let dtype = match dtype {
+        GgmlDType::F32 => DType::F32,
+        GgmlDType::F16 => DType::F16,
+        GgmlDType::BF16 => DType::BF16,
+        other => {
+            return Err(EngineError::Config(format!(
+                "{other:?} is not a float type"
+            )))
+        }
+    };
+    Ok(Tensor::from_raw_buffer(data, dtype, dims, &Device::Cpu)?)
 }
 
 #[cfg(test)]

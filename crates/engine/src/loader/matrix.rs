@@ -25,7 +25,9 @@ pub enum Matrix {
         cols: usize,
         data: Arc<Vec<u8>>,
     },
-    /// Float weights (converted to f32 on load for CPU).
+    /// Float weights in the file's type (f32, f16 or bf16), on the host. A shard takes
+    /// its device's type when placed ([`Matrix::into_qmatmul`]), so a bf16 file reaches a
+    /// GPU as it is, without a pass through f32.
     Dense { name: String, weight: Tensor },
 }
 
@@ -43,7 +45,7 @@ impl Matrix {
         }
     }
 
-    /// Bytes of weight data read from the file for this matrix (f32 for dense ones).
+    /// Bytes of weight data read from the file for this matrix.
     pub fn size_bytes(&self) -> usize {
         match self {
             Matrix::Quantized { data, .. } => data.len(),
@@ -160,7 +162,7 @@ impl Matrix {
     }
 
     /// Row concatenation of matrices with the same column count and representation;
-    /// `None` when they cannot be fused (different quantization types).
+    /// `None` when they cannot be fused (different quantization or float types).
     pub fn concat_rows(parts: &[Matrix], name: &str) -> Result<Option<Matrix>> {
         let Some(first) = parts.first() else {
             return Ok(None);
@@ -192,12 +194,14 @@ impl Matrix {
                     data: Arc::new(data),
                 }))
             }
-            Matrix::Dense { .. } => {
+            Matrix::Dense { weight: w0, .. } => {
                 let mut ws = Vec::with_capacity(parts.len());
                 for p in parts {
                     match p {
-                        Matrix::Dense { weight, .. } => ws.push(weight.clone()),
-                        Matrix::Quantized { .. } => return Ok(None),
+                        Matrix::Dense { weight, .. } if weight.dtype() == w0.dtype() => {
+                            ws.push(weight.clone())
+                        }
+                        _ => return Ok(None),
                     }
                 }
                 Ok(Some(Matrix::Dense {
@@ -288,6 +292,7 @@ pub fn kernel_format(dtype: GgmlDType) -> Option<WeightFormat> {
 mod tests {
     use super::*;
     use candle_core::quantized::QTensor;
+    use candle_core::DType;
 
     fn quantized(rows: usize, cols: usize, dtype: GgmlDType) -> Result<(Tensor, Matrix)> {
         let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu)?;
@@ -381,6 +386,49 @@ mod tests {
             .sqrt();
             assert!(rel < 0.02, "{dtype:?}: relative error {rel}");
         }
+        Ok(())
+    }
+
+    fn dense(w: &Tensor) -> Matrix {
+        Matrix::Dense {
+            name: "w".into(),
+            weight: w.clone(),
+        }
+    }
+
+    /// A bf16 weight stays bf16 through sharding (half the bytes copied, and what a GPU
+    /// takes as it is); only placing it on the CPU makes it f32, with the same values.
+    #[test]
+    fn dense_shards_keep_the_file_type_until_placed() -> Result<()> {
+        let w = Tensor::randn(0f32, 1.0, (6, 8), &Device::Cpu)?.to_dtype(DType::BF16)?;
+        let m = dense(&w).select_rows(&[1..3, 4..6])?.select_cols(2..8)?;
+        let Matrix::Dense { weight, .. } = &m else {
+            panic!("dense");
+        };
+        assert_eq!(weight.dtype(), DType::BF16);
+        assert_eq!(m.size_bytes(), 4 * 6 * 2);
+        let QMatMul::Tensor(placed) = m.into_qmatmul(&Device::Cpu)? else {
+            panic!("a dense weight stays a tensor");
+        };
+        assert_eq!(placed.dtype(), DType::F32);
+        let want = Tensor::cat(&[w.narrow(0, 1, 2)?, w.narrow(0, 4, 2)?], 0)?
+            .narrow(1, 2, 6)?
+            .to_dtype(DType::F32)?;
+        assert_eq!(max_diff(&placed, &want)?, 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn fusing_dense_rows_needs_one_float_type() -> Result<()> {
+        let w = Tensor::randn(0f32, 1.0, (2, 8), &Device::Cpu)?;
+        let b = w.to_dtype(DType::BF16)?;
+        assert!(Matrix::concat_rows(&[dense(&b), dense(&w)], "bw")?.is_none());
+        let Some(Matrix::Dense { weight, .. }) =
+            Matrix::concat_rows(&[dense(&b), dense(&b)], "bb")?
+        else {
+            panic!("two bf16 matrices fuse");
+        };
+        assert_eq!((weight.dtype(), weight.dims2()?), (DType::BF16, (4, 8)));
         Ok(())
     }
 

@@ -1,5 +1,6 @@
 //! Hugging Face folders: `config.json` plus `model.safetensors`, or shards listed in
-//! `model.safetensors.index.json`. Weights in f32, f16 or bf16 are converted to f32.
+//! `model.safetensors.index.json`. Matrices and the embedding table keep the file's float
+//! type (f32, f16 or bf16) until a device takes its shard; vectors are read as f32.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -50,11 +51,16 @@ impl SafetensorsSource {
         Ok(Self { files, config })
     }
 
+    /// The tensor in the file's float type (other types as f32).
     fn load(&self, name: &str) -> Result<Tensor> {
         if self.files.get(name).is_err() {
             return Err(EngineError::MissingTensor(name.to_string()));
         }
-        Ok(self.files.load(name, &Device::Cpu)?.to_dtype(DType::F32)?)
+        let t = self.files.load(name, &Device::Cpu)?;
+        Ok(match t.dtype() {
+            DType::F32 | DType::F16 | DType::BF16 => t,
+            _ => t.to_dtype(DType::F32)?,
+        })
     }
 }
 
@@ -117,7 +123,7 @@ impl TensorSource for SafetensorsSource {
     }
 
     fn vector(&self, name: &str) -> Result<Tensor> {
-        Ok(self.load(name)?.flatten_all()?)
+        Ok(self.load(name)?.to_dtype(DType::F32)?.flatten_all()?)
     }
 
     fn contains(&self, name: &str) -> bool {
