@@ -119,6 +119,14 @@ fn new_nccl_id() -> Result<[u8; 128]> {
     ))
 }
 
+/// How the leader's ranks reach the rest of the group.
+enum LeaderCollectives {
+    /// NCCL's unique id, sent to every worker node.
+    Nccl([u8; 128]),
+    /// The TCP hub's listener, and the address the workers' ranks dial.
+    Tcp(TcpListener, SocketAddr),
+}
+
 fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
     if addr.ip().is_unspecified() {
         SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
@@ -173,23 +181,35 @@ pub(crate) fn nodes(
         let listener = TcpListener::bind(bind).map_err(|e| {
             EngineError::Parallel(format!("cannot listen for the worker nodes on {bind}: {e}"))
         })?;
-        let comm = TcpListener::bind(SocketAddr::new(bind.ip(), 0))?;
-        let hub = loopback_if_unspecified(comm.local_addr()?);
         let token = GroupToken::random();
-        let id = if cuda { Some(new_nccl_id()?) } else { None };
+        // A CUDA group all-reduces over NCCL (the id is all the workers need); a CPU
+        // group over TCP, through a hub the leader listens for.
+        let collectives = if cuda {
+            LeaderCollectives::Nccl(new_nccl_id()?)
+        } else {
+            let comm = TcpListener::bind(SocketAddr::new(bind.ip(), 0))?;
+            let hub = loopback_if_unspecified(comm.local_addr()?);
+            LeaderCollectives::Tcp(comm, hub)
+        };
         let welcome = Welcome {
-            comm_port: hub.port(),
+            comm_port: match &collectives {
+                LeaderCollectives::Tcp(_, hub) => hub.port(),
+                LeaderCollectives::Nccl(_) => 0,
+            },
             group_token: token.0,
-            nccl_id: id.map(|id| id.to_vec()),
+            nccl_id: match &collectives {
+                LeaderCollectives::Nccl(id) => Some(id.to_vec()),
+                LeaderCollectives::Tcp(..) => None,
+            },
         };
         tracing::info!(
             "rendezvous: waiting up to {join:?} for {} worker node(s) on {bind}",
             topo.nnodes - 1
         );
         let streams = rendezvous::accept_workers(&listener, &me, &welcome, join)?;
-        let e = match id {
-            Some(id) => nccl_endpoints(&id, 0..local, world, dtype, timeout)?,
-            None => {
+        let e = match collectives {
+            LeaderCollectives::Nccl(id) => nccl_endpoints(&id, 0..local, world, dtype, timeout)?,
+            LeaderCollectives::Tcp(comm, hub) => {
                 let mut e = vec![tcp(
                     TcpEndpoint::hub(comm, world, token, dtype, timeout),
                     join,
@@ -211,7 +231,6 @@ pub(crate) fn nodes(
             topo.node_rank
         );
         let (stream, welcome) = rendezvous::join(master, topo.node_rank, &me, join)?;
-        let hub = SocketAddr::new(master.ip(), welcome.comm_port);
         let token = GroupToken(welcome.group_token);
         let e = if cuda {
             nccl_endpoints(
@@ -222,6 +241,7 @@ pub(crate) fn nodes(
                 timeout,
             )?
         } else {
+            let hub = SocketAddr::new(master.ip(), welcome.comm_port);
             (first..first + local)
                 .map(|r| {
                     tcp(
