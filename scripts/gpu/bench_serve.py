@@ -30,12 +30,17 @@ CLIENTS = (16, 64)
 # 0: greedy (rows reduced to their arg-max on the GPU); above 0: sampled (rows reduced to
 # their sampling candidates), what chat clients send by default.
 TEMPERATURE = float(os.environ.get("TESSERA_BENCH_TEMPERATURE", "0"))
+# Above 0: every token's log-probability and this many most likely tokens (rows reduced
+# to their arg-max, candidates and log-sum-exp), what evaluation clients send.
+LOGPROBS = int(os.environ.get("TESSERA_BENCH_LOGPROBS", "0"))
 
 
 def one_client(args):
     port, prompt = args
     body = {"model": "m", "prompt": prompt, "max_tokens": MAX_TOKENS,
             "temperature": TEMPERATURE, "stream": True, "ignore_eos": True}
+    if LOGPROBS > 0:
+        body["logprobs"] = LOGPROBS
     try:
         return complete(port, body), None
     except Exception as e:  # noqa: BLE001 - reported in the output
