@@ -55,3 +55,36 @@ extern "C" __global__ void __launch_bounds__(CANDIDATE_THREADS)
         }
     }
 }
+
+// Σ exp(logit − best) over each block's columns of f32 logit rows [rows, cols], for the
+// rows' log-sum-exp (log-probabilities reported from the candidates alone). Grid and
+// blocks as argmax_rows_f32, whose keys give each row's best; block b of row r writes
+// partials[r · gridDim.x + b], and the host adds a row's partials in block order, so the
+// sum does not depend on scheduling. A row with no finite best gets NaN (the host then
+// copies it whole); -inf logits add nothing, a NaN logit makes the sum NaN, as on the host.
+extern "C" __global__ void __launch_bounds__(CANDIDATE_THREADS)
+    row_exp_sums_f32(float* partials, const unsigned long long* max_keys, const float* logits,
+                     int cols, int per_block) {
+    const size_t row = blockIdx.y;
+    const unsigned long long key = max_keys[row];
+    const float best = value_of(key);
+    float* out = partials + row * gridDim.x + blockIdx.x;
+    if (key == 0 || !isfinite(best)) {
+        if (threadIdx.x == 0) *out = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    const int begin = blockIdx.x * per_block;
+    const int end = min(cols, begin + per_block);
+    const float* r = logits + row * cols;
+    float sum = 0.f;
+    for (int c = begin + threadIdx.x; c < end; c += CANDIDATE_THREADS) sum += expf(r[c] - best);
+    __shared__ float warps[CANDIDATE_THREADS / 32];
+    sum = warp_sum(sum);
+    if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int i = 0; i < CANDIDATE_THREADS / 32; ++i) total += warps[i];
+        *out = total;
+    }
+}

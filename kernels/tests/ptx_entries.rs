@@ -4,8 +4,8 @@
 #![cfg(feature = "cuda")]
 
 use tessera_kernels::gpu::launch::{
-    attention_kernel, merge_kernel, KvDtype, ARGMAX_KERNEL, CANDIDATES_KERNEL, HEAD_DIMS,
-    PREFILL_TILE,
+    attention_kernel, merge_kernel, KvDtype, ARGMAX_KERNEL, CANDIDATES_KERNEL, EXP_SUMS_KERNEL,
+    HEAD_DIMS, PREFILL_TILE,
 };
 use tessera_kernels::gpu::ptx;
 
@@ -40,6 +40,7 @@ fn every_kernel_the_planner_names_is_compiled() {
     }
     assert!(entries(ptx::ARGMAX).contains(&ARGMAX_KERNEL));
     assert!(entries(ptx::CANDIDATES).contains(&CANDIDATES_KERNEL));
+    assert!(entries(ptx::CANDIDATES).contains(&EXP_SUMS_KERNEL));
     // 2 dtypes x 5 head dims x (2 tiles + merge).
     assert_eq!(attention.len(), 30);
 }

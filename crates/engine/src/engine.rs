@@ -485,6 +485,13 @@ impl Engine {
             let (token, logprobs) = match logits.reduced.get(row).cloned().flatten() {
                 Some(Reduced::Token(token)) => (state.sampler.accept(token), None),
                 Some(Reduced::Candidates(c)) => (state.sampler.sample_candidates(&c), None),
+                Some(Reduced::Scored {
+                    argmax,
+                    candidates,
+                    log_sum_exp,
+                }) => state
+                    .sampler
+                    .sample_scored(argmax, &candidates, log_sum_exp),
                 None => {
                     let row_logits = rows
                         .next()

@@ -3,7 +3,8 @@
 //! the reference tests.
 
 use tessera_protocol::{
-    Executor, ExecutorError, NewSequence, SamplingParams, ScheduledChunk, SeqId, StepPlan,
+    Executor, ExecutorError, NewSequence, SampledToken, SamplingParams, ScheduledChunk, SeqId,
+    StepPlan,
 };
 
 /// Options of [`generate`].
@@ -23,6 +24,17 @@ pub fn generate(
     prompt: &[u32],
     opts: &GenerateOptions,
     mut on_token: impl FnMut(u32),
+) -> Result<Vec<u32>, ExecutorError> {
+    generate_sampled(exec, prompt, opts, |s| on_token(s.token))
+}
+
+/// As [`generate`], handing `on_sample` each sampled token with its log-probabilities
+/// (when `opts.sampling.logprobs` asks for them).
+pub fn generate_sampled(
+    exec: &mut dyn Executor,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_sample: impl FnMut(&SampledToken),
 ) -> Result<Vec<u32>, ExecutorError> {
     let fail = |m: String| ExecutorError::step(None, m);
     if prompt.is_empty() {
@@ -79,7 +91,7 @@ pub fn generate(
         pos += tokens.len();
         if let Some(s) = output.samples.first() {
             out.push(s.token);
-            on_token(s.token);
+            on_sample(s);
             if opts.stop_token_ids.contains(&s.token) {
                 break;
             }

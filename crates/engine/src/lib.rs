@@ -27,7 +27,7 @@ pub use device::DeviceSpec;
 pub use device_map::{LayerMap, Stage};
 pub use engine::Engine;
 pub use error::{EngineError, Result};
-pub use generate::{generate, GenerateOptions};
+pub use generate::{generate, generate_sampled, GenerateOptions};
 pub use loader::{check_vocabulary, default_model_path, load_tokenizer};
 pub use stats::{EngineStats, RankSnapshot};
 pub use structured::{GrammarCompiler, TokenConstraint};

@@ -70,26 +70,72 @@ impl Sampler {
         (self.accept(token), logprobs)
     }
 
-    /// What of its logits row the next token needs. With no bias, no penalties, no
-    /// log-probabilities to report and no grammar mask, the raw logits decide: a greedy
-    /// sequence needs only their arg-max ([`Sampler::accept`]), a sampled one only its
-    /// candidates ([`Sampler::sample_candidates`]), and the device may reduce the row to
+    /// What of its logits row the next token needs. With no bias, no penalties and no
+    /// grammar mask, the raw logits decide: a greedy sequence needs only their arg-max
+    /// ([`Sampler::accept`]), a sampled one only its candidates
+    /// ([`Sampler::sample_candidates`]), one that reports log-probabilities those and the
+    /// row's log-sum-exp ([`Sampler::sample_scored`]); the device may reduce the row to
     /// that. Anything else needs the whole row ([`Sampler::sample`]).
     pub fn reduction(&self) -> RowReduce {
         let p = &self.params;
         let raw = self.constraint.is_none()
-            && p.logprobs.is_none()
             && p.logit_bias.is_empty()
             && p.repetition_penalty == 1.0
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0;
-        match (raw, p.is_greedy()) {
+        let t = if p.is_greedy() { 0.0 } else { temperature(p) };
+        match (raw, p.logprobs) {
             (false, _) => RowReduce::Logits,
-            (true, true) => RowReduce::Argmax,
-            (true, false) => RowReduce::Candidates {
-                temperature: temperature(p),
+            (true, Some(top)) => RowReduce::Scored {
+                temperature: t,
+                top,
             },
+            (true, None) if p.is_greedy() => RowReduce::Argmax,
+            (true, None) => RowReduce::Candidates { temperature: t },
         }
+    }
+
+    /// The next token and its log-probabilities from what a device reduced the row to
+    /// ([`RowReduce::Scored`]): its arg-max, its candidates at `max(temperature, 1)` (by
+    /// token; at least as many as the log-probabilities asked for) and its log-sum-exp.
+    /// The same token, for the same seed, and the same log-probabilities (up to the
+    /// order of the device's sum) as [`Sampler::sample`] on the whole row.
+    pub fn sample_scored(
+        &mut self,
+        argmax: u32,
+        candidates: &[(u32, f32)],
+        log_sum_exp: f32,
+    ) -> (u32, Option<TokenLogprobs>) {
+        let token = if self.params.is_greedy() {
+            argmax
+        } else {
+            let t = temperature(&self.params);
+            // The candidates at `t` (a subset of those gathered at `max(t, 1)`).
+            let scaled = scaled_candidates(candidates.iter().copied(), t);
+            self.draw_scaled(scaled)
+                .or_else(|| candidates.first().map(|c| c.0))
+                .unwrap_or(argmax)
+        };
+        let logprobs = self.params.logprobs.map(|k| {
+            let lp = |t: u32| {
+                candidates
+                    .iter()
+                    .find(|c| c.0 == t)
+                    .map_or(f32::NEG_INFINITY, |c| c.1 - log_sum_exp)
+            };
+            let mut top = candidates.to_vec();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            top.truncate(k);
+            TokenLogprobs {
+                logprob: lp(token),
+                top: top
+                    .into_iter()
+                    .map(|(t, l)| (t, l - log_sum_exp))
+                    .filter(|(_, l)| l.is_finite())
+                    .collect(),
+            }
+        });
+        (self.accept(token), logprobs)
     }
 
     /// Draws the next token from the row's [`sampling_candidates`] (token, raw logit),
@@ -503,6 +549,58 @@ mod tests {
         assert!(fewer, "some rows leave tokens out");
     }
 
+    /// A row reduced for log-probabilities (arg-max, candidates at `max(t, 1)`, a
+    /// log-sum-exp summed in another order) gives the token, seed for seed, and the
+    /// log-probabilities the whole row gives.
+    #[test]
+    fn scored_rows_give_what_whole_rows_give() {
+        let mut state = 0x2545_f491_u64;
+        let mut unit = || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        for spread in [0.5f32, 4.0, 30.0] {
+            let mut row: Vec<f32> = (0..3000).map(|_| spread * unit()).collect();
+            row[7] = f32::NEG_INFINITY;
+            for (t, top) in [(0.0, 5), (0.0, 0), (0.7, 3), (1.6, 20), (1.0, 1)] {
+                let p = params(|p| {
+                    p.temperature = t;
+                    p.top_p = 0.9;
+                    p.logprobs = Some(top);
+                    p.seed = Some(5);
+                });
+                let (mut whole, mut reduced) = (Sampler::new(p.clone(), &[]), Sampler::new(p, &[]));
+                let RowReduce::Scored { temperature, .. } = reduced.reduction() else {
+                    panic!("a raw row with log-probabilities is scored");
+                };
+                let cand = sampling_candidates(&row, temperature.max(1.0));
+                assert!(
+                    cand.len() >= top,
+                    "spread {spread}: {} candidates",
+                    cand.len()
+                );
+                let lse = row.iter().map(|l| f64::from(*l).exp()).sum::<f64>().ln() as f32;
+                for draw in 0..20 {
+                    let (want_token, want) = whole.sample(&mut row.clone());
+                    let (token, got) = reduced.sample_scored(argmax(&row), &cand, lse);
+                    let what = format!("spread {spread} t {t} top {top} draw {draw}");
+                    assert_eq!(token, want_token, "{what}");
+                    let (Some(got), Some(want)) = (got, want) else {
+                        panic!("{what}: log-probabilities on both sides");
+                    };
+                    assert!((got.logprob - want.logprob).abs() < 1e-4, "{what}");
+                    assert_eq!(got.top.len(), want.top.len(), "{what}");
+                    for (g, w) in got.top.iter().zip(&want.top) {
+                        assert_eq!(g.0, w.0, "{what}");
+                        assert!((g.1 - w.1).abs() < 1e-4, "{what}: {g:?} {w:?}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn only_raw_logit_draws_are_reduced() {
         let reduction = |f: fn(&mut SamplingParams)| Sampler::new(params(f), &[]).reduction();
@@ -511,8 +609,31 @@ mod tests {
             reduction(|p| p.temperature = 0.5),
             RowReduce::Candidates { temperature: 0.5 }
         );
+        assert_eq!(
+            reduction(|p| {
+                p.temperature = 0.0;
+                p.logprobs = Some(3)
+            }),
+            RowReduce::Scored {
+                temperature: 0.0,
+                top: 3
+            }
+        );
+        assert_eq!(
+            reduction(|p| {
+                p.temperature = 0.5;
+                p.logprobs = Some(0)
+            }),
+            RowReduce::Scored {
+                temperature: 0.5,
+                top: 0
+            }
+        );
         for f in [
-            (|p: &mut SamplingParams| p.logprobs = Some(0)) as fn(&mut SamplingParams),
+            (|p: &mut SamplingParams| {
+                p.logprobs = Some(2);
+                p.logit_bias = vec![(3, 1.0)]
+            }) as fn(&mut SamplingParams),
             |p| p.logit_bias = vec![(3, 1.0)],
             |p| p.repetition_penalty = 1.1,
             |p| p.presence_penalty = 0.5,

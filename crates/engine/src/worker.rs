@@ -33,6 +33,12 @@ pub(crate) enum Reduced {
     Token(u32),
     /// Its sampling candidates: `(token, logit)` by token.
     Candidates(Vec<(u32, f32)>),
+    /// Its arg-max, candidates and log-sum-exp ([`RowReduce::Scored`]).
+    Scored {
+        argmax: u32,
+        candidates: Vec<(u32, f32)>,
+        log_sum_exp: f32,
+    },
 }
 
 /// What the rank that returns logits hands back for the step's sampled rows.
@@ -86,32 +92,39 @@ fn reduce_on_device(
     logits: &Tensor,
     modes: &[RowReduce],
 ) -> Result<StepLogits> {
-    let temperatures: Vec<f32> = modes
-        .iter()
-        .map(|m| match m {
-            RowReduce::Candidates { temperature } => *temperature,
-            // Not a candidate row: the kernel skips it.
-            _ => 0.0,
-        })
-        .collect();
-    let wants_candidates = modes
-        .iter()
-        .any(|m| matches!(m, RowReduce::Candidates { .. }));
+    // 0 for a row without candidates: the kernel skips it.
+    let temperatures: Vec<f32> = modes.iter().map(RowReduce::candidate_temperature).collect();
+    let wants_candidates = temperatures.iter().any(|t| *t > 0.0);
+    let wants_lse = modes.iter().any(|m| matches!(m, RowReduce::Scored { .. }));
     let r = crate::model::cuda::kernels::reduce_rows(
         gpu,
         logits,
         wants_candidates.then_some(&temperatures[..]),
+        wants_lse,
     )?;
     let mut candidates = r.candidates.into_iter();
+    let lse = r.log_sum_exp.unwrap_or_default();
     let reduced: Vec<Option<Reduced>> = modes
         .iter()
         .zip(&r.argmax)
-        .map(|(m, id)| {
+        .enumerate()
+        .map(|(row, (m, id))| {
             let cand = candidates.next().flatten();
             match m {
                 RowReduce::Logits => None,
                 RowReduce::Argmax => Some(Reduced::Token(*id)),
                 RowReduce::Candidates { .. } => cand.map(Reduced::Candidates),
+                // Fewer candidates than the most likely tokens asked for (a peaked row),
+                // or no finite log-sum-exp: the host takes the row.
+                RowReduce::Scored { top, .. } => {
+                    let log_sum_exp = lse.get(row).copied().filter(|l| l.is_finite())?;
+                    let candidates = cand.filter(|c| c.len() >= *top)?;
+                    Some(Reduced::Scored {
+                        argmax: *id,
+                        candidates,
+                        log_sum_exp,
+                    })
+                }
             }
         })
         .collect();

@@ -45,6 +45,7 @@ extern "C" void add_rms_norm_f16(float*, __half*, const float*, const float*, co
 extern "C" void argmax_rows_f32(unsigned long long*, const float*, int, int);
 extern "C" void sampling_candidates_f32(unsigned*, unsigned*, float*, const unsigned long long*,
                                         const float*, const float*, int, int, int);
+extern "C" void row_exp_sums_f32(float*, const unsigned long long*, const float*, int, int);
 
 extern "C" {
 
@@ -106,5 +107,6 @@ extern "C" int tessera_emu_launch(const char* name, const EmuGrid* g, void** par
     LAUNCH(add_rms_norm_f16)
     LAUNCH(argmax_rows_f32)
     LAUNCH(sampling_candidates_f32)
+    LAUNCH(row_exp_sums_f32)
     return -1;
 }

@@ -13,9 +13,10 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use half::{bf16, f16};
 use tessera_kernels::gpu::launch::{
     argmax_shape, attention_kernel, attention_shape, candidate_rows, candidate_slots_used,
-    column_of_key, gated_kernel, gated_shape, merge_kernel, merge_shape, norm_kernel, norm_shape,
-    rope_write_kernel, rope_write_shape, AttentionPlan, CandidateRow, Gate, KernelArg, KvDtype,
-    LaunchShape, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL, PREFILL_TILE,
+    column_of_key, gated_kernel, gated_shape, log_sum_exp_rows, merge_kernel, merge_shape,
+    norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, value_of_key, AttentionPlan,
+    CandidateRow, Gate, KernelArg, KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL,
+    CANDIDATES_KERNEL, EXP_SUMS_KERNEL, PREFILL_TILE,
 };
 
 /// What can go wrong launching an emulated kernel.
@@ -458,6 +459,32 @@ pub fn argmax_rows(logits: &[f32], cols: usize) -> Result<Vec<u32>> {
         .into_iter()
         .map(column_of_key)
         .collect())
+}
+
+/// Each row's log-sum-exp as the engine computes it on a GPU (arg-max keys, then each
+/// block's sum of `exp(logit - best)`, added on the host in block order); NaN for a row
+/// with no finite best.
+pub fn row_log_sum_exp(logits: &[f32], cols: usize) -> Result<Vec<f32>> {
+    let rows = logits.len() / cols.max(1);
+    let keys = argmax_keys(logits, cols)?;
+    if rows == 0 || cols == 0 {
+        return Ok(vec![f32::NAN; rows]);
+    }
+    let (shape, per_block) = argmax_shape(rows, cols);
+    let blocks = shape.grid.0 as usize;
+    let mut partials = vec![0f32; rows * blocks];
+    let args = [
+        ptr(partials.as_mut_ptr()),
+        ptr(keys.as_ptr()),
+        ptr(logits.as_ptr()),
+        arg_int(cols, "columns")?,
+        arg_int(per_block, "columns per block")?,
+    ];
+    // SAFETY: one key per row, one partial per block of each row; every block reads
+    // columns below `cols` of its own row.
+    unsafe { launch(EXP_SUMS_KERNEL, shape, &args) }?;
+    let best: Vec<f32> = keys.iter().map(|k| value_of_key(*k)).collect();
+    Ok(log_sum_exp_rows(&partials, blocks, &best))
 }
 
 /// Each row's sampling candidates at its temperature, as the engine launches the

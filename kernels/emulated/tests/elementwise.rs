@@ -216,3 +216,40 @@ fn sampling_candidates_are_the_host_samplers() {
     assert_eq!(got[0].as_ref().map(Vec::len), Some(4));
     assert_eq!(got[1], None);
 }
+
+#[test]
+fn row_log_sum_exp_is_the_rows() {
+    use tessera_kernels_emulated::row_log_sum_exp;
+    let mut rng = Lcg(31);
+    // Rows wider than one block (many partials) and narrower, peaked and flat, with
+    // -inf entries (which add nothing), against an f64 sum.
+    for (cols, spread) in [(20_000usize, 30.0f32), (20_000, 0.5), (1000, 8.0), (3, 1.0)] {
+        let mut logits: Vec<f32> = rng.values(3 * cols).iter().map(|v| spread * v).collect();
+        logits[cols + 1] = f32::NEG_INFINITY;
+        let got = row_log_sum_exp(&logits, cols).expect("runs");
+        for (r, row) in logits.chunks_exact(cols).enumerate() {
+            let want = row.iter().map(|l| f64::from(*l).exp()).sum::<f64>().ln();
+            let err = (f64::from(got[r]) - want).abs();
+            assert!(
+                err < 1e-4 * want.abs().max(1.0),
+                "cols {cols} row {r}: {} against {want}",
+                got[r]
+            );
+        }
+    }
+    // No finite best (+inf, or only NaN), or a NaN among finite values: NaN, as the
+    // host's log-sum-exp of such a row.
+    let rows = [
+        0.5f32,
+        f32::INFINITY,
+        0.1,
+        f32::NAN,
+        f32::NAN,
+        f32::NAN,
+        1.0,
+        f32::NAN,
+        2.0,
+    ];
+    let got = row_log_sum_exp(&rows, 3).expect("runs");
+    assert!(got.iter().all(|l| l.is_nan()), "{got:?}");
+}

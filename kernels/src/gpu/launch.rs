@@ -190,6 +190,38 @@ pub fn argmax_shape(rows: usize, cols: usize) -> (LaunchShape, usize) {
 pub const CANDIDATES_KERNEL: &str = "sampling_candidates_f32";
 /// Most candidates a row hands over; a row with more is copied whole.
 pub const MAX_CANDIDATES: usize = 4096;
+/// The kernel that sums each row's `exp(logit - best)` per block (candidates.cu), for the
+/// log-sum-exp of a row reported by its candidates; launched on [`argmax_shape`] too.
+pub const EXP_SUMS_KERNEL: &str = "row_exp_sums_f32";
+
+/// Each row's log-sum-exp from the kernel's per-block partial sums (`blocks` a row, in
+/// block order) and its best logit; NaN where the kernel found no finite best.
+pub fn log_sum_exp_rows(partials: &[f32], blocks: usize, best: &[f32]) -> Vec<f32> {
+    best.iter()
+        .enumerate()
+        .map(|(r, b)| {
+            let sum: f32 = partials
+                .get(r * blocks..(r + 1) * blocks)
+                .map_or(f32::NAN, |p| p.iter().sum());
+            b + sum.ln()
+        })
+        .collect()
+}
+
+/// The best logit an arg-max key holds (argmax.cu's `key_of`, inverted); NaN for a key
+/// of 0 (nothing beat NaN).
+pub fn value_of_key(key: u64) -> f32 {
+    if key == 0 {
+        return f32::NAN;
+    }
+    let ordered = (key >> 32) as u32;
+    let bits = if ordered & 0x8000_0000 != 0 {
+        ordered & 0x7fff_ffff
+    } else {
+        !ordered
+    };
+    f32::from_bits(bits)
+}
 
 /// The column an arg-max key names (argmax.cu: the low half is its complement); a key
 /// of 0 (nothing beat NaN) names column 0.

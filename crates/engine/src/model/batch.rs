@@ -40,6 +40,22 @@ pub enum RowReduce {
     Argmax,
     /// The tokens a draw at this temperature can pick (`sampler::sampling_candidates`).
     Candidates { temperature: f32 },
+    /// The next token with its log-probability and the `top` most likely tokens' (a
+    /// greedy row at temperature 0): the row's arg-max, its log-sum-exp, and its
+    /// candidates at `max(temperature, 1)`, which hold the drawn token and, when there are
+    /// at least `top` of them, the `top` most likely ones (`Sampler::sample_scored`).
+    Scored { temperature: f32, top: usize },
+}
+
+impl RowReduce {
+    /// The temperature the device gathers this row's candidates at (0: none).
+    pub fn candidate_temperature(&self) -> f32 {
+        match self {
+            RowReduce::Candidates { temperature } => *temperature,
+            RowReduce::Scored { temperature, .. } => temperature.max(1.0),
+            RowReduce::Logits | RowReduce::Argmax => 0.0,
+        }
+    }
 }
 
 /// What a chunk must fit to run: the cache, the positions and the embedding.

@@ -446,6 +446,7 @@ fn sampling_candidates_match_the_host_sampler() {
             launcher(&device),
             &upload(&logits, &[rows, cols], DType::F32, &device),
             Some(&temps),
+            true,
         )
         .expect("reduce");
         let mut agree = 0;
@@ -467,6 +468,27 @@ fn sampling_candidates_match_the_host_sampler() {
             ),
             "all; rows over the cap left whole".into(),
             agree + copied == 2 * rows,
+        );
+        // The log-sum-exp against an f64 sum; the NaN of row 0 makes its sum NaN, as the
+        // host's, and a NaN never passes the bound, so that row is checked apart.
+        let lse = got.log_sum_exp.clone().unwrap_or_default();
+        let mut worst = 0f64;
+        let mut ok = lse.len() == rows && lse[0].is_nan();
+        for r in 1..rows.min(lse.len()) {
+            let row = &logits[r * cols..(r + 1) * cols];
+            let want = row.iter().map(|l| f64::from(*l).exp()).sum::<f64>().ln();
+            let err = (f64::from(lse[r]) - want).abs() / want.abs().max(1.0);
+            ok &= err < 1e-5;
+            worst = worst.max(err);
+        }
+        check(
+            &format!("log-sum-exp of {rows} rows of {cols}, spread {spread}"),
+            format!(
+                "relative |err| {worst:.2e}; NaN row NaN: {}",
+                lse.first().is_some_and(|l| l.is_nan())
+            ),
+            "< 1e-5; NaN for a row holding NaN".into(),
+            ok,
         );
     }
 }

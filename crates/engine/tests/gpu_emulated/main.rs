@@ -19,9 +19,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{agree_until_tie, greedy_opts, last_logits, rel_l2};
-use tessera_engine::{generate, test_models, Engine, EngineConfig, GenerateOptions};
+use tessera_engine::{
+    generate, generate_sampled, test_models, Engine, EngineConfig, GenerateOptions,
+};
 use tessera_kernels::gpu::reference::Lcg;
-use tessera_protocol::SamplingParams;
+use tessera_protocol::{SamplingParams, TokenLogprobs};
 
 const LOGITS_BOUND: f32 = 2e-2;
 const TP_BOUND: f32 = 1e-2;
@@ -213,22 +215,22 @@ fn sampling_from_device_candidates_equals_sampling_whole_rows() {
     let vocab = gpu.model_config().vocab_size;
     let prompt = prompts(vocab).swap_remove(1);
     for (temperature, top_p, seed) in [(0.8, 1.0, 3), (1.5, 0.9, 11)] {
-        let sampled = |logprobs: Option<usize>, e: &mut Engine| {
+        let sampled = |logit_bias: Vec<(u32, f32)>, e: &mut Engine| {
             let opts = GenerateOptions {
                 sampling: SamplingParams {
                     temperature,
                     top_p,
                     seed: Some(seed),
-                    // Rows that want log-probabilities come to the host whole.
-                    logprobs,
+                    // Rows with a logit bias (even of 0) come to the host whole.
+                    logit_bias,
                     ..SamplingParams::greedy()
                 },
                 ..greedy_opts(16, 0)
             };
             generate(e, &prompt, &opts, |_| {}).expect("generate")
         };
-        let from_candidates = sampled(None, &mut gpu);
-        let from_rows = sampled(Some(1), &mut gpu);
+        let from_candidates = sampled(vec![], &mut gpu);
+        let from_rows = sampled(vec![(0, 0.0)], &mut gpu);
         assert_eq!(
             from_candidates, from_rows,
             "temperature {temperature}, top_p {top_p}, seed {seed}"
@@ -237,6 +239,59 @@ fn sampling_from_device_candidates_equals_sampling_whole_rows() {
         let distinct: std::collections::BTreeSet<_> = from_candidates.iter().collect();
         assert!(distinct.len() > 2, "{from_candidates:?}");
     }
+}
+
+/// Rows that report log-probabilities are reduced on the device to their arg-max,
+/// candidates and log-sum-exp: greedy and sampled, they give the tokens and the
+/// log-probabilities (the chosen token's and the most likely ones) of whole rows.
+#[test]
+fn log_probabilities_from_device_reductions_equal_whole_rows() {
+    let path = model("tiny-qwen2");
+    let mut gpu = engine(&path, 1, true);
+    let vocab = gpu.model_config().vocab_size;
+    let prompt = prompts(vocab).swap_remove(1);
+    let mut bits_differ = false;
+    for (temperature, top, seed) in [(0.0, 5, 1), (0.9, 3, 7), (1.4, 0, 13)] {
+        let run = |logit_bias: Vec<(u32, f32)>, e: &mut Engine| {
+            let opts = GenerateOptions {
+                sampling: SamplingParams {
+                    temperature,
+                    seed: Some(seed),
+                    logprobs: Some(top),
+                    // A bias, even of 0, makes the host take the whole row.
+                    logit_bias,
+                    ..SamplingParams::greedy()
+                },
+                ..greedy_opts(12, 0)
+            };
+            let mut scores: Vec<TokenLogprobs> = Vec::new();
+            let tokens = generate_sampled(e, &prompt, &opts, |s| {
+                scores.push(s.logprobs.clone().expect("log-probabilities asked for"));
+            })
+            .expect("generate");
+            (tokens, scores)
+        };
+        let (tokens, reduced) = run(vec![], &mut gpu);
+        let (want_tokens, whole) = run(vec![(0, 0.0)], &mut gpu);
+        let what = format!("temperature {temperature}, top {top}");
+        assert_eq!(tokens, want_tokens, "{what}");
+        for (i, (g, w)) in reduced.iter().zip(&whole).enumerate() {
+            assert!(
+                (g.logprob - w.logprob).abs() < 1e-4,
+                "{what} token {i}: {g:?} {w:?}"
+            );
+            assert_eq!(g.top.len(), w.top.len(), "{what} token {i}");
+            assert_eq!(g.top.len(), top, "{what} token {i}");
+            for (a, b) in g.top.iter().zip(&w.top) {
+                assert_eq!(a.0, b.0, "{what} token {i}");
+                assert!((a.1 - b.1).abs() < 1e-4, "{what} token {i}: {a:?} {b:?}");
+            }
+            bits_differ |= g.logprob != w.logprob;
+        }
+    }
+    // Not the host's own numbers: the device's log-sum-exp (summed in another order)
+    // really gave them.
+    assert!(bits_differ, "every log-probability equal to the last bit");
 }
 
 #[test]

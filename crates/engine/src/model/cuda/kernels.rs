@@ -8,9 +8,10 @@
 use candle_core::{DType, Tensor};
 use tessera_kernels::gpu::launch::{
     argmax_shape, attention_kernel, attention_shape, candidate_rows, candidate_slots_used,
-    column_of_key, gated_kernel, gated_shape, merge_kernel, merge_shape, norm_kernel, norm_shape,
-    rope_write_kernel, rope_write_shape, CandidateRow, Gate, KernelArg, KvDtype, TileLaunch,
-    ARGMAX_KERNEL, CANDIDATES_KERNEL, MAX_CANDIDATES, PREFILL_TILE,
+    column_of_key, gated_kernel, gated_shape, log_sum_exp_rows, merge_kernel, merge_shape,
+    norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, value_of_key, CandidateRow, Gate,
+    KernelArg, KvDtype, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL, EXP_SUMS_KERNEL,
+    MAX_CANDIDATES, PREFILL_TILE,
 };
 
 use crate::config::Activation;
@@ -412,15 +413,19 @@ pub struct Reductions {
     /// With temperatures, each row's sampling candidates (`sampler::sampling_candidates`:
     /// token and logit, by token); `None` for a row the host must take whole.
     pub candidates: Vec<Option<CandidateRow>>,
+    /// When asked for, each row's log-sum-exp (NaN for a row with no finite best).
+    pub log_sum_exp: Option<Vec<f32>>,
 }
 
-/// The arg-max of each row of f32 `logits` (`[rows, cols]`) and, given a temperature per
-/// row, the row's sampling candidates: two kernels, then copies of a few bytes per row
-/// and of at most [`MAX_CANDIDATES`] pairs per candidate row.
+/// The arg-max of each row of f32 `logits` (`[rows, cols]`); given a temperature per
+/// row, the row's sampling candidates; and if asked, its log-sum-exp: a kernel each, then
+/// copies of a few bytes per row and of at most [`MAX_CANDIDATES`] pairs per candidate
+/// row.
 pub fn reduce_rows(
     gpu: Gpu<'_>,
     logits: &Tensor,
     temperatures: Option<&[f32]>,
+    log_sum_exp: bool,
 ) -> Result<Reductions> {
     expect_dtype(logits, DType::F32, "logits")?;
     let (rows, cols) = logits.dims2()?;
@@ -428,6 +433,7 @@ pub fn reduce_rows(
         return Ok(Reductions {
             argmax: vec![0; rows],
             candidates: vec![None; rows],
+            log_sum_exp: log_sum_exp.then(|| vec![f32::NAN; rows]),
         });
     }
     let device = gpu.device();
@@ -495,17 +501,44 @@ pub fn reduce_rows(
             candidate_rows(&counts, &ids, &values, cap)
         }
     };
+    let partials = if log_sum_exp {
+        let blocks = shape.grid.0 as usize;
+        let partials = gpu.output(DType::F32, rows * blocks)?;
+        let held = Held::new(&partials, "exp sums")?;
+        let args = [
+            held.arg()?,
+            keys_h.arg()?,
+            logits_h.arg()?,
+            cols_arg,
+            per_block_arg,
+        ];
+        // SAFETY: matches candidates.cu's row_exp_sums_f32, launched on the arg-max's
+        // grid: one key per row, one partial per block of each row.
+        unsafe { gpu.launch(Module::Candidates, EXP_SUMS_KERNEL, shape, &args) }?;
+        drop(held);
+        Some((partials.to_vec1::<f32>()?, blocks))
+    } else {
+        None
+    };
     drop((keys_h, logits_h));
-    let argmax = keys
+    let keys: Vec<u64> = keys
         .to_vec1::<i64>()?
         .into_iter()
-        .map(|k| column_of_key(k as u64))
+        .map(|k| k as u64)
         .collect();
-    Ok(Reductions { argmax, candidates })
+    let log_sum_exp = partials.map(|(p, blocks)| {
+        let best: Vec<f32> = keys.iter().map(|k| value_of_key(*k)).collect();
+        log_sum_exp_rows(&p, blocks, &best)
+    });
+    Ok(Reductions {
+        argmax: keys.into_iter().map(column_of_key).collect(),
+        candidates,
+        log_sum_exp,
+    })
 }
 
 /// The arg-max column of each row of f32 `logits` (`[rows, cols]`), the lowest index
 /// winning ties as in the host sampler; rows whose values are all NaN give 0.
 pub fn argmax_rows(gpu: Gpu<'_>, logits: &Tensor) -> Result<Vec<u32>> {
-    Ok(reduce_rows(gpu, logits, None)?.argmax)
+    Ok(reduce_rows(gpu, logits, None, false)?.argmax)
 }
