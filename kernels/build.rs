@@ -22,6 +22,13 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo:rerun-if-env-changed=NVCC_CCBIN");
+    let cap = std::env::var("CUDA_COMPUTE_CAP")
+        .ok()
+        .map(|c| c.trim().replace('.', ""))
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "80".into());
+    // The engine refuses, at open, a GPU older than the kernels target.
+    println!("cargo:rustc-env=TESSERA_CUDA_COMPUTE_CAP={cap}");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
@@ -30,11 +37,6 @@ fn main() {
         Some(home) => Path::new(&home).join("bin").join("nvcc"),
         None => PathBuf::from("nvcc"),
     };
-    let cap = std::env::var("CUDA_COMPUTE_CAP")
-        .ok()
-        .map(|c| c.trim().replace('.', ""))
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "80".into());
     for name in SOURCES {
         let src = Path::new("cuda").join(format!("{name}.cu"));
         let ptx = out.join(format!("{name}.ptx"));

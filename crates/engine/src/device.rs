@@ -99,6 +99,18 @@ impl DeviceSpec {
                     EngineError::Parallel(format!("cuda:{i}: cannot open the device: {e}"))
                 })?;
                 if let Device::Cuda(d) = &device {
+                    // Refused here, by name, rather than by a PTX load error at the first
+                    // launch.
+                    let ctx = d.cuda_stream().context().clone();
+                    let cap = ctx.compute_capability().map_err(|e| {
+                        EngineError::Parallel(format!("cuda:{i}: cannot query the device: {e}"))
+                    })?;
+                    let built = tessera_kernels::gpu::launch::kernels_compute_cap();
+                    tessera_kernels::gpu::launch::check_compute_capability(cap.0, cap.1, built)
+                        .map_err(|why| {
+                            let name = ctx.name().unwrap_or_else(|_| "GPU".into());
+                            EngineError::Parallel(format!("cuda:{i} ({name}): {why}"))
+                        })?;
                     // SAFETY: each rank queues all its work on its own stream; where data
                     // crosses streams (weights uploaded by the loading thread, tensors
                     // shared by ranks on one GPU, stages handing on hidden states) the

@@ -168,6 +168,35 @@ pub fn norm_shape(rows: usize, cols: usize) -> LaunchShape {
     }
 }
 
+/// The compute capability this build's kernels (and candle's) were compiled for, as
+/// `CUDA_COMPUTE_CAP` names it (90: Hopper; 80: Ampere): the PTX runs on that generation
+/// and later ones only.
+pub fn kernels_compute_cap() -> u32 {
+    env!("TESSERA_CUDA_COMPUTE_CAP").parse().unwrap_or(80)
+}
+
+/// Why a GPU of compute capability `major.minor` cannot run kernels built for
+/// `built_for` (`CUDA_COMPUTE_CAP` digits, e.g. 90), if it cannot. Below 8.0 no build
+/// can serve it: the kernels compute in bf16.
+pub fn check_compute_capability(major: i32, minor: i32, built_for: u32) -> Result<(), String> {
+    let have = u32::try_from(major * 10 + minor).unwrap_or(0);
+    if have < 80 {
+        return Err(format!(
+            "compute capability {major}.{minor}: Tessera's CUDA kernels compute in bf16, which \
+             needs 8.0 or later (Ampere, Ada, Hopper, Blackwell); serve on cpu ranks instead"
+        ));
+    }
+    if have < built_for {
+        return Err(format!(
+            "compute capability {major}.{minor}: this build's kernels target {}.{} and later; \
+             rebuild with CUDA_COMPUTE_CAP={have} (see the README, GPUs)",
+            built_for / 10,
+            built_for % 10
+        ));
+    }
+    Ok(())
+}
+
 /// The arg-max kernel of f32 rows.
 pub const ARGMAX_KERNEL: &str = "argmax_rows_f32";
 /// Threads of an arg-max block (argmax.cu), and the most columns one block scans.
@@ -410,6 +439,18 @@ mod tests {
 
     fn span(tokens: Range<usize>, start_pos: usize) -> SeqSpan {
         SeqSpan { tokens, start_pos }
+    }
+
+    #[test]
+    fn gpus_older_than_the_kernels_are_refused_with_the_fix() {
+        assert_eq!(check_compute_capability(9, 0, 90), Ok(()));
+        assert_eq!(check_compute_capability(12, 0, 90), Ok(()));
+        assert_eq!(check_compute_capability(8, 6, 80), Ok(()));
+        let a100 = check_compute_capability(8, 0, 90).err().unwrap_or_default();
+        assert!(a100.contains("CUDA_COMPUTE_CAP=80"), "{a100}");
+        let t4 = check_compute_capability(7, 5, 80).err().unwrap_or_default();
+        assert!(t4.contains("needs 8.0 or later"), "{t4}");
+        assert!((80..=120).contains(&kernels_compute_cap()));
     }
 
     #[test]
