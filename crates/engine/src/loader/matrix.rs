@@ -265,7 +265,15 @@ impl Matrix {
                 ..
             } => {
                 let q = qtensor_from_ggml(dtype, &data, vec![rows, cols], device)?;
-                Ok(QMatMul::from_qtensor(q)?)
+                // candle dequantizes every weight to f32 when asked to
+                // (`CANDLE_DEQUANTIZE_ALL`); such a weight takes the device's compute type,
+                // as a dense one does (a GPU's bf16 activations cannot multiply f32).
+                Ok(match QMatMul::from_qtensor(q)? {
+                    QMatMul::Tensor(w) => {
+                        QMatMul::Tensor(w.to_dtype(crate::model::compute_dtype(device))?)
+                    }
+                    other => other,
+                })
             }
             Matrix::Dense { weight, .. } => Ok(QMatMul::Tensor(
                 weight
