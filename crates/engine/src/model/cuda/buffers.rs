@@ -273,6 +273,47 @@ impl<'a> Held<'a> {
     }
 }
 
+/// An element type whose leading elements [`prefix_to_host`] copies.
+#[cfg(feature = "cuda")]
+pub(crate) trait HostCopy:
+    candle_core::WithDType
+    + candle_core::cuda::CudaDType
+    + candle_core::cuda::cudarc::driver::DeviceRepr
+{
+}
+/// An element type whose leading elements [`prefix_to_host`] copies.
+#[cfg(not(feature = "cuda"))]
+pub(crate) trait HostCopy: candle_core::WithDType {}
+impl HostCopy for u32 {}
+impl HostCopy for f32 {}
+
+/// The first `n` elements of a contiguous tensor on the host. On a GPU only those cross
+/// to the host: candle's `to_vec1` of a narrowed tensor copies its whole buffer first.
+pub(crate) fn prefix_to_host<T: HostCopy>(t: &Tensor, n: usize) -> Result<Vec<T>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(_) = t.device() {
+        let (storage, layout) = t.storage_and_layout();
+        let (start, _) = layout
+            .contiguous_offsets()
+            .filter(|(s, e)| n <= e - s)
+            .ok_or_else(|| {
+                EngineError::Step(format!(
+                    "copy of {n} elements from a tensor of {} that is not contiguous or shorter",
+                    t.elem_count()
+                ))
+            })?;
+        let candle_core::Storage::Cuda(s) = &*storage else {
+            return Err(not_gpu("prefix copy"));
+        };
+        let slice = s.as_cuda_slice::<T>()?;
+        return slice
+            .stream()
+            .clone_dtoh(&slice.slice(start..start + n))
+            .map_err(|e| launch_err("copy to the host", e));
+    }
+    Ok(t.narrow(0, 0, n)?.to_vec1::<T>()?)
+}
+
 /// Checks a tensor's dtype before a kernel reinterprets its buffer.
 pub(crate) fn expect_dtype(t: &Tensor, dtype: DType, what: &str) -> Result<()> {
     if t.dtype() == dtype {

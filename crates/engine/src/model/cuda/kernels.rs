@@ -16,7 +16,7 @@ use tessera_kernels::gpu::launch::{
 
 use crate::config::Activation;
 use crate::error::{EngineError, Result};
-use crate::model::cuda::buffers::{expect_dtype, Gpu, Held, Module};
+use crate::model::cuda::buffers::{expect_dtype, prefix_to_host, Gpu, Held, Module};
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::step_meta::Part;
 
@@ -494,8 +494,8 @@ pub fn reduce_rows(
                 (Vec::new(), Vec::new())
             } else {
                 (
-                    ids.narrow(0, 0, used * rows)?.to_vec1::<u32>()?,
-                    values.narrow(0, 0, used * rows)?.to_vec1::<f32>()?,
+                    prefix_to_host::<u32>(&ids, used * rows)?,
+                    prefix_to_host::<f32>(&values, used * rows)?,
                 )
             };
             candidate_rows(&counts, &ids, &values, cap)
