@@ -497,22 +497,29 @@ mod tests {
         assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 1]);
     }
 
+    /// 3000 logits drawn from `[-spread, spread)` by a fixed generator, token 7 at -inf.
+    fn spread_row(seed: u64, spread: f32) -> Vec<f32> {
+        let mut state = seed;
+        let mut row: Vec<f32> = (0..3000)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                spread * ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+            })
+            .collect();
+        row[7] = f32::NEG_INFINITY;
+        row
+    }
+
     #[test]
     fn candidates_draw_what_the_whole_row_draws() {
         // Peaked and flat rows with -inf and NaN entries, under plain temperature and
         // top-k / top-p / min-p: a sampler handed the row's candidates draws the same
         // token, seed for seed, as one handed the whole row.
-        let mut state = 0x9e37_79b9_u64;
-        let mut unit = || {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1);
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
         let mut fewer = false;
         for spread in [0.5f32, 4.0, 30.0] {
-            let mut row: Vec<f32> = (0..3000).map(|_| spread * unit()).collect();
-            row[7] = f32::NEG_INFINITY;
+            let mut row = spread_row(0x9e37_79b9, spread);
             row[11] = f32::NAN;
             for (t, k, top_p, min_p) in [
                 (1.0, 0, 1.0, 0.0),
@@ -554,16 +561,8 @@ mod tests {
     /// log-probabilities the whole row gives.
     #[test]
     fn scored_rows_give_what_whole_rows_give() {
-        let mut state = 0x2545_f491_u64;
-        let mut unit = || {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1);
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
         for spread in [0.5f32, 4.0, 30.0] {
-            let mut row: Vec<f32> = (0..3000).map(|_| spread * unit()).collect();
-            row[7] = f32::NEG_INFINITY;
+            let row = spread_row(0x2545_f491, spread);
             for (t, top) in [(0.0, 5), (0.0, 0), (0.7, 3), (1.6, 20), (1.0, 1)] {
                 let p = params(|p| {
                     p.temperature = t;
