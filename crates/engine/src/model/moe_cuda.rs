@@ -1,7 +1,7 @@
 //! The mixture of experts on a CUDA rank. The router's logits (`[tokens, experts]`, f32)
 //! come to the host, which routes as CPU ranks do; each chosen expert then runs once over
-//! the rows of its tokens, gathered on the device, and its weighted output is added into
-//! the rank's partial sum there.
+//! the rows of its tokens, gathered on the device, and each token's weighted outputs are
+//! added there in expert order (the CPU's order).
 
 use candle_core::{DType, Tensor};
 
@@ -23,8 +23,7 @@ impl MoeShard {
             .flatten_all()?
             .to_vec1::<f32>()?;
         // Every chosen expert once over its tokens' rows; their weighted outputs, in
-        // expert order, go into the sum in one `index_add` (which adds the rows of one
-        // index in order: the CPU's order), not one out-of-place copy per expert.
+        // expert order, are then summed per token.
         let (mut ids, mut outputs) = (Vec::new(), Vec::new());
         for (expert, group) in self.experts.iter().zip(self.groups(&logits)) {
             if group.is_empty() {
@@ -40,16 +39,61 @@ impl MoeShard {
             outputs.push(y.broadcast_mul(&w)?);
             ids.extend(tokens);
         }
-        let out = Tensor::zeros((n, hidden), DType::F32, device)?;
         if ids.is_empty() {
-            return Ok(out);
+            return Ok(Tensor::zeros((n, hidden), DType::F32, device)?);
         }
-        let count = ids.len();
-        let out = out.index_add(
-            &Tensor::from_vec(ids, count, device)?,
-            &Tensor::cat(&outputs, 0)?,
+        // Slot j of every token: its j-th output row (expert order), or a zero row. One
+        // gather, then the slots added one after another: the CPU's order, and parallel
+        // over every element (candle's `index_add` loops over all the ids in each of only
+        // `hidden` threads, which a long prefill's tokens × experts makes slow).
+        let slots = token_slots(&ids, n);
+        let all = Tensor::cat(
+            &[
+                Tensor::cat(&outputs, 0)?,
+                Tensor::zeros((1, hidden), DType::F32, device)?,
+            ],
             0,
         )?;
+        let depth = slots.len() / n.max(1);
+        let gathered = all.index_select(&Tensor::from_vec(slots, depth * n, device)?, 0)?;
+        let mut out = gathered.narrow(0, 0, n)?;
+        for j in 1..depth {
+            out = (out + gathered.narrow(0, j * n, n)?)?;
+        }
         Ok(out)
+    }
+}
+
+/// For output rows owned by tokens `ids` (row `p` belongs to token `ids[p]`, each token's
+/// rows in the order they should be added), slot-major row indices: entry `j · tokens + t`
+/// is token `t`'s `j`-th row, or `ids.len()` (a zero row) past its last. At least one
+/// slot.
+fn token_slots(ids: &[u32], tokens: usize) -> Vec<u32> {
+    let zero = ids.len() as u32;
+    let mut seen = vec![0usize; tokens];
+    let mut slots: Vec<u32> = vec![zero; tokens];
+    for (p, &t) in ids.iter().enumerate() {
+        let Some(j) = seen.get_mut(t as usize) else {
+            continue;
+        };
+        if (*j + 1) * tokens > slots.len() {
+            slots.resize((*j + 1) * tokens, zero);
+        }
+        slots[*j * tokens + t as usize] = p as u32;
+        *j += 1;
+    }
+    slots
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_slots;
+
+    #[test]
+    fn each_token_takes_its_rows_in_order_then_the_zero_row() {
+        // Rows of tokens 2, 0, 2, 1, 2 (three experts' groups); token 1 has one row.
+        let slots = token_slots(&[2, 0, 2, 1, 2], 3);
+        assert_eq!(slots, vec![1, 3, 0, 5, 5, 2, 5, 5, 4]);
+        assert_eq!(token_slots(&[], 2), vec![0, 0]);
     }
 }
