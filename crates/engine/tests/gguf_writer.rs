@@ -4,8 +4,11 @@
 //!   as `scripts/gpu/make_bench_models.py` makes) encodes and decodes as the folder's
 //!   `tokenizer.json` does, through Tessera's GGUF tokenizer.
 //! - Its weights (random models of tiny-llama's, tiny-qwen2's and tiny-qwen3's
-//!   architectures, in Q8_0; llama's query and key rows permuted for interleaved RoPE) give the folder's logits within Q8_0's rounding: a wrong
-//!   permutation, name or metadata moves them by far more.
+//!   architectures, in Q8_0; llama's query and key rows permuted for interleaved RoPE)
+//!   give the folder's logits within Q8_0's rounding: a wrong permutation, name or
+//!   metadata moves them by far more.
+//! - Float files (bf16, f16) give the folder's logits to the bit, or within f16's
+//!   rounding: the loader keeps their type until a device takes each shard.
 
 mod common;
 #[path = "common/gguf_writer.rs"]
@@ -153,6 +156,37 @@ fn the_written_weights_are_the_folders_model() {
             let err = rel_l2(&got, &want);
             println!("{fixture} {prompt:?}: logits relative L2 {err:.2e}");
             assert!(err < Q8_LOGITS_BOUND, "{fixture}: {err} against the folder");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&gguf);
+    }
+}
+
+/// Float GGUF files load as the folder does: a bf16 file of the bf16 qwen2 folder holds
+/// the same values, so its logits are the folder's to the last bit; an f16 file of the
+/// f32 llama folder rounds each weight once (its dense weights and embedding stay f16
+/// until placed).
+#[test]
+fn float_gguf_files_are_the_folders_model() {
+    for (fixture, dtype, bound) in [
+        ("tiny-qwen2", GgmlDType::BF16, 0.0),
+        ("tiny-llama", GgmlDType::F16, 1e-5),
+    ] {
+        let dir = scratch(&format!("{fixture}-{dtype:?}"));
+        model_with_tokenizer(fixture, &dir);
+        let gguf = dir.with_extension("gguf");
+        write_gguf(&dir, dtype, Vocab::Embedded, &gguf);
+        let mut folder = Engine::load(&EngineConfig::new(dir.clone())).expect("load folder");
+        let mut file = Engine::load(&EngineConfig::new(gguf.clone())).expect("load gguf");
+        for prompt in [&[5u32, 17, 200, 33, 9][..], &[300; 12]] {
+            let want = last_logits(&mut folder, prompt);
+            let got = last_logits(&mut file, prompt);
+            let err = rel_l2(&got, &want);
+            println!("{fixture} {dtype:?} {prompt:?}: logits relative L2 {err:.2e}");
+            assert!(
+                err <= bound,
+                "{fixture} {dtype:?}: {err} against the folder"
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_file(&gguf);
