@@ -14,9 +14,9 @@ use half::{bf16, f16};
 use tessera_kernels::gpu::launch::{
     argmax_shape, attention_kernel, attention_shape, candidate_rows, candidate_slots_used,
     column_of_key, gated_kernel, gated_shape, log_sum_exp_rows, merge_kernel, merge_shape,
-    norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, value_of_key, AttentionPlan,
-    CandidateRow, Gate, KernelArg, KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL,
-    CANDIDATES_KERNEL, EXP_SUMS_KERNEL, PREFILL_TILE,
+    norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, AttentionPlan, CandidateRow,
+    Gate, KernelArg, KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL,
+    EXP_SUMS_KERNEL, PREFILL_TILE,
 };
 
 /// What can go wrong launching an emulated kernel.
@@ -483,8 +483,7 @@ pub fn row_log_sum_exp(logits: &[f32], cols: usize) -> Result<Vec<f32>> {
     // SAFETY: one key per row, one partial per block of each row; every block reads
     // columns below `cols` of its own row.
     unsafe { launch(EXP_SUMS_KERNEL, shape, &args) }?;
-    let best: Vec<f32> = keys.iter().map(|k| value_of_key(*k)).collect();
-    Ok(log_sum_exp_rows(&partials, blocks, &best))
+    Ok(log_sum_exp_rows(&partials, blocks, &keys))
 }
 
 /// Each row's sampling candidates at its temperature, as the engine launches the

@@ -224,15 +224,16 @@ pub const MAX_CANDIDATES: usize = 4096;
 pub const EXP_SUMS_KERNEL: &str = "row_exp_sums_f32";
 
 /// Each row's log-sum-exp from the kernel's per-block partial sums (`blocks` a row, in
-/// block order) and its best logit; NaN where the kernel found no finite best.
-pub fn log_sum_exp_rows(partials: &[f32], blocks: usize, best: &[f32]) -> Vec<f32> {
-    best.iter()
+/// block order) and the row's arg-max key (its best logit); NaN where the kernel found no
+/// finite best.
+pub fn log_sum_exp_rows(partials: &[f32], blocks: usize, keys: &[u64]) -> Vec<f32> {
+    keys.iter()
         .enumerate()
-        .map(|(r, b)| {
+        .map(|(r, k)| {
             let sum: f32 = partials
                 .get(r * blocks..(r + 1) * blocks)
                 .map_or(f32::NAN, |p| p.iter().sum());
-            b + sum.ln()
+            value_of_key(*k) + sum.ln()
         })
         .collect()
 }

@@ -9,9 +9,9 @@ use candle_core::{DType, Tensor};
 use tessera_kernels::gpu::launch::{
     argmax_shape, attention_kernel, attention_shape, candidate_rows, candidate_slots_used,
     column_of_key, gated_kernel, gated_shape, log_sum_exp_rows, merge_kernel, merge_shape,
-    norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, value_of_key, CandidateRow, Gate,
-    KernelArg, KvDtype, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL, EXP_SUMS_KERNEL,
-    MAX_CANDIDATES, PREFILL_TILE,
+    norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, CandidateRow, Gate, KernelArg,
+    KvDtype, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL, EXP_SUMS_KERNEL, MAX_CANDIDATES,
+    PREFILL_TILE,
 };
 
 use crate::config::Activation;
@@ -450,6 +450,26 @@ pub fn reduce_rows(
     // SAFETY: matches argmax.cu; `keys` holds one key per row and every block reads
     // columns below `cols` of its own row.
     unsafe { gpu.launch(Module::Argmax, ARGMAX_KERNEL, shape, &args) }?;
+    // Queued before anything comes back to the host, so one wait covers every kernel.
+    let blocks = shape.grid.0 as usize;
+    let partials = if log_sum_exp {
+        let partials = gpu.output(DType::F32, rows * blocks)?;
+        let held = Held::new(&partials, "exp sums")?;
+        let args = [
+            held.arg()?,
+            keys_h.arg()?,
+            logits_h.arg()?,
+            cols_arg,
+            per_block_arg,
+        ];
+        // SAFETY: matches candidates.cu's row_exp_sums_f32, launched on the arg-max's
+        // grid: one key per row, one partial per block of each row.
+        unsafe { gpu.launch(Module::Candidates, EXP_SUMS_KERNEL, shape, &args) }?;
+        drop(held);
+        Some(partials)
+    } else {
+        None
+    };
     let candidates = match temperatures {
         None => vec![None; rows],
         Some(t) => {
@@ -501,35 +521,16 @@ pub fn reduce_rows(
             candidate_rows(&counts, &ids, &values, cap)
         }
     };
-    let partials = if log_sum_exp {
-        let blocks = shape.grid.0 as usize;
-        let partials = gpu.output(DType::F32, rows * blocks)?;
-        let held = Held::new(&partials, "exp sums")?;
-        let args = [
-            held.arg()?,
-            keys_h.arg()?,
-            logits_h.arg()?,
-            cols_arg,
-            per_block_arg,
-        ];
-        // SAFETY: matches candidates.cu's row_exp_sums_f32, launched on the arg-max's
-        // grid: one key per row, one partial per block of each row.
-        unsafe { gpu.launch(Module::Candidates, EXP_SUMS_KERNEL, shape, &args) }?;
-        drop(held);
-        Some((partials.to_vec1::<f32>()?, blocks))
-    } else {
-        None
-    };
     drop((keys_h, logits_h));
     let keys: Vec<u64> = keys
         .to_vec1::<i64>()?
         .into_iter()
         .map(|k| k as u64)
         .collect();
-    let log_sum_exp = partials.map(|(p, blocks)| {
-        let best: Vec<f32> = keys.iter().map(|k| value_of_key(*k)).collect();
-        log_sum_exp_rows(&p, blocks, &best)
-    });
+    let log_sum_exp = match partials {
+        Some(p) => Some(log_sum_exp_rows(&p.to_vec1::<f32>()?, blocks, &keys)),
+        None => None,
+    };
     Ok(Reductions {
         argmax: keys.into_iter().map(column_of_key).collect(),
         candidates,
