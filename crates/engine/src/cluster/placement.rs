@@ -191,16 +191,14 @@ pub(crate) fn nodes(
             let hub = loopback_if_unspecified(comm.local_addr()?);
             LeaderCollectives::Tcp(comm, hub)
         };
+        let (comm_port, nccl_id) = match &collectives {
+            LeaderCollectives::Tcp(_, hub) => (hub.port(), None),
+            LeaderCollectives::Nccl(id) => (0, Some(id.to_vec())),
+        };
         let welcome = Welcome {
-            comm_port: match &collectives {
-                LeaderCollectives::Tcp(_, hub) => hub.port(),
-                LeaderCollectives::Nccl(_) => 0,
-            },
+            comm_port,
             group_token: token.0,
-            nccl_id: match &collectives {
-                LeaderCollectives::Nccl(id) => Some(id.to_vec()),
-                LeaderCollectives::Tcp(..) => None,
-            },
+            nccl_id,
         };
         tracing::info!(
             "rendezvous: waiting up to {join:?} for {} worker node(s) on {bind}",
