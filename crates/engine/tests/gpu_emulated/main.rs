@@ -207,6 +207,30 @@ fn a_layer_map_runs_gpu_path_stages_before_host_layers() {
     }
 }
 
+/// `sampling` run twice on `e` after `prompt`: as it is (rows reduced on the device) and
+/// with a logit bias of 0 (which makes the host take whole rows). Each run's tokens and
+/// log-probabilities (none unless `sampling` asks for them).
+fn reduced_and_whole(
+    e: &mut Engine,
+    prompt: &[u32],
+    sampling: SamplingParams,
+    max_tokens: usize,
+) -> [(Vec<u32>, Vec<TokenLogprobs>); 2] {
+    [vec![], vec![(0, 0.0)]].map(|logit_bias| {
+        let opts = GenerateOptions {
+            sampling: SamplingParams {
+                logit_bias,
+                ..sampling.clone()
+            },
+            ..greedy_opts(max_tokens, 0)
+        };
+        let mut scores = Vec::new();
+        let tokens = generate_sampled(e, prompt, &opts, |s| scores.extend(s.logprobs.clone()))
+            .expect("generate");
+        (tokens, scores)
+    })
+}
+
 #[test]
 fn sampling_from_device_candidates_equals_sampling_whole_rows() {
     // Untied and with spread logits: draws differ from step to step.
@@ -215,22 +239,14 @@ fn sampling_from_device_candidates_equals_sampling_whole_rows() {
     let vocab = gpu.model_config().vocab_size;
     let prompt = prompts(vocab).swap_remove(1);
     for (temperature, top_p, seed) in [(0.8, 1.0, 3), (1.5, 0.9, 11)] {
-        let sampled = |logit_bias: Vec<(u32, f32)>, e: &mut Engine| {
-            let opts = GenerateOptions {
-                sampling: SamplingParams {
-                    temperature,
-                    top_p,
-                    seed: Some(seed),
-                    // Rows with a logit bias (even of 0) come to the host whole.
-                    logit_bias,
-                    ..SamplingParams::greedy()
-                },
-                ..greedy_opts(16, 0)
-            };
-            generate(e, &prompt, &opts, |_| {}).expect("generate")
+        let sampling = SamplingParams {
+            temperature,
+            top_p,
+            seed: Some(seed),
+            ..SamplingParams::greedy()
         };
-        let from_candidates = sampled(vec![], &mut gpu);
-        let from_rows = sampled(vec![(0, 0.0)], &mut gpu);
+        let [(from_candidates, _), (from_rows, _)] =
+            reduced_and_whole(&mut gpu, &prompt, sampling, 16);
         assert_eq!(
             from_candidates, from_rows,
             "temperature {temperature}, top_p {top_p}, seed {seed}"
@@ -252,27 +268,19 @@ fn log_probabilities_from_device_reductions_equal_whole_rows() {
     let prompt = prompts(vocab).swap_remove(1);
     let mut bits_differ = false;
     for (temperature, top, seed) in [(0.0, 5, 1), (0.9, 3, 7), (1.4, 0, 13)] {
-        let run = |logit_bias: Vec<(u32, f32)>, e: &mut Engine| {
-            let opts = GenerateOptions {
-                sampling: SamplingParams {
-                    temperature,
-                    seed: Some(seed),
-                    logprobs: Some(top),
-                    // A bias, even of 0, makes the host take the whole row.
-                    logit_bias,
-                    ..SamplingParams::greedy()
-                },
-                ..greedy_opts(12, 0)
-            };
-            let mut scores: Vec<TokenLogprobs> = Vec::new();
-            let tokens = generate_sampled(e, &prompt, &opts, |s| {
-                scores.push(s.logprobs.clone().expect("log-probabilities asked for"));
-            })
-            .expect("generate");
-            (tokens, scores)
+        let sampling = SamplingParams {
+            temperature,
+            seed: Some(seed),
+            logprobs: Some(top),
+            ..SamplingParams::greedy()
         };
-        let (tokens, reduced) = run(vec![], &mut gpu);
-        let (want_tokens, whole) = run(vec![(0, 0.0)], &mut gpu);
+        let [(tokens, reduced), (want_tokens, whole)] =
+            reduced_and_whole(&mut gpu, &prompt, sampling, 12);
+        assert_eq!(
+            reduced.len(),
+            tokens.len(),
+            "log-probabilities for every token"
+        );
         let what = format!("temperature {temperature}, top {top}");
         assert_eq!(tokens, want_tokens, "{what}");
         for (i, (g, w)) in reduced.iter().zip(&whole).enumerate() {
