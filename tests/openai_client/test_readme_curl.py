@@ -68,6 +68,9 @@ def test_curl_example(command, base_url):
             assert body["choices"][0]["finish_reason"] == "stop"
             cat = json.loads(body["choices"][0]["message"]["content"])
             assert set(cat) == {"name", "age"} and 0 <= cat["age"] <= 30
+        elif "/chat/completions" in cmd and "structured_outputs" in cmd:
+            assert body["choices"][0]["finish_reason"] == "stop"
+            assert body["choices"][0]["message"]["content"] in ("positive", "negative")
         elif "/chat/completions" in cmd and '"tools"' in cmd:
             assert body["choices"][0]["finish_reason"] == "tool_calls"
             call = body["choices"][0]["message"]["tool_calls"][0]

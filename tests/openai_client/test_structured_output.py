@@ -115,3 +115,28 @@ def test_bad_schemas_raise_bad_request(client, model):
     assert "uniqueItems" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, messages=PROMPT, response_format=fmt("t", {"type": "fish"}))
+
+
+def test_vllm_structured_outputs_through_extra_body(client, model):
+    """vLLM's documented client usage: the constraint goes in `extra_body`."""
+    question = [{"role": "user", "content": "Classify this sentiment: Tessera is wonderful!"}]
+    r = client.chat.completions.create(
+        model=model, messages=question, temperature=0.8, seed=3, n=2,
+        extra_body={"structured_outputs": {"choice": ["positive", "negative"]}},
+    )
+    for c in r.choices:
+        assert c.message.content in ("positive", "negative")
+        assert c.finish_reason == "stop"
+    r = client.completions.create(
+        model=model, prompt="An email address for Alan Turing: ", temperature=0, max_tokens=30,
+        extra_body={"guided_regex": r"[a-z]+\.[a-z]+@enigma\.com"},
+    )
+    text = r.choices[0].text
+    local, _, domain = text.partition("@")
+    assert domain == "enigma.com" and local.count(".") == 1, text
+    assert all(part.isalpha() and part.islower() for part in local.split(".")), text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=model, messages=question, extra_body={"structured_outputs": {"regex": "(a"}}
+        )
+    assert e.value.body["param"] == "structured_outputs"

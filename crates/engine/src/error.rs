@@ -68,6 +68,10 @@ pub enum EngineError {
     #[error("invalid JSON schema: {0}")]
     SchemaInvalid(String),
 
+    /// A regular expression, choice list or grammar that does not compile.
+    #[error("invalid grammar: {0}")]
+    GrammarInvalid(String),
+
     /// The tokenizer cannot be turned into the token trie constrained decoding needs.
     #[error("structured output is unavailable for this tokenizer: {0}")]
     TokenTrie(String),

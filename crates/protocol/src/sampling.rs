@@ -44,6 +44,12 @@ pub enum OutputConstraint {
     JsonObject,
     /// A value valid under this JSON schema, given as JSON text (`json_schema`).
     JsonSchema { schema: String },
+    /// Text the whole of which matches this regular expression (Rust `regex` syntax).
+    Regex { pattern: String },
+    /// Exactly one of these strings.
+    Choice { choices: Vec<String> },
+    /// Text in the language of this grammar, in llguidance's Lark syntax.
+    Grammar { lark: String },
 }
 
 impl Default for SamplingParams {

@@ -50,12 +50,29 @@ impl GrammarCompiler {
 
     /// Compiles `constraint` into a fresh matcher at the start of the output.
     pub fn compile(&self, constraint: &OutputConstraint) -> Result<TokenConstraint> {
-        let schema = schema_of(constraint)?;
-        let grammar = TopLevelGrammar::from_json_schema(schema);
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| classify(&format!("{e:#}")))?;
+        let (grammar, classify): (_, fn(&str) -> EngineError) = match constraint {
+            OutputConstraint::JsonObject | OutputConstraint::JsonSchema { .. } => (
+                TopLevelGrammar::from_json_schema(schema_of(constraint)?),
+                classify,
+            ),
+            OutputConstraint::Regex { pattern } => {
+                (TopLevelGrammar::from_regex(pattern), invalid_regex)
+            }
+            OutputConstraint::Choice { choices } => (
+                TopLevelGrammar::from_regex(&choice_regex(choices)?),
+                invalid_regex,
+            ),
+            OutputConstraint::Grammar { lark } => {
+                (TopLevelGrammar::from_lark(lark.clone()), invalid_grammar)
+            }
+        };
+        // A request's grammar is untrusted input: a panic in the compiler refuses it
+        // instead of taking the thread down.
+        let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.factory.create_parser(grammar)
+        }))
+        .map_err(|_| classify("the grammar compiler failed on this input"))?
+        .map_err(|e| classify(&format!("{e:#}")))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(message) = matcher.get_error() {
             return Err(classify(&message));
@@ -74,6 +91,43 @@ impl GrammarCompiler {
     }
 }
 
+/// A regular expression matching exactly the strings of `choices`.
+fn choice_regex(choices: &[String]) -> Result<String> {
+    if choices.is_empty() {
+        return Err(EngineError::GrammarInvalid(
+            "a choice needs at least one string".into(),
+        ));
+    }
+    let alternatives: Vec<String> = choices.iter().map(|c| escape_regex(c)).collect();
+    Ok(format!("(?:{})", alternatives.join("|")))
+}
+
+/// `text` as a regular expression that matches it literally: every character with a
+/// meaning in regex syntax gets a backslash.
+fn escape_regex(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if r"\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A grammar error.
+fn invalid_grammar(message: &str) -> EngineError {
+    EngineError::GrammarInvalid(message.to_string())
+}
+
+/// A regex error, without the position in and the excerpt of the one-rule grammar that
+/// llguidance wraps a regex in (`start: /.../`), which the request never wrote.
+fn invalid_regex(message: &str) -> EngineError {
+    let message = message.strip_prefix("at 1(8): ").unwrap_or(message);
+    let message = message.split("\n   1 | start: /").next().unwrap_or(message);
+    EngineError::GrammarInvalid(message.trim_end().to_string())
+}
+
 /// The JSON schema a constraint stands for, with the output layout fixed: no free
 /// whitespace (a small model would otherwise spend its budget on newlines), separators
 /// as Python's `json.dumps` writes them.
@@ -82,6 +136,13 @@ fn schema_of(constraint: &OutputConstraint) -> Result<Value> {
         OutputConstraint::JsonObject => json!({"type": "object"}),
         OutputConstraint::JsonSchema { schema } => serde_json::from_str(schema)
             .map_err(|e| EngineError::SchemaInvalid(format!("not JSON: {e}")))?,
+        OutputConstraint::Regex { .. }
+        | OutputConstraint::Choice { .. }
+        | OutputConstraint::Grammar { .. } => {
+            return Err(EngineError::SchemaInvalid(
+                "the constraint is not a JSON schema".into(),
+            ))
+        }
     };
     let layout = json!({
         "whitespace_flexible": false,
@@ -167,6 +228,101 @@ mod tests {
             "{:?}",
             bad.fault()
         );
+    }
+
+    /// Whether `constraint` lets the model write `text` (as the tokenizer splits it) and
+    /// then end: every token passes the mask, and end-of-sequence is allowed after them.
+    fn writes_and_ends(
+        compiler: &GrammarCompiler,
+        tokenizer: &Tokenizer,
+        c: &OutputConstraint,
+        text: &str,
+    ) -> bool {
+        let mut constraint = compiler.compile(c).expect("compiles");
+        let vocab = tokenizer.vocab_size();
+        for token in tokenizer.encode(text, false).expect("encode") {
+            let mut logits = vec![0.0f32; vocab];
+            constraint.apply_mask(&mut logits);
+            if logits[token as usize] == f32::NEG_INFINITY {
+                return false;
+            }
+            constraint.advance(token);
+        }
+        let mut logits = vec![0.0f32; vocab];
+        constraint.apply_mask(&mut logits);
+        let ends = tokenizer
+            .eos_token_ids()
+            .iter()
+            .any(|&e| logits.get(e as usize).is_some_and(|l| l.is_finite()));
+        ends && constraint.fault().is_none()
+    }
+
+    #[test]
+    fn regex_choice_and_grammar_admit_their_language_only() {
+        let (tokenizer, compiler) = smollm2_compiler();
+        let regex = OutputConstraint::Regex {
+            pattern: r"[0-9]{3}-[a-z]+".into(),
+        };
+        assert!(writes_and_ends(&compiler, &tokenizer, &regex, "123-abc"));
+        assert!(!writes_and_ends(&compiler, &tokenizer, &regex, "12-abc"));
+        assert!(!writes_and_ends(&compiler, &tokenizer, &regex, "123-"));
+        let anchored = OutputConstraint::Regex {
+            pattern: r"^[0-9]+$".into(),
+        };
+        // Anchors, as some clients write them, match the whole output as it is anyway.
+        assert!(writes_and_ends(&compiler, &tokenizer, &anchored, "123"));
+        // Characters with a meaning in regex syntax are taken literally.
+        let choice = OutputConstraint::Choice {
+            choices: vec!["a.b".into(), "(x)|y".into(), "Paris".into()],
+        };
+        for ok in ["a.b", "(x)|y", "Paris"] {
+            assert!(writes_and_ends(&compiler, &tokenizer, &choice, ok), "{ok}");
+        }
+        for bad in ["axb", "x", "(x)", "Pari", "Paris!"] {
+            assert!(
+                !writes_and_ends(&compiler, &tokenizer, &choice, bad),
+                "{bad}"
+            );
+        }
+        let grammar = OutputConstraint::Grammar {
+            lark: "start: item (\",\" item)*\nitem: \"cat\" | \"dog\"".into(),
+        };
+        assert!(writes_and_ends(
+            &compiler,
+            &tokenizer,
+            &grammar,
+            "cat,dog,cat"
+        ));
+        assert!(!writes_and_ends(&compiler, &tokenizer, &grammar, "cat,"));
+        assert!(!writes_and_ends(&compiler, &tokenizer, &grammar, "cow"));
+    }
+
+    #[test]
+    fn bad_regexes_and_grammars_are_invalid_grammars() {
+        let (_, compiler) = smollm2_compiler();
+        for bad in [
+            OutputConstraint::Regex {
+                pattern: "(unclosed".into(),
+            },
+            OutputConstraint::Regex {
+                pattern: "a{2,1}".into(),
+            },
+            OutputConstraint::Grammar {
+                lark: "start: missing_rule".into(),
+            },
+            OutputConstraint::Grammar {
+                lark: "not a grammar".into(),
+            },
+            OutputConstraint::Choice { choices: vec![] },
+        ] {
+            match compiler.check(&bad) {
+                Err(EngineError::GrammarInvalid(message)) => {
+                    assert!(!message.is_empty());
+                    assert!(!message.contains("start: /"), "{message}");
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

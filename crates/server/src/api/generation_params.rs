@@ -56,6 +56,13 @@ pub struct GenerationParams {
     pub best_of: Option<u64>,
     /// `text`, `json_object` or `json_schema`; checked by `GenerationSpec`.
     pub response_format: Option<Value>,
+    /// vLLM extension: `json`, `regex`, `choice` or `grammar`; see `structured_outputs`.
+    pub structured_outputs: Option<Value>,
+    /// Older vLLM names of the `structured_outputs` constraints.
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<Value>,
+    pub guided_choice: Option<Value>,
+    pub guided_grammar: Option<Value>,
 }
 
 /// Deserialize `T` from the body, naming the field at fault in the error.
@@ -224,7 +231,13 @@ pub fn refuse_unsupported(
             ));
         }
     }
-    for key in ["audio", "prediction", "web_search_options", "guided_json"] {
+    for key in [
+        "audio",
+        "prediction",
+        "web_search_options",
+        "guided_whitespace_pattern",
+        "structural_tag",
+    ] {
         if present(key).is_some() {
             return Err(ServerError::invalid(
                 key,

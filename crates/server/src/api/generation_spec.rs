@@ -6,6 +6,7 @@ use crate::api::error::ServerError;
 use crate::api::generation_params::{GenerationParams, StopField};
 use crate::api::request_limits::RequestLimits;
 use crate::api::response_format::parse_response_format;
+use crate::api::structured_outputs::{one_only, parse_vllm_constraint};
 
 /// Most alternatives per token in logprobs (OpenAI's limit for chat).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -19,6 +20,8 @@ pub struct GenerationSpec {
     pub n: usize,
     pub sampling: SamplingParams,
     pub stop_strings: Vec<String>,
+    /// The field that set `sampling.constraint` (errors about it name that field).
+    pub constraint_param: &'static str,
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
@@ -178,13 +181,25 @@ impl GenerationSpec {
                 "stop strings must not be empty",
             ));
         }
-        sampling.constraint = parse_response_format(p.response_format.as_ref())?;
+        let from_format = parse_response_format(p.response_format.as_ref())?;
+        let mut constraint_param = "response_format";
+        match (from_format, parse_vllm_constraint(p)?) {
+            (Some(_), Some((param, _))) => return Err(one_only(param, "response_format")),
+            (Some(c), None) => sampling.constraint = Some(c),
+            (None, Some((param, c))) => {
+                constraint_param = param;
+                sampling.constraint = Some(c);
+            }
+            (None, None) => {}
+        }
         let ignore_eos = p.ignore_eos.unwrap_or(false);
         if ignore_eos && sampling.constraint.is_some() {
             return Err(ServerError::invalid(
                 "ignore_eos",
-                "`ignore_eos` cannot be combined with a JSON `response_format`: the output \
-                 ends when the JSON value is complete",
+                format!(
+                    "`ignore_eos` cannot be combined with `{constraint_param}`: the output \
+                     ends when it is complete"
+                ),
             ));
         }
         let stream = p.stream.unwrap_or(false);
@@ -207,6 +222,7 @@ impl GenerationSpec {
             n,
             sampling,
             stop_strings,
+            constraint_param,
             ignore_eos,
             stream,
             include_usage,

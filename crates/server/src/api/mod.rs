@@ -15,6 +15,7 @@ pub mod response;
 pub mod response_format;
 pub mod responses_object;
 pub mod responses_request;
+pub mod structured_outputs;
 pub mod tokenize;
 pub mod tool_messages;
 pub mod tool_parsers;

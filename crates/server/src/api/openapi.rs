@@ -123,7 +123,29 @@ fn generation_properties() -> Value {
                     }
                 }
             }
-        }
+        },
+        "structured_outputs": {
+            "type": ["object", "null"],
+            "description": "vLLM extension: exactly one of `json`, `regex`, `choice`, `grammar` (Lark syntax) or `json_object`",
+            "properties": {
+                "json": { "type": ["object", "boolean", "string"] },
+                "regex": { "type": "string" },
+                "choice": { "type": "array", "items": { "type": "string" } },
+                "grammar": { "type": "string" },
+                "json_object": { "type": "boolean" },
+                "disable_fallback": { "type": "boolean" },
+                "disable_any_whitespace": { "type": "boolean" },
+                "disable_additional_properties": { "type": "boolean" }
+            }
+        },
+        "guided_json": { "type": ["object", "boolean", "string", "null"],
+            "description": "Older vLLM name of `structured_outputs.json`" },
+        "guided_regex": { "type": ["string", "null"],
+            "description": "Older vLLM name of `structured_outputs.regex`" },
+        "guided_choice": { "type": ["array", "null"], "items": { "type": "string" },
+            "description": "Older vLLM name of `structured_outputs.choice`" },
+        "guided_grammar": { "type": ["string", "null"],
+            "description": "Older vLLM name of `structured_outputs.grammar`" }
     })
 }
 

@@ -87,20 +87,20 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// A compile error of the schema as a 400 on `response_format`.
-pub fn schema_error(e: EngineError) -> ServerError {
+/// A compile error of a constraint as a 400 on `param`, the field that asked for it.
+pub fn constraint_error(param: &str, e: EngineError) -> ServerError {
     match e {
         EngineError::SchemaUnsupported { keyword, message } => ServerError::invalid(
-            PARAM,
+            param,
             format!(
                 "the JSON schema uses `{keyword}`, which structured output does not support \
                  ({message})"
             ),
         ),
         EngineError::SchemaInvalid(message) => {
-            ServerError::invalid(PARAM, format!("invalid JSON schema: {message}"))
+            ServerError::invalid(param, format!("invalid JSON schema: {message}"))
         }
-        other => ServerError::invalid(PARAM, other.to_string()),
+        other => ServerError::invalid(param, other.to_string()),
     }
 }
 

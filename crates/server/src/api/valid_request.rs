@@ -13,7 +13,7 @@ use crate::api::completion_request::{CompletionRequest, PromptInput};
 use crate::api::error::ServerError;
 use crate::api::generation_spec::{check_top_logprobs, GenerationSpec};
 use crate::api::request_limits::RequestLimits;
-use crate::api::response_format::schema_error;
+use crate::api::response_format::constraint_error;
 use crate::api::tool_parsers::ToolParserKind;
 use crate::api::tool_prompt::{adapt_to_template, ToolOutput};
 
@@ -92,8 +92,11 @@ impl ValidRequest {
             if spec.sampling.constraint.is_some() {
                 return Err(ServerError::invalid(
                     "tool_choice",
-                    "`tool_choice` \"required\" or a named function cannot be combined with \
-                     a JSON `response_format`",
+                    format!(
+                        "`tool_choice` \"required\" or a named function cannot be combined \
+                         with `{}`",
+                        spec.constraint_param
+                    ),
                 ));
             }
             if spec.ignore_eos {
@@ -103,15 +106,9 @@ impl ValidRequest {
                 ));
             }
             spec.sampling.constraint = Some(forced);
+            spec.constraint_param = "tools";
         }
-        check_constraint(&spec, ctx)
-            .await
-            .map_err(|e| match (&tools, e) {
-                (Some(t), ServerError::InvalidRequest { message, .. }) if t.forced().is_some() => {
-                    ServerError::invalid("tools", message.replace("`response_format`", "`tools`"))
-                }
-                (_, e) => e,
-            })?;
+        check_constraint(&spec, ctx).await?;
         let logprobs = match (req.chat.logprobs, req.chat.top_logprobs) {
             (Some(true), top) => Some(LogprobsShape::Chat {
                 top: check_top_logprobs("top_logprobs", top.unwrap_or(0))?,
@@ -338,8 +335,8 @@ fn check_model(model: &str, ctx: &ValidationContext) -> Result<(), ServerError> 
     Ok(())
 }
 
-/// Compile the `response_format` schema, if any, so a schema the engine cannot enforce
-/// is refused here with a 400 rather than failing in the engine.
+/// Compile the constraint, if any, so one the engine cannot enforce is refused here with
+/// a 400 naming the field that asked for it, rather than failing in the engine.
 async fn check_constraint(
     spec: &GenerationSpec,
     ctx: &ValidationContext,
@@ -347,15 +344,16 @@ async fn check_constraint(
     let Some(constraint) = spec.sampling.constraint.clone() else {
         return Ok(());
     };
+    let param = spec.constraint_param;
     let compiler = ctx.grammar.clone().map_err(|why| {
         ServerError::invalid(
-            "response_format",
+            param,
             format!("structured output is not available for this model: {why}"),
         )
     })?;
     blocking(move || compiler.check(&constraint))
         .await?
-        .map_err(schema_error)
+        .map_err(|e| constraint_error(param, e))
 }
 
 /// Check the prompt against the context and settle `max_tokens` (default: `default`,
