@@ -4,6 +4,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use tessera_tokenizer::{ChatMessage, MessageContent};
 
+use crate::api::chat_render::RenderFields;
 use crate::api::error::ServerError;
 use crate::api::generation_params::{
     as_object, parse_noting_ignored, refuse_unsupported, GenerationParams, IgnoredFields, Route,
@@ -38,6 +39,7 @@ pub struct ChatMessageIn {
 pub struct ChatRequest {
     pub params: GenerationParams,
     pub chat: ChatFields,
+    pub render: RenderFields,
     /// Paths of the body's fields that nothing reads (unknown to this server).
     pub ignored: Vec<String>,
 }
@@ -50,6 +52,7 @@ impl ChatRequest {
         Ok(ChatRequest {
             params: parse_noting_ignored(body, &mut ignored)?,
             chat: parse_noting_ignored(body, &mut ignored)?,
+            render: parse_noting_ignored(body, &mut ignored)?,
             ignored: ignored.paths(&checked),
         })
     }

@@ -2,6 +2,7 @@
 //! [`valid_request::ValidRequest`], response bodies, errors and their envelopes, and the
 //! OpenAPI document. Nothing here knows axum; the `serve` module does the HTTP.
 
+pub mod chat_render;
 pub mod chat_request;
 pub mod completion_request;
 pub mod error;

@@ -259,6 +259,12 @@ fn schemas() -> Value {
                 "tools": { "type": ["array", "null"], "items": reference("FunctionTool") },
                 "tool_choice": tool_choice,
                 "parallel_tool_calls": { "type": ["boolean", "null"] },
+                "chat_template_kwargs": { "type": ["object", "null"],
+                    "description": "Extra variables for the chat template (vLLM extension), e.g. `enable_thinking`" },
+                "add_generation_prompt": { "type": ["boolean", "null"],
+                    "description": "Open an assistant turn after the messages (default true)" },
+                "continue_final_message": { "type": ["boolean", "null"],
+                    "description": "End the prompt inside the final message, for the model to continue it" },
                 "logprobs": { "type": ["boolean", "null"] },
                 "top_logprobs": { "type": ["integer", "null"], "minimum": 0, "maximum": 20 }
             }))
@@ -399,6 +405,8 @@ fn schemas() -> Value {
                 "messages": { "type": ["array", "null"], "items": reference("ChatMessage") },
                 "add_special_tokens": { "type": ["boolean", "null"] },
                 "add_generation_prompt": { "type": ["boolean", "null"] },
+                "continue_final_message": { "type": ["boolean", "null"] },
+                "chat_template_kwargs": { "type": ["object", "null"] },
                 "return_token_strs": { "type": ["boolean", "null"] }
             }
         },

@@ -1,6 +1,9 @@
 //! `POST /tokenize` and `POST /detokenize` bodies (vLLM's shapes).
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::api::chat_render::RenderFields;
 
 use crate::api::chat_request::ChatMessageIn;
 
@@ -12,9 +15,23 @@ pub struct TokenizeRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
     /// Default: true for `prompt`, false for `messages` (the template adds them).
     pub add_special_tokens: Option<bool>,
-    /// Only with `messages`; default true.
+    /// Only with `messages`; default true (false with `continue_final_message`).
     pub add_generation_prompt: Option<bool>,
+    /// Only with `messages`: see [`RenderFields`].
+    pub continue_final_message: Option<bool>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
     pub return_token_strs: Option<bool>,
+}
+
+impl TokenizeRequest {
+    /// How `messages` become the text to tokenize.
+    pub fn render_fields(&self) -> RenderFields {
+        RenderFields {
+            chat_template_kwargs: self.chat_template_kwargs.clone(),
+            add_generation_prompt: self.add_generation_prompt,
+            continue_final_message: self.continue_final_message,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use tessera_engine::GrammarCompiler;
 use tessera_protocol::{GenerationRequest, StopCondition};
-use tessera_tokenizer::{ChatRenderRequest, Tokenizer, TokenizerError};
+use tessera_tokenizer::{Tokenizer, TokenizerError};
 
+use crate::api::chat_render::template_error;
 use crate::api::chat_request::ChatRequest;
 use crate::api::completion_request::{CompletionRequest, PromptInput};
 use crate::api::error::ServerError;
@@ -122,32 +123,21 @@ impl ValidRequest {
             _ => None,
         };
         let messages = req.template_messages()?;
+        let render = req.render.check(&req.chat.messages)?;
         let tokenizer = Arc::clone(&ctx.tokenizer);
         let parser_flag = ctx.tool_parser;
         let (text, ids, tool_output) = blocking(move || {
-            let template = tokenizer.chat_template()?;
+            let template = tokenizer.chat_template().map_err(template_error)?;
             let (messages, template_tools, tool_output) =
                 adapt_to_template(messages, tools.as_ref(), template.source(), parser_flag);
-            let text = template.render(&ChatRenderRequest {
-                messages,
-                add_generation_prompt: true,
-                tools: template_tools,
-                kwargs: Default::default(),
-            })?;
+            let text = template
+                .render(&render.request(messages, template_tools))
+                .map_err(template_error)?;
+            let text = render.prompt(text)?;
             let ids = tokenizer.encode(&text, false)?;
-            Ok((text, ids, tool_output))
+            Ok::<_, ServerError>((text, ids, tool_output))
         })
-        .await?
-        .map_err(|e| match e {
-            TokenizerError::NoChatTemplate => ServerError::invalid(
-                "messages",
-                "the model has no chat template; use /v1/completions",
-            ),
-            TokenizerError::Template(m) | TokenizerError::TemplateInput(m) => {
-                ServerError::invalid("messages", format!("the chat template failed: {m}"))
-            }
-            other => ServerError::from(other),
-        })?;
+        .await??;
         check_token_ids(&ids, "messages", ctx)?;
         let prompt = budget(ids, text, spec.max_tokens, None, "messages", ctx)?;
         let mut valid = Self::assemble(vec![prompt], spec, logprobs, false, ctx);

@@ -2,10 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::Json;
-use tessera_tokenizer::{ChatRenderRequest, TokenizerError};
-
+use crate::api::chat_render::{template_error, RenderOptions};
 use crate::api::chat_request::template_messages;
 use crate::api::error::ServerError;
 use crate::api::generation_params::parse_fields;
@@ -14,6 +11,8 @@ use crate::api::tokenize::{
 };
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
+use axum::extract::State;
+use axum::Json;
 
 fn check_model(app: &AppState, model: &Option<String>) -> Result<(), ServerError> {
     match model {
@@ -30,6 +29,7 @@ pub async fn tokenize(
     check_model(&app, &req.model)?;
     let tokenizer = Arc::clone(&app.validation.tokenizer);
     let return_strs = req.return_token_strs.unwrap_or(false);
+    let render = req.render_fields();
     let job = match (req.prompt, req.messages) {
         (Some(prompt), None) => {
             let special = req.add_special_tokens.unwrap_or(true);
@@ -37,7 +37,7 @@ pub async fn tokenize(
         }
         (None, Some(messages)) => Job::Chat(
             template_messages(&messages)?,
-            req.add_generation_prompt.unwrap_or(true),
+            render.check(&messages)?,
             req.add_special_tokens.unwrap_or(false),
         ),
         _ => {
@@ -48,17 +48,15 @@ pub async fn tokenize(
         }
     };
     let tokens =
-        tokio::task::spawn_blocking(move || -> Result<(Vec<u32>, Vec<String>), TokenizerError> {
+        tokio::task::spawn_blocking(move || -> Result<(Vec<u32>, Vec<String>), ServerError> {
             let ids = match job {
                 Job::Prompt(text, special) => tokenizer.encode(&text, special)?,
-                Job::Chat(messages, add_generation_prompt, special) => {
-                    let text = tokenizer.chat_template()?.render(&ChatRenderRequest {
-                        messages,
-                        add_generation_prompt,
-                        tools: None,
-                        kwargs: Default::default(),
-                    })?;
-                    tokenizer.encode(&text, special)?
+                Job::Chat(messages, render, special) => {
+                    let text = tokenizer
+                        .chat_template()
+                        .and_then(|t| t.render(&render.request(messages, None)))
+                        .map_err(template_error)?;
+                    tokenizer.encode(&render.prompt(text)?, special)?
                 }
             };
             let strs = if return_strs {
@@ -71,13 +69,7 @@ pub async fn tokenize(
             Ok((ids, strs))
         })
         .await
-        .map_err(|e| ServerError::Internal(format!("blocking task failed: {e}")))?
-        .map_err(|e| match e {
-            TokenizerError::NoChatTemplate
-            | TokenizerError::Template(_)
-            | TokenizerError::TemplateInput(_) => ServerError::invalid("messages", e.to_string()),
-            other => ServerError::from(other),
-        })?;
+        .map_err(|e| ServerError::Internal(format!("blocking task failed: {e}")))??;
     let (tokens, strs) = tokens;
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
@@ -89,7 +81,7 @@ pub async fn tokenize(
 
 enum Job {
     Prompt(String, bool),
-    Chat(Vec<tessera_tokenizer::ChatMessage>, bool, bool),
+    Chat(Vec<tessera_tokenizer::ChatMessage>, RenderOptions, bool),
 }
 
 pub async fn detokenize(
