@@ -20,6 +20,8 @@ pub struct Sampler {
     counts: std::collections::HashMap<u32, u32>,
     /// The grammar a constrained sequence must follow (`response_format`).
     constraint: Option<TokenConstraint>,
+    /// Tokens sampled so far (`min_tokens`).
+    generated: usize,
 }
 
 impl Sampler {
@@ -34,6 +36,7 @@ impl Sampler {
             seen: prompt.iter().copied().collect(),
             counts: Default::default(),
             constraint: None,
+            generated: 0,
         }
     }
 
@@ -79,6 +82,7 @@ impl Sampler {
     pub fn reduction(&self) -> RowReduce {
         let p = &self.params;
         let raw = self.constraint.is_none()
+            && !self.blocks_stop_tokens()
             && p.logit_bias.is_empty()
             && p.repetition_penalty == 1.0
             && p.presence_penalty == 0.0
@@ -148,11 +152,25 @@ impl Sampler {
         }
         self.seen.insert(token);
         *self.counts.entry(token).or_default() += 1;
+        self.generated += 1;
         token
     }
 
-    /// Logit bias and penalties: the distribution the model's choice is made from.
+    /// Whether the stop tokens are still masked: fewer than `min_tokens` are generated.
+    fn blocks_stop_tokens(&self) -> bool {
+        self.generated < self.params.min_tokens && !self.params.min_tokens_blocked.is_empty()
+    }
+
+    /// Logit bias, penalties and the `min_tokens` mask: the distribution the model's
+    /// choice is made from.
     fn adjust(&self, logits: &mut [f32]) {
+        if self.blocks_stop_tokens() {
+            for &tok in &self.params.min_tokens_blocked {
+                if let Some(l) = logits.get_mut(tok as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         for &(tok, bias) in &self.params.logit_bias {
             if let Some(l) = logits.get_mut(tok as usize) {
                 *l += bias;

@@ -294,3 +294,27 @@ fn only_raw_logit_draws_are_reduced() {
         assert_eq!(reduction(f), RowReduce::Logits);
     }
 }
+
+#[test]
+fn stop_tokens_cannot_be_sampled_before_min_tokens() {
+    let eos = 3u32;
+    let mut sampler = Sampler::new(
+        params(|p| {
+            p.temperature = 0.0;
+            p.min_tokens = 2;
+            p.min_tokens_blocked = vec![eos];
+        }),
+        &[],
+    );
+    let row = || vec![0.0f32, 1.0, 2.0, 9.0];
+    for _ in 0..2 {
+        assert_eq!(sampler.reduction(), RowReduce::Logits);
+        assert_eq!(
+            sampler.sample(&mut row()).0,
+            2,
+            "the stop token was sampled early"
+        );
+    }
+    assert_eq!(sampler.reduction(), RowReduce::Argmax);
+    assert_eq!(sampler.sample(&mut row()).0, eos);
+}

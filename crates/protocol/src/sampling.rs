@@ -34,6 +34,12 @@ pub struct SamplingParams {
     /// prompt is then computed: no prefix-cache hit skips part of it.
     #[serde(default)]
     pub prompt_logprobs: Option<usize>,
+    /// The tokens of `min_tokens_blocked` (the sequence's stop tokens) cannot be sampled
+    /// until this many tokens have been generated (vLLM's `min_tokens`).
+    #[serde(default)]
+    pub min_tokens: usize,
+    #[serde(default)]
+    pub min_tokens_blocked: Vec<u32>,
 }
 
 /// A format the output must follow, enforced token by token by masking the logits.
@@ -67,6 +73,8 @@ impl Default for SamplingParams {
             logprobs: None,
             constraint: None,
             prompt_logprobs: None,
+            min_tokens: 0,
+            min_tokens_blocked: Vec::new(),
         }
     }
 }
@@ -92,10 +100,31 @@ impl SamplingParams {
 pub struct StopCondition {
     /// Upper bound on generated tokens.
     pub max_tokens: usize,
-    /// Tokens that end the sequence (end-of-sequence ids and user stop ids).
+    /// End-of-sequence tokens: they end the sequence unless `ignore_eos`.
     pub stop_token_ids: Vec<u32>,
     /// Keep going past end-of-sequence tokens until `max_tokens`.
     pub ignore_eos: bool,
+    /// The request's own stop tokens (vLLM's `stop_token_ids`): they end the sequence
+    /// even with `ignore_eos`.
+    #[serde(default)]
+    pub request_stop_token_ids: Vec<u32>,
+}
+
+impl StopCondition {
+    /// Whether sampling `token` ends the sequence.
+    pub fn stops_at(&self, token: u32) -> bool {
+        (!self.ignore_eos && self.stop_token_ids.contains(&token))
+            || self.request_stop_token_ids.contains(&token)
+    }
+
+    /// The tokens that end the sequence.
+    pub fn stopping_tokens(&self) -> Vec<u32> {
+        let eos = self.stop_token_ids.iter().filter(|_| !self.ignore_eos);
+        let mut all: Vec<u32> = eos.chain(&self.request_stop_token_ids).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
 }
 
 /// Why a sequence ended, with OpenAI's names where they exist.

@@ -89,10 +89,7 @@ impl Sequence {
     /// Why the sequence must end after its latest token, if it must.
     pub fn stop_reason(&self, max_model_len: usize) -> Option<FinishReason> {
         let last = *self.tokens.last()?;
-        if self.num_output_tokens() > 0
-            && !self.stop.ignore_eos
-            && self.stop.stop_token_ids.contains(&last)
-        {
+        if self.num_output_tokens() > 0 && self.stop.stops_at(last) {
             return Some(FinishReason::Stop);
         }
         if self.num_output_tokens() >= self.stop.max_tokens || self.num_tokens() >= max_model_len {

@@ -40,6 +40,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
             max_tokens,
             stop_token_ids: vec![],
             ignore_eos: true,
+            request_stop_token_ids: Vec::new(),
         },
     }
 }

@@ -28,6 +28,8 @@ pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
     stopped: bool,
+    /// Release the stop string that matched too (vLLM's `include_stop_str_in_output`).
+    include_stop: bool,
 }
 
 impl StopMatcher {
@@ -41,7 +43,14 @@ impl StopMatcher {
             stops: stops.into_iter().map(Into::into).collect(),
             pending: String::new(),
             stopped: false,
+            include_stop: false,
         }
+    }
+
+    /// Whether the stop string that ends the text is released with it.
+    pub fn including_stop(mut self, include: bool) -> Self {
+        self.include_stop = include;
+        self
     }
 
     /// Whether a stop string has been matched; later deltas are ignored.
@@ -58,20 +67,39 @@ impl StopMatcher {
         if let Some((position, index)) = self.earliest_stop() {
             self.stopped = true;
             let mut text = std::mem::take(&mut self.pending);
-            text.truncate(position);
+            let end = match self.include_stop {
+                true => position + self.stops[index].len(),
+                false => position,
+            };
+            text.truncate(end);
             return StopOutcome {
                 text,
                 stopped_by: Some(index),
             };
         }
+        StopOutcome {
+            text: self.release(),
+            stopped_by: None,
+        }
+    }
+
+    /// Feeds a delta in which no stop string may end the text (before vLLM's
+    /// `min_tokens`): the text is released, except a suffix that may begin a stop string
+    /// completed by a later delta.
+    pub fn push_unchecked(&mut self, delta: &str) -> String {
+        if self.stopped {
+            return String::new();
+        }
+        self.pending.push_str(delta);
+        self.release()
+    }
+
+    /// Takes the pending text but its held-back suffix.
+    fn release(&mut self) -> String {
         let hold = self.held_back_len();
         let release_len = self.pending.len() - hold;
         let held = self.pending.split_off(release_len);
-        let text = std::mem::replace(&mut self.pending, held);
-        StopOutcome {
-            text,
-            stopped_by: None,
-        }
+        std::mem::replace(&mut self.pending, held)
     }
 
     /// Generation ended for another reason: releases the held-back text.

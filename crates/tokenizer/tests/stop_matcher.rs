@@ -122,3 +122,33 @@ fn stop_spanning_tokens_through_the_decoder() {
         );
     }
 }
+
+#[test]
+fn an_included_stop_string_ends_the_text() {
+    let mut m = StopMatcher::new(["END", "."]).including_stop(true);
+    assert_eq!(
+        feed(&mut m, &["one E", "ND two."]),
+        ("one END".into(), Some(0))
+    );
+    let mut m = StopMatcher::new(["\n\n"]).including_stop(true);
+    assert_eq!(feed(&mut m, &["a\n", "\nb"]), ("a\n\n".into(), Some(0)));
+}
+
+#[test]
+fn unchecked_text_passes_stops_but_keeps_a_prefix_that_may_complete_one() {
+    let mut m = StopMatcher::new(["STOP"]);
+    // A whole stop string before the minimum is text like any other.
+    assert_eq!(m.push_unchecked("a STOP b ST"), "a STOP b ");
+    // One begun before the minimum and ended after it still stops the text.
+    assert_eq!(
+        m.push("OP c"),
+        StopOutcome {
+            text: String::new(),
+            stopped_by: Some(0)
+        }
+    );
+    let mut m = StopMatcher::new(["STOP"]);
+    assert_eq!(m.push_unchecked("x ST"), "x ");
+    assert_eq!(m.push("ay").text, "STay");
+    assert_eq!(m.finish(), "");
+}

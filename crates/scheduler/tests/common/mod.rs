@@ -185,6 +185,7 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
             max_tokens,
             stop_token_ids: vec![],
             ignore_eos: false,
+            request_stop_token_ids: Vec::new(),
         },
     }
 }

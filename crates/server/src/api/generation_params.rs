@@ -53,6 +53,15 @@ pub struct GenerationParams {
     pub stream_options: Option<StreamOptions>,
     /// vLLM extension: keep generating past end-of-sequence tokens.
     pub ignore_eos: Option<bool>,
+    /// vLLM extension: token ids that end the output (even with `ignore_eos`).
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM extension: no stop token or stop string ends the output before this many
+    /// tokens.
+    pub min_tokens: Option<u64>,
+    /// vLLM extension: the stop string or stop token that ended the output is part of it.
+    pub include_stop_str_in_output: Option<bool>,
+    /// vLLM extension: leave special tokens out of the text (default true).
+    pub skip_special_tokens: Option<bool>,
     pub best_of: Option<u64>,
     /// `text`, `json_object` or `json_schema`; checked by `GenerationSpec`.
     pub response_format: Option<Value>,
@@ -188,6 +197,61 @@ pub enum Route {
     Completion,
 }
 
+/// vLLM's request fields the server cannot honour, refused when set to anything but
+/// their default (`false`, empty, `length_penalty` 1, `priority` 0).
+fn vllm_refusals(route: Route) -> Vec<(&'static str, &'static str)> {
+    let mut refused = vec![
+        ("use_beam_search", "`use_beam_search` is not supported"),
+        (
+            "length_penalty",
+            "`length_penalty` is not supported (it applies to beam search)",
+        ),
+        ("bad_words", "`bad_words` is not supported"),
+        (
+            "allowed_token_ids",
+            "`allowed_token_ids` is not supported: use `structured_outputs` or `logit_bias`",
+        ),
+        (
+            "prompt_logprobs",
+            "`prompt_logprobs` is not supported: use /v1/completions with `echo` and `logprobs`",
+        ),
+        ("logits_processors", "`logits_processors` is not supported"),
+        (
+            "return_tokens_as_token_ids",
+            "`return_tokens_as_token_ids` is not supported",
+        ),
+        (
+            "priority",
+            "`priority` is not supported: requests are served in arrival order",
+        ),
+        ("cache_salt", "`cache_salt` is not supported"),
+        (
+            "truncate_prompt_tokens",
+            "`truncate_prompt_tokens` is not supported: send the part of the prompt to use",
+        ),
+    ];
+    if route == Route::Chat {
+        refused.extend([
+            ("echo", "`echo` is only supported by /v1/completions"),
+            (
+                "add_special_tokens",
+                "`add_special_tokens` is not supported: the chat template writes them",
+            ),
+            ("documents", "`documents` is not supported"),
+            (
+                "chat_template",
+                "a chat template per request is not supported: start the server with \
+                 `--chat-template`",
+            ),
+            (
+                "mm_processor_kwargs",
+                "`mm_processor_kwargs` is not supported",
+            ),
+        ]);
+    }
+    refused
+}
+
 /// Refuse fields we know and cannot honour. Each refusal names the parameter. Returns the
 /// keys it read: those present were accepted (`store: false`, the text modality).
 pub fn refuse_unsupported(
@@ -253,6 +317,17 @@ pub fn refuse_unsupported(
                 key,
                 format!("`{key}` is not supported: the model has no such setting"),
             ));
+        }
+    }
+    for (key, message) in vllm_refusals(route) {
+        let set = present(key).is_some_and(|v| match (key, v) {
+            ("length_penalty", Value::Number(n)) => n.as_f64() != Some(1.0),
+            ("priority", Value::Number(n)) => n.as_f64() != Some(0.0),
+            (_, Value::Bool(b)) => *b,
+            (_, v) => non_empty(v),
+        });
+        if set {
+            return Err(ServerError::invalid(key, message));
         }
     }
     if present("store").is_some_and(|v| v != &Value::Bool(false)) {

@@ -23,6 +23,11 @@ pub struct GenerationSpec {
     /// The field that set `sampling.constraint` (errors about it name that field).
     pub constraint_param: &'static str,
     pub ignore_eos: bool,
+    /// The request's own stop tokens (`stop_token_ids`).
+    pub stop_token_ids: Vec<u32>,
+    pub min_tokens: usize,
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: bool,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -202,6 +207,39 @@ impl GenerationSpec {
                 ),
             ));
         }
+        let stop_token_ids = p.stop_token_ids.clone().unwrap_or_default();
+        if stop_token_ids.len() > limits.max_logit_bias {
+            return Err(ServerError::invalid(
+                "stop_token_ids",
+                format!(
+                    "`stop_token_ids` has {} entries; at most {} are allowed",
+                    stop_token_ids.len(),
+                    limits.max_logit_bias
+                ),
+            ));
+        }
+        if let Some(id) = stop_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(ServerError::invalid(
+                "stop_token_ids",
+                format!("token id {id} is out of range (vocabulary size {vocab_size})"),
+            ));
+        }
+        let min_tokens = usize::try_from(p.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX);
+        if let Some(max) = max_tokens.filter(|max| min_tokens > *max) {
+            return Err(ServerError::invalid(
+                "min_tokens",
+                format!("`min_tokens` ({min_tokens}) must not exceed the token budget ({max})"),
+            ));
+        }
+        if min_tokens > 0 && sampling.constraint.is_some() {
+            return Err(ServerError::invalid(
+                "min_tokens",
+                format!(
+                    "`min_tokens` cannot be combined with `{constraint_param}`: the output \
+                     ends when it is complete"
+                ),
+            ));
+        }
         let stream = p.stream.unwrap_or(false);
         let include_usage = match &p.stream_options {
             Some(o) if !stream => {
@@ -224,6 +262,10 @@ impl GenerationSpec {
             stop_strings,
             constraint_param,
             ignore_eos,
+            stop_token_ids,
+            min_tokens,
+            include_stop_str_in_output: p.include_stop_str_in_output.unwrap_or(false),
+            skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
             stream,
             include_usage,
         })

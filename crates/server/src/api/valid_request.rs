@@ -272,6 +272,37 @@ impl ValidRequest {
         &self.spec.model
     }
 
+    /// When a choice with a budget of `max_tokens` ends, by tokens.
+    fn stop_condition(&self, max_tokens: usize) -> StopCondition {
+        StopCondition {
+            max_tokens,
+            stop_token_ids: self.stop_token_ids.clone(),
+            ignore_eos: self.spec.ignore_eos,
+            request_stop_token_ids: self.spec.stop_token_ids.clone(),
+        }
+    }
+
+    /// The tokens that end a choice (end-of-sequence unless `ignore_eos`, and the
+    /// request's own); they are not part of its text unless `include_stop_str_in_output`.
+    pub fn stopping_tokens(&self) -> Vec<u32> {
+        self.stop_condition(0).stopping_tokens()
+    }
+
+    /// Fewer tokens than this cannot be ended by a stop token or stop string.
+    pub fn min_tokens(&self) -> usize {
+        self.spec.min_tokens
+    }
+
+    /// Whether the stop string or token that ended a choice stays in its text.
+    pub fn include_stop_str_in_output(&self) -> bool {
+        self.spec.include_stop_str_in_output
+    }
+
+    /// Whether special tokens are left out of the text.
+    pub fn skip_special_tokens(&self) -> bool {
+        self.spec.skip_special_tokens
+    }
+
     /// One generation per choice: prompt `p`, sample `i` is choice `p * n + i`; with a
     /// seed, sample `i` uses `seed + i` so the choices differ but are reproducible.
     pub fn planned_choices(&self) -> Vec<PlannedChoice> {
@@ -286,17 +317,17 @@ impl ValidRequest {
                 });
                 // An echoed prompt is scored too.
                 sampling.prompt_logprobs = sampling.logprobs.filter(|_| self.echo);
+                if self.spec.min_tokens > 0 {
+                    sampling.min_tokens = self.spec.min_tokens;
+                    sampling.min_tokens_blocked = self.stopping_tokens();
+                }
                 out.push(PlannedChoice {
                     index: p * n + i,
                     prompt_index: p,
                     request: GenerationRequest {
                         prompt_ids: prompt.ids.clone(),
                         sampling,
-                        stop: StopCondition {
-                            max_tokens: prompt.max_tokens,
-                            stop_token_ids: self.stop_token_ids.clone(),
-                            ignore_eos: self.spec.ignore_eos,
-                        },
+                        stop: self.stop_condition(prompt.max_tokens),
                     },
                 });
             }

@@ -55,10 +55,22 @@ pub struct ChoiceRun {
     tokenizer: Arc<Tokenizer>,
     decoder: IncrementalDecoder,
     matcher: StopMatcher,
+    /// How the text ends: the tokens that end it, whether they are part of it, and how
+    /// many tokens come before any stop applies.
+    stops: TextStops,
     completion_tokens: usize,
     pending_logprobs: Vec<TokenLogprob>,
     queued: VecDeque<ChoiceEvent>,
     timing: SeqTiming,
+}
+
+/// The request's stop rules as the text sees them.
+#[derive(Debug, Clone)]
+struct TextStops {
+    /// Tokens that end the choice; their text is dropped unless `include`.
+    tokens: Vec<u32>,
+    include: bool,
+    min_tokens: usize,
 }
 
 /// Latency bookkeeping for one sequence; also keeps it counted as in flight.
@@ -144,6 +156,16 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
         .tool_output()
         .map(|t| t.marker_ids(tokenizer))
         .unwrap_or_default();
+    let stops = TextStops {
+        // A tool-call marker stays in the text, where the tool parser reads it.
+        tokens: req
+            .stopping_tokens()
+            .into_iter()
+            .filter(|t| !markers.contains(t))
+            .collect(),
+        include: req.include_stop_str_in_output(),
+        min_tokens: req.min_tokens(),
+    };
     let mut runs = Vec::new();
     for planned in req.planned_choices() {
         let (_, receiver) = app.scheduler.submit(planned.request)?;
@@ -158,9 +180,11 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
             prompt_index: planned.prompt_index,
             receiver: Some(receiver),
             tokenizer: Arc::clone(tokenizer),
-            decoder: IncrementalDecoder::new(Arc::clone(tokenizer), true)
+            decoder: IncrementalDecoder::new(Arc::clone(tokenizer), req.skip_special_tokens())
                 .keeping(markers.iter().copied()),
-            matcher: StopMatcher::new(req.stop_strings().iter().cloned()),
+            matcher: StopMatcher::new(req.stop_strings().iter().cloned())
+                .including_stop(stops.include),
+            stops: stops.clone(),
             completion_tokens: 0,
             pending_logprobs: Vec::new(),
             queued: VecDeque::new(),
@@ -206,7 +230,18 @@ impl ChoiceRun {
                     let entry = self.token_logprob(token, &lp)?;
                     self.pending_logprobs.push(entry);
                 }
-                let piece = self.decoder.push(token)?;
+                // The token that ends the choice is not part of its text (its text,
+                // if any, is the stop itself).
+                let ends = self.stops.tokens.contains(&token) && !self.stops.include;
+                let piece = match ends {
+                    true => String::new(),
+                    false => self.decoder.push(token)?,
+                };
+                if self.completion_tokens < self.stops.min_tokens {
+                    let text = self.matcher.push_unchecked(&piece);
+                    self.queue_delta(text);
+                    return Ok(());
+                }
                 let out = self.matcher.push(&piece);
                 self.queue_delta(out.text);
                 if out.stopped_by.is_some() {

@@ -228,6 +228,7 @@ pub fn warm_up(state: &AppState) -> Result<()> {
             max_tokens: WARM_UP_TOKENS,
             stop_token_ids: Vec::new(),
             ignore_eos: true,
+            request_stop_token_ids: Vec::new(),
         },
     };
     let (_, mut events) = state

@@ -19,6 +19,7 @@ pub fn greedy_request(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
             max_tokens,
             stop_token_ids: vec![],
             ignore_eos: true,
+            request_stop_token_ids: Vec::new(),
         },
     }
 }
