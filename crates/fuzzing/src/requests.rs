@@ -35,6 +35,7 @@ fn context() -> &'static ValidationContext {
             limits: RequestLimits::default(),
             grammar,
             tool_parser: None,
+            reasoning: Default::default(),
         }
     })
 }

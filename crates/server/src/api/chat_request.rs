@@ -32,6 +32,10 @@ pub struct ChatMessageIn {
     pub name: Option<String>,
     pub tool_calls: Option<Value>,
     pub tool_call_id: Option<String>,
+    /// An assistant turn's thinking, as a reply gave it (`reasoning`, or the older
+    /// `reasoning_content`); templates read it as `reasoning_content`.
+    pub reasoning: Option<String>,
+    pub reasoning_content: Option<String>,
 }
 
 /// A chat request whose fields parsed; values are checked by validation.
@@ -104,6 +108,15 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerErr
         }
     };
     let mut extra = Map::new();
+    if let Some(thinking) = m.reasoning.as_ref().or(m.reasoning_content.as_ref()) {
+        if role != "assistant" {
+            return Err(ServerError::invalid(
+                format!("messages[{i}].reasoning"),
+                "only assistant messages carry reasoning",
+            ));
+        }
+        extra.insert("reasoning_content".into(), Value::String(thinking.clone()));
+    }
     let tool_calls = assistant_tool_calls(i, m)?;
     if m.role == "tool" {
         extra.insert("tool_call_id".into(), Value::String(tool_call_id(i, m)?));
@@ -172,4 +185,33 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerErr
         content: Some(content),
         extra,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_assistant_turn_keeps_its_reasoning_for_the_template() {
+        let sent: Vec<ChatMessageIn> = serde_json::from_value(json!([
+            {"role": "user", "content": "1+1?"},
+            {"role": "assistant", "content": "2", "reasoning": "Easy."},
+            {"role": "assistant", "content": "3", "reasoning_content": "Older name."}
+        ]))
+        .unwrap_or_default();
+        let messages = template_messages(&sent).ok().unwrap_or_default();
+        let thinking: Vec<Option<&Value>> = messages
+            .iter()
+            .map(|m| m.extra.get("reasoning_content"))
+            .collect();
+        assert_eq!(
+            thinking,
+            [None, Some(&json!("Easy.")), Some(&json!("Older name."))]
+        );
+        let from_user: Vec<ChatMessageIn> =
+            serde_json::from_value(json!([{"role": "user", "content": "x", "reasoning": "y"}]))
+                .unwrap_or_default();
+        assert!(template_messages(&from_user).is_err());
+    }
 }

@@ -255,6 +255,8 @@ fn schemas() -> Value {
                     { "type": "null" }
                 ] },
                 "name": { "type": "string" },
+                "reasoning": { "type": "string", "description": "An assistant turn's thinking" },
+                "reasoning_content": { "type": "string", "description": "Older name of `reasoning`" },
                 "tool_calls": { "type": "array", "items": reference("ToolCall") },
                 "tool_call_id": { "type": "string" }
             }

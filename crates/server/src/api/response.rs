@@ -55,8 +55,29 @@ pub struct AssistantMessage {
     pub role: &'static str,
     /// `null` when the reply is only tool calls.
     pub content: Option<String>,
+    /// The model's thinking, when the reply is split (see `reasoning`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Reasoning>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+}
+
+/// A model's thinking under both names clients read: `reasoning` (vLLM's, OpenAI's
+/// guidance) and `reasoning_content` (DeepSeek's, llama.cpp's).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reasoning {
+    pub reasoning: String,
+    pub reasoning_content: String,
+}
+
+impl Reasoning {
+    /// `None` for no thinking.
+    pub fn of(text: String) -> Option<Self> {
+        (!text.is_empty()).then(|| Reasoning {
+            reasoning_content: text.clone(),
+            reasoning: text,
+        })
+    }
 }
 
 /// A call the model made: `{"id": "call_...", "type": "function", "function": {...}}`.
@@ -163,6 +184,8 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Reasoning>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }

@@ -13,6 +13,7 @@ use crate::api::chat_request::ChatRequest;
 use crate::api::completion_request::{CompletionRequest, PromptInput};
 use crate::api::error::ServerError;
 use crate::api::generation_spec::{check_top_logprobs, GenerationSpec};
+use crate::api::reasoning::{prompt_opens_thinking, ReasoningParser};
 use crate::api::request_limits::RequestLimits;
 use crate::api::response_format::constraint_error;
 use crate::api::tool_parsers::ToolParserKind;
@@ -43,6 +44,8 @@ pub struct ValidationContext {
     /// How tool calls are found in free text (`--tool-call-parser`); `None` chooses
     /// from the chat template.
     pub tool_parser: Option<ToolParserKind>,
+    /// Whether chat replies are split into thinking and answer (`--reasoning-parser`).
+    pub reasoning: ReasoningParser,
 }
 
 /// A tokenized prompt and its completion budget.
@@ -74,6 +77,9 @@ pub struct ValidRequest {
     /// `max_tokens: 0` with `echo`.
     score_only: bool,
     tool_output: Option<ToolOutput>,
+    /// Chat replies split into thinking and answer: `Some(true)` when they start inside
+    /// a thinking block the prompt opened.
+    reasoning: Option<bool>,
 }
 
 /// One sequence to submit: its choice index and request.
@@ -126,7 +132,8 @@ impl ValidRequest {
         let render = req.render.check(&req.chat.messages)?;
         let tokenizer = Arc::clone(&ctx.tokenizer);
         let parser_flag = ctx.tool_parser;
-        let (text, ids, tool_output) = blocking(move || {
+        let reasoning = ctx.reasoning;
+        let (text, ids, tool_output, split) = blocking(move || {
             let template = tokenizer.chat_template().map_err(template_error)?;
             let (messages, template_tools, tool_output) =
                 adapt_to_template(messages, tools.as_ref(), template.source(), parser_flag);
@@ -134,14 +141,18 @@ impl ValidRequest {
                 .render(&render.request(messages, template_tools))
                 .map_err(template_error)?;
             let text = render.prompt(text)?;
+            let split = reasoning
+                .splits(template.source())
+                .then(|| prompt_opens_thinking(&text));
             let ids = tokenizer.encode(&text, false)?;
-            Ok::<_, ServerError>((text, ids, tool_output))
+            Ok::<_, ServerError>((text, ids, tool_output, split))
         })
         .await??;
         check_token_ids(&ids, "messages", ctx)?;
         let prompt = budget(ids, text, spec.max_tokens, None, "messages", ctx)?;
         let mut valid = Self::assemble(vec![prompt], spec, logprobs, false, ctx);
         valid.tool_output = tool_output;
+        valid.reasoning = split;
         Ok(valid)
     }
 
@@ -237,7 +248,14 @@ impl ValidRequest {
             echo,
             score_only: false,
             tool_output: None,
+            reasoning: None,
         }
+    }
+
+    /// Whether replies are split into thinking and answer, and whether they start
+    /// thinking.
+    pub fn reasoning(&self) -> Option<bool> {
+        self.reasoning
     }
 
     /// How the reply's tool calls are read, when it may have any.

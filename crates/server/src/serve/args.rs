@@ -50,6 +50,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub tool_call_parser: Option<crate::api::tool_parsers::ToolParserKind>,
 
+    /// How a chat reply's thinking is split from its answer into `reasoning` (and
+    /// `reasoning_content`): auto (split at <think>...</think> when the chat template
+    /// knows such blocks), think (always; qwen3 and deepseek_r1 are names for it) or none.
+    #[arg(long, default_value_t = crate::api::reasoning::ReasoningParser::Auto)]
+    pub reasoning_parser: crate::api::reasoning::ReasoningParser,
+
     /// Origins allowed by CORS, comma-separated, or `*`. CORS is off by default.
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,

@@ -8,9 +8,10 @@ use axum::Json;
 
 use crate::api::chat_request::ChatRequest;
 use crate::api::error::ServerError;
+use crate::api::reasoning::{ReasoningSplit, Split};
 use crate::api::response::{
-    ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs, TokenLogprob,
-    Usage,
+    ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs, Reasoning,
+    TokenLogprob, Usage,
 };
 use crate::api::tool_prompt::ToolOutput;
 use crate::api::valid_request::ValidRequest;
@@ -38,7 +39,8 @@ pub async fn chat_completions(
     } = Submitted::new(&app, &valid, "chatcmpl")?;
     if valid.stream() {
         let format = ChatFormat::new(id, created, model, with_logprobs)
-            .with_tools(valid.tool_output().cloned());
+            .with_tools(valid.tool_output().cloned())
+            .with_reasoning(valid.reasoning());
         return Ok(sse_response(
             runs,
             format,
@@ -52,7 +54,15 @@ pub async fn chat_completions(
     let choices = outputs
         .into_iter()
         .map(|o| {
-            let (message, made_calls) = reply_message(valid.tool_output(), o.text);
+            let (reasoning, text) = match valid.reasoning() {
+                Some(thinking) => {
+                    let split = ReasoningSplit::whole(thinking, &o.text);
+                    (Reasoning::of(split.reasoning), split.content)
+                }
+                None => (None, o.text),
+            };
+            let (mut message, made_calls) = reply_message(valid.tool_output(), text);
+            message.reasoning = reasoning;
             ChatChoice {
                 index: o.index,
                 message,
@@ -81,6 +91,10 @@ pub struct ChatFormat {
     /// How tool calls are read from each choice's text, when they may be there.
     tools: Option<ToolOutput>,
     calls: HashMap<usize, StreamedCalls>,
+    /// Whether each choice's thinking is split from its answer, and whether it starts
+    /// thinking.
+    reasoning: Option<bool>,
+    splits: HashMap<usize, ReasoningSplit>,
 }
 
 impl ChatFormat {
@@ -93,7 +107,40 @@ impl ChatFormat {
             with_logprobs,
             tools: None,
             calls: HashMap::new(),
+            reasoning: None,
+            splits: HashMap::new(),
         }
+    }
+
+    /// Splits each choice's thinking from its answer (`Some(starts thinking)`).
+    pub fn with_reasoning(mut self, reasoning: Option<bool>) -> Self {
+        self.reasoning = reasoning;
+        self
+    }
+
+    /// `text` split into thinking and answer, when replies are split.
+    fn split(&mut self, index: usize, text: &str, finished: bool) -> Option<Split> {
+        let thinking = self.reasoning?;
+        let split = self
+            .splits
+            .entry(index)
+            .or_insert_with(|| ReasoningSplit::new(thinking));
+        let mut out = split.push(text);
+        if finished {
+            let rest = split.finish();
+            out.reasoning.push_str(&rest.reasoning);
+            out.content.push_str(&rest.content);
+        }
+        Some(out)
+    }
+
+    /// The chunk of a thinking delta.
+    fn reasoning_chunk(&self, index: usize, text: String, logprobs: &[TokenLogprob]) -> String {
+        let delta = ChatDelta {
+            reasoning: Reasoning::of(text),
+            ..ChatDelta::default()
+        };
+        self.delta_chunk(index, delta, logprobs)
     }
 
     /// Reads tool calls from the text with `tools`' parser.
@@ -138,7 +185,7 @@ impl ChunkFormat for ChatFormat {
                         delta: ChatDelta {
                             role: Some("assistant"),
                             content: Some(String::new()),
-                            tool_calls: None,
+                            ..ChatDelta::default()
                         },
                         logprobs: None,
                         finish_reason: None,
@@ -150,6 +197,51 @@ impl ChunkFormat for ChatFormat {
     }
 
     fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String> {
+        let Some(split) = self.split(index, &text, false) else {
+            return self.content_chunks(index, text, logprobs);
+        };
+        let mut chunks = Vec::new();
+        let mut logprobs = logprobs;
+        if !split.reasoning.is_empty() {
+            chunks.push(self.reasoning_chunk(index, split.reasoning, logprobs));
+            logprobs = &[];
+        }
+        if !split.content.is_empty() {
+            chunks.extend(self.content_chunks(index, split.content, logprobs));
+        } else if chunks.is_empty() && self.with_logprobs && !logprobs.is_empty() {
+            // Text held at a tag: its log-probabilities go now, alone.
+            chunks.push(self.delta_chunk(index, ChatDelta::default(), logprobs));
+        }
+        chunks
+    }
+
+    fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String> {
+        let mut chunks = Vec::new();
+        if let Some(split) = self.split(index, "", true) {
+            if !split.reasoning.is_empty() {
+                chunks.push(self.reasoning_chunk(index, split.reasoning, &[]));
+            }
+            if !split.content.is_empty() {
+                chunks.extend(self.content_chunks(index, split.content, &[]));
+            }
+        }
+        chunks.extend(self.finish_content(index, reason));
+        chunks
+    }
+
+    fn usage(&mut self, usage: Usage) -> String {
+        self.chunk(Vec::new(), Some(usage))
+    }
+}
+
+impl ChatFormat {
+    /// The chunks of answer text: plain, or through the tool-call parser.
+    fn content_chunks(
+        &mut self,
+        index: usize,
+        text: String,
+        logprobs: &[TokenLogprob],
+    ) -> Vec<String> {
         let Some(tools) = &self.tools else {
             let delta = ChatDelta {
                 content: Some(text),
@@ -183,7 +275,9 @@ impl ChunkFormat for ChatFormat {
             .collect()
     }
 
-    fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String> {
+    /// The last chunks of a choice's answer: the tool parser's rest, and the finish
+    /// reason.
+    fn finish_content(&mut self, index: usize, reason: &'static str) -> Vec<String> {
         let (mut chunks, made_calls) = match self.calls.get_mut(&index) {
             Some(calls) => {
                 let deltas = calls.finish();
@@ -206,9 +300,5 @@ impl ChunkFormat for ChatFormat {
             None,
         ));
         chunks
-    }
-
-    fn usage(&mut self, usage: Usage) -> String {
-        self.chunk(Vec::new(), Some(usage))
     }
 }

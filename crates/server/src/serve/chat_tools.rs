@@ -28,6 +28,7 @@ pub fn reply_message(output: Option<&ToolOutput>, text: String) -> (AssistantMes
         let message = AssistantMessage {
             role: "assistant",
             content: Some(text),
+            reasoning: None,
             tool_calls: Vec::new(),
         };
         return (message, false);
@@ -51,6 +52,7 @@ pub fn reply_message(output: Option<&ToolOutput>, text: String) -> (AssistantMes
     let message = AssistantMessage {
         role: "assistant",
         content,
+        reasoning: None,
         tool_calls,
     };
     (message, made_calls)

@@ -192,6 +192,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             limits: args.request_limits(),
             grammar: grammar.map_err(|e| e.to_string()),
             tool_parser: args.tool_call_parser,
+            reasoning: args.reasoning_parser,
         }),
         api_keys: Arc::new(api_keys::collect(
             &args.api_keys,

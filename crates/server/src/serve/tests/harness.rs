@@ -290,6 +290,7 @@ pub fn fake_state<E: Executor + 'static>(
             limits: RequestLimits::default(),
             grammar: Err("the fake executor has no grammar compiler".into()),
             tool_parser: None,
+            reasoning: Default::default(),
         }),
         api_keys: Arc::new(Vec::new()),
         max_body_bytes: 1 << 20,
