@@ -110,5 +110,75 @@ async fn a_prompt_that_opens_thinking_is_split_by_default() {
     let client = reqwest::Client::new();
     common::wait_ready(&client, &started.base, Duration::from_secs(300)).await;
     check_split(&started.base, "[a-z ]{1,30}\n</think>\n\n(yes|no)").await;
+
+    // The Responses API gives the thinking as a reasoning item, streamed or whole. The
+    // model never closes the block here, so the whole output is thinking.
+    let chat = post(
+        &client,
+        &format!("{}/v1/chat/completions", started.base),
+        &json!({"model": "smollm2", "temperature": 0, "max_tokens": 12,
+                "messages": [{"role": "user", "content": "Is Paris in France?"}]}),
+    )
+    .await;
+    let thinking = chat["choices"][0]["message"]["reasoning"].as_str().unwrap();
+    assert!(chat["choices"][0]["message"]["content"] == "", "{chat}");
+    let url = format!("{}/v1/responses", started.base);
+    let body = json!({"model": "smollm2", "temperature": 0, "max_output_tokens": 12,
+                      "input": "Is Paris in France?"});
+    let whole = post(&client, &url, &body).await;
+    let output = whole["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1, "{whole}");
+    assert_eq!(output[0]["type"], "reasoning");
+    assert_eq!(output[0]["content"][0]["type"], "reasoning_text");
+    assert_eq!(output[0]["content"][0]["text"], thinking);
+    assert_eq!(whole["status"], "incomplete");
+    let counted = whole["usage"]["output_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        (10..=14).contains(&counted),
+        "{counted} thinking tokens of 12 generated"
+    );
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let resp = client.post(&url).json(&streamed).send().await.unwrap();
+    let mut deltas = String::new();
+    let mut kinds = Vec::new();
+    for line in resp.text().await.unwrap().lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(data).unwrap();
+        let kind = event["type"].as_str().unwrap().to_string();
+        if kind == "response.reasoning_text.delta" {
+            deltas.push_str(event["delta"].as_str().unwrap());
+        }
+        if kind == "response.reasoning_text.done" {
+            assert_eq!(event["text"], thinking);
+        }
+        if kind == "response.incomplete" {
+            let item = &event["response"]["output"][0];
+            assert_eq!(
+                (&item["type"], &item["content"]),
+                (&output[0]["type"], &output[0]["content"])
+            );
+        }
+        if kinds.last() != Some(&kind) {
+            kinds.push(kind);
+        }
+    }
+    assert_eq!(deltas, thinking);
+    assert_eq!(
+        kinds,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done",
+            "response.output_item.done",
+            "response.incomplete"
+        ]
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,7 +21,7 @@ impl ResponseHeader {
         &self,
         status: &str,
         output: Vec<Value>,
-        usage: Option<Usage>,
+        usage: Option<OutputUsage>,
         incomplete: Option<&str>,
     ) -> Value {
         let r = &self.request;
@@ -57,14 +57,36 @@ impl ResponseHeader {
     }
 }
 
+/// A response's token counts: the usage, and how many output tokens were thinking.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputUsage {
+    pub usage: Usage,
+    pub reasoning_tokens: usize,
+}
+
 /// Usage in the Responses shape.
-pub fn usage_object(u: Usage) -> Value {
+fn usage_object(u: OutputUsage) -> Value {
     json!({
-        "input_tokens": u.prompt_tokens,
+        "input_tokens": u.usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": u.total_tokens,
+        "output_tokens": u.usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+        "total_tokens": u.usage.total_tokens,
+    })
+}
+
+/// A reasoning item holding the model's thinking (empty while it streams).
+pub fn reasoning_item(id: &str, status: &str, text: &str) -> Value {
+    let content: Vec<Value> = match text.is_empty() {
+        true => Vec::new(),
+        false => vec![json!({"type": "reasoning_text", "text": text})],
+    };
+    json!({
+        "type": "reasoning",
+        "id": id,
+        "summary": [],
+        "content": content,
+        "status": status,
     })
 }
 

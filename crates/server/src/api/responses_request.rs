@@ -94,6 +94,12 @@ pub fn chat_body(body: &Value) -> Result<(Value, Vec<String>), ServerError> {
             for (i, item) in items.iter().enumerate() {
                 add_item(&mut messages, i, item)?;
             }
+            // A reasoning item that no message or call followed: a turn of thinking only.
+            for m in &mut messages {
+                if m["content"].is_null() && m.get("tool_calls").is_none() {
+                    m["content"] = json!("");
+                }
+            }
         }
         Some(_) => {
             return Err(ServerError::invalid(
@@ -203,7 +209,21 @@ fn add_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), Ser
                     "message content must be a string or a list of input_text/output_text parts",
                 )
             })?;
-            messages.push(json!({"role": role, "content": content}));
+            // An assistant message after a reasoning item is the turn that thought.
+            match thinking_turn(messages).filter(|_| role == "assistant") {
+                Some(turn) => turn["content"] = json!(content),
+                None => messages.push(json!({"role": role, "content": content})),
+            }
+        }
+        "reasoning" => {
+            let text = reasoning_text(item).ok_or_else(|| {
+                ServerError::invalid(
+                    at(".content"),
+                    "a reasoning item needs `content` of reasoning_text parts or `summary` of \
+                     summary_text parts",
+                )
+            })?;
+            messages.push(json!({"role": "assistant", "content": null, "reasoning": text}));
         }
         "function_call" => {
             let field = |name: &str| {
@@ -219,7 +239,11 @@ fn add_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), Ser
                 "type": "function",
                 "function": {"name": field("name")?, "arguments": field("arguments")?},
             });
-            // Calls that follow each other belong to one assistant turn.
+            // Calls that follow each other, or a reasoning item, belong to one assistant
+            // turn.
+            if let Some(turn) = thinking_turn(messages) {
+                turn["tool_calls"] = json!([]);
+            }
             let joined = messages.last_mut().filter(|m| {
                 m["role"] == "assistant" && m.get("tool_calls").is_some_and(Value::is_array)
             });
@@ -259,13 +283,38 @@ fn add_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), Ser
             return Err(ServerError::invalid(
                 at(".type"),
                 format!(
-                    "input item type `{other}` is not supported: use message, function_call \
-                     or function_call_output"
+                    "input item type `{other}` is not supported: use message, reasoning, \
+                     function_call or function_call_output"
                 ),
             ))
         }
     }
     Ok(())
+}
+
+/// The last message, when it is an assistant turn that has only thought so far.
+fn thinking_turn(messages: &mut [Value]) -> Option<&mut Value> {
+    messages.last_mut().filter(|m| {
+        m["role"] == "assistant"
+            && m.get("reasoning").is_some()
+            && m["content"].is_null()
+            && m.get("tool_calls").is_none()
+    })
+}
+
+/// A reasoning item's text: its `reasoning_text` parts, else its `summary_text` parts.
+fn reasoning_text(item: &Value) -> Option<String> {
+    let parts = |field: &str, kind: &str| -> Option<String> {
+        let texts: Vec<&str> = item
+            .get(field)?
+            .as_array()?
+            .iter()
+            .filter(|p| p.get("type").and_then(Value::as_str) == Some(kind))
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect();
+        (!texts.is_empty()).then(|| texts.join("\n"))
+    };
+    parts("content", "reasoning_text").or_else(|| parts("summary", "summary_text"))
 }
 
 /// The text of a message's content: a string, or text parts joined.
@@ -400,6 +449,57 @@ mod tests {
         assert_eq!(chat["response_format"]["json_schema"]["name"], "s");
         assert_eq!(chat["tools"][0]["function"]["name"], "f");
         assert_eq!(chat["tool_choice"]["function"]["name"], "f");
+    }
+
+    #[test]
+    fn reasoning_items_join_the_assistant_turn_that_follows() {
+        let thought = |text: &str| {
+            json!({"type": "reasoning", "id": "rs_1", "summary": [],
+                   "content": [{"type": "reasoning_text", "text": text}]})
+        };
+        let (chat, _) = chat_body(&json!({
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "Weather?"},
+                thought("Call the tool."),
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sun"},
+                thought("Answer now."),
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "Sunny."}]},
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Only."}]},
+                {"role": "user", "content": "Thanks"}
+            ]
+        }))
+        .unwrap();
+        let messages = chat["messages"].as_array().unwrap();
+        let shape: Vec<(&str, Value, Value)> = messages
+            .iter()
+            .map(|m| {
+                (
+                    m["role"].as_str().unwrap(),
+                    m["reasoning"].clone(),
+                    m["content"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                ("user", Value::Null, json!("Weather?")),
+                ("assistant", json!("Call the tool."), Value::Null),
+                ("tool", Value::Null, json!("sun")),
+                ("assistant", json!("Answer now."), json!("Sunny.")),
+                ("assistant", json!("Only."), json!("")),
+                ("user", Value::Null, json!("Thanks")),
+            ]
+        );
+        assert_eq!(messages[1]["tool_calls"][0]["id"], "c1");
+        let bad = chat_body(&json!({"model": "m", "input": [{"type": "reasoning", "content": 3}]}));
+        assert_eq!(
+            bad.err().and_then(param_of).as_deref(),
+            Some("input[0].content")
+        );
     }
 
     #[test]

@@ -4,16 +4,21 @@
 //! `response.content_part.added`, `response.output_text.delta`, ...,
 //! `response.function_call_arguments.delta`, ..., `response.completed`).
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
+use tessera_tokenizer::Tokenizer;
 
 use crate::api::chat_request::ChatRequest;
 use crate::api::error::ServerError;
+use crate::api::reasoning::ReasoningSplit;
 use crate::api::response::{TokenLogprob, Usage};
 use crate::api::responses_object::{
-    function_call_item, logprob_values, message_item, output_text_part, status_of, ResponseHeader,
+    function_call_item, logprob_values, message_item, output_text_part, reasoning_item, status_of,
+    OutputUsage, ResponseHeader,
 };
 use crate::api::responses_request::chat_body;
 use crate::api::tool_parsers::{ParsedReply, ToolCallParser, ToolEvent};
@@ -33,6 +38,14 @@ pub async fn create_response(
     log_end_user(req.params.user.as_ref());
     log_ignored_fields(&ignored);
     let valid = ValidRequest::chat(req, &app.validation).await?;
+    if valid.reasoning().is_some() && valid.logprobs().is_some() {
+        return Err(ServerError::invalid(
+            "include",
+            "log-probabilities are not available when replies are split into reasoning and \
+             text (start the server with `--reasoning-parser none`)",
+        ));
+    }
+    let tokenizer = Arc::clone(&app.validation.tokenizer);
     let Submitted {
         runs,
         prompt_tokens,
@@ -49,7 +62,7 @@ pub async fn create_response(
     };
     let parser = || -> Option<Box<dyn ToolCallParser>> { valid.tool_output().map(|t| t.parser()) };
     if valid.stream() {
-        let format = ResponsesFormat::new(header, parser());
+        let format = ResponsesFormat::new(header, parser(), valid.reasoning(), tokenizer);
         // The usage chunk carries `response.completed`.
         return Ok(sse_response(runs, format, prompt_tokens, true, &app.limits));
     }
@@ -57,18 +70,31 @@ pub async fn create_response(
     let Some(out) = outputs.into_iter().next() else {
         return Err(ServerError::Internal("a response without output".into()));
     };
+    let (thinking, text) = match valid.reasoning() {
+        Some(starts_thinking) => {
+            let split = ReasoningSplit::whole(starts_thinking, &out.text);
+            (split.reasoning, split.content)
+        }
+        None => (String::new(), out.text),
+    };
     let reply = match parser() {
-        Some(p) => ParsedReply::parse(p, &out.text),
+        Some(p) => ParsedReply::parse(p, &text),
         None => ParsedReply {
-            content: Some(out.text),
+            content: Some(text),
             calls: Vec::new(),
         },
     };
     let mut output = Vec::new();
-    if let Some(text) = reply
-        .content
-        .filter(|t| !t.is_empty() || reply.calls.is_empty())
-    {
+    if !thinking.is_empty() {
+        output.push(reasoning_item(
+            &format!("rs_{}", random_id()),
+            "completed",
+            &thinking,
+        ));
+    }
+    // An empty answer is a message only when nothing else was output.
+    let nothing_else = reply.calls.is_empty() && thinking.is_empty();
+    if let Some(text) = reply.content.filter(|t| !t.is_empty() || nothing_else) {
         // Log-probabilities are only served without tool calls (the request is refused
         // otherwise), so the whole output is this text.
         output.push(message_item(
@@ -87,12 +113,28 @@ pub async fn create_response(
         ));
     }
     let (status, incomplete) = status_of(out.finish_reason);
-    let usage = Usage::new(prompt_tokens, out.completion_tokens);
+    let usage = OutputUsage {
+        usage: Usage::new(prompt_tokens, out.completion_tokens),
+        reasoning_tokens: thinking_tokens(&tokenizer, &thinking),
+    };
     Ok(Json(header.object(status, output, Some(usage), incomplete)).into_response())
+}
+
+/// Tokens of the thinking, counted by tokenizing its text (the reply's tokens are not
+/// kept apart by where they fell).
+fn thinking_tokens(tokenizer: &Tokenizer, thinking: &str) -> usize {
+    match thinking.is_empty() {
+        true => 0,
+        false => tokenizer.encode(thinking, false).map_or(0, |ids| ids.len()),
+    }
 }
 
 /// The item being streamed.
 enum OpenItem {
+    Reasoning {
+        id: String,
+        text: String,
+    },
     Message {
         id: String,
         text: String,
@@ -110,6 +152,11 @@ enum OpenItem {
 pub struct ResponsesFormat {
     header: ResponseHeader,
     parser: Option<Box<dyn ToolCallParser>>,
+    /// Splits the thinking from the answer, when replies are split.
+    split: Option<ReasoningSplit>,
+    /// All the thinking, counted in the usage.
+    thinking: String,
+    tokenizer: Arc<Tokenizer>,
     sequence: u64,
     open: Option<OpenItem>,
     done: Vec<Value>,
@@ -117,10 +164,18 @@ pub struct ResponsesFormat {
 }
 
 impl ResponsesFormat {
-    fn new(header: ResponseHeader, parser: Option<Box<dyn ToolCallParser>>) -> Self {
+    fn new(
+        header: ResponseHeader,
+        parser: Option<Box<dyn ToolCallParser>>,
+        reasoning: Option<bool>,
+        tokenizer: Arc<Tokenizer>,
+    ) -> Self {
         ResponsesFormat {
             header,
             parser,
+            split: reasoning.map(ReasoningSplit::new),
+            thinking: String::new(),
+            tokenizer,
             sequence: 0,
             open: None,
             done: Vec::new(),
@@ -144,6 +199,20 @@ impl ResponsesFormat {
         let index = self.output_index();
         match self.open.take() {
             None => {}
+            Some(OpenItem::Reasoning { id, text }) => {
+                let e = self.event(
+                    "response.reasoning_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+                );
+                out.push(e);
+                let item = reasoning_item(&id, "completed", &text);
+                let e = self.event(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                );
+                out.push(e);
+                self.done.push(item);
+            }
             Some(OpenItem::Message { id, text, logprobs }) => {
                 let e = self.event(
                     "response.output_text.done",
@@ -190,6 +259,50 @@ impl ResponsesFormat {
                 out.push(e);
                 self.done.push(item);
             }
+        }
+    }
+
+    /// More thinking.
+    fn reasoning_delta(&mut self, text: String, out: &mut Vec<String>) {
+        if !matches!(self.open, Some(OpenItem::Reasoning { .. })) {
+            self.close(out);
+            let id = format!("rs_{}", random_id());
+            let item = reasoning_item(&id, "in_progress", "");
+            let index = self.output_index();
+            let e = self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            );
+            out.push(e);
+            self.open = Some(OpenItem::Reasoning {
+                id,
+                text: String::new(),
+            });
+        }
+        let index = self.output_index();
+        let Some(OpenItem::Reasoning { id, text: all }) = &mut self.open else {
+            return;
+        };
+        all.push_str(&text);
+        self.thinking.push_str(&text);
+        let id = id.clone();
+        let e = self.event(
+            "response.reasoning_text.delta",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "delta": text}),
+        );
+        out.push(e);
+    }
+
+    /// Answer text: through the tool-call parser when calls may be in it.
+    fn answer_delta(&mut self, text: String, logprobs: &[TokenLogprob], out: &mut Vec<String>) {
+        match &mut self.parser {
+            // No log-probabilities here: they are refused together with tools.
+            Some(p) => {
+                let events = p.push(&text);
+                self.apply(events, out);
+            }
+            None if text.is_empty() && logprobs.is_empty() => {}
+            None => self.text_delta(text, logprobs, out),
         }
     }
 
@@ -299,20 +412,30 @@ impl ChunkFormat for ResponsesFormat {
 
     fn delta(&mut self, _index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String> {
         let mut out = Vec::new();
-        match &mut self.parser {
-            // No log-probabilities here: they are refused together with tools.
-            Some(p) => {
-                let events = p.push(&text);
-                self.apply(events, &mut out);
+        // No log-probabilities with a split: the request is refused.
+        let text = match &mut self.split {
+            Some(split) => {
+                let split = split.push(&text);
+                if !split.reasoning.is_empty() {
+                    self.reasoning_delta(split.reasoning, &mut out);
+                }
+                split.content
             }
-            None if text.is_empty() && logprobs.is_empty() => {}
-            None => self.text_delta(text, logprobs, &mut out),
-        }
+            None => text,
+        };
+        self.answer_delta(text, logprobs, &mut out);
         out
     }
 
     fn finish(&mut self, _index: usize, reason: &'static str) -> Vec<String> {
         let mut out = Vec::new();
+        if let Some(split) = &mut self.split {
+            let rest = split.finish();
+            if !rest.reasoning.is_empty() {
+                self.reasoning_delta(rest.reasoning, &mut out);
+            }
+            self.answer_delta(rest.content, &[], &mut out);
+        }
         if let Some(p) = &mut self.parser {
             let events = p.finish();
             self.apply(events, &mut out);
@@ -324,6 +447,10 @@ impl ChunkFormat for ResponsesFormat {
 
     fn usage(&mut self, usage: Usage) -> String {
         let (status, incomplete) = status_of(self.finish_reason);
+        let usage = OutputUsage {
+            usage,
+            reasoning_tokens: thinking_tokens(&self.tokenizer, &self.thinking),
+        };
         let response = self.header.object(
             status,
             std::mem::take(&mut self.done),
