@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 use tessera_protocol::{SamplingParams, TokenLogprobs};
 
 use crate::model::batch::RowReduce;
-use crate::structured::TokenConstraint;
+use crate::structured::{ThinkingGate, TokenConstraint};
 
 /// Sampling state of one sequence, kept by the engine for the sequence's whole life
 /// (across preemptions), so seeded sampling does not depend on batching.
@@ -20,6 +20,8 @@ pub struct Sampler {
     counts: std::collections::HashMap<u32, u32>,
     /// The grammar a constrained sequence must follow (`response_format`).
     constraint: Option<TokenConstraint>,
+    /// A thinking block the grammar waits for the end of.
+    thinking: Option<ThinkingGate>,
     /// Tokens sampled so far (`min_tokens`).
     generated: usize,
 }
@@ -36,6 +38,7 @@ impl Sampler {
             seen: prompt.iter().copied().collect(),
             counts: Default::default(),
             constraint: None,
+            thinking: None,
             generated: 0,
         }
     }
@@ -43,6 +46,7 @@ impl Sampler {
     /// Constrains every later token to `constraint`'s grammar.
     pub fn with_constraint(mut self, constraint: TokenConstraint) -> Self {
         self.constraint = Some(constraint);
+        self.thinking = self.params.thinking.as_ref().map(ThinkingGate::new);
         self
     }
 
@@ -61,8 +65,20 @@ impl Sampler {
     /// choice and the log-probabilities are those of the masked distribution.
     pub fn sample(&mut self, logits: &mut [f32]) -> (u32, Option<TokenLogprobs>) {
         self.adjust(logits);
-        if let Some(c) = &mut self.constraint {
+        let gate = self.thinking.as_ref();
+        if let Some(c) = self
+            .constraint
+            .as_mut()
+            .filter(|_| gate.is_none_or(|g| g.grammar_masks()))
+        {
+            // The first token may open a thinking block instead of starting the grammar.
+            let open = gate
+                .and_then(ThinkingGate::may_open)
+                .and_then(|t| logits.get(t as usize).map(|l| (t, *l)));
             c.apply_mask(logits);
+            if let Some((t, logit)) = open {
+                logits[t as usize] = logit;
+            }
         }
         let token = if self.params.is_greedy() {
             argmax(logits)
@@ -81,7 +97,12 @@ impl Sampler {
     /// that. Anything else needs the whole row ([`Sampler::sample`]).
     pub fn reduction(&self) -> RowReduce {
         let p = &self.params;
-        let raw = self.constraint.is_none()
+        let masked = self.constraint.is_some()
+            && self
+                .thinking
+                .as_ref()
+                .is_none_or(ThinkingGate::grammar_masks);
+        let raw = !masked
             && !self.blocks_stop_tokens()
             && p.logit_bias.is_empty()
             && p.repetition_penalty == 1.0
@@ -147,7 +168,11 @@ impl Sampler {
 
     /// Records `token`, chosen elsewhere as the arg-max, as this sequence's next token.
     pub fn accept(&mut self, token: u32) -> u32 {
-        if let Some(c) = &mut self.constraint {
+        let grammar_text = match (&mut self.thinking, &self.constraint) {
+            (Some(gate), Some(c)) => gate.accept(token, &c.token_bytes(token)),
+            _ => true,
+        };
+        if let Some(c) = self.constraint.as_mut().filter(|_| grammar_text) {
             c.advance(token);
         }
         self.seen.insert(token);

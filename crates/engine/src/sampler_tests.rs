@@ -318,3 +318,81 @@ fn stop_tokens_cannot_be_sampled_before_min_tokens() {
     assert_eq!(sampler.reduction(), RowReduce::Argmax);
     assert_eq!(sampler.sample(&mut row()).0, eos);
 }
+
+#[test]
+fn a_thinking_block_runs_free_and_the_grammar_starts_after_it() {
+    use crate::structured::GrammarCompiler;
+    use tessera_protocol::{OutputConstraint, ThinkingTags};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tokenizer/smollm2-hf");
+    let tokenizer = tessera_tokenizer::Tokenizer::from_hf_dir(&dir).expect("fixture tokenizer");
+    let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size()).expect("compiler");
+    let id = |text: &str| tokenizer.encode(text, false).expect("encode")[0];
+    let (open, close, word, brace) = (id("<"), id(">"), id("hello"), id("{"));
+    let mut sampler = Sampler::new(
+        params(|p| {
+            p.temperature = 0.0;
+            p.thinking = Some(ThinkingTags {
+                open: Some(open),
+                close: ">".into(),
+                starts_open: false,
+            });
+        }),
+        &[],
+    )
+    .with_constraint(
+        compiler
+            .compile(&OutputConstraint::JsonObject)
+            .expect("compiles"),
+    );
+    let row = |best: &[(u32, f32)]| {
+        let mut logits = vec![0.0f32; tokenizer.vocab_size()];
+        for &(t, l) in best {
+            logits[t as usize] = l;
+        }
+        logits
+    };
+    // The first token may open the block, though the grammar would refuse it.
+    assert_eq!(sampler.reduction(), RowReduce::Logits);
+    assert_eq!(
+        sampler.sample(&mut row(&[(open, 9.0), (brace, 1.0)])).0,
+        open
+    );
+    // Inside it nothing is masked, so the device may reduce the row.
+    assert_eq!(sampler.reduction(), RowReduce::Argmax);
+    assert_eq!(
+        sampler.sample(&mut row(&[(word, 9.0), (brace, 1.0)])).0,
+        word
+    );
+    assert_eq!(sampler.sample(&mut row(&[(close, 9.0)])).0, close);
+    // After the close tag the grammar masks again: no word before the JSON object.
+    assert_eq!(sampler.reduction(), RowReduce::Logits);
+    assert_eq!(
+        sampler.sample(&mut row(&[(word, 9.0), (brace, 1.0)])).0,
+        brace
+    );
+    assert_eq!(sampler.grammar_fault(), None);
+
+    // A reply that does not open the block is under the grammar from its first token.
+    let mut sampler = Sampler::new(
+        params(|p| {
+            p.temperature = 0.0;
+            p.thinking = Some(ThinkingTags {
+                open: Some(open),
+                close: ">".into(),
+                starts_open: false,
+            });
+        }),
+        &[],
+    )
+    .with_constraint(
+        compiler
+            .compile(&OutputConstraint::JsonObject)
+            .expect("compiles"),
+    );
+    assert_eq!(
+        sampler.sample(&mut row(&[(word, 9.0), (brace, 1.0)])).0,
+        brace
+    );
+    assert_ne!(sampler.sample(&mut row(&[(open, 9.0)])).0, open);
+}

@@ -12,7 +12,7 @@ mod step;
 pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape, RELEASED_BLOCK};
 pub use histogram::{DurationHistogram, HistogramSnapshot};
 pub use sampling::{
-    FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition,
+    FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition, ThinkingTags,
 };
 pub use step::{
     FailedSequence, NewSequence, SampledToken, ScheduledChunk, SeqId, StepOutput, StepPlan,

@@ -40,6 +40,22 @@ pub struct SamplingParams {
     pub min_tokens: usize,
     #[serde(default)]
     pub min_tokens_blocked: Vec<u32>,
+    /// A reasoning model's thinking block, which the `constraint` does not apply to: the
+    /// grammar starts after it.
+    #[serde(default)]
+    pub thinking: Option<ThinkingTags>,
+}
+
+/// How a reply's thinking block is opened and closed, in tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThinkingTags {
+    /// The token that opens a block as the reply's first token, when `<think>` is one
+    /// token; without it a reply that does not start inside a block never thinks.
+    pub open: Option<u32>,
+    /// The text that closes the block (`</think>`), however the reply's tokens spell it.
+    pub close: String,
+    /// The prompt opened the block: the reply starts inside it.
+    pub starts_open: bool,
 }
 
 /// A format the output must follow, enforced token by token by masking the logits.
@@ -75,6 +91,7 @@ impl Default for SamplingParams {
             prompt_logprobs: None,
             min_tokens: 0,
             min_tokens_blocked: Vec::new(),
+            thinking: None,
         }
     }
 }

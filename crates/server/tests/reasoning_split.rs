@@ -1,9 +1,10 @@
 //! A reply's thinking split from its answer, against the real `tessera serve` and the
 //! default model. The model is made to think by a structured-output regex (it has no
-//! thinking of its own); the thinking comes back in `reasoning` and
-//! `reasoning_content`, the answer in `content`, the same streamed as whole. A template
-//! whose prompt opens the thinking block (as DeepSeek-R1's does) is split from the first
-//! token, with no flag.
+//! thinking of its own, and `<think>` is not one token of its vocabulary, so the grammar
+//! covers the block); the thinking comes back in `reasoning` and `reasoning_content`,
+//! the answer in `content`, the same streamed as whole. A template whose prompt opens
+//! the thinking block (as DeepSeek-R1's does) is split from the first token, with no
+//! flag, and a grammar waits for that block to end.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -98,6 +99,15 @@ async fn thinking_goes_to_reasoning_and_the_answer_to_content() {
     let message = &plain["choices"][0]["message"];
     assert!(message.get("reasoning").is_none(), "{message}");
     assert!(["yes", "no"].contains(&message["content"].as_str().unwrap()));
+    // `<think>` is not one token of this vocabulary, so a reply cannot open a block
+    // before its grammar: the JSON starts at the first token.
+    let mut json_reply = question("x");
+    json_reply.as_object_mut().unwrap().remove("structured_outputs");
+    json_reply["response_format"] = json!({"type": "json_object"});
+    let out = post(&client, &format!("{}/v1/chat/completions", started.base), &json_reply).await;
+    let message = &out["choices"][0]["message"];
+    let content: Value = serde_json::from_str(message["content"].as_str().unwrap()).unwrap();
+    assert!(content.is_object() && message.get("reasoning").is_none(), "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -109,7 +119,6 @@ async fn a_prompt_that_opens_thinking_is_split_by_default() {
     let started = common::start_serve(&[], &["--chat-template", template.to_str().unwrap()], &[]);
     let client = reqwest::Client::new();
     common::wait_ready(&client, &started.base, Duration::from_secs(300)).await;
-    check_split(&started.base, "[a-z ]{1,30}\n</think>\n\n(yes|no)").await;
 
     // The Responses API gives the thinking as a reasoning item, streamed or whole. The
     // model never closes the block here, so the whole output is thinking.
@@ -122,6 +131,17 @@ async fn a_prompt_that_opens_thinking_is_split_by_default() {
     .await;
     let thinking = chat["choices"][0]["message"]["reasoning"].as_str().unwrap();
     assert!(chat["choices"][0]["message"]["content"] == "", "{chat}");
+    // A grammar waits for the thinking to end: the same free thinking under a JSON
+    // format (this model never closes the block, so no JSON follows).
+    let constrained = post(
+        &client,
+        &format!("{}/v1/chat/completions", started.base),
+        &json!({"model": "smollm2", "temperature": 0, "max_tokens": 12,
+                "messages": [{"role": "user", "content": "Is Paris in France?"}],
+                "response_format": {"type": "json_object"}}),
+    )
+    .await;
+    assert_eq!(constrained["choices"][0]["message"], chat["choices"][0]["message"]);
     let url = format!("{}/v1/responses", started.base);
     let body = json!({"model": "smollm2", "temperature": 0, "max_output_tokens": 12,
                       "input": "Is Paris in France?"});

@@ -89,6 +89,14 @@ impl TokenConstraint {
         self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
     }
 
+    /// The text of `token` (a special token's name), as the grammar engine sees it.
+    pub fn token_bytes(&self, token: u32) -> Vec<u8> {
+        match self.matcher.tok_env() {
+            Ok(env) => env.tok_trie().decode(&[token]),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// Masks computed and the time they took.
     pub fn mask_stats(&self) -> (u64, Duration) {
         (self.masks, self.mask_time)

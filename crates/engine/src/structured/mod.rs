@@ -5,8 +5,10 @@
 mod compiler;
 mod constraint;
 mod mask_timing;
+mod thinking;
 mod token_env;
 
 pub use compiler::GrammarCompiler;
 pub use constraint::{mask_logits, TokenConstraint};
 pub use mask_timing::MASK_BUCKETS_SECONDS;
+pub use thinking::ThinkingGate;

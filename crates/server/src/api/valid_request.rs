@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use tessera_engine::GrammarCompiler;
-use tessera_protocol::{GenerationRequest, StopCondition};
+use tessera_protocol::{GenerationRequest, StopCondition, ThinkingTags};
 use tessera_tokenizer::{Tokenizer, TokenizerError};
 
 use crate::api::chat_render::template_error;
@@ -153,6 +153,9 @@ impl ValidRequest {
         let mut valid = Self::assemble(vec![prompt], spec, logprobs, false, ctx);
         valid.tool_output = tool_output;
         valid.reasoning = split;
+        if let Some(starts_open) = split.filter(|_| valid.spec.sampling.constraint.is_some()) {
+            valid.spec.sampling.thinking = Some(thinking_tags(&ctx.tokenizer, starts_open));
+        }
         Ok(valid)
     }
 
@@ -351,6 +354,16 @@ impl ValidRequest {
             }
         }
         out
+    }
+}
+
+/// How a constrained reply's thinking block opens and closes in this vocabulary, so its
+/// grammar waits for the block to end.
+fn thinking_tags(tokenizer: &Tokenizer, starts_open: bool) -> ThinkingTags {
+    ThinkingTags {
+        open: tokenizer.token_to_id("<think>"),
+        close: "</think>".to_string(),
+        starts_open,
     }
 }
 
