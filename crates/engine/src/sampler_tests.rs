@@ -329,22 +329,19 @@ fn a_thinking_block_runs_free_and_the_grammar_starts_after_it() {
     let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size()).expect("compiler");
     let id = |text: &str| tokenizer.encode(text, false).expect("encode")[0];
     let (open, close, word, brace) = (id("<"), id(">"), id("hello"), id("{"));
-    let mut sampler = Sampler::new(
-        params(|p| {
+    let gated = || {
+        let p = params(|p| {
             p.temperature = 0.0;
             p.thinking = Some(ThinkingTags {
                 open: Some(open),
                 close: ">".into(),
                 starts_open: false,
             });
-        }),
-        &[],
-    )
-    .with_constraint(
-        compiler
-            .compile(&OutputConstraint::JsonObject)
-            .expect("compiles"),
-    );
+        });
+        let json = compiler.compile(&OutputConstraint::JsonObject);
+        Sampler::new(p, &[]).with_constraint(json.expect("compiles"))
+    };
+    let mut sampler = gated();
     let row = |best: &[(u32, f32)]| {
         let mut logits = vec![0.0f32; tokenizer.vocab_size()];
         for &(t, l) in best {
@@ -374,22 +371,7 @@ fn a_thinking_block_runs_free_and_the_grammar_starts_after_it() {
     assert_eq!(sampler.grammar_fault(), None);
 
     // A reply that does not open the block is under the grammar from its first token.
-    let mut sampler = Sampler::new(
-        params(|p| {
-            p.temperature = 0.0;
-            p.thinking = Some(ThinkingTags {
-                open: Some(open),
-                close: ">".into(),
-                starts_open: false,
-            });
-        }),
-        &[],
-    )
-    .with_constraint(
-        compiler
-            .compile(&OutputConstraint::JsonObject)
-            .expect("compiles"),
-    );
+    let mut sampler = gated();
     assert_eq!(
         sampler.sample(&mut row(&[(word, 9.0), (brace, 1.0)])).0,
         brace

@@ -9,19 +9,13 @@ mod common;
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// ChatML, with an optional system line from a template variable.
 const TEMPLATE: &str = "{%- if system_hint is defined %}<|im_start|>system\n\
 {{ system_hint }}<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n\
 {{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n\
 {% endif %}";
-
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let resp = client.post(url).json(body).send().await.expect("request");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.expect("json body"))
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kwargs_continuation_and_generation_prompt_shape_the_prompt() {
@@ -64,16 +58,16 @@ async fn kwargs_continuation_and_generation_prompt_shape_the_prompt() {
             body[k] = v.clone();
             chat[k] = v.clone();
         }
-        let (status, from_messages) = post(&client, &tokenize, &body).await;
+        let (status, from_messages) = common::post_json(&client, &tokenize, &body).await;
         assert_eq!(status, 200, "{from_messages}");
-        let (_, from_text) = post(
+        let (_, from_text) = common::post_json(
             &client,
             &tokenize,
             &json!({"prompt": text, "add_special_tokens": false}),
         )
         .await;
         assert_eq!(from_messages["tokens"], from_text["tokens"], "{fields}");
-        let (status, out) = post(&client, &chat_url, &chat).await;
+        let (status, out) = common::post_json(&client, &chat_url, &chat).await;
         assert_eq!(status, 200, "{out}");
         assert_eq!(
             out["usage"]["prompt_tokens"], from_text["count"],
@@ -88,7 +82,7 @@ async fn kwargs_continuation_and_generation_prompt_shape_the_prompt() {
         {"role": "user", "content": question},
         {"role": "assistant", "content": partial}
     ]);
-    let (status, continued) = post(
+    let (status, continued) = common::post_json(
         &client,
         &chat_url,
         &json!({"model": "smollm2", "messages": conversation, "continue_final_message": true,
@@ -98,7 +92,7 @@ async fn kwargs_continuation_and_generation_prompt_shape_the_prompt() {
     assert_eq!(status, 200, "{continued}");
     let prompt =
         format!("<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n{partial}");
-    let (status, plain) = post(
+    let (status, plain) = common::post_json(
         &client,
         &text_url,
         &json!({"model": "smollm2", "prompt": prompt, "max_tokens": 12, "temperature": 0}),
@@ -131,7 +125,7 @@ async fn kwargs_continuation_and_generation_prompt_shape_the_prompt() {
     for (fields, param) in refused {
         let mut body = fields.clone();
         body["model"] = json!("smollm2");
-        let (status, out) = post(&client, &chat_url, &body).await;
+        let (status, out) = common::post_json(&client, &chat_url, &body).await;
         assert_eq!(status, 400, "{fields}: {out}");
         assert_eq!(out["error"]["param"], param, "{out}");
     }

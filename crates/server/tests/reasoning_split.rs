@@ -102,12 +102,23 @@ async fn thinking_goes_to_reasoning_and_the_answer_to_content() {
     // `<think>` is not one token of this vocabulary, so a reply cannot open a block
     // before its grammar: the JSON starts at the first token.
     let mut json_reply = question("x");
-    json_reply.as_object_mut().unwrap().remove("structured_outputs");
+    json_reply
+        .as_object_mut()
+        .unwrap()
+        .remove("structured_outputs");
     json_reply["response_format"] = json!({"type": "json_object"});
-    let out = post(&client, &format!("{}/v1/chat/completions", started.base), &json_reply).await;
+    let out = post(
+        &client,
+        &format!("{}/v1/chat/completions", started.base),
+        &json_reply,
+    )
+    .await;
     let message = &out["choices"][0]["message"];
     let content: Value = serde_json::from_str(message["content"].as_str().unwrap()).unwrap();
-    assert!(content.is_object() && message.get("reasoning").is_none(), "{message}");
+    assert!(
+        content.is_object() && message.get("reasoning").is_none(),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -141,7 +152,10 @@ async fn a_prompt_that_opens_thinking_is_split_by_default() {
                 "response_format": {"type": "json_object"}}),
     )
     .await;
-    assert_eq!(constrained["choices"][0]["message"], chat["choices"][0]["message"]);
+    assert_eq!(
+        constrained["choices"][0]["message"],
+        chat["choices"][0]["message"]
+    );
     let url = format!("{}/v1/responses", started.base);
     let body = json!({"model": "smollm2", "temperature": 0, "max_output_tokens": 12,
                       "input": "Is Paris in France?"});

@@ -145,12 +145,6 @@ fn chat(name: &str, schema: &Value, extra: Value) -> Value {
     body
 }
 
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let resp = client.post(url).json(body).send().await.expect("request");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.expect("json body"))
-}
-
 /// The concatenated content deltas and the finish reason of each choice of a stream.
 async fn post_stream(client: &reqwest::Client, url: &str, body: &Value) -> Vec<(String, String)> {
     let resp = client.post(url).json(body).send().await.expect("request");
@@ -221,8 +215,8 @@ async fn every_schema_gives_valid_json_greedy_sampled_and_streamed() {
             );
             let streamed = chat(name, &schema, json!({"stream": true}));
             let (a, b, c) = tokio::join!(
-                post(&client, &url, &greedy),
-                post(&client, &url, &sampled),
+                common::post_json(&client, &url, &greedy),
+                common::post_json(&client, &url, &sampled),
                 post_stream(&client, &url, &streamed)
             );
             (name, schema, a, b, c)
@@ -264,7 +258,7 @@ async fn json_object_on_both_routes_logprobs_and_length() {
     let client = reqwest::Client::new();
     common::wait_ready(&client, &started.base, Duration::from_secs(300)).await;
     let object = json!({"type": "object"});
-    let (status, out) = post(
+    let (status, out) = common::post_json(
         &client,
         &format!("{}/v1/completions", started.base),
         &json!({
@@ -308,7 +302,7 @@ async fn json_object_on_both_routes_logprobs_and_length() {
     // Log-probabilities are those of the masked distribution: every alternative offered
     // is a token the grammar allowed, so the first token's alternatives all start `{`.
     let chat_url = format!("{}/v1/chat/completions", started.base);
-    let (status, out) = post(
+    let (status, out) = common::post_json(
         &client,
         &chat_url,
         &json!({
@@ -351,7 +345,7 @@ async fn json_object_on_both_routes_logprobs_and_length() {
 
     // max_tokens first: the JSON is cut and the reason is "length".
     let (name, schema) = &schemas()[0];
-    let (status, out) = post(
+    let (status, out) = common::post_json(
         &client,
         &chat_url,
         &chat(name, schema, json!({"max_tokens": 3})),
@@ -395,7 +389,7 @@ async fn bad_schemas_are_refused_with_a_400_naming_the_problem() {
         (with_format(json!({"type": "yaml"})), "yaml"),
     ];
     for (body, needle) in cases {
-        let (status, out) = post(&client, &url, &body).await;
+        let (status, out) = common::post_json(&client, &url, &body).await;
         assert_eq!(status, 400, "{body}: {out}");
         assert_eq!(out["error"]["type"], "invalid_request_error", "{out}");
         assert_eq!(out["error"]["param"], "response_format", "{out}");
@@ -403,7 +397,7 @@ async fn bad_schemas_are_refused_with_a_400_naming_the_problem() {
         assert!(message.contains(needle), "{message} should name {needle}");
     }
     // Same refusal on /v1/completions.
-    let (status, out) = post(
+    let (status, out) = common::post_json(
         &client,
         &format!("{}/v1/completions", started.base),
         &json!({"model": "smollm2", "prompt": "Hi", "response_format":
@@ -444,7 +438,7 @@ async fn constrained_sequences_survive_preemption() {
         let url = url.clone();
         async move {
             let body = chat(name, &schema, json!({"temperature": 0.9, "seed": i}));
-            (name, schema, post(&client, &url, &body).await)
+            (name, schema, common::post_json(&client, &url, &body).await)
         }
     });
     for (name, schema, (status, out)) in join_all(runs).await {

@@ -25,12 +25,6 @@ fn chat(question: &str, extra: Value) -> Value {
     body
 }
 
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let resp = client.post(url).json(body).send().await.expect("request");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.expect("json body"))
-}
-
 /// Each choice's text and finish reason: the message (chat) or text (completions).
 fn choices(out: &Value) -> Vec<(String, String)> {
     out["choices"]
@@ -165,10 +159,10 @@ async fn every_answer_follows_its_constraint_greedy_sampled_and_streamed() {
             text["max_tokens"] = json!(40);
             text["temperature"] = json!(0);
             let (g, s, st, t) = tokio::join!(
-                post(&client, &chat_url, &greedy),
-                post(&client, &chat_url, &sampled),
+                common::post_json(&client, &chat_url, &greedy),
+                common::post_json(&client, &chat_url, &sampled),
                 post_stream(&client, &chat_url, &streamed),
-                post(&client, &text_url, &text)
+                common::post_json(&client, &text_url, &text)
             );
             (case, g, s, st, t)
         }
@@ -264,7 +258,7 @@ async fn bad_constraints_are_refused_with_a_400_naming_the_field() {
         ),
     ];
     for (fields, param, needle) in cases {
-        let (status, out) = post(&client, &url, &chat("Hi", fields.clone())).await;
+        let (status, out) = common::post_json(&client, &url, &chat("Hi", fields.clone())).await;
         assert_eq!(status, 400, "{fields}: {out}");
         assert_eq!(out["error"]["type"], "invalid_request_error", "{out}");
         assert_eq!(out["error"]["param"], param, "{fields}: {out}");

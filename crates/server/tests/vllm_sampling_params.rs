@@ -12,12 +12,6 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let resp = client.post(url).json(body).send().await.expect("request");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.expect("json body"))
-}
-
 struct Server {
     client: reqwest::Client,
     base: String,
@@ -25,7 +19,8 @@ struct Server {
 
 impl Server {
     async fn ok(&self, route: &str, body: Value) -> Value {
-        let (status, out) = post(&self.client, &format!("{}{route}", self.base), &body).await;
+        let (status, out) =
+            common::post_json(&self.client, &format!("{}{route}", self.base), &body).await;
         assert_eq!(status, 200, "{body}: {out}");
         out
     }
@@ -183,7 +178,7 @@ async fn stop_tokens_min_tokens_and_special_tokens_shape_the_greedy_answer() {
         ),
     ];
     for (url, body, param) in refused {
-        let (status, out) = post(&s.client, url, &body).await;
+        let (status, out) = common::post_json(&s.client, url, &body).await;
         assert_eq!(status, 400, "{body}: {out}");
         assert_eq!(out["error"]["param"], param, "{out}");
     }

@@ -149,13 +149,6 @@ mod tests {
         serde_json::from_value(v).unwrap_or_default()
     }
 
-    fn param_of(e: ServerError) -> Option<String> {
-        match e {
-            ServerError::InvalidRequest { param, .. } => param,
-            _ => None,
-        }
-    }
-
     #[test]
     fn defaults_continuation_and_kwargs() {
         let chat = messages(json!([
@@ -222,7 +215,7 @@ mod tests {
         ];
         for (body, msgs, param) in cases {
             match fields(body.clone()).check(msgs) {
-                Err(e) => assert_eq!(param_of(e).as_deref(), Some(param), "{body}"),
+                Err(e) => assert_eq!(e.param(), Some(param), "{body}"),
                 Ok(o) => panic!("{body} accepted: {o:?}"),
             }
         }

@@ -76,6 +76,14 @@ pub enum ServerError {
 }
 
 impl ServerError {
+    /// The parameter a 400 names, if it names one.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            ServerError::InvalidRequest { param, .. } => param.as_deref(),
+            _ => None,
+        }
+    }
+
     /// A 400 that names the offending parameter.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
         ServerError::InvalidRequest {

@@ -409,13 +409,6 @@ fn chat_tool_choice(choice: &Value) -> Result<Value, ServerError> {
 mod tests {
     use super::*;
 
-    fn param_of(e: ServerError) -> Option<String> {
-        match e {
-            ServerError::InvalidRequest { param, .. } => param,
-            _ => None,
-        }
-    }
-
     #[test]
     fn items_become_chat_messages() {
         let (chat, _) = chat_body(&json!({
@@ -497,7 +490,7 @@ mod tests {
         assert_eq!(messages[1]["tool_calls"][0]["id"], "c1");
         let bad = chat_body(&json!({"model": "m", "input": [{"type": "reasoning", "content": 3}]}));
         assert_eq!(
-            bad.err().and_then(param_of).as_deref(),
+            bad.err().as_ref().and_then(ServerError::param),
             Some("input[0].content")
         );
     }
@@ -538,7 +531,7 @@ mod tests {
             ),
         ] {
             let e = chat_body(&body).expect_err(&body.to_string());
-            assert_eq!(param_of(e).as_deref(), Some(param), "{body}");
+            assert_eq!(e.param(), Some(param), "{body}");
         }
         assert!(chat_body(&json!({"model": "m", "input": "x", "store": false})).is_ok());
     }

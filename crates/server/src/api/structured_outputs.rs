@@ -192,13 +192,6 @@ mod tests {
         parse_vllm_constraint(&params)
     }
 
-    fn param_of(e: ServerError) -> Option<String> {
-        match e {
-            ServerError::InvalidRequest { param, .. } => param,
-            _ => None,
-        }
-    }
-
     #[test]
     fn each_kind_from_the_object_and_the_older_fields() {
         let schema = json!({"type": "object"});
@@ -340,7 +333,7 @@ mod tests {
         ];
         for (body, param) in cases {
             match parse(body.clone()) {
-                Err(e) => assert_eq!(param_of(e).as_deref(), Some(param), "{body}"),
+                Err(e) => assert_eq!(e.param(), Some(param), "{body}"),
                 Ok(c) => panic!("{body} accepted as {c:?}"),
             }
         }

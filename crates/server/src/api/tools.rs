@@ -352,13 +352,6 @@ mod tests {
         ToolRequest::parse(Some(&tools), Some(&choice), None)
     }
 
-    fn param_of(e: ServerError) -> Option<String> {
-        match e {
-            ServerError::InvalidRequest { param, .. } => param,
-            _ => None,
-        }
-    }
-
     #[test]
     fn choices_parse() {
         let t = json!([weather()]);
@@ -428,7 +421,7 @@ mod tests {
         ];
         for (tools, choice, param) in cases {
             let e = parse(tools.clone(), choice).expect_err(&tools.to_string());
-            assert_eq!(param_of(e).as_deref(), Some(param), "{tools}");
+            assert_eq!(e.param(), Some(param), "{tools}");
         }
     }
 

@@ -119,3 +119,14 @@ pub async fn wait_ready(client: &reqwest::Client, base: &str, within: Duration) 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// POSTs `body` as JSON; the status and the JSON reply.
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let resp = client.post(url).json(body).send().await.expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.expect("json body"))
+}
