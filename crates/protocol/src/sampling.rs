@@ -173,4 +173,8 @@ pub struct GenerationRequest {
     pub prompt_ids: Vec<u32>,
     pub sampling: SamplingParams,
     pub stop: StopCondition,
+    /// Prefix-cache isolation (vLLM's `cache_salt`): cached blocks are shared only
+    /// between requests with the same salt (or none).
+    #[serde(default)]
+    pub cache_salt: Option<String>,
 }

@@ -35,6 +35,8 @@ pub struct PrefixHit {
     blocks: Vec<BlockId>,
     hashes: Vec<BlockHash>,
     block_size: usize,
+    /// The parent of the first block: the request's cache salt, if any.
+    root: Option<BlockHash>,
 }
 
 impl PrefixHit {
@@ -53,6 +55,8 @@ struct SeqBlocks {
     blocks: Vec<BlockId>,
     /// Entries before this one are released (behind the attention window).
     live_from: usize,
+    /// The parent of the first block's hash: the cache salt, if any.
+    root: Option<BlockHash>,
     /// Chain hashes of the first `hashes.len()` blocks, whose content is known to be
     /// computed (registered in the prefix cache or found there).
     hashes: Vec<BlockHash>,
@@ -130,15 +134,24 @@ impl KvCacheManager {
     /// Longest cached prefix of `tokens`, in full blocks, leaving at least one token
     /// uncomputed so the executor has logits to sample from. Read-only.
     pub fn find_prefix(&self, tokens: &[u32]) -> PrefixHit {
+        self.find_prefix_salted(tokens, None)
+    }
+
+    /// [`KvCacheManager::find_prefix`] among the blocks cached under `salt`: the salt is
+    /// the parent of the first block's hash, so requests with different salts (or one
+    /// with and one without) never share a block. Tables made from the hit keep the salt.
+    pub fn find_prefix_salted(&self, tokens: &[u32], salt: Option<&str>) -> PrefixHit {
+        let root = salt.map(BlockHash::salt);
         let mut hit = PrefixHit {
             block_size: self.shape.block_size_tokens,
+            root,
             ..PrefixHit::default()
         };
         if !self.prefix_caching || tokens.is_empty() {
             return hit;
         }
         let max_blocks = (tokens.len() - 1) / self.shape.block_size_tokens;
-        let mut parent = None;
+        let mut parent = root;
         for chunk in tokens
             .chunks_exact(self.shape.block_size_tokens)
             .take(max_blocks)
@@ -192,6 +205,7 @@ impl KvCacheManager {
         let mut table = SeqBlocks {
             blocks: Vec::with_capacity(valid + needed),
             live_from,
+            root: hit.root,
             hashes: hit.hashes[..valid].to_vec(),
         };
         table.blocks.resize(live_from, RELEASED_BLOCK);
@@ -248,7 +262,7 @@ impl KvCacheManager {
             }
             let chunk =
                 &tokens[i * self.shape.block_size_tokens..(i + 1) * self.shape.block_size_tokens];
-            let parent = table.hashes.last().copied();
+            let parent = table.hashes.last().copied().or(table.root);
             let hash = BlockHash::chain(parent, chunk);
             self.pool.register(table.blocks[i], hash, parent, chunk);
             table.hashes.push(hash);
@@ -297,6 +311,7 @@ impl KvCacheManager {
         let table = SeqBlocks {
             blocks: src.blocks[..n].to_vec(),
             live_from: src.live_from.min(n),
+            root: src.root,
             hashes: src.hashes[..n.min(src.hashes.len())].to_vec(),
         };
         for &b in &table.blocks[table.live_from..] {
@@ -418,6 +433,30 @@ mod tests {
         assert_eq!(kv.allocate(B, &PrefixHit::default(), 6), Ok(0));
         kv.free(B);
         assert_eq!(kv.find_prefix(&p).num_tokens(), 0);
+        assert_eq!(kv.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn salted_blocks_are_shared_under_the_same_salt_only() {
+        let mut kv = KvCacheManager::new(16, 2, true);
+        let p: Vec<u32> = (0..7).collect();
+        let hit = kv.find_prefix_salted(&p, Some("tenant-a"));
+        assert_eq!(kv.allocate(A, &hit, 7), Ok(0));
+        kv.commit_computed(A, &p, 7);
+        assert_eq!(kv.find_prefix_salted(&p, Some("tenant-a")).num_tokens(), 6);
+        assert_eq!(kv.find_prefix_salted(&p, Some("tenant-b")).num_tokens(), 0);
+        assert_eq!(kv.find_prefix(&p).num_tokens(), 0);
+        // A table made from a salted hit registers its own blocks under the salt too.
+        let longer: Vec<u32> = (0..11).collect();
+        let hit = kv.find_prefix_salted(&longer, Some("tenant-a"));
+        assert_eq!(kv.allocate(B, &hit, 11), Ok(6));
+        kv.commit_computed(B, &longer, 11);
+        assert_eq!(
+            kv.find_prefix_salted(&longer, Some("tenant-a"))
+                .num_tokens(),
+            10
+        );
+        assert_eq!(kv.find_prefix(&longer).num_tokens(), 0);
         assert_eq!(kv.check_invariants(), Ok(()));
     }
 

@@ -26,6 +26,14 @@ pub struct BlockHash(pub u64);
 
 impl BlockHash {
     /// Hash of a block whose tokens are `tokens` and whose predecessor has `parent`.
+    /// The root a salted request's first block hangs from.
+    pub fn salt(salt: &str) -> BlockHash {
+        let mut h = DefaultHasher::new();
+        "cache_salt".hash(&mut h);
+        salt.hash(&mut h);
+        BlockHash(h.finish())
+    }
+
     pub fn chain(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
         // `DefaultHasher::new()` has fixed keys, so hashes are stable within a process,
         // which is all the in-memory prefix cache needs.

@@ -374,8 +374,10 @@ impl Scheduler {
             };
             // Prompt log-probabilities need the logits of every prompt position.
             let hit = match seq.sampling.prompt_logprobs {
-                Some(_) => self.kv.find_prefix(&[]),
-                None => self.kv.find_prefix(&seq.tokens),
+                Some(_) => self.kv.find_prefix_salted(&[], seq.cache_salt.as_deref()),
+                None => self
+                    .kv
+                    .find_prefix_salted(&seq.tokens, seq.cache_salt.as_deref()),
             };
             // `find_prefix` leaves at least one token uncomputed, so `num_new >= 1`.
             let scoring = seq.scores_prompt();

@@ -26,6 +26,8 @@ pub(crate) struct Sequence {
     pub num_computed_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: StopCondition,
+    /// Prefix-cache isolation: only blocks cached under the same salt are shared.
+    pub cache_salt: Option<String>,
     pub sender: TokenSender,
     /// The executor has seen this sequence in `new_sequences` and holds state for it
     /// until it is listed in `finished`.
@@ -52,6 +54,7 @@ impl Sequence {
             num_computed_tokens: 0,
             sampling: request.sampling,
             stop: request.stop,
+            cache_salt: request.cache_salt,
             sender,
             announced: false,
             submitted,

@@ -42,6 +42,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
             ignore_eos: true,
             request_stop_token_ids: Vec::new(),
         },
+        cache_salt: None,
     }
 }
 

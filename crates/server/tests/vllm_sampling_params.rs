@@ -189,3 +189,87 @@ async fn stop_tokens_min_tokens_and_special_tokens_shape_the_greedy_answer() {
     );
     assert_eq!(text_of(&s.ok("/v1/completions", body).await).0, full);
 }
+
+/// `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total`, in tokens,
+/// once the queries reach `queries` (the engine publishes its counters after the step
+/// that answered the request).
+async fn prefix_counters(client: &reqwest::Client, base: &str, queries: f64) -> (f64, f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let counter = |name: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(name))
+                .find_map(|l| l.split_whitespace().last()?.parse().ok())
+                .expect("a prefix-cache counter")
+        };
+        let now = (
+            counter("vllm:prefix_cache_queries_total"),
+            counter("vllm:prefix_cache_hits_total"),
+        );
+        if now.0 >= queries || std::time::Instant::now() > deadline {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cache_salt_keeps_cached_prompts_to_requests_with_the_same_salt() {
+    let started = common::start_serve(&[], &[], &[]);
+    let client = reqwest::Client::new();
+    let base = &started.base;
+    common::wait_ready(&client, base, Duration::from_secs(300)).await;
+    let prompt = "The history of the city of Paris goes back more than two thousand years, \
+                  from a settlement of the Parisii on an island in the Seine to the capital \
+                  of a kingdom, an empire and a republic, and one of the great cities of the \
+                  world, with its bridges, its boulevards and its museums.";
+    let url = format!("{base}/v1/completions");
+    let (mut queries, mut hits) = prefix_counters(&client, base, 0.0).await;
+    // (salt, whether the prompt is cached under it by then)
+    let runs = [
+        (Some("tenant-a"), false),
+        (Some("tenant-a"), true),
+        (Some("tenant-b"), false),
+        (None, false),
+        (None, true),
+        (Some("tenant-b"), true),
+    ];
+    for (salt, cached) in runs {
+        let mut body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": 1});
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        let (status, out) = common::post_json(&client, &url, &body).await;
+        assert_eq!(status, 200, "{out}");
+        let prompt_tokens = out["usage"]["prompt_tokens"].as_f64().unwrap();
+        let (q, now) = prefix_counters(&client, base, queries + prompt_tokens).await;
+        assert_eq!(q, queries + prompt_tokens);
+        queries = q;
+        match cached {
+            true => assert!(
+                now - hits >= prompt_tokens - 16.0,
+                "{salt:?}: {hits} -> {now}"
+            ),
+            false => assert_eq!(now, hits, "{salt:?} hit another salt's blocks"),
+        }
+        hits = now;
+    }
+    let (status, out) = common::post_json(
+        &client,
+        &url,
+        &json!({"model": "smollm2", "prompt": "x", "cache_salt": ""}),
+    )
+    .await;
+    assert_eq!(
+        (status, out["error"]["param"].as_str()),
+        (400, Some("cache_salt"))
+    );
+}

@@ -187,6 +187,7 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
             ignore_eos: false,
             request_stop_token_ids: Vec::new(),
         },
+        cache_salt: None,
     }
 }
 

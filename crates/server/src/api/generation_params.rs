@@ -62,6 +62,8 @@ pub struct GenerationParams {
     pub include_stop_str_in_output: Option<bool>,
     /// vLLM extension: leave special tokens out of the text (default true).
     pub skip_special_tokens: Option<bool>,
+    /// vLLM extension: share cached prompt blocks only with requests of the same salt.
+    pub cache_salt: Option<String>,
     pub best_of: Option<u64>,
     /// `text`, `json_object` or `json_schema`; checked by `GenerationSpec`.
     pub response_format: Option<Value>,
@@ -224,7 +226,6 @@ fn vllm_refusals(route: Route) -> Vec<(&'static str, &'static str)> {
             "priority",
             "`priority` is not supported: requests are served in arrival order",
         ),
-        ("cache_salt", "`cache_salt` is not supported"),
         (
             "truncate_prompt_tokens",
             "`truncate_prompt_tokens` is not supported: send the part of the prompt to use",

@@ -28,6 +28,8 @@ pub struct GenerationSpec {
     pub min_tokens: usize,
     pub include_stop_str_in_output: bool,
     pub skip_special_tokens: bool,
+    /// Prefix-cache isolation (`cache_salt`).
+    pub cache_salt: Option<String>,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -240,6 +242,13 @@ impl GenerationSpec {
                 ),
             ));
         }
+        let cache_salt = p.cache_salt.clone();
+        if cache_salt.as_deref() == Some("") {
+            return Err(ServerError::invalid(
+                "cache_salt",
+                "`cache_salt` must be a non-empty string",
+            ));
+        }
         let stream = p.stream.unwrap_or(false);
         let include_usage = match &p.stream_options {
             Some(o) if !stream => {
@@ -266,6 +275,7 @@ impl GenerationSpec {
             min_tokens,
             include_stop_str_in_output: p.include_stop_str_in_output.unwrap_or(false),
             skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
+            cache_salt,
             stream,
             include_usage,
         })

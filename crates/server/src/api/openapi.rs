@@ -112,6 +112,8 @@ fn generation_properties() -> Value {
             "description": "vLLM extension: no stop applies before this many tokens" },
         "include_stop_str_in_output": { "type": ["boolean", "null"],
             "description": "vLLM extension: keep the stop string or token that ended the output" },
+        "cache_salt": { "type": ["string", "null"],
+            "description": "vLLM extension: cached prompt blocks are shared only with requests of the same salt" },
         "skip_special_tokens": { "type": ["boolean", "null"],
             "description": "vLLM extension: leave special tokens out of the text (default true)" },
         "best_of": { "type": ["integer", "null"] },

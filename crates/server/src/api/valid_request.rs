@@ -349,6 +349,7 @@ impl ValidRequest {
                         prompt_ids: prompt.ids.clone(),
                         sampling,
                         stop: self.stop_condition(prompt.max_tokens),
+                        cache_salt: self.spec.cache_salt.clone(),
                     },
                 });
             }

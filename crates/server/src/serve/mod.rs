@@ -231,6 +231,7 @@ pub fn warm_up(state: &AppState) -> Result<()> {
             ignore_eos: true,
             request_stop_token_ids: Vec::new(),
         },
+        cache_salt: None,
     };
     let (_, mut events) = state
         .scheduler

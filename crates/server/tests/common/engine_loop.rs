@@ -21,6 +21,7 @@ pub fn greedy_request(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
             ignore_eos: true,
             request_stop_token_ids: Vec::new(),
         },
+        cache_salt: None,
     }
 }
 
