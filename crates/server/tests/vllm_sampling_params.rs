@@ -152,7 +152,7 @@ async fn stop_tokens_min_tokens_and_special_tokens_shape_the_greedy_answer() {
         ),
         (
             &text_url,
-            completion(json!({"truncate_prompt_tokens": 4})),
+            completion(json!({"truncate_prompt_tokens": 0})),
             "truncate_prompt_tokens",
         ),
         (
@@ -182,6 +182,15 @@ async fn stop_tokens_min_tokens_and_special_tokens_shape_the_greedy_answer() {
         assert_eq!(status, 400, "{body}: {out}");
         assert_eq!(out["error"]["param"], param, "{out}");
     }
+    // `truncate_prompt_tokens`: the answer to the prompt's last tokens, which are echoed.
+    let last = &before[before.len() - 3..];
+    let body = completion(json!({"truncate_prompt_tokens": 3, "echo": true}));
+    let out = s.ok("/v1/completions", body).await;
+    let body = completion(json!({"prompt": last}));
+    let (tail, _, _) = text_of(&s.ok("/v1/completions", body).await);
+    assert_eq!(out["usage"]["prompt_tokens"], 3);
+    let echoed = format!("{}{tail}", s.detokenize(last).await);
+    assert_eq!(out["choices"][0]["text"], echoed.as_str());
     // Their defaults are accepted.
     let body = completion(
         json!({"use_beam_search": false, "priority": 0, "length_penalty": 1.0,

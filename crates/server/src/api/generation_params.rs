@@ -64,6 +64,9 @@ pub struct GenerationParams {
     pub skip_special_tokens: Option<bool>,
     /// vLLM extension: share cached prompt blocks only with requests of the same salt.
     pub cache_salt: Option<String>,
+    /// vLLM extension: keep only the last this many prompt tokens (-1: as many as the
+    /// context holds).
+    pub truncate_prompt_tokens: Option<i64>,
     pub best_of: Option<u64>,
     /// `text`, `json_object` or `json_schema`; checked by `GenerationSpec`.
     pub response_format: Option<Value>,
@@ -225,10 +228,6 @@ fn vllm_refusals(route: Route) -> Vec<(&'static str, &'static str)> {
         (
             "priority",
             "`priority` is not supported: requests are served in arrival order",
-        ),
-        (
-            "truncate_prompt_tokens",
-            "`truncate_prompt_tokens` is not supported: send the part of the prompt to use",
         ),
     ];
     if route == Route::Chat {

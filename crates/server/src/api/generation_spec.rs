@@ -30,6 +30,9 @@ pub struct GenerationSpec {
     pub skip_special_tokens: bool,
     /// Prefix-cache isolation (`cache_salt`).
     pub cache_salt: Option<String>,
+    /// Keep the last this many prompt tokens (`truncate_prompt_tokens`); `Some(None)`
+    /// keeps as many as the context holds with room for one generated token.
+    pub truncate_prompt_tokens: Option<Option<usize>>,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -242,6 +245,17 @@ impl GenerationSpec {
                 ),
             ));
         }
+        let truncate_prompt_tokens = match p.truncate_prompt_tokens {
+            None => None,
+            Some(-1) => Some(None),
+            Some(k) if k >= 1 => Some(Some(usize::try_from(k).unwrap_or(usize::MAX))),
+            Some(k) => {
+                return Err(ServerError::invalid(
+                    "truncate_prompt_tokens",
+                    format!("`truncate_prompt_tokens` must be -1 or at least 1, got {k}"),
+                ))
+            }
+        };
         let cache_salt = p.cache_salt.clone();
         if cache_salt.as_deref() == Some("") {
             return Err(ServerError::invalid(
@@ -276,6 +290,7 @@ impl GenerationSpec {
             include_stop_str_in_output: p.include_stop_str_in_output.unwrap_or(false),
             skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
             cache_salt,
+            truncate_prompt_tokens,
             stream,
             include_usage,
         })

@@ -87,7 +87,7 @@ fn json_body(schema: &str) -> Value {
 }
 
 fn generation_properties() -> Value {
-    json!({
+    let openai = json!({
         "model": { "type": "string" },
         "max_tokens": { "type": ["integer", "null"], "minimum": 1 },
         "max_completion_tokens": { "type": ["integer", "null"], "minimum": 1 },
@@ -106,16 +106,6 @@ fn generation_properties() -> Value {
         "stream": { "type": ["boolean", "null"] },
         "stream_options": { "type": ["object", "null"], "properties": { "include_usage": { "type": "boolean" } } },
         "ignore_eos": { "type": ["boolean", "null"] },
-        "stop_token_ids": { "type": ["array", "null"], "items": { "type": "integer", "minimum": 0 },
-            "description": "vLLM extension: token ids that end the output" },
-        "min_tokens": { "type": ["integer", "null"], "minimum": 0,
-            "description": "vLLM extension: no stop applies before this many tokens" },
-        "include_stop_str_in_output": { "type": ["boolean", "null"],
-            "description": "vLLM extension: keep the stop string or token that ended the output" },
-        "cache_salt": { "type": ["string", "null"],
-            "description": "vLLM extension: cached prompt blocks are shared only with requests of the same salt" },
-        "skip_special_tokens": { "type": ["boolean", "null"],
-            "description": "vLLM extension: leave special tokens out of the text (default true)" },
         "best_of": { "type": ["integer", "null"] },
         "response_format": {
             "type": ["object", "null"],
@@ -133,30 +123,53 @@ fn generation_properties() -> Value {
                     }
                 }
             }
-        },
-        "structured_outputs": {
-            "type": ["object", "null"],
-            "description": "vLLM extension: exactly one of `json`, `regex`, `choice`, `grammar` (Lark syntax) or `json_object`",
-            "properties": {
-                "json": { "type": ["object", "boolean", "string"] },
-                "regex": { "type": "string" },
-                "choice": { "type": "array", "items": { "type": "string" } },
-                "grammar": { "type": "string" },
-                "json_object": { "type": "boolean" },
-                "disable_fallback": { "type": "boolean" },
-                "disable_any_whitespace": { "type": "boolean" },
-                "disable_additional_properties": { "type": "boolean" }
-            }
-        },
-        "guided_json": { "type": ["object", "boolean", "string", "null"],
-            "description": "Older vLLM name of `structured_outputs.json`" },
-        "guided_regex": { "type": ["string", "null"],
-            "description": "Older vLLM name of `structured_outputs.regex`" },
-        "guided_choice": { "type": ["array", "null"], "items": { "type": "string" },
-            "description": "Older vLLM name of `structured_outputs.choice`" },
-        "guided_grammar": { "type": ["string", "null"],
-            "description": "Older vLLM name of `structured_outputs.grammar`" }
-    })
+        }
+    });
+    with_properties(openai, vllm_properties())
+}
+
+/// vLLM's extensions of the completion routes.
+fn vllm_properties() -> Value {
+    with_properties(
+        json!({
+            "stop_token_ids": { "type": ["array", "null"], "items": { "type": "integer", "minimum": 0 },
+                "description": "vLLM extension: token ids that end the output" },
+            "min_tokens": { "type": ["integer", "null"], "minimum": 0,
+                "description": "vLLM extension: no stop applies before this many tokens" },
+            "include_stop_str_in_output": { "type": ["boolean", "null"],
+                "description": "vLLM extension: keep the stop string or token that ended the output" },
+            "truncate_prompt_tokens": { "type": ["integer", "null"], "minimum": -1,
+                "description": "vLLM extension: keep only the last this many prompt tokens (-1: as many as the context holds)" },
+            "cache_salt": { "type": ["string", "null"],
+                "description": "vLLM extension: cached prompt blocks are shared only with requests of the same salt" },
+            "skip_special_tokens": { "type": ["boolean", "null"],
+                "description": "vLLM extension: leave special tokens out of the text (default true)" }
+        }),
+        json!({
+            "structured_outputs": {
+                "type": ["object", "null"],
+                "description": "vLLM extension: exactly one of `json`, `regex`, `choice`, `grammar` (Lark syntax) or `json_object`",
+                "properties": {
+                    "json": { "type": ["object", "boolean", "string"] },
+                    "regex": { "type": "string" },
+                    "choice": { "type": "array", "items": { "type": "string" } },
+                    "grammar": { "type": "string" },
+                    "json_object": { "type": "boolean" },
+                    "disable_fallback": { "type": "boolean" },
+                    "disable_any_whitespace": { "type": "boolean" },
+                    "disable_additional_properties": { "type": "boolean" }
+                }
+            },
+            "guided_json": { "type": ["object", "boolean", "string", "null"],
+                "description": "Older vLLM name of `structured_outputs.json`" },
+            "guided_regex": { "type": ["string", "null"],
+                "description": "Older vLLM name of `structured_outputs.regex`" },
+            "guided_choice": { "type": ["array", "null"], "items": { "type": "string" },
+                "description": "Older vLLM name of `structured_outputs.choice`" },
+            "guided_grammar": { "type": ["string", "null"],
+                "description": "Older vLLM name of `structured_outputs.grammar`" }
+        }),
+    )
 }
 
 fn with_properties(mut base: Value, extra: Value) -> Value {

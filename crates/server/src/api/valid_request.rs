@@ -133,6 +133,7 @@ impl ValidRequest {
         let tokenizer = Arc::clone(&ctx.tokenizer);
         let parser_flag = ctx.tool_parser;
         let reasoning = ctx.reasoning;
+        let keep = kept_prompt_tokens(&spec, ctx);
         let (text, ids, tool_output, split) = blocking(move || {
             let template = tokenizer.chat_template().map_err(template_error)?;
             let (messages, template_tools, tool_output) =
@@ -144,7 +145,10 @@ impl ValidRequest {
             let split = reasoning
                 .splits(template.source())
                 .then(|| prompt_opens_thinking(&text));
-            let ids = tokenizer.encode(&text, false)?;
+            let mut ids = tokenizer.encode(&text, false)?;
+            if let Some(kept) = truncated(&ids, keep) {
+                ids = kept.to_vec();
+            }
             Ok::<_, ServerError>((text, ids, tool_output, split))
         })
         .await??;
@@ -206,15 +210,23 @@ impl ValidRequest {
             }
         }
         let tokenizer = Arc::clone(&ctx.tokenizer);
+        let keep = kept_prompt_tokens(&spec, ctx);
         let tokenized = blocking(move || {
             inputs
                 .into_iter()
-                .map(|p| match p {
-                    PromptInput::Text(text) => {
-                        let ids = tokenizer.encode(&text, true)?;
-                        Ok((text, ids))
-                    }
-                    PromptInput::Ids(ids) => Ok((tokenizer.decode(&ids, false)?, ids)),
+                .map(|p| {
+                    let ids = match p {
+                        PromptInput::Text(text) => {
+                            let ids = tokenizer.encode(&text, true)?;
+                            match truncated(&ids, keep) {
+                                None => return Ok((text, ids)),
+                                Some(kept) => kept.to_vec(),
+                            }
+                        }
+                        PromptInput::Ids(ids) => truncated(&ids, keep).unwrap_or(&ids).to_vec(),
+                    };
+                    // The echoed prompt is the text of the tokens that were kept.
+                    Ok((tokenizer.decode(&ids, false)?, ids))
                 })
                 .collect::<Result<Vec<_>, TokenizerError>>()
         })
@@ -356,6 +368,18 @@ impl ValidRequest {
         }
         out
     }
+}
+
+/// How many prompt tokens `truncate_prompt_tokens` keeps, if it is set.
+fn kept_prompt_tokens(spec: &GenerationSpec, ctx: &ValidationContext) -> Option<usize> {
+    spec.truncate_prompt_tokens
+        .map(|k| k.unwrap_or(ctx.max_model_len.saturating_sub(1)).max(1))
+}
+
+/// The last `keep` of `ids`, when there are more.
+fn truncated(ids: &[u32], keep: Option<usize>) -> Option<&[u32]> {
+    let keep = keep.filter(|k| ids.len() > *k)?;
+    Some(&ids[ids.len() - keep..])
 }
 
 /// How a constrained reply's thinking block opens and closes in this vocabulary, so its
