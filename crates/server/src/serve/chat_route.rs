@@ -302,3 +302,56 @@ impl ChatFormat {
         chunks
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::api::tool_parsers::ToolParserKind;
+
+    /// A Qwen3-style reply: it thinks, then calls a tool in the Hermes form.
+    const REPLY: &str = "<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n\
+        {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+
+    #[test]
+    fn thinking_then_a_call_streams_as_reasoning_then_tool_call_deltas() {
+        for piece in [1, 3, 7, REPLY.len()] {
+            let mut format = ChatFormat::new("id".into(), 0, "m".into(), false)
+                .with_tools(Some(ToolOutput::Parsed(ToolParserKind::Hermes)))
+                .with_reasoning(Some(false));
+            let mut chunks = Vec::new();
+            let chars: Vec<char> = REPLY.chars().collect();
+            for part in chars.chunks(piece) {
+                chunks.extend(format.delta(0, part.iter().collect(), &[]));
+            }
+            chunks.extend(format.finish(0, "stop"));
+            let (mut thinking, mut content, mut name, mut args, mut reason) = (
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            );
+            for chunk in &chunks {
+                let v: Value = serde_json::from_str(chunk).unwrap_or_default();
+                let c = &v["choices"][0];
+                let d = &c["delta"];
+                thinking.push_str(d["reasoning"].as_str().unwrap_or(""));
+                assert_eq!(d["reasoning"], d["reasoning_content"]);
+                content.push_str(d["content"].as_str().unwrap_or(""));
+                for call in d["tool_calls"].as_array().into_iter().flatten() {
+                    name.push_str(call["function"]["name"].as_str().unwrap_or(""));
+                    args.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+                }
+                reason.push_str(c["finish_reason"].as_str().unwrap_or(""));
+            }
+            assert_eq!(thinking, "The user wants the weather.", "pieces of {piece}");
+            assert_eq!(content.trim(), "", "pieces of {piece}");
+            assert_eq!(name, "get_weather");
+            let args: Value = serde_json::from_str(&args).unwrap_or_default();
+            assert_eq!(args, serde_json::json!({"city": "Paris"}));
+            assert_eq!(reason, "tool_calls");
+        }
+    }
+}
