@@ -24,6 +24,8 @@ pub struct Sampler {
     thinking: Option<ThinkingGate>,
     /// Tokens sampled so far (`min_tokens`).
     generated: usize,
+    /// The latest sampled tokens, as many as the longest bad word has before its last.
+    recent: Vec<u32>,
 }
 
 impl Sampler {
@@ -40,6 +42,7 @@ impl Sampler {
             constraint: None,
             thinking: None,
             generated: 0,
+            recent: Vec::new(),
         }
     }
 
@@ -104,6 +107,8 @@ impl Sampler {
                 .is_none_or(ThinkingGate::grammar_masks);
         let raw = !masked
             && !self.blocks_stop_tokens()
+            && p.allowed_token_ids.is_empty()
+            && p.bad_words.is_empty()
             && p.logit_bias.is_empty()
             && p.repetition_penalty == 1.0
             && p.presence_penalty == 0.0
@@ -178,6 +183,18 @@ impl Sampler {
         self.seen.insert(token);
         *self.counts.entry(token).or_default() += 1;
         self.generated += 1;
+        let context = self
+            .params
+            .bad_words
+            .iter()
+            .map(|w| w.len().saturating_sub(1))
+            .max();
+        if let Some(keep) = context.filter(|k| *k > 0) {
+            self.recent.push(token);
+            if self.recent.len() > keep {
+                self.recent.remove(0);
+            }
+        }
         token
     }
 
@@ -189,19 +206,39 @@ impl Sampler {
     /// Logit bias, penalties and the `min_tokens` mask: the distribution the model's
     /// choice is made from.
     fn adjust(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if !p.allowed_token_ids.is_empty() {
+            let allowed: Vec<(u32, f32)> = p
+                .allowed_token_ids
+                .iter()
+                .filter_map(|&t| logits.get(t as usize).map(|l| (t, *l)))
+                .collect();
+            logits.fill(f32::NEG_INFINITY);
+            for (t, l) in allowed {
+                logits[t as usize] = l;
+            }
+        }
+        for word in &p.bad_words {
+            if let Some((last, before)) = word.split_last() {
+                if self.recent.ends_with(before) {
+                    if let Some(l) = logits.get_mut(*last as usize) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
         if self.blocks_stop_tokens() {
-            for &tok in &self.params.min_tokens_blocked {
+            for &tok in &p.min_tokens_blocked {
                 if let Some(l) = logits.get_mut(tok as usize) {
                     *l = f32::NEG_INFINITY;
                 }
             }
         }
-        for &(tok, bias) in &self.params.logit_bias {
+        for &(tok, bias) in &p.logit_bias {
             if let Some(l) = logits.get_mut(tok as usize) {
                 *l += bias;
             }
         }
-        let p = &self.params;
         if p.repetition_penalty != 1.0 {
             for &tok in &self.seen {
                 if let Some(l) = logits.get_mut(tok as usize) {

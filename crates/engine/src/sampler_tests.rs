@@ -378,3 +378,29 @@ fn a_thinking_block_runs_free_and_the_grammar_starts_after_it() {
     );
     assert_ne!(sampler.sample(&mut row(&[(open, 9.0)])).0, open);
 }
+
+#[test]
+fn allowed_tokens_and_bad_words_mask_the_row() {
+    let row = || vec![5.0f32, 4.0, 3.0, 2.0, 1.0, 0.0];
+    let mut only = Sampler::new(
+        params(|p| {
+            p.temperature = 0.0;
+            p.allowed_token_ids = vec![4, 2];
+        }),
+        &[],
+    );
+    assert_eq!(only.reduction(), RowReduce::Logits);
+    assert_eq!(only.sample(&mut row()).0, 2);
+    // Token 1 may not follow token 0; token 3 may never be sampled.
+    let mut bad = Sampler::new(
+        params(|p| {
+            p.temperature = 0.0;
+            p.bad_words = vec![vec![0, 1], vec![3]];
+        }),
+        &[],
+    );
+    assert_eq!(bad.reduction(), RowReduce::Logits);
+    assert_eq!(bad.sample(&mut row()).0, 0);
+    assert_eq!(bad.sample(&mut [0.0, 9.0, 1.0, 8.0]).0, 2);
+    assert_eq!(bad.sample(&mut [0.0, 9.0, 1.0, 8.0]).0, 1);
+}

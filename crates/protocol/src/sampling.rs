@@ -44,6 +44,13 @@ pub struct SamplingParams {
     /// grammar starts after it.
     #[serde(default)]
     pub thinking: Option<ThinkingTags>,
+    /// When not empty, the only tokens that may be sampled (vLLM's `allowed_token_ids`).
+    #[serde(default)]
+    pub allowed_token_ids: Vec<u32>,
+    /// Token sequences the output may not contain (vLLM's `bad_words`, tokenized): the
+    /// last token of each is masked whenever the output ends with the ones before it.
+    #[serde(default)]
+    pub bad_words: Vec<Vec<u32>>,
 }
 
 /// How a reply's thinking block is opened and closed, in tokens.
@@ -92,6 +99,8 @@ impl Default for SamplingParams {
             min_tokens: 0,
             min_tokens_blocked: Vec::new(),
             thinking: None,
+            allowed_token_ids: Vec::new(),
+            bad_words: Vec::new(),
         }
     }
 }

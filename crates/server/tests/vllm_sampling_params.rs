@@ -147,7 +147,7 @@ async fn stop_tokens_min_tokens_and_special_tokens_shape_the_greedy_answer() {
         ),
         (
             &text_url,
-            completion(json!({"allowed_token_ids": [1, 2]})),
+            completion(json!({"allowed_token_ids": [10_000_000]})),
             "allowed_token_ids",
         ),
         (
@@ -182,6 +182,18 @@ async fn stop_tokens_min_tokens_and_special_tokens_shape_the_greedy_answer() {
         assert_eq!(status, 400, "{body}: {out}");
         assert_eq!(out["error"]["param"], param, "{out}");
     }
+    // `allowed_token_ids`: every token of the answer is one of them.
+    let yes_no = [s.tokens(" yes").await, s.tokens(" no").await].concat();
+    assert_eq!(yes_no.len(), 2, "one token each");
+    let body = completion(json!({"allowed_token_ids": yes_no, "max_tokens": 6}));
+    let (text, _, n) = text_of(&s.ok("/v1/completions", body).await);
+    assert_eq!(n, 6);
+    assert_eq!(text.replace(" yes", "").replace(" no", ""), "", "{text:?}");
+    // `bad_words`: the greedy answer names Paris; barred, it does not.
+    assert!(full.contains(" Paris"), "{full:?}");
+    let body = completion(json!({"bad_words": ["Paris"]}));
+    let (text, _, _) = text_of(&s.ok("/v1/completions", body).await);
+    assert!(!text.contains("Paris") && text != full, "{text:?}");
     // `truncate_prompt_tokens`: the answer to the prompt's last tokens, which are echoed.
     let last = &before[before.len() - 3..];
     let body = completion(json!({"truncate_prompt_tokens": 3, "echo": true}));

@@ -67,6 +67,10 @@ pub struct GenerationParams {
     /// vLLM extension: keep only the last this many prompt tokens (-1: as many as the
     /// context holds).
     pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM extension: the only tokens that may be sampled.
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM extension: words the output may not contain.
+    pub bad_words: Option<Vec<String>>,
     pub best_of: Option<u64>,
     /// `text`, `json_object` or `json_schema`; checked by `GenerationSpec`.
     pub response_format: Option<Value>,
@@ -210,11 +214,6 @@ fn vllm_refusals(route: Route) -> Vec<(&'static str, &'static str)> {
         (
             "length_penalty",
             "`length_penalty` is not supported (it applies to beam search)",
-        ),
-        ("bad_words", "`bad_words` is not supported"),
-        (
-            "allowed_token_ids",
-            "`allowed_token_ids` is not supported: use `structured_outputs` or `logit_bias`",
         ),
         (
             "prompt_logprobs",

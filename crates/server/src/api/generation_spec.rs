@@ -30,6 +30,8 @@ pub struct GenerationSpec {
     pub skip_special_tokens: bool,
     /// Prefix-cache isolation (`cache_salt`).
     pub cache_salt: Option<String>,
+    /// Words the output may not contain (`bad_words`), tokenized by `ValidRequest`.
+    pub bad_words: Vec<String>,
     /// Keep the last this many prompt tokens (`truncate_prompt_tokens`); `Some(None)`
     /// keeps as many as the context holds with room for one generated token.
     pub truncate_prompt_tokens: Option<Option<usize>>,
@@ -256,6 +258,40 @@ impl GenerationSpec {
                 ))
             }
         };
+        let allowed = p.allowed_token_ids.clone().unwrap_or_default();
+        if let Some(id) = allowed.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(ServerError::invalid(
+                "allowed_token_ids",
+                format!("token id {id} is out of range (vocabulary size {vocab_size})"),
+            ));
+        }
+        if !allowed.is_empty() && sampling.constraint.is_some() {
+            return Err(ServerError::invalid(
+                "allowed_token_ids",
+                format!("`allowed_token_ids` cannot be combined with `{constraint_param}`"),
+            ));
+        }
+        sampling.allowed_token_ids = allowed;
+        let bad_words = p.bad_words.clone().unwrap_or_default();
+        if bad_words.len() > limits.max_stop_strings
+            || bad_words
+                .iter()
+                .any(|w| w.len() > limits.max_stop_string_bytes)
+        {
+            return Err(ServerError::invalid(
+                "bad_words",
+                format!(
+                    "at most {} bad words of at most {} bytes each are allowed",
+                    limits.max_stop_strings, limits.max_stop_string_bytes
+                ),
+            ));
+        }
+        if bad_words.iter().any(|w| w.trim().is_empty()) {
+            return Err(ServerError::invalid(
+                "bad_words",
+                "bad words must not be empty",
+            ));
+        }
         let cache_salt = p.cache_salt.clone();
         if cache_salt.as_deref() == Some("") {
             return Err(ServerError::invalid(
@@ -291,6 +327,7 @@ impl GenerationSpec {
             skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
             cache_salt,
             truncate_prompt_tokens,
+            bad_words,
             stream,
             include_usage,
         })

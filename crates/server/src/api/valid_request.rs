@@ -93,6 +93,7 @@ pub struct PlannedChoice {
 impl ValidRequest {
     pub async fn chat(req: ChatRequest, ctx: &ValidationContext) -> Result<Self, ServerError> {
         let mut spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
+        spec.sampling.bad_words = bad_word_tokens(&spec.bad_words, &ctx.tokenizer)?;
         check_model(&spec.model, ctx)?;
         let tools = req.tool_request()?;
         if let Some(forced) = tools.as_ref().and_then(|t| t.forced_constraint()) {
@@ -177,7 +178,8 @@ impl ValidRequest {
             req.params.max_completion_tokens = None;
             req.params.max_tokens = Some(1);
         }
-        let spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
+        let mut spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
+        spec.sampling.bad_words = bad_word_tokens(&spec.bad_words, &ctx.tokenizer)?;
         check_model(&spec.model, ctx)?;
         check_constraint(&spec, ctx).await?;
         let logprobs = match req.completion.logprobs {
@@ -368,6 +370,22 @@ impl ValidRequest {
         }
         out
     }
+}
+
+/// The token sequences of `bad_words`: each word as it is and, as vLLM does, after a
+/// space (how a word inside a sentence is tokenized).
+fn bad_word_tokens(words: &[String], tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>, ServerError> {
+    let mut out: Vec<Vec<u32>> = Vec::new();
+    for word in words {
+        let spaced = format!(" {}", word.trim_start());
+        for text in [word.as_str(), spaced.as_str()] {
+            let ids = tokenizer.encode(text, false)?;
+            if !ids.is_empty() && !out.contains(&ids) {
+                out.push(ids);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// How many prompt tokens `truncate_prompt_tokens` keeps, if it is set.
