@@ -173,6 +173,15 @@ async fn stop_tokens_min_tokens_and_special_tokens_shape_the_greedy_answer() {
         (&chat_url, chat(json!({"echo": true})), "echo"),
         (
             &chat_url,
+            chat(
+                json!({"allowed_token_ids": [1], "tool_choice": "required", "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+                ]}),
+            ),
+            "allowed_token_ids",
+        ),
+        (
+            &chat_url,
             chat(json!({"chat_template": "{{ messages }}"})),
             "chat_template",
         ),

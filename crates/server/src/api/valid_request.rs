@@ -113,6 +113,20 @@ impl ValidRequest {
                     "`ignore_eos` cannot be combined with forced tool calls",
                 ));
             }
+            for (set, param) in [
+                (
+                    !spec.sampling.allowed_token_ids.is_empty(),
+                    "allowed_token_ids",
+                ),
+                (spec.min_tokens > 0, "min_tokens"),
+            ] {
+                if set {
+                    return Err(ServerError::invalid(
+                        param,
+                        format!("`{param}` cannot be combined with forced tool calls"),
+                    ));
+                }
+            }
             spec.sampling.constraint = Some(forced);
             spec.constraint_param = "tools";
         }
