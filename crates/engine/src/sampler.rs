@@ -24,8 +24,10 @@ pub struct Sampler {
     thinking: Option<ThinkingGate>,
     /// Tokens sampled so far (`min_tokens`).
     generated: usize,
-    /// The latest sampled tokens, as many as the longest bad word has before its last.
+    /// The latest sampled tokens, as many as the longest bad word has before its last
+    /// (`bad_word_context`).
     recent: Vec<u32>,
+    bad_word_context: usize,
 }
 
 impl Sampler {
@@ -34,6 +36,12 @@ impl Sampler {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_rng(&mut rand::rng()),
         };
+        let bad_word_context = params
+            .bad_words
+            .iter()
+            .map(|w| w.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0);
         Self {
             params,
             rng,
@@ -43,6 +51,7 @@ impl Sampler {
             thinking: None,
             generated: 0,
             recent: Vec::new(),
+            bad_word_context,
         }
     }
 
@@ -174,7 +183,7 @@ impl Sampler {
     /// Records `token`, chosen elsewhere as the arg-max, as this sequence's next token.
     pub fn accept(&mut self, token: u32) -> u32 {
         let grammar_text = match (&mut self.thinking, &self.constraint) {
-            (Some(gate), Some(c)) => gate.accept(token, &c.token_bytes(token)),
+            (Some(gate), Some(c)) => gate.accept(token, || c.token_bytes(token)),
             _ => true,
         };
         if let Some(c) = self.constraint.as_mut().filter(|_| grammar_text) {
@@ -183,15 +192,9 @@ impl Sampler {
         self.seen.insert(token);
         *self.counts.entry(token).or_default() += 1;
         self.generated += 1;
-        let context = self
-            .params
-            .bad_words
-            .iter()
-            .map(|w| w.len().saturating_sub(1))
-            .max();
-        if let Some(keep) = context.filter(|k| *k > 0) {
+        if self.bad_word_context > 0 {
             self.recent.push(token);
-            if self.recent.len() > keep {
+            if self.recent.len() > self.bad_word_context {
                 self.recent.remove(0);
             }
         }

@@ -53,9 +53,9 @@ impl ThinkingGate {
         self.open.filter(|_| self.phase == Phase::MayOpen)
     }
 
-    /// Records the next token, whose text is `bytes`; returns whether the grammar
-    /// consumes it.
-    pub fn accept(&mut self, token: u32, bytes: &[u8]) -> bool {
+    /// Records the next token, whose text `bytes` gives (asked for only inside the
+    /// block); returns whether the grammar consumes it.
+    pub fn accept(&mut self, token: u32, bytes: impl FnOnce() -> Vec<u8>) -> bool {
         match self.phase {
             Phase::MayOpen if Some(token) == self.open => {
                 self.phase = Phase::Thinking;
@@ -66,7 +66,7 @@ impl ThinkingGate {
                 true
             }
             Phase::Thinking => {
-                self.tail.extend_from_slice(bytes);
+                self.tail.extend_from_slice(&bytes());
                 if self.tail.windows(self.close.len()).any(|w| w == self.close) {
                     self.phase = Phase::Grammar;
                     self.tail.clear();
@@ -97,19 +97,19 @@ mod tests {
     fn the_grammar_starts_after_the_close_tag_however_it_is_spelled() {
         let mut gate = ThinkingGate::new(&tags(Some(1), false));
         assert_eq!(gate.may_open(), Some(1));
-        assert!(!gate.accept(1, b"<think>"));
+        assert!(!gate.accept(1, || b"<think>".to_vec()));
         assert!(!gate.grammar_masks());
         for text in ["a", "</", "thin", "k", "?", "\n</th"] {
-            assert!(!gate.accept(5, text.as_bytes()), "{text}");
+            assert!(!gate.accept(5, || text.as_bytes().to_vec()), "{text}");
         }
         assert!(
-            !gate.accept(5, b"ink>\n"),
+            !gate.accept(5, || b"ink>\n".to_vec()),
             "the token completing the tag is thinking"
         );
         assert!(gate.grammar_masks());
         assert_eq!(gate.may_open(), None);
         assert!(
-            gate.accept(1, b"<think>"),
+            gate.accept(1, || b"<think>".to_vec()),
             "the opening tag later is grammar text"
         );
     }
@@ -117,15 +117,15 @@ mod tests {
     #[test]
     fn a_reply_that_does_not_open_the_block_is_under_its_grammar() {
         let mut gate = ThinkingGate::new(&tags(Some(1), false));
-        assert!(gate.accept(3, b"{"));
-        assert!(gate.accept(7, b"</think>"));
+        assert!(gate.accept(3, || b"{".to_vec()));
+        assert!(gate.accept(7, || b"</think>".to_vec()));
         assert!(gate.grammar_masks());
         // Without a one-token opening tag, only a prompt that opened the block thinks.
         let gate = ThinkingGate::new(&tags(None, false));
         assert!(gate.grammar_masks() && gate.may_open().is_none());
         let mut gate = ThinkingGate::new(&tags(None, true));
         assert!(!gate.grammar_masks());
-        assert!(!gate.accept(7, b"</think>"));
+        assert!(!gate.accept(7, || b"</think>".to_vec()));
         assert!(gate.grammar_masks());
     }
 }
