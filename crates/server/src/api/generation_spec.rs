@@ -1,6 +1,6 @@
 //! Checks the shared generation fields and turns them into engine terms.
 
-use tessera_protocol::SamplingParams;
+use tessera_protocol::{OutputConstraint, SamplingParams};
 
 use crate::api::error::ServerError;
 use crate::api::generation_params::{GenerationParams, StopField};
@@ -205,15 +205,6 @@ impl GenerationSpec {
             (None, None) => {}
         }
         let ignore_eos = p.ignore_eos.unwrap_or(false);
-        if ignore_eos && sampling.constraint.is_some() {
-            return Err(ServerError::invalid(
-                "ignore_eos",
-                format!(
-                    "`ignore_eos` cannot be combined with `{constraint_param}`: the output \
-                     ends when it is complete"
-                ),
-            ));
-        }
         let stop_token_ids = p.stop_token_ids.clone().unwrap_or_default();
         if stop_token_ids.len() > limits.max_logit_bias {
             return Err(ServerError::invalid(
@@ -225,26 +216,12 @@ impl GenerationSpec {
                 ),
             ));
         }
-        if let Some(id) = stop_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(ServerError::invalid(
-                "stop_token_ids",
-                format!("token id {id} is out of range (vocabulary size {vocab_size})"),
-            ));
-        }
+        check_in_vocab("stop_token_ids", &stop_token_ids, vocab_size)?;
         let min_tokens = usize::try_from(p.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX);
         if let Some(max) = max_tokens.filter(|max| min_tokens > *max) {
             return Err(ServerError::invalid(
                 "min_tokens",
                 format!("`min_tokens` ({min_tokens}) must not exceed the token budget ({max})"),
-            ));
-        }
-        if min_tokens > 0 && sampling.constraint.is_some() {
-            return Err(ServerError::invalid(
-                "min_tokens",
-                format!(
-                    "`min_tokens` cannot be combined with `{constraint_param}`: the output \
-                     ends when it is complete"
-                ),
             ));
         }
         let truncate_prompt_tokens = match p.truncate_prompt_tokens {
@@ -259,18 +236,7 @@ impl GenerationSpec {
             }
         };
         let allowed = p.allowed_token_ids.clone().unwrap_or_default();
-        if let Some(id) = allowed.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(ServerError::invalid(
-                "allowed_token_ids",
-                format!("token id {id} is out of range (vocabulary size {vocab_size})"),
-            ));
-        }
-        if !allowed.is_empty() && sampling.constraint.is_some() {
-            return Err(ServerError::invalid(
-                "allowed_token_ids",
-                format!("`allowed_token_ids` cannot be combined with `{constraint_param}`"),
-            ));
-        }
+        check_in_vocab("allowed_token_ids", &allowed, vocab_size)?;
         sampling.allowed_token_ids = allowed;
         let bad_words = p.bad_words.clone().unwrap_or_default();
         if bad_words.len() > limits.max_stop_strings
@@ -313,7 +279,7 @@ impl GenerationSpec {
             Some(o) => o.include_usage.unwrap_or(false),
             None => false,
         };
-        Ok(GenerationSpec {
+        let spec = GenerationSpec {
             model: p.model.clone(),
             max_tokens,
             n,
@@ -330,7 +296,58 @@ impl GenerationSpec {
             bad_words,
             stream,
             include_usage,
-        })
+        };
+        spec.check_constrained()?;
+        Ok(spec)
+    }
+
+    /// Constrains the output to `constraint`, which `param` asked for (forced tool calls,
+    /// known only after the shared fields are checked).
+    pub fn constrain(
+        &mut self,
+        constraint: OutputConstraint,
+        param: &'static str,
+    ) -> Result<(), ServerError> {
+        self.sampling.constraint = Some(constraint);
+        self.constraint_param = param;
+        self.check_constrained()
+    }
+
+    /// Refuses the fields a constrained output cannot honour: it ends when the grammar
+    /// is complete, and its mask leaves no room for an allow-list.
+    fn check_constrained(&self) -> Result<(), ServerError> {
+        if self.sampling.constraint.is_none() {
+            return Ok(());
+        }
+        let param = self.constraint_param;
+        let ends = ": the output ends when it is complete";
+        let conflicts = [
+            (self.ignore_eos, "ignore_eos", ends),
+            (self.min_tokens > 0, "min_tokens", ends),
+            (
+                !self.sampling.allowed_token_ids.is_empty(),
+                "allowed_token_ids",
+                "",
+            ),
+        ];
+        match conflicts.into_iter().find(|c| c.0) {
+            Some((_, field, why)) => Err(ServerError::invalid(
+                field,
+                format!("`{field}` cannot be combined with `{param}`{why}"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Refuses token ids outside the model's vocabulary, naming `param`.
+pub fn check_in_vocab(param: &str, ids: &[u32], vocab_size: usize) -> Result<(), ServerError> {
+    match ids.iter().find(|&&id| id as usize >= vocab_size) {
+        Some(id) => Err(ServerError::invalid(
+            param,
+            format!("token id {id} is out of range (vocabulary size {vocab_size})"),
+        )),
+        None => Ok(()),
     }
 }
 

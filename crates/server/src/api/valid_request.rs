@@ -12,7 +12,7 @@ use crate::api::chat_render::template_error;
 use crate::api::chat_request::ChatRequest;
 use crate::api::completion_request::{CompletionRequest, PromptInput};
 use crate::api::error::ServerError;
-use crate::api::generation_spec::{check_top_logprobs, GenerationSpec};
+use crate::api::generation_spec::{check_in_vocab, check_top_logprobs, GenerationSpec};
 use crate::api::reasoning::{prompt_opens_thinking, ReasoningParser};
 use crate::api::request_limits::RequestLimits;
 use crate::api::response_format::constraint_error;
@@ -107,28 +107,7 @@ impl ValidRequest {
                     ),
                 ));
             }
-            if spec.ignore_eos {
-                return Err(ServerError::invalid(
-                    "ignore_eos",
-                    "`ignore_eos` cannot be combined with forced tool calls",
-                ));
-            }
-            for (set, param) in [
-                (
-                    !spec.sampling.allowed_token_ids.is_empty(),
-                    "allowed_token_ids",
-                ),
-                (spec.min_tokens > 0, "min_tokens"),
-            ] {
-                if set {
-                    return Err(ServerError::invalid(
-                        param,
-                        format!("`{param}` cannot be combined with forced tool calls"),
-                    ));
-                }
-            }
-            spec.sampling.constraint = Some(forced);
-            spec.constraint_param = "tools";
+            spec.constrain(forced, "tools")?;
         }
         check_constraint(&spec, ctx).await?;
         let logprobs = match (req.chat.logprobs, req.chat.top_logprobs) {
@@ -427,14 +406,7 @@ fn thinking_tags(tokenizer: &Tokenizer, starts_open: bool) -> ThinkingTags {
 /// Every token id must have a row in the model's embedding (and in the tokenizer, to
 /// be decoded): the smaller of the two bounds them.
 fn check_token_ids(ids: &[u32], param: &str, ctx: &ValidationContext) -> Result<(), ServerError> {
-    let vocab = ctx.vocab_rows.min(ctx.tokenizer.vocab_size());
-    match ids.iter().find(|&&id| id as usize >= vocab) {
-        Some(bad) => Err(ServerError::invalid(
-            param,
-            format!("token id {bad} is out of range (vocabulary size {vocab})"),
-        )),
-        None => Ok(()),
-    }
+    check_in_vocab(param, ids, ctx.vocab_rows.min(ctx.tokenizer.vocab_size()))
 }
 
 fn check_model(model: &str, ctx: &ValidationContext) -> Result<(), ServerError> {
