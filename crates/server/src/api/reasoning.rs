@@ -123,13 +123,9 @@ impl ReasoningSplit {
                     }
                 }
                 State::ThinkingStart => {
-                    let rest = self.pending.trim_start_matches('\n');
-                    if rest.is_empty() {
-                        self.pending.clear();
+                    if !self.skip_newlines(State::Thinking) {
                         return out;
                     }
-                    self.pending = rest.to_string();
-                    self.state = State::Thinking;
                 }
                 State::Thinking => {
                     if let Some(at) = self.pending.find(CLOSE) {
@@ -147,13 +143,9 @@ impl ReasoningSplit {
                     }
                 }
                 State::AnswerStart => {
-                    let rest = self.pending.trim_start_matches('\n');
-                    if rest.is_empty() {
-                        self.pending.clear();
+                    if !self.skip_newlines(State::Answer) {
                         return out;
                     }
-                    self.pending = rest.to_string();
-                    self.state = State::Answer;
                 }
                 State::Answer => {
                     out.content.push_str(&self.pending);
@@ -162,6 +154,28 @@ impl ReasoningSplit {
                 }
             }
         }
+    }
+
+    /// Drops the pending text's leading newlines; once other text follows them, moves to
+    /// `next` and returns true.
+    fn skip_newlines(&mut self, next: State) -> bool {
+        let rest = self.pending.trim_start_matches('\n');
+        if rest.is_empty() {
+            self.pending.clear();
+            return false;
+        }
+        self.pending = rest.to_string();
+        self.state = next;
+        true
+    }
+
+    /// [`ReasoningSplit::push`] of the reply's last text, then [`ReasoningSplit::finish`].
+    pub fn push_last(&mut self, text: &str) -> Split {
+        let mut out = self.push(text);
+        let rest = self.finish();
+        out.reasoning.push_str(&rest.reasoning);
+        out.content.push_str(&rest.content);
+        out
     }
 
     /// The rest, once the reply ended: unclosed thinking is thinking, anything held
@@ -183,12 +197,7 @@ impl ReasoningSplit {
 
     /// A whole reply's split.
     pub fn whole(thinking: bool, text: &str) -> Split {
-        let mut split = ReasoningSplit::new(thinking);
-        let mut out = split.push(text);
-        let rest = split.finish();
-        out.reasoning.push_str(&rest.reasoning);
-        out.content.push_str(&rest.content);
-        out
+        ReasoningSplit::new(thinking).push_last(text)
     }
 }
 

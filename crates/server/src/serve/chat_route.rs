@@ -125,13 +125,10 @@ impl ChatFormat {
             .splits
             .entry(index)
             .or_insert_with(|| ReasoningSplit::new(thinking));
-        let mut out = split.push(text);
-        if finished {
-            let rest = split.finish();
-            out.reasoning.push_str(&rest.reasoning);
-            out.content.push_str(&rest.content);
-        }
-        Some(out)
+        Some(match finished {
+            true => split.push_last(text),
+            false => split.push(text),
+        })
     }
 
     /// The chunk of a thinking delta.
@@ -197,34 +194,17 @@ impl ChunkFormat for ChatFormat {
     }
 
     fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String> {
-        let Some(split) = self.split(index, &text, false) else {
-            return self.content_chunks(index, text, logprobs);
-        };
-        let mut chunks = Vec::new();
-        let mut logprobs = logprobs;
-        if !split.reasoning.is_empty() {
-            chunks.push(self.reasoning_chunk(index, split.reasoning, logprobs));
-            logprobs = &[];
+        match self.split(index, &text, false) {
+            Some(split) => self.split_chunks(index, split, logprobs),
+            None => self.content_chunks(index, text, logprobs),
         }
-        if !split.content.is_empty() {
-            chunks.extend(self.content_chunks(index, split.content, logprobs));
-        } else if chunks.is_empty() && self.with_logprobs && !logprobs.is_empty() {
-            // Text held at a tag: its log-probabilities go now, alone.
-            chunks.push(self.delta_chunk(index, ChatDelta::default(), logprobs));
-        }
-        chunks
     }
 
     fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String> {
-        let mut chunks = Vec::new();
-        if let Some(split) = self.split(index, "", true) {
-            if !split.reasoning.is_empty() {
-                chunks.push(self.reasoning_chunk(index, split.reasoning, &[]));
-            }
-            if !split.content.is_empty() {
-                chunks.extend(self.content_chunks(index, split.content, &[]));
-            }
-        }
+        let mut chunks = match self.split(index, "", true) {
+            Some(split) => self.split_chunks(index, split, &[]),
+            None => Vec::new(),
+        };
         chunks.extend(self.finish_content(index, reason));
         chunks
     }
@@ -235,6 +215,28 @@ impl ChunkFormat for ChatFormat {
 }
 
 impl ChatFormat {
+    /// The chunks of split text: its thinking, then its answer; the log-probabilities go
+    /// with the first chunk, or alone when the text is held at a tag.
+    fn split_chunks(
+        &mut self,
+        index: usize,
+        split: Split,
+        logprobs: &[TokenLogprob],
+    ) -> Vec<String> {
+        let mut chunks = Vec::new();
+        let mut logprobs = logprobs;
+        if !split.reasoning.is_empty() {
+            chunks.push(self.reasoning_chunk(index, split.reasoning, logprobs));
+            logprobs = &[];
+        }
+        if !split.content.is_empty() {
+            chunks.extend(self.content_chunks(index, split.content, logprobs));
+        } else if chunks.is_empty() && self.with_logprobs && !logprobs.is_empty() {
+            chunks.push(self.delta_chunk(index, ChatDelta::default(), logprobs));
+        }
+        chunks
+    }
+
     /// The chunks of answer text: plain, or through the tool-call parser.
     fn content_chunks(
         &mut self,

@@ -14,7 +14,7 @@ use tessera_tokenizer::Tokenizer;
 
 use crate::api::chat_request::ChatRequest;
 use crate::api::error::ServerError;
-use crate::api::reasoning::ReasoningSplit;
+use crate::api::reasoning::{ReasoningSplit, Split};
 use crate::api::response::{TokenLogprob, Usage};
 use crate::api::responses_object::{
     function_call_item, logprob_values, message_item, output_text_part, reasoning_item, status_of,
@@ -293,6 +293,14 @@ impl ResponsesFormat {
         out.push(e);
     }
 
+    /// Split text: its thinking, then its answer.
+    fn split_delta(&mut self, split: Split, out: &mut Vec<String>) {
+        if !split.reasoning.is_empty() {
+            self.reasoning_delta(split.reasoning, out);
+        }
+        self.answer_delta(split.content, &[], out);
+    }
+
     /// Answer text: through the tool-call parser when calls may be in it.
     fn answer_delta(&mut self, text: String, logprobs: &[TokenLogprob], out: &mut Vec<String>) {
         match &mut self.parser {
@@ -412,29 +420,18 @@ impl ChunkFormat for ResponsesFormat {
 
     fn delta(&mut self, _index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String> {
         let mut out = Vec::new();
-        // No log-probabilities with a split: the request is refused.
-        let text = match &mut self.split {
-            Some(split) => {
-                let split = split.push(&text);
-                if !split.reasoning.is_empty() {
-                    self.reasoning_delta(split.reasoning, &mut out);
-                }
-                split.content
-            }
-            None => text,
-        };
-        self.answer_delta(text, logprobs, &mut out);
+        match self.split.as_mut().map(|s| s.push(&text)) {
+            // No log-probabilities with a split: the request is refused.
+            Some(split) => self.split_delta(split, &mut out),
+            None => self.answer_delta(text, logprobs, &mut out),
+        }
         out
     }
 
     fn finish(&mut self, _index: usize, reason: &'static str) -> Vec<String> {
         let mut out = Vec::new();
-        if let Some(split) = &mut self.split {
-            let rest = split.finish();
-            if !rest.reasoning.is_empty() {
-                self.reasoning_delta(rest.reasoning, &mut out);
-            }
-            self.answer_delta(rest.content, &[], &mut out);
+        if let Some(rest) = self.split.as_mut().map(ReasoningSplit::finish) {
+            self.split_delta(rest, &mut out);
         }
         if let Some(p) = &mut self.parser {
             let events = p.finish();
