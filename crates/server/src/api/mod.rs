@@ -11,6 +11,7 @@ pub mod generation_params;
 pub mod generation_spec;
 pub mod models;
 pub mod openapi;
+pub mod openapi_vllm;
 pub mod reasoning;
 pub mod request_limits;
 pub mod response;
