@@ -19,11 +19,7 @@ const TEMPLATE: &str = "{%- if system_hint is defined %}<|im_start|>system\n\
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kwargs_continuation_and_generation_prompt_shape_the_prompt() {
-    let dir = std::env::temp_dir().join(format!("tessera-render-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let template = dir.join("chatml.jinja");
-    std::fs::write(&template, TEMPLATE).unwrap();
-    let started = common::start_serve(&[], &["--chat-template", template.to_str().unwrap()], &[]);
+    let (started, _template) = common::start_with_template("chatml", TEMPLATE);
     let client = reqwest::Client::new();
     common::wait_ready(&client, &started.base, Duration::from_secs(300)).await;
     let base = &started.base;
@@ -129,5 +125,4 @@ async fn kwargs_continuation_and_generation_prompt_shape_the_prompt() {
         assert_eq!(status, 400, "{fields}: {out}");
         assert_eq!(out["error"]["param"], param, "{out}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -123,11 +123,7 @@ async fn thinking_goes_to_reasoning_and_the_answer_to_content() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_prompt_that_opens_thinking_is_split_by_default() {
-    let dir = std::env::temp_dir().join(format!("tessera-think-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let template = dir.join("opens-thinking.jinja");
-    std::fs::write(&template, OPENS_THINKING).unwrap();
-    let started = common::start_serve(&[], &["--chat-template", template.to_str().unwrap()], &[]);
+    let (started, _template) = common::start_with_template("opens-thinking", OPENS_THINKING);
     let client = reqwest::Client::new();
     common::wait_ready(&client, &started.base, Duration::from_secs(300)).await;
 
@@ -214,5 +210,4 @@ async fn a_prompt_that_opens_thinking_is_split_by_default() {
             "response.incomplete"
         ]
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -145,38 +145,6 @@ fn chat(name: &str, schema: &Value, extra: Value) -> Value {
     body
 }
 
-/// The concatenated content deltas and the finish reason of each choice of a stream.
-async fn post_stream(client: &reqwest::Client, url: &str, body: &Value) -> Vec<(String, String)> {
-    let resp = client.post(url).json(body).send().await.expect("request");
-    assert_eq!(resp.status(), 200);
-    let text = resp.text().await.expect("stream");
-    let mut choices: Vec<(String, String)> = Vec::new();
-    for line in text.lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let chunk: Value = serde_json::from_str(data).expect("chunk JSON");
-        for c in chunk["choices"].as_array().unwrap() {
-            let i = c["index"].as_u64().unwrap() as usize;
-            if choices.len() <= i {
-                choices.resize(i + 1, Default::default());
-            }
-            let piece = c["delta"]["content"]
-                .as_str()
-                .or(c["text"].as_str())
-                .unwrap_or("");
-            choices[i].0.push_str(piece);
-            if let Some(reason) = c["finish_reason"].as_str() {
-                choices[i].1 = reason.to_string();
-            }
-        }
-    }
-    choices
-}
-
 /// Fails unless `text` is JSON valid under `schema` and generation stopped on its own.
 fn assert_valid(what: &str, schema: &Value, text: &str, finish_reason: &str) {
     assert_eq!(finish_reason, "stop", "{what}: {text}");
@@ -217,7 +185,7 @@ async fn every_schema_gives_valid_json_greedy_sampled_and_streamed() {
             let (a, b, c) = tokio::join!(
                 common::post_json(&client, &url, &greedy),
                 common::post_json(&client, &url, &sampled),
-                post_stream(&client, &url, &streamed)
+                common::post_stream(&client, &url, &streamed)
             );
             (name, schema, a, b, c)
         }
@@ -279,7 +247,7 @@ async fn json_object_on_both_routes_logprobs_and_length() {
         c["finish_reason"].as_str().unwrap(),
     );
 
-    let streamed = post_stream(
+    let streamed = common::post_stream(
         &client,
         &format!("{}/v1/completions", started.base),
         &json!({

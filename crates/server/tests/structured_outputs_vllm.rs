@@ -41,30 +41,6 @@ fn choices(out: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The streamed text of a single-choice stream, and its finish reason.
-async fn post_stream(client: &reqwest::Client, url: &str, body: &Value) -> (String, String) {
-    let resp = client.post(url).json(body).send().await.expect("request");
-    assert_eq!(resp.status(), 200);
-    let (mut text, mut reason) = (String::new(), String::new());
-    for line in resp.text().await.expect("stream").lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let chunk: Value = serde_json::from_str(data).expect("chunk JSON");
-        for c in chunk["choices"].as_array().unwrap() {
-            let piece = c["delta"]["content"].as_str().or(c["text"].as_str());
-            text.push_str(piece.unwrap_or(""));
-            if let Some(r) = c["finish_reason"].as_str() {
-                reason = r.to_string();
-            }
-        }
-    }
-    (text, reason)
-}
-
 /// A constraint as the request sends it, and what every answer must satisfy.
 struct Case {
     name: &'static str,
@@ -161,13 +137,15 @@ async fn every_answer_follows_its_constraint_greedy_sampled_and_streamed() {
             let (g, s, st, t) = tokio::join!(
                 common::post_json(&client, &chat_url, &greedy),
                 common::post_json(&client, &chat_url, &sampled),
-                post_stream(&client, &chat_url, &streamed),
+                common::post_stream(&client, &chat_url, &streamed),
                 common::post_json(&client, &text_url, &text)
             );
             (case, g, s, st, t)
         }
     });
-    for (case, (s1, greedy), (s2, sampled), streamed, (s3, text)) in join_all(runs).await {
+    for (case, (s1, greedy), (s2, sampled), streams, (s3, text)) in join_all(runs).await {
+        assert_eq!(streams.len(), 1);
+        let streamed = streams[0].clone();
         let name = case.name;
         for (status, out) in [(s1, &greedy), (s2, &sampled), (s3, &text)] {
             assert_eq!(status, 200, "{name}: {out}");

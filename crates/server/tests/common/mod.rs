@@ -130,3 +130,61 @@ pub async fn post_json(
     let status = resp.status().as_u16();
     (status, resp.json().await.expect("json body"))
 }
+
+/// The concatenated content deltas and the finish reason of each choice of a stream.
+pub async fn post_stream(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> Vec<(String, String)> {
+    let resp = client.post(url).json(body).send().await.expect("request");
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.expect("stream");
+    let mut choices: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: serde_json::Value = serde_json::from_str(data).expect("chunk JSON");
+        for c in chunk["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            if choices.len() <= i {
+                choices.resize(i + 1, Default::default());
+            }
+            let piece = c["delta"]["content"]
+                .as_str()
+                .or(c["text"].as_str())
+                .unwrap_or("");
+            choices[i].0.push_str(piece);
+            if let Some(reason) = c["finish_reason"].as_str() {
+                choices[i].1 = reason.to_string();
+            }
+        }
+    }
+    choices
+}
+
+/// A chat template in a folder of its own, removed when this is dropped.
+pub struct TemplateFile(pub std::path::PathBuf);
+
+impl Drop for TemplateFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// `tessera serve` (as [`start_serve`]) with `--chat-template` set to `source`, written
+/// to a file named `name`; keep the file until the server is done.
+pub fn start_with_template(name: &str, source: &str) -> (Started, TemplateFile) {
+    let dir = std::env::temp_dir().join(format!("tessera-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("template folder");
+    let file = TemplateFile(dir.join(format!("{name}.jinja")));
+    std::fs::write(&file.0, source).expect("template file");
+    let path = file.0.to_str().expect("a UTF-8 path").to_string();
+    (start_serve(&[], &["--chat-template", &path], &[]), file)
+}
