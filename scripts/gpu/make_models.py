@@ -15,10 +15,12 @@ from a fixed seed
                columns (top 2, renormalised; router weights N(0, 0.5) so that choices are
                not near ties), 8 query / 2 KV heads of 64, untied LM head
   gemma3/      Gemma3ForCausalLM, bf16: two sliding-window layers (window 48, RoPE base
-               10000) then a global one (1e6), GELU MLP, norms around attention and the
+               10000) then a global one (1e6, scaled linearly by 8), GELU MLP, norms around attention and the
                MLP, per-head q/k norms, scaled embeddings, 4 query heads / 1 KV head of
                256 (replicated under TP), untied LM head (a tied one repeats the last
                token of these random weights)
+  phi3/        Phi3ForCausalLM, bf16: query/key/value rows fused in qkv_proj and gate/up
+               rows in gate_up_proj, 8 query heads / 2 KV heads of 64, untied LM head
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -35,8 +37,9 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 SEED = 20261123
 LINEAR_GAIN = float(os.environ.get("LINEAR_GAIN", "0.5"))
@@ -194,10 +197,17 @@ def main():
         hidden_size=256, intermediate_size=768, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=48,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        # Gemma 3 4B-27B scale their global layers' RoPE linearly (factor 8).
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1000000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
         query_pre_attn_scalar=256, tie_word_embeddings=False, vocab_size=vocab, rms_norm_eps=1e-6,
         max_position_embeddings=2048, bos_token_id=None, eos_token_id=eos), tok)
+    build(out, "phi3", Phi3ForCausalLM, Phi3Config(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+        num_attention_heads=8, num_key_value_heads=2, sliding_window=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False, pad_token_id=None, **common), tok)
 
 
 if __name__ == "__main__":

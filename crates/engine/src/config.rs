@@ -13,8 +13,11 @@ use crate::tp::AllReduceDtype;
 mod hf;
 #[path = "config_moe.rs"]
 mod moe;
+#[path = "config_rope.rs"]
+mod rope;
 pub(crate) use hf::HfConfig;
 pub use moe::{ExpertNames, ExpertTensor, MoeConfig, MoeFields};
+pub use rope::{RopeScaling, Yarn};
 
 /// How rotary embeddings pair the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +48,8 @@ pub struct SlidingWindow {
     pub layers: Vec<bool>,
     /// RoPE base of the sliding-window layers.
     pub rope_theta: f32,
+    /// RoPE scaling of the sliding-window layers (gemma 3 scales its global layers only).
+    pub rope_scaling: RopeScaling,
 }
 
 /// Architecture hyper-parameters that the forward pass and the shard plan need.
@@ -60,6 +65,9 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f32,
+    /// How the rotary frequencies are stretched for long contexts (of the layers that do
+    /// not slide, where a model has sliding-window layers).
+    pub rope_scaling: RopeScaling,
     pub rope_style: RopeStyle,
     pub max_position_embeddings: usize,
     /// Attention Q/K/V projections carry a bias (qwen2).
@@ -165,6 +173,10 @@ impl ModelConfig {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return fail(format!("rope theta {} must be positive", self.rope_theta));
         }
+        self.rope_scaling.validate(self.head_dim).or_else(fail)?;
+        if let Some(sw) = &self.sliding_window {
+            sw.rope_scaling.validate(self.head_dim).or_else(fail)?;
+        }
         if let Some(moe) = &self.moe {
             moe.validate(self.num_layers, MAX_WIDTH)?;
         }
@@ -190,7 +202,7 @@ const MAX_CONTEXT: usize = 1 << 21;
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
         "llama" | "mistral" => Ok(RopeStyle::Interleaved),
-        "qwen2" | "qwen3" | "qwen3moe" | "gemma3" => Ok(RopeStyle::Half),
+        "qwen2" | "qwen3" | "qwen3moe" | "gemma3" | "phi3" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -287,6 +299,7 @@ mod tests {
             head_dim: 64,
             rms_norm_eps: 1e-5,
             rope_theta: 100_000.0,
+            rope_scaling: RopeScaling::None,
             rope_style: RopeStyle::Interleaved,
             max_position_embeddings: 8192,
             attention_bias: false,

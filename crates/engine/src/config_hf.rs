@@ -1,11 +1,11 @@
 //! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and the
-//! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 3, Mistral and the
-//! mixtures of experts (whose part is `config_moe.rs`).
+//! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 3, Mistral, Phi-3
+//! and the mixtures of experts (whose part is `config_moe.rs`).
 
 use serde::Deserialize;
 
 use super::{
-    gemma3_sliding_layers, Activation, ModelConfig, RopeStyle, SlidingWindow,
+    gemma3_sliding_layers, Activation, ModelConfig, RopeScaling, RopeStyle, SlidingWindow,
     GEMMA3_SLIDING_PATTERN,
 };
 use crate::error::{EngineError, Result};
@@ -47,6 +47,9 @@ pub(crate) struct HfConfig {
     pub(super) tie_word_embeddings: Option<bool>,
     #[serde(default)]
     pub(super) rope_scaling: Option<serde_json::Value>,
+    /// The share of each head that rotates (Phi-4-mini: 0.75).
+    #[serde(default)]
+    pub(super) partial_rotary_factor: Option<f64>,
     // Gemma 3.
     #[serde(default)]
     pub(super) hidden_activation: Option<String>,
@@ -111,15 +114,9 @@ impl HfConfig {
             "qwen3_moe" | "Qwen3MoeForCausalLM" => ("qwen3_moe", false),
             "mixtral" | "MixtralForCausalLM" => ("mixtral", false),
             "gemma3_text" | "Gemma3ForCausalLM" => ("gemma3", false),
+            "phi3" | "Phi3ForCausalLM" => ("phi3", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
-        if let Some(scaling) = &self.rope_scaling {
-            if !scaling.is_null() {
-                return Err(EngineError::Config(format!(
-                    "rope_scaling {scaling} is not supported yet"
-                )));
-            }
-        }
         let unsupported =
             |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
         let gemma = architecture == "gemma3";
@@ -136,12 +133,10 @@ impl HfConfig {
         if self.mlp_bias {
             return unsupported("mlp_bias".into());
         }
-        let mut rope_theta = self.rope_theta.unwrap_or(10_000.0);
-        if let (false, Some(params)) = (gemma, &self.rope_parameters) {
-            if let Some(theta) = default_rope_theta(params, "rope_type")? {
-                rope_theta = theta;
-            }
+        if let Some(p) = self.partial_rotary_factor.filter(|p| *p != 1.0) {
+            return unsupported(format!("partial_rotary_factor {p}"));
         }
+        let (rope_theta, rope_scaling) = self.rope(self.rope_theta.unwrap_or(10_000.0))?;
         let head_dim = self
             .head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
@@ -161,6 +156,7 @@ impl HfConfig {
             head_dim,
             rms_norm_eps: self.rms_norm_eps,
             rope_theta,
+            rope_scaling,
             rope_style: RopeStyle::Half,
             max_position_embeddings: self.max_position_embeddings,
             attention_bias: self.attention_bias.unwrap_or(default_bias),
@@ -178,9 +174,10 @@ impl HfConfig {
                 _ => None,
             },
         };
-        // Mistral (7B v0.1) and Mixtral attend to their last `sliding_window` positions in
-        // every layer; a window that covers the whole context changes nothing.
-        if matches!(architecture, "mistral" | "mixtral") {
+        // Mistral (7B v0.1), Mixtral and Phi-3 (mini 4k: 2047) attend to their last
+        // `sliding_window` positions in every layer; a window that covers the whole
+        // context changes nothing.
+        if matches!(architecture, "mistral" | "mixtral" | "phi3") {
             if let Some(window) = self
                 .sliding_window
                 .filter(|w| *w < self.max_position_embeddings)
@@ -189,11 +186,13 @@ impl HfConfig {
                     window,
                     layers: vec![true; self.num_hidden_layers],
                     rope_theta: config.rope_theta,
+                    rope_scaling: config.rope_scaling.clone(),
                 });
             }
         }
         if let Some(g) = gemma_parts {
             config.rope_theta = g.rope_theta;
+            config.rope_scaling = g.rope_scaling;
             // Checkpoints store gemma's norm weights less 1.
             config.norm_weight_offset = 1.0;
             config.attention_scale = g.attention_scale;
@@ -201,6 +200,30 @@ impl HfConfig {
         }
         config.validate()?;
         Ok(config)
+    }
+
+    /// The RoPE base and scaling of a config whose layers all rotate alike: transformers
+    /// 5's flat `rope_parameters`, or transformers 4's `rope_theta` (else `theta`) and
+    /// `rope_scaling`. Gemma's per-layer-type `rope_parameters` are read by `gemma3`.
+    fn rope(&self, theta: f32) -> Result<(f32, RopeScaling)> {
+        let max_pos = self.max_position_embeddings;
+        let flat = self
+            .rope_parameters
+            .as_ref()
+            .filter(|p| p.get("full_attention").is_none());
+        let from_parameters = match flat {
+            Some(p) => RopeScaling::from_hf(p, "rope_parameters", max_pos)?,
+            None => RopeScaling::None,
+        };
+        let scaling = match (&from_parameters, &self.rope_scaling) {
+            (RopeScaling::None, Some(s)) => RopeScaling::from_hf(s, "rope_scaling", max_pos)?,
+            _ => from_parameters,
+        };
+        let theta = flat
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(|t| t.as_f64())
+            .map_or(theta, |t| t as f32);
+        Ok((theta, scaling))
     }
 
     /// Gemma 3's RoPE bases (full and sliding layers), window, layer pattern and scaling.
@@ -226,18 +249,22 @@ impl HfConfig {
             return unsupported(format!("hidden_activation '{act}'"));
         }
         // transformers 5: rope_parameters per layer type; 4: rope_theta and
-        // rope_local_base_freq (with rope_scaling for the full-attention layers).
-        let mut theta = [
-            self.rope_theta.unwrap_or(1_000_000.0),
+        // rope_local_base_freq, with rope_scaling for the full-attention layers only.
+        let mut full = self.rope(self.rope_theta.unwrap_or(1_000_000.0))?;
+        let mut sliding = (
             self.rope_local_base_freq.unwrap_or(10_000.0),
-        ];
+            RopeScaling::None,
+        );
         if let Some(params) = &self.rope_parameters {
-            for (i, kind) in ["full_attention", "sliding_attention"].iter().enumerate() {
+            for (kind, rope) in [
+                ("full_attention", &mut full),
+                ("sliding_attention", &mut sliding),
+            ] {
                 let Some(p) = params.get(kind) else { continue };
-                if let Some(t) =
-                    default_rope_theta(p, &format!("rope_parameters.{kind}.rope_type"))?
-                {
-                    theta[i] = t;
+                let field = format!("rope_parameters.{kind}");
+                rope.1 = RopeScaling::from_hf(p, &field, self.max_position_embeddings)?;
+                if let Some(t) = p.get("rope_theta").and_then(|t| t.as_f64()) {
+                    rope.0 = t as f32;
                 }
             }
         }
@@ -262,40 +289,100 @@ impl HfConfig {
             ),
         };
         Ok(GemmaParts {
-            rope_theta: theta[0],
+            rope_theta: full.0,
+            rope_scaling: full.1,
             attention_scale: Some(
                 1.0 / self.query_pre_attn_scalar.unwrap_or(head_dim as f64).sqrt() as f32,
             ),
             sliding: SlidingWindow {
                 window,
                 layers,
-                rope_theta: theta[1],
+                rope_theta: sliding.0,
+                rope_scaling: sliding.1,
             },
         })
     }
 }
 
-/// `rope_theta` of a transformers-5 `rope_parameters` entry, refusing any `rope_type` but
-/// "default" (named as `field` in the error).
-fn default_rope_theta(params: &serde_json::Value, field: &str) -> Result<Option<f32>> {
-    if let Some(kind) = params
-        .get("rope_type")
-        .and_then(|t| t.as_str())
-        .filter(|t| *t != "default")
-    {
-        return Err(EngineError::Config(format!(
-            "{field} '{kind}' is not supported yet"
-        )));
-    }
-    Ok(params
-        .get("rope_theta")
-        .and_then(|t| t.as_f64())
-        .map(|t| t as f32))
-}
-
 /// What a gemma3 config adds to the llama layout.
 struct GemmaParts {
     rope_theta: f32,
+    rope_scaling: RopeScaling,
     attention_scale: Option<f32>,
     sliding: SlidingWindow,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(json: serde_json::Value) -> Result<ModelConfig> {
+        serde_json::from_value::<HfConfig>(json)
+            .map_err(|e| EngineError::Config(e.to_string()))?
+            .into_model_config()
+    }
+
+    /// Phi-3-mini-4k's shape: a window of 2047 positions in every layer.
+    fn phi3(extra: serde_json::Value) -> Result<ModelConfig> {
+        let mut base = json!({
+            "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 32064,
+            "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 32,
+            "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+            "rope_theta": 10000.0, "rope_scaling": null, "sliding_window": 2047,
+        });
+        if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        read(base)
+    }
+
+    #[test]
+    fn phi3_attends_within_its_window_and_rotates_whole_heads() -> Result<()> {
+        let c = phi3(json!({}))?;
+        assert_eq!((c.architecture.as_str(), c.head_dim), ("phi3", 96));
+        let window = c.sliding_window.expect("window");
+        assert_eq!(window.window, 2047);
+        assert!(window.layers.iter().all(|l| *l));
+        // Phi-4: no window.
+        assert!(phi3(json!({"sliding_window": null}))?
+            .sliding_window
+            .is_none());
+        // Phi-4-mini rotates three quarters of each head.
+        match phi3(json!({"partial_rotary_factor": 0.75})) {
+            Err(EngineError::Config(m)) => assert!(m.contains("partial_rotary_factor"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn rope_parameters_and_rope_scaling_are_both_read() -> Result<()> {
+        let llama = |extra: serde_json::Value| {
+            let mut base = json!({
+                "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            });
+            if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+                b.extend(e.clone());
+            }
+            read(base)
+        };
+        let v5 = llama(
+            json!({"rope_parameters": {"rope_type": "linear", "factor": 2.0,
+            "rope_theta": 5e5}}),
+        )?;
+        assert_eq!(
+            (v5.rope_theta, v5.rope_scaling),
+            (5e5, RopeScaling::Linear { factor: 2.0 })
+        );
+        let v4 = llama(json!({"rope_theta": 5e5, "rope_scaling": {"type": "linear",
+            "factor": 4.0}}))?;
+        assert_eq!(
+            (v4.rope_theta, v4.rope_scaling),
+            (5e5, RopeScaling::Linear { factor: 4.0 })
+        );
+        Ok(())
+    }
 }

@@ -352,7 +352,7 @@ mod tests {
                 "scoring_func",
             ),
             (
-                serde_json::json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+                serde_json::json!({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}),
                 "rope_scaling",
             ),
         ] {

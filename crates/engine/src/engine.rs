@@ -70,6 +70,7 @@ impl Engine {
             config.vocab_size,
             config.max_position_embeddings
         );
+        tracing::info!("RoPE: base {}, {}", config.rope_theta, config.rope_scaling);
         let input_block = loader::row_parallel_block(source.as_ref(), config.num_layers)?;
         #[cfg(feature = "gpu-emulation")]
         if cfg.emulate_gpu && cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1) {

@@ -44,6 +44,12 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         "tiny-mistral" => d(128, 4, 2, 64, 192),
         // Sliding layers with their own RoPE base, sandwich norms, GELU, one KV head.
         "tiny-gemma3" => d(128, 2, 1, 256, 192),
+        // RoPE scaled for long contexts: YaRN (cos and sin times its attention factor),
+        // and linear in gemma's global layers only.
+        "tiny-qwen3-yarn" => d(160, 4, 2, 128, 192),
+        "tiny-gemma3-linear" => d(128, 2, 1, 256, 192),
+        // Fused query/key/value and gate/up projections; head = hidden / heads.
+        "tiny-phi3" => d(256, 4, 2, 64, 192),
         // Mixtures of experts.
         "tiny-qwen3-moe" | "tiny-mixtral" => d(128, 4, 2, 64, 160),
         other => return Err(bad(format!("no GPU-shaped dimensions for {other}"))),
@@ -177,6 +183,10 @@ fn shape_of(
     let any = |suffixes: &[&str]| suffixes.iter().any(|s| name.ends_with(s));
     Ok(if any(&["embed_tokens.weight", "lm_head.weight"]) {
         vec![vocab, d.hidden]
+    } else if any(&["qkv_proj.weight"]) {
+        vec![q + 2 * kv, d.hidden]
+    } else if any(&["gate_up_proj.weight"]) {
+        vec![2 * ffn, d.hidden]
     } else if any(&["q_norm.weight", "k_norm.weight"]) {
         vec![d.head_dim]
     } else if any(&["norm.weight"]) {

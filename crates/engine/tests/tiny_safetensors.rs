@@ -10,53 +10,15 @@
 //! (5 experts of 38 columns, top 2 renormalised, every layer a mixture: 13/13/12 at
 //! TP = 3, 10/10/9/9 at TP = 4). Both mixtures also from GGUF, where llama.cpp stores
 //! the experts as 3-D `ffn_*_exps` tensors. An f32 Mistral whose every layer attends to
-//! its last 8 positions (`sliding_window`, as in Mistral 7B v0.1).
+//! its last 8 positions (`sliding_window`, as in Mistral 7B v0.1). An f32 Phi-3 whose
+//! query/key/value and gate/up projections are fused, from safetensors and GGUF.
 
 mod common;
 
 use common::*;
-use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
-use tessera_protocol::SamplingParams;
 
 fn check(model: &str, tp: usize, tolerance: f32) {
-    check_file(model, &fixtures().join(model), tp, tolerance);
-}
-
-/// The model file or folder `path` against the transformers reference of `model`.
-fn check_file(model: &str, path: &std::path::Path, tp: usize, tolerance: f32) {
-    let reference = read_json(fixtures().join(model).join("reference.json"));
-    let mut engine = Engine::load(&EngineConfig::new(path).with_cpu_ranks(tp)).expect("load");
-    for case in reference["cases"].as_array().expect("cases") {
-        let prompt = ids(&case["input_ids"]);
-        let want = floats(&case["last_logits"]);
-        let got = last_logits(&mut engine, &prompt);
-        let max_abs = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        let err = rel_l2(&got, &want);
-        println!(
-            "{model} tp={tp} len {}: rel L2 {err:.2e}, max |diff| {max_abs:.2e}",
-            prompt.len()
-        );
-        assert!(err < tolerance, "{model} tp={tp}: relative L2 {err}");
-        let greedy_gap = case["greedy_min_top2_gap"].as_f64().unwrap_or(0.0) as f32;
-        if greedy_gap > 100.0 * tolerance {
-            let opts = GenerateOptions {
-                max_tokens: 16,
-                sampling: SamplingParams::greedy(),
-                stop_token_ids: vec![],
-                prefill_chunk: 7,
-            };
-            let got = generate(&mut engine, &prompt, &opts, |_| {}).expect("generate");
-            assert_eq!(
-                got,
-                ids(&case["greedy_ids"]),
-                "{model} tp={tp}: greedy tokens"
-            );
-        }
-    }
+    check_against_transformers(model, &fixtures().join(model), tp, tolerance);
 }
 
 /// f32 weights and f32 arithmetic: agreement near float32 rounding.
@@ -85,7 +47,7 @@ fn tiny_qwen3_matches_transformers_at_every_tp_size() {
 fn tiny_qwen3_gguf_matches_transformers_at_every_tp_size() {
     let path = fixtures().join("tiny-qwen3.gguf");
     for tp in 1..=4 {
-        check_file("tiny-qwen3", &path, tp, 1e-5);
+        check_against_transformers("tiny-qwen3", &path, tp, 1e-5);
     }
 }
 
@@ -104,7 +66,7 @@ fn tiny_gemma3_matches_transformers_at_every_tp_size() {
 fn tiny_gemma3_gguf_matches_transformers_at_every_tp_size() {
     let path = fixtures().join("tiny-gemma3.gguf");
     for tp in 1..=4 {
-        check_file("tiny-gemma3", &path, tp, 1e-5);
+        check_against_transformers("tiny-gemma3", &path, tp, 1e-5);
     }
 }
 
@@ -125,7 +87,7 @@ fn tiny_qwen3_moe_matches_transformers_at_every_tp_size() {
 fn tiny_qwen3_moe_gguf_matches_transformers_at_every_tp_size() {
     let path = fixtures().join("tiny-qwen3-moe.gguf");
     for tp in 1..=4 {
-        check_file("tiny-qwen3-moe", &path, tp, 1e-4);
+        check_against_transformers("tiny-qwen3-moe", &path, tp, 1e-4);
     }
 }
 
@@ -146,7 +108,7 @@ fn tiny_mixtral_matches_transformers_at_every_tp_size() {
 fn tiny_mixtral_gguf_matches_transformers_at_every_tp_size() {
     let path = fixtures().join("tiny-mixtral.gguf");
     for tp in 1..=4 {
-        check_file("tiny-mixtral", &path, tp, 1e-4);
+        check_against_transformers("tiny-mixtral", &path, tp, 1e-4);
     }
 }
 
@@ -156,7 +118,7 @@ fn tiny_mixtral_gguf_matches_transformers_at_every_tp_size() {
 fn tiny_mixtral_gguf_with_one_tensor_per_expert_matches_transformers() {
     let path = fixtures().join("tiny-mixtral-split-experts.gguf");
     for tp in 1..=4 {
-        check_file("tiny-mixtral", &path, tp, 1e-4);
+        check_against_transformers("tiny-mixtral", &path, tp, 1e-4);
     }
 }
 
@@ -169,4 +131,42 @@ fn tiny_mistral_sliding_window_matches_transformers_at_every_tp_size() {
     for tp in 1..=4 {
         check("tiny-mistral", tp, 1e-5);
     }
+}
+
+/// Phi-3 (and Phi-4): query, key and value rows fused in `qkv_proj`, gate and up rows in
+/// `gate_up_proj`, each part split over the ranks on its own (96 columns: 24 each at
+/// TP = 4; 4 query heads over 2 KV heads, replicated at TP = 3 and 4).
+#[test]
+fn tiny_phi3_fused_projections_match_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-phi3", tp, 1e-5);
+    }
+}
+
+/// The same weights as llama.cpp writes phi3: `attn_qkv`, and `ffn_up` twice as tall.
+#[test]
+fn tiny_phi3_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-phi3.gguf");
+    for tp in 1..=4 {
+        check_against_transformers("tiny-phi3", &path, tp, 1e-5);
+    }
+}
+
+/// A fused tensor of the wrong height is refused by its own name, with both shapes.
+#[test]
+fn a_fused_projection_of_the_wrong_height_is_refused_by_name() {
+    let dir = edited_copy("tiny-phi3", |c| {
+        c["intermediate_size"] = serde_json::json!(80)
+    });
+    let err =
+        tessera_engine::Engine::load(&tessera_engine::EngineConfig::new(&dir.0).with_cpu_ranks(1))
+            .err()
+            .expect("refused")
+            .to_string();
+    assert!(
+        err.contains("model.layers.0.mlp.gate_up_proj.weight")
+            && err.contains("160")
+            && err.contains("192"),
+        "{err}"
+    );
 }

@@ -41,14 +41,41 @@ impl GgufHeader {
     pub fn read<R: Read + Seek>(reader: &mut R) -> std::result::Result<Self, String> {
         let content =
             read_gguf_header(reader).map_err(|e| format!("not a valid GGUF file: {e}"))?;
-        let mut config = config_from_content(&content).map_err(|e| e.to_string())?;
+        let freq_factors = rope_freq_factors(&content, reader)?;
+        let mut config = config_from_content(&content, freq_factors).map_err(|e| e.to_string())?;
         config.tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
-        if content.tensor_infos.contains_key("rope_freqs.weight") {
-            return Err("rope frequency scaling (rope_freqs.weight) is not supported yet".into());
-        }
         Ok(GgufHeader { content, config })
     }
 }
+
+/// The per-frequency divisors of `rope_freqs.weight` (llama.cpp's converter writes Llama
+/// 3.1's RoPE scaling so), read as f32 once the tensor is known to be a short vector.
+fn rope_freq_factors<R: Read + Seek>(
+    content: &Content,
+    reader: &mut R,
+) -> std::result::Result<Option<Vec<f32>>, String> {
+    const NAME: &str = "rope_freqs.weight";
+    let Some(info) = content.tensor_infos.get(NAME) else {
+        return Ok(None);
+    };
+    let dims = info.shape.dims();
+    if info.ggml_dtype != GgmlDType::F32 || dims.len() != 1 || dims[0] > MAX_ROPE_FACTORS {
+        return Err(format!(
+            "{NAME}: expected an f32 vector of at most {MAX_ROPE_FACTORS} values, found {:?} \
+             {dims:?}",
+            info.ggml_dtype
+        ));
+    }
+    let tensor = content
+        .tensor(reader, NAME, &Device::Cpu)
+        .and_then(|t| t.dequantize(&Device::Cpu))
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|e| format!("{NAME}: {e}"))?;
+    Ok(Some(tensor))
+}
+
+/// More rotation pairs than any head dimension the engine accepts has.
+const MAX_ROPE_FACTORS: usize = 512;
 
 impl GgufSource {
     pub fn open(path: &Path) -> Result<Self> {

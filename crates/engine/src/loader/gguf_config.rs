@@ -7,7 +7,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::config::{
     gemma3_sliding_layers, gguf_rope_style, Activation, ExpertNames, ModelConfig, MoeConfig,
-    MoeFields, SlidingWindow, GEMMA3_SLIDING_PATTERN,
+    MoeFields, RopeScaling, SlidingWindow, GEMMA3_SLIDING_PATTERN,
 };
 use crate::error::{EngineError, Result};
 
@@ -48,8 +48,33 @@ fn gemma3_config(md: &HashMap<String, Value>, mut config: ModelConfig) -> Result
         window,
         layers: gemma3_sliding_layers(config.num_layers, GEMMA3_SLIDING_PATTERN),
         rope_theta: GEMMA3_SLIDING_ROPE_THETA,
+        // As in llama.cpp, the file's scaling is the global layers'.
+        rope_scaling: RopeScaling::None,
     });
     Ok(config)
+}
+
+/// What a phi3 file may hold that Tessera does not compute: heads that rotate only in
+/// part (Phi-4-mini: `rope.dimension_count` 96 of 128; phi3 files state no key length,
+/// so the head is hidden / heads) and LongRoPE's two factor tables (Phi-3.5).
+fn phi3_checks(content: &Content, head_dim: usize) -> Result<()> {
+    let md = &content.metadata;
+    if let Some(rotary) = meta_usize_opt(md, "phi3.rope.dimension_count")? {
+        if rotary != head_dim {
+            return Err(EngineError::Config(format!(
+                "phi3.rope.dimension_count {rotary}: rotating {rotary} of each head's \
+                 {head_dim} dimensions (partial rotary) is not supported"
+            )));
+        }
+    }
+    for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+        if content.tensor_infos.contains_key(name) {
+            return Err(EngineError::Config(format!(
+                "{name}: LongRoPE scaling is not supported"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// RoPE base of gemma 3's sliding-window layers (not stored in its GGUF files).
@@ -154,8 +179,12 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
     }))
 }
 
-/// The model a GGUF file describes, checked ([`ModelConfig::validate`]).
-pub(crate) fn config_from_content(content: &Content) -> Result<ModelConfig> {
+/// The model a GGUF file describes, checked ([`ModelConfig::validate`]);
+/// `rope_freq_factors` are the values of its `rope_freqs.weight`, where it has one.
+pub(crate) fn config_from_content(
+    content: &Content,
+    rope_freq_factors: Option<Vec<f32>>,
+) -> Result<ModelConfig> {
     let md = &content.metadata;
     let arch = meta(md, "general.architecture")?
         .to_string()
@@ -166,9 +195,15 @@ pub(crate) fn config_from_content(content: &Content) -> Result<ModelConfig> {
     let hidden = meta_usize(md, &key("embedding_length"))?;
     let num_heads = meta_usize(md, &key("attention.head_count"))?;
     let num_kv_heads = meta_usize(md, &key("attention.head_count_kv")).unwrap_or(num_heads);
-    let head_dim = meta_usize(md, &key("attention.key_length"))
-        .or_else(|_| meta_usize(md, &key("rope.dimension_count")))
-        .unwrap_or(hidden / num_heads.max(1));
+    let head_dim = if arch == "phi3" {
+        let head_dim = hidden / num_heads.max(1);
+        phi3_checks(content, head_dim)?;
+        head_dim
+    } else {
+        meta_usize(md, &key("attention.key_length"))
+            .or_else(|_| meta_usize(md, &key("rope.dimension_count")))
+            .unwrap_or(hidden / num_heads.max(1))
+    };
     let vocab_size = match meta_usize(md, &key("vocab_size")) {
         Ok(v) => v,
         Err(_) => match md.get("tokenizer.ggml.tokens") {
@@ -197,6 +232,7 @@ pub(crate) fn config_from_content(content: &Content) -> Result<ModelConfig> {
             meta_f32(md, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         ),
         rope_theta: meta_f32(md, &key("rope.freq_base")).unwrap_or(10_000.0),
+        rope_scaling: RopeScaling::from_gguf(md, &arch, rope_freq_factors)?,
         rope_style,
         max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
         attention_bias: arch == "qwen2",

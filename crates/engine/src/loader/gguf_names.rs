@@ -34,6 +34,8 @@ pub fn gguf_name(canonical: &str) -> Option<String> {
         "self_attn.k_proj.weight" => "attn_k.weight",
         "self_attn.v_proj.weight" => "attn_v.weight",
         "self_attn.o_proj.weight" => "attn_output.weight",
+        // Phi-3's fused query/key/value rows.
+        "self_attn.qkv_proj.weight" => "attn_qkv.weight",
         "self_attn.q_proj.bias" => "attn_q.bias",
         "self_attn.k_proj.bias" => "attn_k.bias",
         "self_attn.v_proj.bias" => "attn_v.bias",
@@ -73,10 +75,29 @@ fn expert_location(canonical: &str) -> Option<GgufLocation> {
 
 /// Where `canonical` lives in a GGUF file of architecture `arch`: gemma's layers have
 /// four norms, and its `post_attention_layernorm` is the one after attention, not the
-/// MLP's input norm that llama's name means.
+/// MLP's input norm that llama's name means. A phi3 file's `ffn_up` holds the gate rows
+/// and then the up rows (Phi-3's `gate_up_proj`), so it answers for that name only.
 pub(crate) fn locate(arch: &str, canonical: &str) -> Result<GgufLocation> {
     if let Some(location) = expert_location(canonical) {
         return Ok(location);
+    }
+    if arch == "phi3" {
+        if let Some(layer) = canonical
+            .strip_prefix("model.layers.")
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(layer, suffix)| match suffix {
+                "mlp.gate_up_proj.weight" => Some(layer),
+                _ => None,
+            })
+        {
+            return Ok(GgufLocation {
+                name: format!("blk.{layer}.ffn_up.weight"),
+                expert: None,
+            });
+        }
+        if canonical.ends_with(".mlp.up_proj.weight") {
+            return Err(EngineError::MissingTensor(canonical.to_string()));
+        }
     }
     let gemma = if arch == "gemma3" {
         canonical

@@ -4,6 +4,7 @@
 //! (`model.layers.3.self_attn.q_proj.weight`), so the model code is written once.
 
 mod cache;
+mod fused;
 mod gguf;
 mod gguf_config;
 mod gguf_header;
@@ -95,11 +96,12 @@ pub fn open(path: &Path) -> Result<Box<dyn TensorSource>> {
     if !path.exists() {
         return Err(EngineError::MissingFile(path.to_path_buf()));
     }
-    if path.is_dir() {
-        Ok(Box::new(SafetensorsSource::open(path)?))
+    let source: Box<dyn TensorSource> = if path.is_dir() {
+        Box::new(SafetensorsSource::open(path)?)
     } else {
-        Ok(Box::new(GgufSource::open(path)?))
-    }
+        Box::new(GgufSource::open(path)?)
+    };
+    Ok(Box::new(fused::FusedProjections::new(source)))
 }
 
 /// Canonical names of one decoder layer's tensors.

@@ -156,16 +156,18 @@ pub fn load_rank_shards(
             found: vec![vocab, emb_h],
         });
     }
-    let rope = Arc::new(RopeTable::new(
+    let rope = Arc::new(RopeTable::scaled(
         hd,
         config.rope_theta,
+        &config.rope_scaling,
         config.max_position_embeddings,
         config.rope_style,
     ));
     let rope_sliding = config.sliding_window.as_ref().map(|sw| {
-        Arc::new(RopeTable::new(
+        Arc::new(RopeTable::scaled(
             hd,
             sw.rope_theta,
+            &sw.rope_scaling,
             config.max_position_embeddings,
             config.rope_style,
         ))

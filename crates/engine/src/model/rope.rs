@@ -1,6 +1,6 @@
 //! Rotary position embeddings, applied in place to rows of heads.
 
-use crate::config::RopeStyle;
+use crate::config::{RopeScaling, RopeStyle};
 
 /// Precomputed `cos`/`sin` for every position up to the model's context.
 #[derive(Debug, Clone)]
@@ -14,18 +14,29 @@ pub struct RopeTable {
 
 impl RopeTable {
     pub fn new(head_dim: usize, theta: f32, max_positions: usize, style: RopeStyle) -> Self {
+        Self::scaled(head_dim, theta, &RopeScaling::None, max_positions, style)
+    }
+
+    /// The table of a model whose frequencies `scaling` changes; its attention factor
+    /// (YaRN) is folded into `cos` and `sin`, as transformers applies it.
+    pub fn scaled(
+        head_dim: usize,
+        theta: f32,
+        scaling: &RopeScaling,
+        max_positions: usize,
+        style: RopeStyle,
+    ) -> Self {
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         // Angles in f64 and rounded once: both references agree with this to ~1e-7.
-        let inv_freq: Vec<f64> = (0..half)
-            .map(|i| 1.0 / f64::from(theta).powf(2.0 * i as f64 / head_dim as f64))
-            .collect();
+        let inv_freq = scaling.inv_freq(head_dim, theta);
+        let gain = scaling.attention_factor();
         for pos in 0..max_positions {
             for f in &inv_freq {
                 let angle = pos as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * gain) as f32);
+                sin.push((angle.sin() * gain) as f32);
             }
         }
         Self {

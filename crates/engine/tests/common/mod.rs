@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use tessera_engine::model::{Batch, ChunkLimits};
-use tessera_engine::{generate, Engine, GenerateOptions};
+use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
 use tessera_protocol::{Executor, KvCacheShape, SamplingParams, ScheduledChunk, SeqId, StepPlan};
 
 pub fn repo_root() -> PathBuf {
@@ -348,4 +348,68 @@ pub fn greedy_opts(max_tokens: usize, prefill_chunk: usize) -> GenerateOptions {
         stop_token_ids: vec![],
         prefill_chunk,
     }
+}
+
+/// The model file or folder `path` at TP = `tp` against the transformers reference of
+/// `model` (`fixtures/<model>/reference.json`): last-position logits within `tolerance`
+/// relative L2 for every case, and the greedy tokens where the reference's top-2 gaps
+/// leave room for rounding.
+pub fn check_against_transformers(model: &str, path: &std::path::Path, tp: usize, tolerance: f32) {
+    let reference = read_json(fixtures().join(model).join("reference.json"));
+    let mut engine = Engine::load(&EngineConfig::new(path).with_cpu_ranks(tp)).expect("load");
+    for case in reference["cases"].as_array().expect("cases") {
+        let prompt = ids(&case["input_ids"]);
+        let want = floats(&case["last_logits"]);
+        let got = last_logits(&mut engine, &prompt);
+        let max_abs = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let err = rel_l2(&got, &want);
+        println!(
+            "{model} tp={tp} len {}: rel L2 {err:.2e}, max |diff| {max_abs:.2e}",
+            prompt.len()
+        );
+        assert!(err < tolerance, "{model} tp={tp}: relative L2 {err}");
+        let greedy_gap = case["greedy_min_top2_gap"].as_f64().unwrap_or(0.0) as f32;
+        if greedy_gap > 100.0 * tolerance {
+            let opts = greedy_opts(16, 7);
+            let got = generate(&mut engine, &prompt, &opts, |_| {}).expect("generate");
+            assert_eq!(
+                got,
+                ids(&case["greedy_ids"]),
+                "{model} tp={tp}: greedy tokens"
+            );
+        }
+    }
+}
+
+/// A folder removed when dropped.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A copy of the folder of `model` whose config.json `edit` changes.
+pub fn edited_copy(model: &str, edit: impl FnOnce(&mut serde_json::Value)) -> TempDir {
+    static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = TempDir(std::env::temp_dir().join(format!(
+        "tessera-fixture-{}-{model}-{n}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&dir.0).expect("temp folder");
+    for entry in std::fs::read_dir(fixtures().join(model)).expect("fixture folder") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), dir.0.join(entry.file_name())).expect("copy");
+    }
+    let config_path = dir.0.join("config.json");
+    let mut config = read_json(config_path.clone());
+    edit(&mut config);
+    std::fs::write(&config_path, config.to_string()).expect("write config");
+    dir
 }

@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 7] = [
+const MODELS: [&str; 10] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -53,6 +53,9 @@ const MODELS: [&str; 7] = [
     "tiny-gemma3",
     "tiny-qwen3-moe",
     "tiny-mixtral",
+    "tiny-qwen3-yarn",
+    "tiny-gemma3-linear",
+    "tiny-phi3",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that
