@@ -21,6 +21,8 @@ from a fixed seed
                token of these random weights)
   phi3/        Phi3ForCausalLM, bf16: query/key/value rows fused in qkv_proj and gate/up
                rows in gate_up_proj, 8 query heads / 2 KV heads of 64, untied LM head
+  smollm3/     SmolLM3ForCausalLM, bf16: 4 layers, the fourth without RoPE, 8 query heads
+               / 2 KV heads of 64, untied LM head
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -39,7 +41,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config,
+                          SmolLM3ForCausalLM)
 
 SEED = 20261123
 LINEAR_GAIN = float(os.environ.get("LINEAR_GAIN", "0.5"))
@@ -207,6 +210,11 @@ def main():
         hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
         num_attention_heads=8, num_key_value_heads=2, sliding_window=None,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False, pad_token_id=None, **common), tok)
+    build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
         tie_word_embeddings=False, pad_token_id=None, **common), tok)
 
 

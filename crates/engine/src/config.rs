@@ -87,6 +87,9 @@ pub struct ModelConfig {
     pub attention_scale: Option<f32>,
     pub activation: Activation,
     pub sliding_window: Option<SlidingWindow>,
+    /// Per decoder layer: whether it adds no position embedding (SmolLM3's every fourth
+    /// layer): its queries and keys are not rotated. Empty: every layer rotates.
+    pub nope_layers: Vec<bool>,
     /// The LM head reuses the token embedding.
     pub tie_word_embeddings: bool,
     /// Mixture-of-experts MLPs (Qwen3-MoE), where the model has them.
@@ -170,6 +173,13 @@ impl ModelConfig {
                 ));
             }
         }
+        if !self.nope_layers.is_empty() && self.nope_layers.len() != self.num_layers {
+            return fail(format!(
+                "{} layers without RoPE listed for {} layers",
+                self.nope_layers.len(),
+                self.num_layers
+            ));
+        }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return fail(format!("rope theta {} must be positive", self.rope_theta));
         }
@@ -201,10 +211,21 @@ const MAX_CONTEXT: usize = 1 << 21;
 /// Architectures of the llama family, with the rope style of their GGUF files.
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
-        "llama" | "mistral" => Ok(RopeStyle::Interleaved),
+        "llama" | "mistral" | "smollm3" => Ok(RopeStyle::Interleaved),
         "qwen2" | "qwen3" | "qwen3moe" | "gemma3" | "phi3" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
+}
+
+/// SmolLM3 leaves every fourth layer without RoPE (`no_rope_layer_interval`; llama.cpp
+/// fixes it at 4 for smollm3 files).
+pub(crate) const SMOLLM3_NOPE_INTERVAL: usize = 4;
+
+/// Which of `layers` layers add no position embedding when every `interval`-th does not.
+pub(crate) fn every_nth_layer(layers: usize, interval: usize) -> Vec<bool> {
+    (0..layers)
+        .map(|i| interval != 0 && (i + 1) % interval == 0)
+        .collect()
 }
 
 /// Gemma 3 alternates five sliding-window layers with one global layer.
@@ -310,6 +331,7 @@ mod tests {
             attention_scale: None,
             activation: Activation::Silu,
             sliding_window: None,
+            nope_layers: Vec::new(),
             tie_word_embeddings: true,
             moe: None,
         }

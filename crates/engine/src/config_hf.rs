@@ -1,6 +1,6 @@
 //! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and the
-//! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 3, Mistral, Phi-3
-//! and the mixtures of experts (whose part is `config_moe.rs`).
+//! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 3, Mistral, Phi-3,
+//! SmolLM3 and the mixtures of experts (whose part is `config_moe.rs`).
 
 use serde::Deserialize;
 
@@ -47,6 +47,11 @@ pub(crate) struct HfConfig {
     pub(super) tie_word_embeddings: Option<bool>,
     #[serde(default)]
     pub(super) rope_scaling: Option<serde_json::Value>,
+    /// SmolLM3: 1 for each layer that rotates, 0 for one without RoPE.
+    #[serde(default)]
+    pub(super) no_rope_layers: Option<Vec<u8>>,
+    #[serde(default)]
+    pub(super) no_rope_layer_interval: Option<usize>,
     /// The share of each head that rotates (Phi-4-mini: 0.75).
     #[serde(default)]
     pub(super) partial_rotary_factor: Option<f64>,
@@ -115,6 +120,7 @@ impl HfConfig {
             "mixtral" | "MixtralForCausalLM" => ("mixtral", false),
             "gemma3_text" | "Gemma3ForCausalLM" => ("gemma3", false),
             "phi3" | "Phi3ForCausalLM" => ("phi3", false),
+            "smollm3" | "SmolLM3ForCausalLM" => ("smollm3", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         let unsupported =
@@ -167,7 +173,15 @@ impl HfConfig {
             attention_scale: None,
             activation: Activation::Silu,
             sliding_window: None,
-            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(gemma),
+            nope_layers: if architecture == "smollm3" {
+                self.smollm3_nope_layers()?
+            } else {
+                Vec::new()
+            },
+            // transformers' default for both families.
+            tie_word_embeddings: self
+                .tie_word_embeddings
+                .unwrap_or(gemma || architecture == "smollm3"),
             moe: match architecture {
                 "qwen3_moe" => Some(self.qwen3_moe()?),
                 "mixtral" => Some(self.mixtral()?),
@@ -224,6 +238,27 @@ impl HfConfig {
             .and_then(|t| t.as_f64())
             .map_or(theta, |t| t as f32);
         Ok((theta, scaling))
+    }
+
+    /// SmolLM3's layers without RoPE: `no_rope_layers` holds 1 for a layer that rotates
+    /// and 0 for one that does not (transformers' naming); absent, every
+    /// `no_rope_layer_interval`-th layer (4) does not.
+    fn smollm3_nope_layers(&self) -> Result<Vec<bool>> {
+        match &self.no_rope_layers {
+            Some(rotates) if rotates.len() != self.num_hidden_layers => {
+                Err(EngineError::Config(format!(
+                    "no_rope_layers lists {} layers of a {}-layer model",
+                    rotates.len(),
+                    self.num_hidden_layers
+                )))
+            }
+            Some(rotates) => Ok(rotates.iter().map(|r| *r == 0).collect()),
+            None => Ok(super::every_nth_layer(
+                self.num_hidden_layers,
+                self.no_rope_layer_interval
+                    .unwrap_or(super::SMOLLM3_NOPE_INTERVAL),
+            )),
+        }
     }
 
     /// Gemma 3's RoPE bases (full and sliding layers), window, layer pattern and scaling.
@@ -352,6 +387,35 @@ mod tests {
         // Phi-4-mini rotates three quarters of each head.
         match phi3(json!({"partial_rotary_factor": 0.75})) {
             Err(EngineError::Config(m)) => assert!(m.contains("partial_rotary_factor"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn smollm3_layers_without_rope() -> Result<()> {
+        let smollm3 = |extra: serde_json::Value| {
+            let mut base = json!({
+                "model_type": "smollm3", "vocab_size": 512, "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4,
+            });
+            if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+                b.extend(e.clone());
+            }
+            read(base)
+        };
+        let every_fourth = [false, false, false, true, false, false, false, true];
+        let c = smollm3(json!({}))?;
+        assert_eq!(c.nope_layers, every_fourth);
+        // transformers' default for the family: a tied head.
+        assert!(c.tie_word_embeddings);
+        let listed = smollm3(json!({"no_rope_layers": [1, 0, 1, 1, 1, 1, 1, 0]}))?;
+        assert_eq!(
+            listed.nope_layers,
+            [false, true, false, false, false, false, false, true]
+        );
+        match smollm3(json!({"no_rope_layers": [1, 0]})) {
+            Err(EngineError::Config(m)) => assert!(m.contains("no_rope_layers"), "{m}"),
             other => panic!("{other:?}"),
         }
         Ok(())

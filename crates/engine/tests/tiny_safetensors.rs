@@ -11,7 +11,8 @@
 //! TP = 3, 10/10/9/9 at TP = 4). Both mixtures also from GGUF, where llama.cpp stores
 //! the experts as 3-D `ffn_*_exps` tensors. An f32 Mistral whose every layer attends to
 //! its last 8 positions (`sliding_window`, as in Mistral 7B v0.1). An f32 Phi-3 whose
-//! query/key/value and gate/up projections are fused, from safetensors and GGUF.
+//! query/key/value and gate/up projections are fused, from safetensors and GGUF. An f32
+//! SmolLM3 whose fourth layer adds no position embedding, from safetensors and GGUF.
 
 mod common;
 
@@ -169,4 +170,41 @@ fn a_fused_projection_of_the_wrong_height_is_refused_by_name() {
             && err.contains("192"),
         "{err}"
     );
+}
+
+/// SmolLM3: layer 3 of 5 rotates neither queries nor keys (`no_rope_layers`).
+#[test]
+fn tiny_smollm3_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-smollm3", tp, 1e-5);
+    }
+}
+
+/// The same weights as llama.cpp writes smollm3 (rows permuted as for llama; every
+/// fourth layer without RoPE, which the file does not state).
+#[test]
+fn tiny_smollm3_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-smollm3.gguf");
+    for tp in 1..=4 {
+        check_against_transformers("tiny-smollm3", &path, tp, 1e-5);
+    }
+}
+
+/// Rotating every layer instead moves the 60-token case far from the reference.
+#[test]
+fn tiny_smollm3_reference_depends_on_the_layer_without_rope() {
+    let dir = edited_copy("tiny-smollm3", |c| {
+        c["no_rope_layers"] = serde_json::json!([1, 1, 1, 1, 1])
+    });
+    let reference = read_json(fixtures().join("tiny-smollm3").join("reference.json"));
+    let case = &reference["cases"][2];
+    let mut engine =
+        tessera_engine::Engine::load(&tessera_engine::EngineConfig::new(&dir.0).with_cpu_ranks(1))
+            .expect("load");
+    let err = rel_l2(
+        &last_logits(&mut engine, &ids(&case["input_ids"])),
+        &floats(&case["last_logits"]),
+    );
+    println!("tiny-smollm3 with every layer rotating: rel L2 {err:.2e}");
+    assert!(err > 1e-2, "{err}");
 }

@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::config::{
-    gemma3_sliding_layers, gguf_rope_style, Activation, ExpertNames, ModelConfig, MoeConfig,
-    MoeFields, RopeScaling, SlidingWindow, GEMMA3_SLIDING_PATTERN,
+    every_nth_layer, gemma3_sliding_layers, gguf_rope_style, Activation, ExpertNames, ModelConfig,
+    MoeConfig, MoeFields, RopeScaling, SlidingWindow, GEMMA3_SLIDING_PATTERN,
+    SMOLLM3_NOPE_INTERVAL,
 };
 use crate::error::{EngineError, Result};
 
@@ -243,6 +244,11 @@ pub(crate) fn config_from_content(
         attention_scale: None,
         activation: Activation::Silu,
         sliding_window: None,
+        nope_layers: if arch == "smollm3" {
+            every_nth_layer(num_layers, SMOLLM3_NOPE_INTERVAL)
+        } else {
+            Vec::new()
+        },
         tie_word_embeddings: false,
         moe,
     };

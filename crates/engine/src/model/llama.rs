@@ -45,6 +45,8 @@ struct Block {
     post_ffn_norm: Option<Tensor>,
     /// A sliding-window layer (attends to the model's window, rotates with its own base).
     sliding: bool,
+    /// Queries and keys are rotated (false in SmolLM3's layers without RoPE).
+    rotates: bool,
     o_proj: Linear,
     ffn_norm: Tensor,
     mlp: Mlp,
@@ -325,6 +327,7 @@ pub fn load_rank_shards(
                     .map(|n| n.to_device(dev))
                     .transpose()?,
                 sliding,
+                rotates: !config.nope_layers.get(layer).copied().unwrap_or(false),
                 o_proj: row_parallel(&o, &o_split, rank, dev)?,
                 ffn_norm: ffn_norm.to_device(dev)?,
                 mlp,
@@ -361,6 +364,7 @@ pub fn load_rank_shards(
                 dev,
                 &rope,
                 rope_sliding.as_deref(),
+                config.nope_layers.contains(&true),
                 &kv_of_q,
             )?)
         } else {
@@ -407,6 +411,7 @@ impl LlamaShard {
             &self.device,
             &self.rope,
             self.rope_sliding.as_deref(),
+            self.config.nope_layers.contains(&true),
             &kv_of_q,
         )?);
         for block in &mut self.blocks {
@@ -498,9 +503,11 @@ impl LlamaShard {
                     (Some(r), true) => (r, sliding),
                     _ => (&self.rope, full),
                 };
-                for (t, &pos) in batch.positions.iter().enumerate() {
-                    rope.apply(&mut q[t * nq * hd..(t + 1) * nq * hd], pos);
-                    rope.apply(&mut k[t * nkv * hd..(t + 1) * nkv * hd], pos);
+                if block.rotates {
+                    for (t, &pos) in batch.positions.iter().enumerate() {
+                        rope.apply(&mut q[t * nq * hd..(t + 1) * nq * hd], pos);
+                        rope.apply(&mut k[t * nkv * hd..(t + 1) * nkv * hd], pos);
+                    }
                 }
                 write_kv(layer_cache, cache, batch, &k, &v);
                 let attn = attend(layer_cache, cache, batch, &q, shape);

@@ -26,6 +26,8 @@ use crate::tp::Communicator;
 pub(crate) struct GpuParts {
     rope: RopeTables,
     rope_sliding: Option<RopeTables>,
+    /// Tables that rotate nothing, for layers without RoPE (the kernel always rotates).
+    rope_unrotated: Option<RopeTables>,
     kv_of_q: Vec<u32>,
     target_blocks: usize,
 }
@@ -44,11 +46,15 @@ impl GpuParts {
         device: &Device,
         rope: &RopeTable,
         rope_sliding: Option<&RopeTable>,
+        any_unrotated: bool,
         kv_of_q: &[usize],
     ) -> Result<Self> {
         Ok(Self {
             rope: tables(device, rope)?,
             rope_sliding: rope_sliding.map(|r| tables(device, r)).transpose()?,
+            rope_unrotated: any_unrotated
+                .then(|| tables(device, &rope.identity_like()))
+                .transpose()?,
             kv_of_q: kv_of_q.iter().map(|k| *k as u32).collect(),
             target_blocks: 2 * multiprocessors(device)?,
         })
@@ -158,6 +164,9 @@ impl LlamaShard {
             }
             let (k_cache, v_cache) = (&cache.k[i], &cache.v[i]);
             let rope = match (&gpu.rope_sliding, block.sliding) {
+                _ if !block.rotates => gpu.rope_unrotated.as_ref().ok_or_else(|| {
+                    EngineError::Step("a layer without RoPE, but no identity tables".into())
+                })?,
                 (Some(r), true) => r,
                 _ => &gpu.rope,
             };

@@ -48,6 +48,17 @@ impl RopeTable {
         }
     }
 
+    /// A table of the same size that rotates nothing (cos 1, sin 0): what layers without
+    /// position embedding use where the kernel always rotates.
+    pub fn identity_like(&self) -> Self {
+        let len = self.cos.len();
+        Self {
+            cos: vec![1.0; len],
+            sin: vec![0.0; len],
+            ..self.clone()
+        }
+    }
+
     pub fn max_positions(&self) -> usize {
         self.max_positions
     }

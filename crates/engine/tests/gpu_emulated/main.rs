@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 10] = [
+const MODELS: [&str; 11] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -56,6 +56,7 @@ const MODELS: [&str; 10] = [
     "tiny-qwen3-yarn",
     "tiny-gemma3-linear",
     "tiny-phi3",
+    "tiny-smollm3",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that
