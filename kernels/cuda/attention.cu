@@ -6,7 +6,8 @@
 // (the step's new keys and values are written before attention runs), so prefill,
 // chunked prefill and decode take the same path. With a sliding window (`window` > 0) it
 // attends to pos + 1 - window ..= pos only, and a tile reads no key before the window of
-// its first token: its partitions start there.
+// its first token: its partitions start there. With `softcap` > 0 (Gemma 2) each scaled
+// score s becomes softcap · tanh(s / softcap) before the softmax.
 //
 // One thread block serves one query head and one tile of up to QT consecutive tokens of
 // one sequence. The context is walked in chunks of CHUNK keys, one key per thread:
@@ -37,7 +38,8 @@ __device__ __forceinline__ void attention_tile(
     const uint32_t* __restrict__ seq_of_token,
     const uint32_t* __restrict__ block_tables, int max_blocks,
     const uint32_t* __restrict__ kv_of_q,
-    int nq, int nkv, int block_size, float scale, int partition_size, int window) {
+    int nq, int nkv, int block_size, float scale, int partition_size, int window,
+    float softcap) {
     static_assert(HD % 8 == 0, "head dim must be a multiple of 8");
     const int head = blockIdx.x;
     const int tile = blockIdx.y;
@@ -118,8 +120,10 @@ __device__ __forceinline__ void attention_tile(
                 }
             }
 #pragma unroll
-            for (int i = 0; i < QT; ++i)
-                sc[i][tid] = (tid < n_keys && j <= qpos[i] && j >= qlo[i]) ? s[i] : -INFINITY;
+            for (int i = 0; i < QT; ++i) {
+                const float capped = softcap > 0.f ? softcap * tanhf(s[i] / softcap) : s[i];
+                sc[i][tid] = (tid < n_keys && j <= qpos[i] && j >= qlo[i]) ? capped : -INFINITY;
+            }
         }
         __syncthreads();
         // 2. Online softmax, one warp per query.
@@ -268,11 +272,12 @@ __device__ __forceinline__ void merge_partitions(
         const T* k_cache, const T* v_cache, const uint32_t* positions,                         \
         const uint32_t* tile_start, const uint32_t* tile_len, const uint32_t* seq_of_token,   \
         const uint32_t* block_tables, int max_blocks, const uint32_t* kv_of_q, int nq,        \
-        int nkv, int block_size, float scale, int partition_size, int window) {                \
+        int nkv, int block_size, float scale, int partition_size, int window,                 \
+        float softcap) {                                                                      \
         attention_tile<T, HD, QT>(out, out_stride, part_ms, part_acc, q, q_stride, k_cache,   \
                                   v_cache, positions, tile_start, tile_len, seq_of_token,     \
                                   block_tables, max_blocks, kv_of_q, nq, nkv, block_size,     \
-                                  scale, partition_size, window);                             \
+                                  scale, partition_size, window, softcap);                    \
     }
 
 #define TESSERA_MERGE(NAME, T, HD)                                                            \

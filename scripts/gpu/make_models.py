@@ -23,6 +23,9 @@ from a fixed seed
                rows in gate_up_proj, 8 query heads / 2 KV heads of 64, untied LM head
   smollm3/     SmolLM3ForCausalLM, bf16: 4 layers, the fourth without RoPE, 8 query heads
                / 2 KV heads of 64, untied LM head
+  gemma2/      Gemma2ForCausalLM, bf16: a window of 48 in every other layer, attention
+               scores capped at 5 and logits at 10 (low enough to bend), 4 query heads /
+               2 KV heads of 128, untied LM head
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -38,7 +41,8 @@ import sys
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config,
@@ -211,6 +215,14 @@ def main():
         num_attention_heads=8, num_key_value_heads=2, sliding_window=None,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=False, pad_token_id=None, **common), tok)
+    build(out, "gemma2", Gemma2ForCausalLM, Gemma2Config(
+        hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=128, sliding_window=48,
+        query_pre_attn_scalar=128, attn_logit_softcapping=5.0, final_logit_softcapping=10.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False, vocab_size=vocab, rms_norm_eps=1e-6,
+        max_position_embeddings=2048, bos_token_id=None, eos_token_id=eos, pad_token_id=None),
+        tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,

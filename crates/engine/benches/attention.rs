@@ -52,6 +52,7 @@ fn main() {
             groups: &groups,
             scale: 0.0625,
             window: None,
+            softcap: None,
         };
         let run = || std::hint::black_box(attend(&layers[0], &cache, &batch, &q, shape));
         run();

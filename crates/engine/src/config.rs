@@ -85,6 +85,10 @@ pub struct ModelConfig {
     pub embed_scale: Option<f32>,
     /// Attention scores are multiplied by this; `None`: 1/√head_dim.
     pub attention_scale: Option<f32>,
+    /// Gemma 2: scaled attention scores become `cap · tanh(score / cap)`.
+    pub attn_logit_softcapping: Option<f32>,
+    /// Gemma 2: the final logits become `cap · tanh(logit / cap)`.
+    pub final_logit_softcapping: Option<f32>,
     pub activation: Activation,
     pub sliding_window: Option<SlidingWindow>,
     /// Per decoder layer: whether it adds no position embedding (SmolLM3's every fourth
@@ -97,11 +101,11 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Gemma 3's layer on top of the llama layout, the same from safetensors and GGUF:
-    /// per-head q/k norms, norms around attention and the MLP, √hidden-scaled
-    /// embeddings, a GELU MLP, and `sliding` for the window layers.
-    pub(crate) fn set_gemma3_layers(&mut self, sliding: SlidingWindow) {
-        self.qk_norm = true;
+    /// Gemma 2's and 3's layer on top of the llama layout, the same from safetensors and
+    /// GGUF: norms around attention and the MLP, √hidden-scaled embeddings, a GELU MLP,
+    /// `sliding` for the window layers, and (Gemma 3) per-head q/k norms.
+    pub(crate) fn set_gemma_layers(&mut self, sliding: SlidingWindow) {
+        self.qk_norm = self.architecture == "gemma3";
         self.sandwich_norms = true;
         self.embed_scale = Some((self.hidden_size as f32).sqrt());
         self.activation = Activation::GeluTanh;
@@ -183,6 +187,14 @@ impl ModelConfig {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return fail(format!("rope theta {} must be positive", self.rope_theta));
         }
+        for (name, cap) in [
+            ("attention logit softcapping", self.attn_logit_softcapping),
+            ("final logit softcapping", self.final_logit_softcapping),
+        ] {
+            if cap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+                return fail(format!("{name} {cap:?} must be positive"));
+            }
+        }
         self.rope_scaling.validate(self.head_dim).or_else(fail)?;
         if let Some(sw) = &self.sliding_window {
             sw.rope_scaling.validate(self.head_dim).or_else(fail)?;
@@ -212,7 +224,7 @@ const MAX_CONTEXT: usize = 1 << 21;
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
         "llama" | "mistral" | "smollm3" => Ok(RopeStyle::Interleaved),
-        "qwen2" | "qwen3" | "qwen3moe" | "gemma3" | "phi3" => Ok(RopeStyle::Half),
+        "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -230,9 +242,11 @@ pub(crate) fn every_nth_layer(layers: usize, interval: usize) -> Vec<bool> {
 
 /// Gemma 3 alternates five sliding-window layers with one global layer.
 pub(crate) const GEMMA3_SLIDING_PATTERN: usize = 6;
+/// Gemma 2 alternates a sliding-window layer with a global one.
+pub(crate) const GEMMA2_SLIDING_PATTERN: usize = 2;
 
 /// Which of `layers` layers slide when every `pattern`-th layer is global.
-pub(crate) fn gemma3_sliding_layers(layers: usize, pattern: usize) -> Vec<bool> {
+pub(crate) fn gemma_sliding_layers(layers: usize, pattern: usize) -> Vec<bool> {
     (0..layers)
         .map(|i| pattern != 0 && (i + 1) % pattern != 0)
         .collect()
@@ -329,6 +343,8 @@ mod tests {
             norm_weight_offset: 0.0,
             embed_scale: None,
             attention_scale: None,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
             activation: Activation::Silu,
             sliding_window: None,
             nope_layers: Vec::new(),

@@ -5,8 +5,8 @@
 use serde::Deserialize;
 
 use super::{
-    gemma3_sliding_layers, Activation, ModelConfig, RopeScaling, RopeStyle, SlidingWindow,
-    GEMMA3_SLIDING_PATTERN,
+    gemma_sliding_layers, Activation, ModelConfig, RopeScaling, RopeStyle, SlidingWindow,
+    GEMMA2_SLIDING_PATTERN, GEMMA3_SLIDING_PATTERN,
 };
 use crate::error::{EngineError, Result};
 
@@ -69,12 +69,14 @@ pub(crate) struct HfConfig {
     /// transformers 4's RoPE base of gemma's sliding-window layers.
     #[serde(default)]
     pub(super) rope_local_base_freq: Option<f32>,
+    /// Outer `None`: the key is absent (transformers' default applies); `Some(None)`:
+    /// `null`, no cap.
+    #[serde(default, deserialize_with = "present")]
+    pub(super) final_logit_softcapping: Option<Option<f64>>,
+    #[serde(default, deserialize_with = "present")]
+    pub(super) attn_logit_softcapping: Option<Option<f64>>,
     #[serde(default)]
-    pub(super) final_logit_softcapping: Option<f64>,
-    #[serde(default)]
-    pub(super) attn_logit_softcapping: Option<f64>,
-    #[serde(default)]
-    pub(super) use_bidirectional_attention: bool,
+    pub(super) use_bidirectional_attention: Option<bool>,
     // Mixtures of experts (Qwen3-MoE: transformers 5 writes num_local_experts, earlier
     // checkpoints num_experts; Mixtral: num_local_experts).
     #[serde(default)]
@@ -95,6 +97,13 @@ pub(crate) struct HfConfig {
     /// families here use a softmax.
     #[serde(default)]
     pub(super) scoring_func: Option<String>,
+}
+
+/// A key that is present, whatever its value (`null` included).
+fn present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Option<f64>>, D::Error> {
+    Ok(Some(Option::<f64>::deserialize(d)?))
 }
 
 fn default_eps() -> f64 {
@@ -119,13 +128,14 @@ impl HfConfig {
             "qwen3_moe" | "Qwen3MoeForCausalLM" => ("qwen3_moe", false),
             "mixtral" | "MixtralForCausalLM" => ("mixtral", false),
             "gemma3_text" | "Gemma3ForCausalLM" => ("gemma3", false),
+            "gemma2" | "Gemma2ForCausalLM" => ("gemma2", false),
             "phi3" | "Phi3ForCausalLM" => ("phi3", false),
             "smollm3" | "SmolLM3ForCausalLM" => ("smollm3", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         let unsupported =
             |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
-        let gemma = architecture == "gemma3";
+        let gemma = matches!(architecture, "gemma2" | "gemma3");
         if let Some(act) = self
             .hidden_act
             .as_deref()
@@ -147,7 +157,7 @@ impl HfConfig {
             .head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
         let gemma_parts = if gemma {
-            Some(self.gemma3(head_dim)?)
+            Some(self.gemma(architecture, head_dim)?)
         } else {
             None
         };
@@ -171,6 +181,8 @@ impl HfConfig {
             norm_weight_offset: 0.0,
             embed_scale: None,
             attention_scale: None,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
             activation: Activation::Silu,
             sliding_window: None,
             nope_layers: if architecture == "smollm3" {
@@ -210,7 +222,9 @@ impl HfConfig {
             // Checkpoints store gemma's norm weights less 1.
             config.norm_weight_offset = 1.0;
             config.attention_scale = g.attention_scale;
-            config.set_gemma3_layers(g.sliding);
+            config.attn_logit_softcapping = g.softcaps[0];
+            config.final_logit_softcapping = g.softcaps[1];
+            config.set_gemma_layers(g.sliding);
         }
         config.validate()?;
         Ok(config)
@@ -218,7 +232,7 @@ impl HfConfig {
 
     /// The RoPE base and scaling of a config whose layers all rotate alike: transformers
     /// 5's flat `rope_parameters`, or transformers 4's `rope_theta` (else `theta`) and
-    /// `rope_scaling`. Gemma's per-layer-type `rope_parameters` are read by `gemma3`.
+    /// `rope_scaling`. Gemma 3's per-layer-type `rope_parameters` are read by `gemma`.
     fn rope(&self, theta: f32) -> Result<(f32, RopeScaling)> {
         let max_pos = self.max_position_embeddings;
         let flat = self
@@ -261,19 +275,41 @@ impl HfConfig {
         }
     }
 
-    /// Gemma 3's RoPE bases (full and sliding layers), window, layer pattern and scaling.
-    fn gemma3(&self, head_dim: usize) -> Result<GemmaParts> {
+    /// Gemma 2's caps on attention scores and final logits (transformers' defaults, 50
+    /// and 30, where the keys are absent; `null` for none). Gemma 3 has none.
+    fn gemma_softcaps(&self, arch: &str) -> Result<[Option<f32>; 2]> {
+        let caps = [
+            ("attn_logit_softcapping", self.attn_logit_softcapping, 50.0),
+            (
+                "final_logit_softcapping",
+                self.final_logit_softcapping,
+                30.0,
+            ),
+        ];
+        let mut out = [None; 2];
+        for (slot, (name, cap, default)) in out.iter_mut().zip(caps) {
+            let cap = match (arch, cap) {
+                ("gemma2", None) => Some(default),
+                (_, None) => None,
+                (_, Some(c)) => c.filter(|c| *c != 0.0),
+            };
+            if arch != "gemma2" && cap.is_some() {
+                return Err(EngineError::Config(format!(
+                    "{name} is not supported for {arch}"
+                )));
+            }
+            *slot = cap.map(|c| c as f32);
+        }
+        Ok(out)
+    }
+
+    /// Gemma 2's and 3's RoPE bases (full and sliding layers), window, layer pattern,
+    /// scaling and caps.
+    fn gemma(&self, arch: &str, head_dim: usize) -> Result<GemmaParts> {
         let unsupported =
             |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
-        for (name, cap) in [
-            ("final_logit_softcapping", self.final_logit_softcapping),
-            ("attn_logit_softcapping", self.attn_logit_softcapping),
-        ] {
-            if cap.is_some_and(|c| c != 0.0) {
-                return unsupported(name.to_string());
-            }
-        }
-        if self.use_bidirectional_attention {
+        let softcaps = self.gemma_softcaps(arch)?;
+        if self.use_bidirectional_attention == Some(true) {
             return unsupported("use_bidirectional_attention".into());
         }
         if let Some(act) = self
@@ -283,13 +319,23 @@ impl HfConfig {
         {
             return unsupported(format!("hidden_activation '{act}'"));
         }
-        // transformers 5: rope_parameters per layer type; 4: rope_theta and
-        // rope_local_base_freq, with rope_scaling for the full-attention layers only.
-        let mut full = self.rope(self.rope_theta.unwrap_or(1_000_000.0))?;
-        let mut sliding = (
-            self.rope_local_base_freq.unwrap_or(10_000.0),
-            RopeScaling::None,
-        );
+        // Gemma 2: every layer rotates alike. Gemma 3, transformers 5: rope_parameters per
+        // layer type; 4: rope_theta and rope_local_base_freq, with rope_scaling for the
+        // full-attention layers only.
+        let gemma2 = arch == "gemma2";
+        let mut full =
+            self.rope(
+                self.rope_theta
+                    .unwrap_or(if gemma2 { 10_000.0 } else { 1_000_000.0 }),
+            )?;
+        let mut sliding = if gemma2 {
+            full.clone()
+        } else {
+            (
+                self.rope_local_base_freq.unwrap_or(10_000.0),
+                RopeScaling::None,
+            )
+        };
         if let Some(params) = &self.rope_parameters {
             for (kind, rope) in [
                 ("full_attention", &mut full),
@@ -305,7 +351,7 @@ impl HfConfig {
         }
         let window = self
             .sliding_window
-            .ok_or_else(|| EngineError::Config("gemma3 config has no sliding_window".into()))?;
+            .ok_or_else(|| EngineError::Config(format!("{arch} config has no sliding_window")))?;
         let layers: Vec<bool> = match &self.layer_types {
             Some(types) => types
                 .iter()
@@ -317,13 +363,15 @@ impl HfConfig {
                     ))),
                 })
                 .collect::<Result<_>>()?,
-            None => gemma3_sliding_layers(
+            None if gemma2 => gemma_sliding_layers(self.num_hidden_layers, GEMMA2_SLIDING_PATTERN),
+            None => gemma_sliding_layers(
                 self.num_hidden_layers,
                 self.sliding_window_pattern
                     .unwrap_or(GEMMA3_SLIDING_PATTERN),
             ),
         };
         Ok(GemmaParts {
+            softcaps,
             rope_theta: full.0,
             rope_scaling: full.1,
             attention_scale: Some(
@@ -339,8 +387,10 @@ impl HfConfig {
     }
 }
 
-/// What a gemma3 config adds to the llama layout.
+/// What a gemma config adds to the llama layout.
 struct GemmaParts {
+    /// Caps on attention scores and on the final logits (Gemma 2).
+    softcaps: [Option<f32>; 2],
     rope_theta: f32,
     rope_scaling: RopeScaling,
     attention_scale: Option<f32>,
@@ -416,6 +466,46 @@ mod tests {
         );
         match smollm3(json!({"no_rope_layers": [1, 0]})) {
             Err(EngineError::Config(m)) => assert!(m.contains("no_rope_layers"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn gemma2_caps_alternate_windows_and_gemma3_refuses_caps() -> Result<()> {
+        let gemma = |model_type: &str, extra: serde_json::Value| {
+            let mut base = json!({
+                "model_type": model_type, "vocab_size": 512, "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 8,
+            });
+            if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+                b.extend(e.clone());
+            }
+            read(base)
+        };
+        // Absent: transformers' defaults.
+        let c = gemma("gemma2", json!({}))?;
+        assert_eq!(
+            (c.attn_logit_softcapping, c.final_logit_softcapping),
+            (Some(50.0), Some(30.0))
+        );
+        assert!(!c.qk_norm);
+        let window = c.sliding_window.expect("window");
+        assert_eq!(window.layers, [true, false, true, false]);
+        assert_eq!(window.rope_theta, c.rope_theta);
+        // null: no cap.
+        let c = gemma(
+            "gemma2",
+            json!({"attn_logit_softcapping": null, "final_logit_softcapping": 10.0}),
+        )?;
+        assert_eq!(
+            (c.attn_logit_softcapping, c.final_logit_softcapping),
+            (None, Some(10.0))
+        );
+        assert!(gemma("gemma3_text", json!({}))?.qk_norm);
+        match gemma("gemma3_text", json!({"final_logit_softcapping": 30.0})) {
+            Err(EngineError::Config(m)) => assert!(m.contains("final_logit_softcapping"), "{m}"),
             other => panic!("{other:?}"),
         }
         Ok(())

@@ -50,6 +50,8 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         "tiny-gemma3-linear" => d(128, 2, 1, 256, 192),
         // Fused query/key/value and gate/up projections; head = hidden / heads.
         "tiny-phi3" => d(256, 4, 2, 64, 192),
+        // A window in every other layer; capped attention scores and logits.
+        "tiny-gemma2" => d(128, 4, 2, 128, 192),
         // A layer without RoPE between rotating ones.
         "tiny-smollm3" => d(192, 6, 2, 64, 256),
         // Mixtures of experts.

@@ -19,7 +19,17 @@ use gguf_writer::{check_gguf, GGUF_CHECK_FORMATS, GGUF_CHECK_MODELS};
 use tessera_engine::{generate, Engine, EngineConfig};
 
 /// The dense models of the GPU checks.
-const MODELS: [&str; 6] = ["llama", "qwen2", "mistral", "qwen3", "qwen3-moe", "gemma3"];
+const MODELS: [&str; 9] = [
+    "llama",
+    "qwen2",
+    "mistral",
+    "qwen3",
+    "qwen3-moe",
+    "gemma3",
+    "phi3",
+    "smollm3",
+    "gemma2",
+];
 const MIN_COMPARED: usize = 8;
 
 fn model(name: &str) -> PathBuf {

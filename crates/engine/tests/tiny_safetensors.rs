@@ -12,7 +12,8 @@
 //! the experts as 3-D `ffn_*_exps` tensors. An f32 Mistral whose every layer attends to
 //! its last 8 positions (`sliding_window`, as in Mistral 7B v0.1). An f32 Phi-3 whose
 //! query/key/value and gate/up projections are fused, from safetensors and GGUF. An f32
-//! SmolLM3 whose fourth layer adds no position embedding, from safetensors and GGUF.
+//! SmolLM3 whose fourth layer adds no position embedding, from safetensors and GGUF. An
+//! f32 Gemma 2 (a window in every other layer, capped attention scores and logits).
 
 mod common;
 
@@ -207,4 +208,43 @@ fn tiny_smollm3_reference_depends_on_the_layer_without_rope() {
     );
     println!("tiny-smollm3 with every layer rotating: rel L2 {err:.2e}");
     assert!(err > 1e-2, "{err}");
+}
+
+/// Gemma 2: a window of 8 in layers 0 and 2, scores capped at 2,
+/// logits capped at 8; 2 KV heads for 4 query heads (replicated at TP = 3 and 4).
+#[test]
+fn tiny_gemma2_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-gemma2", tp, 1e-5);
+    }
+}
+
+/// The same weights as llama.cpp writes gemma2 (norms with the 1 added, both caps and the
+/// window in the metadata, every other layer global).
+#[test]
+fn tiny_gemma2_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-gemma2.gguf");
+    for tp in 1..=4 {
+        check_against_transformers("tiny-gemma2", &path, tp, 1e-5);
+    }
+}
+
+/// Without either cap the 60-token case is far from the reference.
+#[test]
+fn tiny_gemma2_reference_depends_on_both_caps() {
+    for cap in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        let dir = edited_copy("tiny-gemma2", |c| c[cap] = serde_json::Value::Null);
+        let reference = read_json(fixtures().join("tiny-gemma2").join("reference.json"));
+        let case = &reference["cases"][2];
+        let mut engine = tessera_engine::Engine::load(
+            &tessera_engine::EngineConfig::new(&dir.0).with_cpu_ranks(1),
+        )
+        .expect("load");
+        let err = rel_l2(
+            &last_logits(&mut engine, &ids(&case["input_ids"])),
+            &floats(&case["last_logits"]),
+        );
+        println!("tiny-gemma2 without {cap}: rel L2 {err:.2e}");
+        assert!(err > 1e-2, "{cap}: {err}");
+    }
 }

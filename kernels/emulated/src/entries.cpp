@@ -16,7 +16,7 @@ using u32 = std::uint32_t;
 #define DECLARE_ATTENTION(NAME, T)                                                          \
     extern "C" void NAME(T*, int, float*, float*, const T*, int, const T*, const T*,        \
                          const u32*, const u32*, const u32*, const u32*, const u32*, int,   \
-                         const u32*, int, int, int, float, int, int);
+                         const u32*, int, int, int, float, int, int, float);
 #define DECLARE_MERGE(NAME, T)                                                              \
     extern "C" void NAME(T*, int, const float*, const float*, const u32*, int, int);
 #define DECLARE_HEAD_DIM(HD)                                                                \

@@ -277,6 +277,15 @@ pub fn rope_write_kv<T: Element>(
     unsafe { launch(&name, shape, &args) }
 }
 
+/// How one attention call scores keys: `q · k · scale`, capped to `softcap · tanh(s /
+/// softcap)` where set, over the last `window` positions where set.
+#[derive(Debug, Clone, Copy)]
+pub struct Scores {
+    pub scale: f32,
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+}
+
 /// Paged attention of every token of the step over its cached context (or its last
 /// `window` positions): `[tokens, num_q_heads * head_dim]`. `qkv` holds the rotated
 /// queries in its first columns.
@@ -286,9 +295,9 @@ pub fn paged_attention<T: Element>(
     v_cache: &[T],
     meta: &StepTables<'_>,
     heads: Heads,
-    scale: f32,
-    window: Option<usize>,
+    scores: Scores,
 ) -> Result<Vec<T>> {
+    let window = scores.window;
     let n = meta.num_tokens();
     let (nq, hd) = (heads.num_q_heads, heads.head_dim);
     at_least(qkv.len(), n * heads.qkv_width(), "qkv")?;
@@ -306,7 +315,7 @@ pub fn paged_attention<T: Element>(
             continue;
         }
         attention_launch(
-            qkv, k_cache, v_cache, meta, heads, scale, window, launch, tile, &mut out,
+            qkv, k_cache, v_cache, meta, heads, scores, launch, tile, &mut out,
         )?;
     }
     Ok(out)
@@ -319,8 +328,7 @@ fn attention_launch<T: Element>(
     v_cache: &[T],
     meta: &StepTables<'_>,
     heads: Heads,
-    scale: f32,
-    window: Option<usize>,
+    scores: Scores,
     launch: &TileLaunch,
     tile: usize,
     out: &mut [T],
@@ -358,9 +366,11 @@ fn attention_launch<T: Element>(
         nq_arg,
         arg_int(heads.num_kv_heads, "KV heads")?,
         arg_int(meta.block_size, "block size")?,
-        KernelArg::F32(scale),
+        KernelArg::F32(scores.scale),
         arg_int(launch.partition_size, "partition size")?,
-        arg_int(window.unwrap_or(0), "window")?,
+        arg_int(scores.window.unwrap_or(0), "window")?,
+        // 0: no cap.
+        KernelArg::F32(scores.softcap.unwrap_or(0.0)),
     ];
     // SAFETY: the tables were checked against the cache, the tiles against the tokens;
     // the partial buffers hold every (tile, head, partition).

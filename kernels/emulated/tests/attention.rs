@@ -1,8 +1,8 @@
 //! The CUDA paged-attention kernels, run on CPU threads, against the host reference:
 //! every head dimension, both 16-bit types, grouped queries, block sizes from 1 to 128,
 //! prefill tiles, chunked prefill over cached blocks, decodes split into partitions and
-//! merged, sliding windows and other score scales. The step's tables and tile plan come
-//! from the engine's own packing (`PackedMeta`).
+//! merged, sliding windows, other score scales and capped scores (Gemma 2). The step's
+//! tables and tile plan come from the engine's own packing (`PackedMeta`).
 
 mod common;
 
@@ -10,7 +10,7 @@ use common::{kv_of_q, rounded, to_f32, Step};
 use half::{bf16, f16};
 use tessera_kernels::gpu::launch::HEAD_DIMS;
 use tessera_kernels::gpu::reference::{self, max_abs_diff, AttentionInput, Lcg};
-use tessera_kernels_emulated::{paged_attention, Element, Heads};
+use tessera_kernels_emulated::{paged_attention, Element, Heads, Scores};
 
 struct Case {
     head_dim: usize,
@@ -20,6 +20,7 @@ struct Case {
     seqs: Vec<(usize, usize)>,
     window: Option<usize>,
     scale: Option<f32>,
+    softcap: Option<f32>,
 }
 
 /// A case's step and random caches and queries, in the element type and as f32.
@@ -52,21 +53,13 @@ fn inputs<T: Element>(c: &Case, rng: &mut Lcg) -> Inputs<T> {
     }
 }
 
-fn kernel<T: Element>(x: &Inputs<T>, scale: f32, window: Option<usize>) -> Vec<f32> {
-    let got = paged_attention(
-        &x.qkv.0,
-        &x.k.0,
-        &x.v.0,
-        &x.step.tables(),
-        x.heads,
-        scale,
-        window,
-    )
-    .expect("the kernel runs");
+fn kernel<T: Element>(x: &Inputs<T>, scores: Scores) -> Vec<f32> {
+    let got = paged_attention(&x.qkv.0, &x.k.0, &x.v.0, &x.step.tables(), x.heads, scores)
+        .expect("the kernel runs");
     to_f32(&got)
 }
 
-fn host<T: Element>(x: &Inputs<T>, scale: f32, window: Option<usize>) -> Vec<f32> {
+fn host<T: Element>(x: &Inputs<T>, scores: Scores) -> Vec<f32> {
     reference::attention(&AttentionInput {
         qkv: &x.qkv.1,
         k_cache: &x.k.1,
@@ -76,16 +69,21 @@ fn host<T: Element>(x: &Inputs<T>, scale: f32, window: Option<usize>) -> Vec<f32
         num_kv_heads: x.heads.num_kv_heads,
         head_dim: x.heads.head_dim,
         block_size: x.step.block_size,
-        window,
-        scale,
+        window: scores.window,
+        scale: scores.scale,
+        softcap: scores.softcap,
     })
 }
 
 /// Max |error| against the reference, and the decode launch's partitions.
 fn run<T: Element>(c: &Case, rng: &mut Lcg) -> (f32, usize) {
     let x = inputs::<T>(c, rng);
-    let scale = c.scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());
-    let err = max_abs_diff(&kernel(&x, scale, c.window), &host(&x, scale, c.window));
+    let scores = Scores {
+        scale: c.scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
+        window: c.window,
+        softcap: c.softcap,
+    };
+    let err = max_abs_diff(&kernel(&x, scores), &host(&x, scores));
     (err, x.step.meta.plan.decode.partitions)
 }
 
@@ -115,6 +113,7 @@ fn every_head_dim<T: Element>(seed: u64) {
                 seqs: mixed(),
                 window: None,
                 scale: None,
+                softcap: None,
             };
             let (err, parts) = run::<T>(&case, &mut rng);
             assert!(parts > 1, "the long decode is split");
@@ -150,6 +149,7 @@ fn block_sizes_from_one_to_128_over_long_contexts() {
             seqs,
             window: None,
             scale: None,
+            softcap: None,
         };
         let (err, parts) = run::<bf16>(&case, &mut rng);
         assert_eq!(parts, 1);
@@ -165,6 +165,7 @@ fn block_sizes_from_one_to_128_over_long_contexts() {
             seqs: seqs.clone(),
             window: None,
             scale: None,
+            softcap: None,
         };
         let (err, _) = run::<bf16>(&case, &mut rng);
         assert!(err < 1e-2, "{seqs:?}: max |err| {err:.2e}");
@@ -188,6 +189,7 @@ fn sliding_windows_and_other_scales() {
                 seqs: seqs.clone(),
                 window: Some(window),
                 scale: Some(0.0625),
+                softcap: None,
             };
             let (err, _) = run::<f16>(&case, &mut rng);
             assert!(
@@ -198,10 +200,37 @@ fn sliding_windows_and_other_scales() {
     }
 }
 
+/// Gemma 2's capped scores, with and without its alternating window; scores scaled up
+/// so that the cap bends them.
+#[test]
+fn capped_scores() {
+    let mut rng = Lcg(19);
+    let seqs = vec![(0, 37), (300, 21), (1500, 1), (5, 1)];
+    for window in [None, Some(100)] {
+        for (hd, cap) in [(64, 1.5), (256, 5.0)] {
+            let case = Case {
+                head_dim: hd,
+                num_q_heads: 4,
+                num_kv_heads: 2,
+                block_size: 16,
+                seqs: seqs.clone(),
+                window,
+                scale: Some(0.5),
+                softcap: Some(cap),
+            };
+            let (err, _) = run::<f16>(&case, &mut rng);
+            assert!(
+                err < 2e-3,
+                "window {window:?} hd{hd} cap {cap}: max |err| {err:.2e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_checks_can_fail() {
-    // A kernel that ignored the window, or masked one position too many, would be far
-    // outside the bound the tests above hold it to.
+    // A kernel that ignored the window, or masked one position too many, or ignored the
+    // cap, would be far outside the bound the tests above hold it to.
     let mut rng = Lcg(17);
     let case = Case {
         head_dim: 64,
@@ -211,11 +240,20 @@ fn the_checks_can_fail() {
         seqs: vec![(200, 1), (0, 40)],
         window: Some(8),
         scale: Some(1.0),
+        softcap: None,
     };
     let x = inputs::<f16>(&case, &mut rng);
-    let got = kernel(&x, 1.0, Some(8));
-    assert!(max_abs_diff(&got, &host(&x, 1.0, Some(8))) < 2e-3);
-    assert!(max_abs_diff(&got, &host(&x, 1.0, None)) > 0.05);
-    assert!(max_abs_diff(&got, &host(&x, 1.0, Some(7))) > 0.05);
-    assert!(max_abs_diff(&got, &host(&x, 1.0, Some(9))) > 0.05);
+    let scores = |window, softcap| Scores {
+        scale: 1.0,
+        window,
+        softcap,
+    };
+    let got = kernel(&x, scores(Some(8), None));
+    assert!(max_abs_diff(&got, &host(&x, scores(Some(8), None))) < 2e-3);
+    assert!(max_abs_diff(&got, &host(&x, scores(None, None))) > 0.05);
+    assert!(max_abs_diff(&got, &host(&x, scores(Some(7), None))) > 0.05);
+    assert!(max_abs_diff(&got, &host(&x, scores(Some(9), None))) > 0.05);
+    let capped = kernel(&x, scores(Some(8), Some(1.0)));
+    assert!(max_abs_diff(&capped, &host(&x, scores(Some(8), Some(1.0)))) < 2e-3);
+    assert!(max_abs_diff(&capped, &host(&x, scores(Some(8), None))) > 0.05);
 }

@@ -100,6 +100,8 @@ pub struct AttentionInput<'a> {
     /// Each token attends to its last `window` positions only.
     pub window: Option<usize>,
     pub scale: f32,
+    /// Scaled scores become `cap · tanh(score / cap)` (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
 /// Causal attention of every token over its sequence's positions `0..=pos` (or its
@@ -130,6 +132,7 @@ pub fn attention(a: &AttentionInput<'_>) -> Vec<f32> {
                             .sum::<f32>()
                             * a.scale
                     })
+                    .map(|x| a.softcap.map_or(x, |cap| cap * (x / cap).tanh()))
                     .collect();
                 let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let w: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();

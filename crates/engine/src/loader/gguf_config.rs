@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::config::{
-    every_nth_layer, gemma3_sliding_layers, gguf_rope_style, Activation, ExpertNames, ModelConfig,
-    MoeConfig, MoeFields, RopeScaling, SlidingWindow, GEMMA3_SLIDING_PATTERN,
-    SMOLLM3_NOPE_INTERVAL,
+    every_nth_layer, gemma_sliding_layers, gguf_rope_style, Activation, ExpertNames, ModelConfig,
+    MoeConfig, MoeFields, RopeScaling, SlidingWindow, GEMMA2_SLIDING_PATTERN,
+    GEMMA3_SLIDING_PATTERN, SMOLLM3_NOPE_INTERVAL,
 };
 use crate::error::{EngineError, Result};
 
@@ -40,18 +40,62 @@ fn meta_f32(md: &HashMap<String, Value>, key: &str) -> Result<f32> {
         .map_err(|e| EngineError::Config(format!("metadata '{key}': {e}")))
 }
 
-/// Gemma 3 as llama.cpp writes and reads it: norm weights with the 1 already added,
-/// embeddings scaled by √hidden, GELU (tanh) MLP, per-head q/k norms, and every sixth layer
-/// global, the others sliding-window layers with a RoPE base of 10000.
-fn gemma3_config(md: &HashMap<String, Value>, mut config: ModelConfig) -> Result<ModelConfig> {
-    let window = meta_usize(md, "gemma3.attention.sliding_window")?;
-    config.set_gemma3_layers(SlidingWindow {
-        window,
-        layers: gemma3_sliding_layers(config.num_layers, GEMMA3_SLIDING_PATTERN),
-        rope_theta: GEMMA3_SLIDING_ROPE_THETA,
-        // As in llama.cpp, the file's scaling is the global layers'.
-        rope_scaling: RopeScaling::None,
-    });
+/// Gemma 2 and 3 as llama.cpp writes and reads them: norm weights with the 1 already
+/// added, embeddings scaled by √hidden, GELU (tanh) MLP; Gemma 3 with per-head q/k norms
+/// and every sixth layer global, the others sliding-window layers with a RoPE base of
+/// 10000; Gemma 2 with every other layer global, all at the file's base, and its caps on
+/// attention scores and final logits (llama.cpp's defaults, 50 and 30, where absent).
+fn gemma_config(
+    md: &HashMap<String, Value>,
+    arch: &str,
+    mut config: ModelConfig,
+) -> Result<ModelConfig> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let window = meta_usize(md, &key("attention.sliding_window"))?;
+    let gemma2 = arch == "gemma2";
+    if gemma2 {
+        for (k, default, slot) in [
+            (
+                "attn_logit_softcapping",
+                50.0,
+                &mut config.attn_logit_softcapping,
+            ),
+            (
+                "final_logit_softcapping",
+                30.0,
+                &mut config.final_logit_softcapping,
+            ),
+        ] {
+            let cap = match md.contains_key(&key(k)) {
+                true => meta_f32(md, &key(k))?,
+                false => default,
+            };
+            *slot = (cap != 0.0).then_some(cap);
+        }
+    }
+    // llama.cpp knows the 27B models by their layer count and scales their scores by
+    // 1/√(hidden / heads), their query_pre_attn_scalar, instead of 1/√head_dim.
+    if (gemma2 && config.num_layers == 46) || (arch == "gemma3" && config.num_layers == 62) {
+        config.attention_scale =
+            Some(1.0 / ((config.hidden_size / config.num_heads.max(1)) as f32).sqrt());
+    }
+    let sliding = if gemma2 {
+        SlidingWindow {
+            window,
+            layers: gemma_sliding_layers(config.num_layers, GEMMA2_SLIDING_PATTERN),
+            rope_theta: config.rope_theta,
+            rope_scaling: config.rope_scaling.clone(),
+        }
+    } else {
+        SlidingWindow {
+            window,
+            layers: gemma_sliding_layers(config.num_layers, GEMMA3_SLIDING_PATTERN),
+            rope_theta: GEMMA3_SLIDING_ROPE_THETA,
+            // As in llama.cpp, the file's scaling is the global layers'.
+            rope_scaling: RopeScaling::None,
+        }
+    };
+    config.set_gemma_layers(sliding);
     Ok(config)
 }
 
@@ -242,6 +286,8 @@ pub(crate) fn config_from_content(
         norm_weight_offset: 0.0,
         embed_scale: None,
         attention_scale: None,
+        attn_logit_softcapping: None,
+        final_logit_softcapping: None,
         activation: Activation::Silu,
         sliding_window: None,
         nope_layers: if arch == "smollm3" {
@@ -252,8 +298,8 @@ pub(crate) fn config_from_content(
         tie_word_embeddings: false,
         moe,
     };
-    let config = if arch == "gemma3" {
-        gemma3_config(md, config)?
+    let config = if matches!(arch.as_str(), "gemma2" | "gemma3") {
+        gemma_config(md, &arch, config)?
     } else {
         config
     };

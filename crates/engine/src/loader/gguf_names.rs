@@ -73,7 +73,7 @@ fn expert_location(canonical: &str) -> Option<GgufLocation> {
     })
 }
 
-/// Where `canonical` lives in a GGUF file of architecture `arch`: gemma's layers have
+/// Where `canonical` lives in a GGUF file of architecture `arch`: gemma's (2 and 3) layers have
 /// four norms, and its `post_attention_layernorm` is the one after attention, not the
 /// MLP's input norm that llama's name means. A phi3 file's `ffn_up` holds the gate rows
 /// and then the up rows (Phi-3's `gate_up_proj`), so it answers for that name only.
@@ -99,7 +99,7 @@ pub(crate) fn locate(arch: &str, canonical: &str) -> Result<GgufLocation> {
             return Err(EngineError::MissingTensor(canonical.to_string()));
         }
     }
-    let gemma = if arch == "gemma3" {
+    let gemma = if matches!(arch, "gemma2" | "gemma3") {
         canonical
             .strip_prefix("model.layers.")
             .and_then(|rest| rest.split_once('.'))

@@ -482,6 +482,7 @@ impl LlamaShard {
                 .attention_scale
                 .unwrap_or(1.0 / (hd as f32).sqrt()),
             window: None,
+            softcap: self.config.attn_logit_softcapping,
         };
         let sliding = AttentionShape {
             window: self.config.sliding_window.as_ref().map(|sw| sw.window),
@@ -554,7 +555,16 @@ impl LlamaShard {
         let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
         let last = x.index_select(&rows, 0)?;
         let last = cpu_ops::rms_norm(&last, &self.norm, eps)?;
-        let logits = self.lm_head.forward(&last)?;
+        let logits = softcap_logits(self.lm_head.forward(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
     }
+}
+
+/// Gemma 2's final logits, `cap · tanh(logit / cap)`, on this rank's slice of the
+/// vocabulary (element by element, so before the gather as after it).
+pub(crate) fn softcap_logits(logits: Tensor, config: &ModelConfig) -> Result<Tensor> {
+    Ok(match config.final_logit_softcapping {
+        Some(cap) => ((logits / f64::from(cap))?.tanh()? * f64::from(cap))?,
+        None => logits,
+    })
 }

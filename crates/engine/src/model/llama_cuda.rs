@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::LlamaShard;
+use super::{softcap_logits, LlamaShard};
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
 use crate::model::cuda::buffers::Gpu;
@@ -186,6 +186,7 @@ impl LlamaShard {
                     .then(|| self.config.sliding_window.as_ref().map(|sw| sw.window))
                     .flatten(),
                 scale,
+                softcap: self.config.attn_logit_softcapping,
             };
             let attn = kernels::paged_attention(
                 gpu_dev,
@@ -244,7 +245,7 @@ impl LlamaShard {
         let last = x.index_select(&rows, 0)?;
         let last = candle_nn::ops::rms_norm(&last.contiguous()?, &self.norm, eps)?
             .to_dtype(kernels::candle_dtype(ACTIVATIONS))?;
-        let logits = self.lm_head.forward_f32(&last)?;
+        let logits = softcap_logits(self.lm_head.forward_f32(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
     }
 }

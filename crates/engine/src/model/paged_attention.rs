@@ -45,6 +45,8 @@ pub struct AttentionShape<'a> {
     pub scale: f32,
     /// Sliding-window layers: a token attends to its last `window` positions only.
     pub window: Option<usize>,
+    /// Scaled scores become `cap · tanh(score / cap)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
 /// The local query heads that read one local KV head.
@@ -126,6 +128,7 @@ pub fn attend(
                 positions: positions.clone(),
                 first_visible: window_start(batch.positions[*t] + 1, shape.window),
                 scale: shape.scale,
+                softcap: shape.softcap,
             };
             // The scores buffer leaves the thread-local for the call: a closure run by
             // `LocalKey::with` would be compiled outside the vector build below.
@@ -210,6 +213,7 @@ struct Group<'a> {
     /// Positions before this one are outside the token's sliding window: weight 0.
     first_visible: usize,
     scale: f32,
+    softcap: Option<f32>,
 }
 
 simd_dispatch! {
@@ -282,11 +286,18 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
     for (h, row) in scores.chunks_exact_mut(len).enumerate() {
         let (masked, row) = row.split_at_mut(hidden);
         masked.fill(0.0);
-        let max = row
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, s| m.max(*s * group.scale));
+        // A capped score is scaled before the cap, so the softmax takes it as it is.
+        let scale = match group.softcap {
+            Some(cap) => {
+                row.iter_mut()
+                    .for_each(|s| *s = cap * (*s * group.scale / cap).tanh());
+                1.0
+            }
+            None => group.scale,
+        };
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s * scale));
         row.iter_mut()
-            .for_each(|s| *s = exp_nonpositive(*s * group.scale - max));
+            .for_each(|s| *s = exp_nonpositive(*s * scale - max));
         out[h] = max;
         out[nh + h] = sum(row);
     }
@@ -415,11 +426,19 @@ mod tests {
     use super::*;
     use crate::model::batch::BatchSeq;
 
-    /// Reference: plain softmax attention over contiguous K/V.
-    fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32) -> Vec<f32> {
+    /// Reference: plain softmax attention over contiguous K/V, scores capped where
+    /// `softcap` is set.
+    fn reference(
+        q: &[f32],
+        k: &[Vec<f32>],
+        v: &[Vec<f32>],
+        scale: f32,
+        softcap: Option<f32>,
+    ) -> Vec<f32> {
         let s: Vec<f32> = k
             .iter()
             .map(|kk| q.iter().zip(kk).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .map(|x| softcap.map_or(x, |cap| cap * (x / cap).tanh()))
             .collect();
         let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
@@ -441,11 +460,19 @@ mod tests {
         // Small sizes take the general loops; heads of 64, 128 and 256 in blocks of 16
         // the register-resident ones.
         for (hd, bs) in [(8, 4), (64, KEY_LANES), (128, KEY_LANES), (256, KEY_LANES)] {
-            scattered_blocks_case(hd, bs);
+            scattered_blocks_case(hd, bs, None);
         }
     }
 
-    fn scattered_blocks_case(hd: usize, bs: usize) {
+    /// Gemma 2's capped scores (a cap low enough to bend most of them).
+    #[test]
+    fn capped_scores_match_the_reference() {
+        for (hd, bs) in [(8, 4), (64, KEY_LANES)] {
+            scattered_blocks_case(hd, bs, Some(0.5));
+        }
+    }
+
+    fn scattered_blocks_case(hd: usize, bs: usize, softcap: Option<f32>) {
         let nkv = 3;
         let mut cache = KvCache::new(1, 8, bs, nkv, hd);
         // A sequence stored in blocks 5, 1, 6, 2, 7, 0 (out of order on purpose), the last
@@ -495,8 +522,10 @@ mod tests {
                 groups: &query_groups(&kv_of_q),
                 scale: 0.35,
                 window: None,
+                softcap,
             },
         );
+        let mut cap_moved = 0f32;
         for t in 0..n {
             for h in 0..nq {
                 let kvh = kv_of_q[h];
@@ -506,12 +535,22 @@ mod tests {
                 let vs: Vec<Vec<f32>> = (0..=t)
                     .map(|p| v[(p * nkv + kvh) * hd..(p * nkv + kvh + 1) * hd].to_vec())
                     .collect();
-                let want = reference(&q[(t * nq + h) * hd..(t * nq + h + 1) * hd], &ks, &vs, 0.35);
+                let q = &q[(t * nq + h) * hd..(t * nq + h + 1) * hd];
+                let want = reference(q, &ks, &vs, 0.35, softcap);
+                if softcap.is_some() {
+                    let uncapped = reference(q, &ks, &vs, 0.35, None);
+                    cap_moved = want
+                        .iter()
+                        .zip(&uncapped)
+                        .fold(cap_moved, |m, (a, b)| m.max((a - b).abs()));
+                }
                 let got = &out[(t * nq + h) * hd..(t * nq + h + 1) * hd];
                 for (a, b) in got.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-5, "t={t} h={h}: {a} vs {b}");
                 }
             }
         }
+        // The cap changes the result.
+        assert!(softcap.is_none() || cap_moved > 1e-2, "{cap_moved}");
     }
 }

@@ -58,6 +58,8 @@ struct AttentionCase {
     window: Option<usize>,
     /// Score scale; 1/√head_dim when `None`.
     scale: Option<f32>,
+    /// Gemma 2's cap on scaled scores.
+    softcap: Option<f32>,
 }
 
 /// Runs one case; returns (max |error|, partitions of the decode launch).
@@ -98,6 +100,7 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         LayerAttention {
             window: c.window,
             scale: c.scale.unwrap_or(1.0 / (hd as f32).sqrt()),
+            softcap: c.softcap,
         },
     )
     .expect("attention");
@@ -112,6 +115,7 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         block_size: bs,
         window: c.window,
         scale: c.scale.unwrap_or(1.0 / (hd as f32).sqrt()),
+        softcap: c.softcap,
     });
     (max_abs_diff(&download(&out), &want), parts)
 }
@@ -137,6 +141,7 @@ fn paged_attention_matches_the_reference() {
                     seqs: mixed.clone(),
                     window: None,
                     scale: None,
+                    softcap: None,
                 };
                 let (err, parts) = attention_case(&case, &device, &mut rng);
                 check(
@@ -169,6 +174,7 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
             seqs,
             window: None,
             scale: None,
+            softcap: None,
         };
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
@@ -190,6 +196,7 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
             seqs: seqs.clone(),
             window: None,
             scale: None,
+            softcap: None,
         };
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
@@ -222,6 +229,7 @@ fn paged_attention_honours_a_sliding_window() {
                     seqs: mixed.clone(),
                     window: Some(window),
                     scale: Some(0.0625),
+                    softcap: None,
                 };
                 let (err, parts) = attention_case(&case, &device, &mut rng);
                 check(
@@ -234,6 +242,36 @@ fn paged_attention_honours_a_sliding_window() {
                     err < bound,
                 );
             }
+        }
+    }
+}
+
+/// Gemma 2: scaled scores capped by `cap · tanh(s / cap)`, with and without a window.
+#[test]
+fn paged_attention_caps_scores() {
+    let device = gpu();
+    let mut rng = Lcg(19);
+    let mixed = vec![(0, 37), (300, 21), (1500, 1), (5, 1)];
+    for window in [None, Some(100)] {
+        for (hd, cap) in [(64, 1.5), (256, 5.0)] {
+            let case = AttentionCase {
+                dtype: KvDtype::F16,
+                head_dim: hd,
+                num_q_heads: 4,
+                num_kv_heads: 2,
+                block_size: 16,
+                seqs: mixed.clone(),
+                window,
+                scale: Some(0.5),
+                softcap: Some(cap),
+            };
+            let (err, parts) = attention_case(&case, &device, &mut rng);
+            check(
+                &format!("attention f16 hd{hd}, score cap {cap}, window {window:?}"),
+                format!("max |err| {err:.2e} ({parts} decode partitions)"),
+                "< 2e-3".into(),
+                err < 2e-3,
+            );
         }
     }
 }

@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 11] = [
+const MODELS: [&str; 12] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -57,6 +57,7 @@ const MODELS: [&str; 11] = [
     "tiny-gemma3-linear",
     "tiny-phi3",
     "tiny-smollm3",
+    "tiny-gemma2",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that

@@ -132,6 +132,8 @@ pub struct LayerAttention {
     pub window: Option<usize>,
     /// Scores are `q · k · scale` (1/√head_dim unless the model says otherwise).
     pub scale: f32,
+    /// Scores become `cap · tanh(score / cap)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
 /// Attention of every token of the step over its sequence's cached context, or over its
@@ -185,6 +187,8 @@ pub fn paged_attention(
         scale: KernelArg::F32(layer.scale),
         // 0: the whole context.
         window: i32_of(layer.window.unwrap_or(0), "attention window")?,
+        // 0: no cap.
+        softcap: KernelArg::F32(layer.softcap.unwrap_or(0.0)),
     };
     // A sliding layer's decode partitions split its window, not the whole context.
     let decode = match layer.window {
@@ -227,6 +231,7 @@ struct AttentionArgs {
     block_size: KernelArg,
     scale: KernelArg,
     window: KernelArg,
+    softcap: KernelArg,
 }
 
 fn launch_tiles(
@@ -273,6 +278,7 @@ fn launch_tiles(
         a.scale,
         i32_of(launch.partition_size, "partition size")?,
         a.window,
+        a.softcap,
     ];
     // SAFETY: the arguments match attention.cu's signature; tiles, positions, block
     // tables and kv_of_q come from `StepMeta`, which checks them against the cache.
