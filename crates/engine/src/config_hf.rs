@@ -402,25 +402,29 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn read(json: serde_json::Value) -> Result<ModelConfig> {
-        serde_json::from_value::<HfConfig>(json)
+    /// The config.json `base` with the keys of `extra` added or replaced, read as
+    /// Tessera reads it.
+    fn read(mut base: serde_json::Value, extra: serde_json::Value) -> Result<ModelConfig> {
+        if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        serde_json::from_value::<HfConfig>(base)
             .map_err(|e| EngineError::Config(e.to_string()))?
             .into_model_config()
     }
 
     /// Phi-3-mini-4k's shape: a window of 2047 positions in every layer.
     fn phi3(extra: serde_json::Value) -> Result<ModelConfig> {
-        let mut base = json!({
-            "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 32064,
-            "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
-            "num_attention_heads": 32, "num_key_value_heads": 32,
-            "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
-            "rope_theta": 10000.0, "rope_scaling": null, "sliding_window": 2047,
-        });
-        if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
-            b.extend(e.clone());
-        }
-        read(base)
+        read(
+            json!({
+                "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 32064,
+                "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 32,
+                "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+                "rope_theta": 10000.0, "rope_scaling": null, "sliding_window": 2047,
+            }),
+            extra,
+        )
     }
 
     #[test]
@@ -445,14 +449,13 @@ mod tests {
     #[test]
     fn smollm3_layers_without_rope() -> Result<()> {
         let smollm3 = |extra: serde_json::Value| {
-            let mut base = json!({
-                "model_type": "smollm3", "vocab_size": 512, "hidden_size": 64,
-                "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4,
-            });
-            if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
-                b.extend(e.clone());
-            }
-            read(base)
+            read(
+                json!({
+                    "model_type": "smollm3", "vocab_size": 512, "hidden_size": 64,
+                    "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4,
+                }),
+                extra,
+            )
         };
         let every_fourth = [false, false, false, true, false, false, false, true];
         let c = smollm3(json!({}))?;
@@ -474,15 +477,14 @@ mod tests {
     #[test]
     fn gemma2_caps_alternate_windows_and_gemma3_refuses_caps() -> Result<()> {
         let gemma = |model_type: &str, extra: serde_json::Value| {
-            let mut base = json!({
-                "model_type": model_type, "vocab_size": 512, "hidden_size": 64,
-                "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 8,
-            });
-            if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
-                b.extend(e.clone());
-            }
-            read(base)
+            read(
+                json!({
+                    "model_type": model_type, "vocab_size": 512, "hidden_size": 64,
+                    "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 8,
+                }),
+                extra,
+            )
         };
         // Absent: transformers' defaults.
         let c = gemma("gemma2", json!({}))?;
@@ -514,14 +516,13 @@ mod tests {
     #[test]
     fn rope_parameters_and_rope_scaling_are_both_read() -> Result<()> {
         let llama = |extra: serde_json::Value| {
-            let mut base = json!({
-                "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
-                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            });
-            if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
-                b.extend(e.clone());
-            }
-            read(base)
+            read(
+                json!({
+                    "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
+                    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                }),
+                extra,
+            )
         };
         let v5 = llama(
             json!({"rope_parameters": {"rope_type": "linear", "factor": 2.0,

@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::*;
 use tessera_engine::{Engine, EngineConfig};
 
@@ -22,19 +20,6 @@ fn check_gguf(model: &str) {
     for tp in 1..=4 {
         check_against_transformers(model, &path, tp, 1e-5);
     }
-}
-
-/// The relative L2 distance from the reference's 60-token case of `model` loaded from
-/// `path`.
-fn long_case_error(model: &str, path: &Path) -> f32 {
-    let reference = read_json(fixtures().join(model).join("reference.json"));
-    let case = &reference["cases"][2];
-    assert_eq!(case["name"], "len60");
-    let mut engine = Engine::load(&EngineConfig::new(path).with_cpu_ranks(1)).expect("load");
-    rel_l2(
-        &last_logits(&mut engine, &ids(&case["input_ids"])),
-        &floats(&case["last_logits"]),
-    )
 }
 
 /// With its scaling changed by `edit` (removed, or put where it does not belong) a model

@@ -197,21 +197,13 @@ fn tiny_smollm3_reference_depends_on_the_layer_without_rope() {
     let dir = edited_copy("tiny-smollm3", |c| {
         c["no_rope_layers"] = serde_json::json!([1, 1, 1, 1, 1])
     });
-    let reference = read_json(fixtures().join("tiny-smollm3").join("reference.json"));
-    let case = &reference["cases"][2];
-    let mut engine =
-        tessera_engine::Engine::load(&tessera_engine::EngineConfig::new(&dir.0).with_cpu_ranks(1))
-            .expect("load");
-    let err = rel_l2(
-        &last_logits(&mut engine, &ids(&case["input_ids"])),
-        &floats(&case["last_logits"]),
-    );
+    let err = long_case_error("tiny-smollm3", &dir.0);
     println!("tiny-smollm3 with every layer rotating: rel L2 {err:.2e}");
     assert!(err > 1e-2, "{err}");
 }
 
-/// Gemma 2: a window of 8 in layers 0 and 2, scores capped at 2,
-/// logits capped at 8; 2 KV heads for 4 query heads (replicated at TP = 3 and 4).
+/// Gemma 2: a window of 8 in layers 0 and 2, scores capped at 2, logits capped at 8; 2
+/// KV heads for 4 query heads (replicated at TP = 3 and 4).
 #[test]
 fn tiny_gemma2_matches_transformers_at_every_tp_size() {
     for tp in 1..=4 {
@@ -234,16 +226,7 @@ fn tiny_gemma2_gguf_matches_transformers_at_every_tp_size() {
 fn tiny_gemma2_reference_depends_on_both_caps() {
     for cap in ["attn_logit_softcapping", "final_logit_softcapping"] {
         let dir = edited_copy("tiny-gemma2", |c| c[cap] = serde_json::Value::Null);
-        let reference = read_json(fixtures().join("tiny-gemma2").join("reference.json"));
-        let case = &reference["cases"][2];
-        let mut engine = tessera_engine::Engine::load(
-            &tessera_engine::EngineConfig::new(&dir.0).with_cpu_ranks(1),
-        )
-        .expect("load");
-        let err = rel_l2(
-            &last_logits(&mut engine, &ids(&case["input_ids"])),
-            &floats(&case["last_logits"]),
-        );
+        let err = long_case_error("tiny-gemma2", &dir.0);
         println!("tiny-gemma2 without {cap}: rel L2 {err:.2e}");
         assert!(err > 1e-2, "{cap}: {err}");
     }

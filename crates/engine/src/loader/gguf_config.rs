@@ -306,3 +306,77 @@ pub(crate) fn config_from_content(
     config.validate()?;
     Ok(config)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::gguf_file::VersionedMagic;
+
+    /// A gemma file's metadata: `layers` layers of hidden 5376 over 32 heads of 128 (Gemma
+    /// 3 27B's shape; hidden / heads is 168).
+    fn gemma(arch: &str, layers: u32) -> Content {
+        let key = |k: &str| format!("{arch}.{k}");
+        let metadata = [
+            (key("embedding_length"), Value::U32(5376)),
+            (key("feed_forward_length"), Value::U32(21504)),
+            (key("block_count"), Value::U32(layers)),
+            (key("attention.head_count"), Value::U32(32)),
+            (key("attention.head_count_kv"), Value::U32(16)),
+            (key("attention.key_length"), Value::U32(128)),
+            (key("attention.sliding_window"), Value::U32(1024)),
+            (key("vocab_size"), Value::U32(262144)),
+            (
+                "general.architecture".to_string(),
+                Value::String(arch.into()),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        Content {
+            magic: VersionedMagic::GgufV3,
+            metadata,
+            tensor_infos: HashMap::new(),
+            tensor_data_offset: 0,
+        }
+    }
+
+    #[test]
+    fn gemma_27b_files_scale_scores_by_hidden_over_heads_as_llama_cpp() -> Result<()> {
+        let by_hidden = Some(1.0 / 168f32.sqrt());
+        assert_eq!(
+            config_from_content(&gemma("gemma3", 62), None)?.attention_scale,
+            by_hidden
+        );
+        assert_eq!(
+            config_from_content(&gemma("gemma2", 46), None)?.attention_scale,
+            by_hidden
+        );
+        // Other sizes: 1/√head_dim.
+        assert_eq!(
+            config_from_content(&gemma("gemma3", 34), None)?.attention_scale,
+            None
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn gemma2_files_cap_at_llama_cpp_defaults_unless_they_say() -> Result<()> {
+        let c = config_from_content(&gemma("gemma2", 26), None)?;
+        assert_eq!(
+            (c.attn_logit_softcapping, c.final_logit_softcapping),
+            (Some(50.0), Some(30.0))
+        );
+        assert!(!c.qk_norm);
+        assert_eq!(
+            c.sliding_window.map(|w| w.layers[..4].to_vec()),
+            Some(vec![true, false, true, false])
+        );
+        let mut file = gemma("gemma2", 26);
+        file.metadata
+            .insert("gemma2.final_logit_softcapping".into(), Value::F32(0.0));
+        let c = config_from_content(&file, None)?;
+        assert_eq!(c.final_logit_softcapping, None);
+        assert!(config_from_content(&gemma("gemma3", 26), None)?.qk_norm);
+        Ok(())
+    }
+}

@@ -413,3 +413,16 @@ pub fn edited_copy(model: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Te
     std::fs::write(&config_path, config.to_string()).expect("write config");
     dir
 }
+
+/// The relative L2 distance from the reference's 60-token case of `model` loaded from
+/// `path`.
+pub fn long_case_error(model: &str, path: &std::path::Path) -> f32 {
+    let reference = read_json(fixtures().join(model).join("reference.json"));
+    let case = &reference["cases"][2];
+    assert_eq!(case["name"], "len60");
+    let mut engine = Engine::load(&EngineConfig::new(path).with_cpu_ranks(1)).expect("load");
+    rel_l2(
+        &last_logits(&mut engine, &ids(&case["input_ids"])),
+        &floats(&case["last_logits"]),
+    )
+}
