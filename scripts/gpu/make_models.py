@@ -20,12 +20,12 @@ from a fixed seed
                256 (replicated under TP), untied LM head (a tied one repeats the last
                token of these random weights)
   phi3/        Phi3ForCausalLM, bf16: query/key/value rows fused in qkv_proj and gate/up
-               rows in gate_up_proj, 8 query heads / 2 KV heads of 64, untied LM head
+               rows in gate_up_proj, 6 query heads / 2 KV heads of 64, untied LM head
   smollm3/     SmolLM3ForCausalLM, bf16: 4 layers, the fourth without RoPE, 8 query heads
                / 2 KV heads of 64, untied LM head
   gemma2/      Gemma2ForCausalLM, bf16: a window of 48 in every other layer, attention
-               scores capped at 5 and logits at 10 (low enough to bend), 4 query heads /
-               2 KV heads of 128, untied LM head
+               scores capped at 5 (low enough to bend) and logits at 30 (as shipped), 6
+               query heads / 2 KV heads of 64, untied LM head
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -151,7 +151,13 @@ def init_routers(model, seed):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
 
 
+# The models to make (python3 make_models.py OUT [NAME...]); all when none are named.
+ONLY = set(sys.argv[2:])
+
+
 def build(out, name, cls, config, tok, with_reference=True):
+    if ONLY and name not in ONLY:
+        return
     path = os.path.join(out, name)
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
@@ -211,14 +217,14 @@ def main():
         query_pre_attn_scalar=256, tie_word_embeddings=False, vocab_size=vocab, rms_norm_eps=1e-6,
         max_position_embeddings=2048, bos_token_id=None, eos_token_id=eos), tok)
     build(out, "phi3", Phi3ForCausalLM, Phi3Config(
-        hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
-        num_attention_heads=8, num_key_value_heads=2, sliding_window=None,
+        hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=6, num_key_value_heads=2, sliding_window=None,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=False, pad_token_id=None, **common), tok)
     build(out, "gemma2", Gemma2ForCausalLM, Gemma2Config(
-        hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=128, sliding_window=48,
-        query_pre_attn_scalar=128, attn_logit_softcapping=5.0, final_logit_softcapping=10.0,
+        hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=64, sliding_window=48,
+        query_pre_attn_scalar=64, attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=False, vocab_size=vocab, rms_norm_eps=1e-6,
         max_position_embeddings=2048, bos_token_id=None, eos_token_id=eos, pad_token_id=None),

@@ -32,6 +32,18 @@ const MODELS: [&str; 9] = [
 ];
 const MIN_COMPARED: usize = 8;
 
+/// Whether to check model `name`: `TESSERA_PREFLIGHT_MODELS` (comma-separated names)
+/// narrows the checks, e.g. to the models a change touched.
+fn selected(name: &str) -> bool {
+    let only = std::env::var("TESSERA_PREFLIGHT_MODELS").unwrap_or_default();
+    only.is_empty() || only.split(',').any(|o| o.trim() == name)
+}
+
+/// The dense models to check.
+fn models() -> Vec<&'static str> {
+    MODELS.into_iter().filter(|m| selected(m)).collect()
+}
+
 fn model(name: &str) -> PathBuf {
     let dir = std::env::var("TESSERA_GPU_MODELS")
         .expect("TESSERA_GPU_MODELS: the folder scripts/gpu/make_models.py wrote");
@@ -48,7 +60,7 @@ fn engine(path: &Path, ranks: usize, emulate_gpu: bool) -> Engine {
 #[test]
 #[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
 fn gpu_path_logits_match_cpu_and_transformers() {
-    for name in MODELS {
+    for name in models() {
         let dir = model(name);
         let (mut cpu, mut gpu) = (engine(&dir, 1, false), engine(&dir, 1, true));
         let reference = read_json(dir.join("reference.json"));
@@ -74,7 +86,7 @@ fn gpu_path_logits_match_cpu_and_transformers() {
 #[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
 fn gpu_path_greedy_text_equals_the_cpu_engine() {
     let margin = 0.1;
-    for name in MODELS {
+    for name in models() {
         let dir = model(name);
         let (mut cpu, mut gpu) = (engine(&dir, 1, false), engine(&dir, 1, true));
         let mut compared = 0;
@@ -105,7 +117,7 @@ fn gpu_path_greedy_text_equals_the_cpu_engine() {
 #[test]
 #[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
 fn gpu_path_tensor_parallel_equals_tp1() {
-    for name in MODELS {
+    for name in models() {
         let dir = model(name);
         let mut tp1 = engine(&dir, 1, true);
         let prompt = gpu_check_prompts(&dir, tp1.model_config().vocab_size).swap_remove(1);
@@ -128,7 +140,7 @@ fn gpu_path_tensor_parallel_equals_tp1() {
 #[test]
 #[ignore = "needs the GPU checks' models: scripts/gpu-preflight"]
 fn gpu_path_gguf_logits_match_cpu_and_tensor_parallel_keeps_the_distance() {
-    for name in GGUF_CHECK_MODELS {
+    for name in GGUF_CHECK_MODELS.into_iter().filter(|m| selected(m)) {
         let dir = model(name);
         for (dtype, tag) in GGUF_CHECK_FORMATS {
             let file = check_gguf(&dir, dtype, tag);
