@@ -5,6 +5,7 @@
 //! the tensor-parallel split then treats the parts as it treats separate tensors.
 
 use std::ops::Range;
+use std::sync::Mutex;
 
 use candle_core::Tensor;
 
@@ -16,11 +17,29 @@ use crate::loader::{Embedding, Matrix, TensorSource};
 /// a fused tensor where the file has no separate one.
 pub(crate) struct FusedProjections {
     inner: Box<dyn TensorSource>,
+    /// The fused matrix read last: the loader asks for its parts one after the other,
+    /// so each fused tensor is read from the file once, not once per part.
+    last: Mutex<Option<(String, Matrix)>>,
 }
 
 impl FusedProjections {
     pub(crate) fn new(inner: Box<dyn TensorSource>) -> Self {
-        Self { inner }
+        Self {
+            inner,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The fused matrix `name`, from the last read when it was this one.
+    fn fused_matrix(&self, name: &str) -> Result<Matrix> {
+        // A poisoned lock only means a read panicked; the cache is then just empty.
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, matrix)) = last.as_ref().filter(|(n, _)| n == name) {
+            return Ok(matrix.clone());
+        }
+        let matrix = self.inner.matrix(name)?;
+        *last = Some((name.to_string(), matrix.clone()));
+        Ok(matrix)
     }
 
     /// The fused tensor holding `name`, with the rows of `name` in it and the fused
@@ -67,7 +86,7 @@ impl TensorSource for FusedProjections {
         let Some((fused, rows, total)) = self.fused(name) else {
             return self.inner.matrix(name);
         };
-        let matrix = self.inner.matrix(&fused)?;
+        let matrix = self.fused_matrix(&fused)?;
         let (found_rows, cols) = matrix.dims()?;
         if found_rows != total {
             return Err(EngineError::ShapeMismatch {
