@@ -26,6 +26,12 @@ from a fixed seed
   gemma2/      Gemma2ForCausalLM, bf16: a window of 48 in every other layer, attention
                scores capped at 5 (low enough to bend) and logits at 30 (as shipped), 6
                query heads / 2 KV heads of 64, untied LM head
+  phi4-mini/   Phi3ForCausalLM, bf16, Phi-4-mini's RoPE: 4 query heads / 2 KV heads of 128
+               of which the first 96 dimensions rotate (partial_rotary_factor 0.75), with
+               LongRoPE factors for those 48 pairs and an attention factor of 1.2; the
+               pretraining context is the whole context (2048), so transformers and
+               Tessera both run the short factors whatever the prompt's length; untied LM
+               head
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -229,6 +235,17 @@ def main():
         tie_word_embeddings=False, vocab_size=vocab, rms_norm_eps=1e-6,
         max_position_embeddings=2048, bos_token_id=None, eos_token_id=eos, pad_token_id=None),
         tok)
+    pairs = 48
+    build(out, "phi4-mini", Phi3ForCausalLM, Phi3Config(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=None,
+        partial_rotary_factor=0.75, original_max_position_embeddings=2048,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.75, "attention_factor": 1.2,
+                         "original_max_position_embeddings": 2048,
+                         "short_factor": [1.0 + 2.0 * (i / pairs) ** 2 for i in range(pairs)],
+                         "long_factor": [1.0 + 30.0 * (i / pairs) ** 2 for i in range(pairs)]},
+        tie_word_embeddings=False, pad_token_id=None, **common), tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,

@@ -17,14 +17,15 @@ mod moe;
 mod rope;
 pub(crate) use hf::HfConfig;
 pub use moe::{ExpertNames, ExpertTensor, MoeConfig, MoeFields};
-pub use rope::{RopeScaling, Yarn};
+pub use rope::{LongRope, RopeFactorTensors, RopeScaling, Yarn};
 
 /// How rotary embeddings pair the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
     /// Pairs `(2i, 2i+1)`: llama GGUF files (their Q/K rows are permuted for it).
     Interleaved,
-    /// Pairs `(i, i + d/2)`: Hugging Face checkpoints and qwen2 GGUF files.
+    /// Pairs `(i, i + d/2)` of the `d` rotated dimensions: Hugging Face checkpoints and
+    /// qwen2 GGUF files.
     Half,
 }
 
@@ -63,6 +64,9 @@ pub struct ModelConfig {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// How many of each head's first dimensions rotate (Phi-4-mini: 96 of 128); the rest
+    /// pass through unrotated. `head_dim` for most models.
+    pub rotary_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f32,
     /// How the rotary frequencies are stretched for long contexts (of the layers that do
@@ -117,6 +121,47 @@ impl ModelConfig {
         self.moe
             .as_ref()
             .is_some_and(|m| m.layers.get(layer).copied().unwrap_or(false))
+    }
+
+    /// The model served with at most `max_len` positions (`--max-model-len`): a context
+    /// beyond the model's own is refused, since its position embeddings were never
+    /// trained there.
+    pub fn limit_context(&mut self, max_len: usize) -> Result<()> {
+        if max_len == 0 || max_len > self.max_position_embeddings {
+            return Err(EngineError::Config(format!(
+                "--max-model-len {max_len} must be between 1 and the model's context of {}",
+                self.max_position_embeddings
+            )));
+        }
+        self.max_position_embeddings = max_len;
+        Ok(())
+    }
+
+    /// For the load log: `base 10000, LongRoPE (...), its long factors (context 131072
+    /// past the 4096 trained), 96 of 128 dimensions rotated` and the like.
+    pub fn rope_summary(&self) -> String {
+        let mut s = format!("base {}, {}", self.rope_theta, self.rope_scaling);
+        if let RopeScaling::LongRope(l) = &self.rope_scaling {
+            let context = self.max_position_embeddings;
+            s += &match l.uses_long_factors(context) {
+                true => format!(
+                    ", its long factors (context {context} past the {} trained)",
+                    l.original_context
+                ),
+                false => format!(
+                    ", its short factors (context {context} within the {} trained; a \
+                     longer --max-model-len takes the long ones)",
+                    l.original_context
+                ),
+            };
+        }
+        if self.rotary_dim != self.head_dim {
+            s += &format!(
+                ", {} of {} dimensions rotated",
+                self.rotary_dim, self.head_dim
+            );
+        }
+        s
     }
 
     /// Query heads that share one KV head.
@@ -195,9 +240,18 @@ impl ModelConfig {
                 return fail(format!("{name} {cap:?} must be positive"));
             }
         }
-        self.rope_scaling.validate(self.head_dim).or_else(fail)?;
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > self.head_dim
+        {
+            return fail(format!(
+                "{} rotated dimensions of a head of {}: they must be even and at most the head",
+                self.rotary_dim, self.head_dim
+            ));
+        }
+        self.rope_scaling.validate(self.rotary_dim).or_else(fail)?;
         if let Some(sw) = &self.sliding_window {
-            sw.rope_scaling.validate(self.head_dim).or_else(fail)?;
+            sw.rope_scaling.validate(self.rotary_dim).or_else(fail)?;
         }
         if let Some(moe) = &self.moe {
             moe.validate(self.num_layers, MAX_WIDTH)?;
@@ -288,6 +342,10 @@ pub struct EngineConfig {
     /// host's).
     #[cfg(feature = "gpu-emulation")]
     pub emulate_gpu: bool,
+    /// The longest sequence (prompt and completion) the engine serves, below the model's
+    /// own context (`--max-model-len`); `None`: the model's. It also sizes the RoPE tables
+    /// and chooses LongRoPE's factors.
+    pub max_model_len: Option<usize>,
 }
 
 impl EngineConfig {
@@ -308,6 +366,7 @@ impl EngineConfig {
             nodes: None,
             #[cfg(feature = "gpu-emulation")]
             emulate_gpu: false,
+            max_model_len: None,
         }
     }
 
@@ -332,6 +391,7 @@ mod tests {
             num_heads: 9,
             num_kv_heads: 3,
             head_dim: 64,
+            rotary_dim: 64,
             rms_norm_eps: 1e-5,
             rope_theta: 100_000.0,
             rope_scaling: RopeScaling::None,
@@ -357,12 +417,13 @@ mod tests {
     fn sizes_beyond_any_real_model_are_refused_by_name() {
         assert!(smollm2().validate().is_ok());
         type Change = fn(&mut ModelConfig);
-        let cases: [(Change, &str); 5] = [
+        let cases: [(Change, &str); 6] = [
             (|c| c.max_position_embeddings = 1 << 40, "context length"),
             (|c| c.hidden_size = 1 << 30, "hidden size"),
             (|c| c.num_layers = 1_000_000, "layer count"),
             (|c| c.rope_theta = f32::NAN, "rope theta"),
             (|c| c.rms_norm_eps = -1.0, "epsilon"),
+            (|c| c.rotary_dim = 66, "rotated dimensions"),
         ];
         for (change, name) in cases {
             let mut c = smollm2();

@@ -52,9 +52,13 @@ pub(crate) struct HfConfig {
     pub(super) no_rope_layers: Option<Vec<u8>>,
     #[serde(default)]
     pub(super) no_rope_layer_interval: Option<usize>,
-    /// The share of each head that rotates (Phi-4-mini: 0.75).
+    /// The share of each head that rotates (Phi-4-mini: 0.75; transformers 5 moves it
+    /// into `rope_parameters`).
     #[serde(default)]
     pub(super) partial_rotary_factor: Option<f64>,
+    /// Phi-3's pretraining context, which its LongRoPE scaling stretches.
+    #[serde(default)]
+    pub(super) original_max_position_embeddings: Option<usize>,
     // Gemma 3.
     #[serde(default)]
     pub(super) hidden_activation: Option<String>,
@@ -149,13 +153,17 @@ impl HfConfig {
         if self.mlp_bias {
             return unsupported("mlp_bias".into());
         }
-        if let Some(p) = self.partial_rotary_factor.filter(|p| *p != 1.0) {
-            return unsupported(format!("partial_rotary_factor {p}"));
-        }
         let (rope_theta, rope_scaling) = self.rope(self.rope_theta.unwrap_or(10_000.0))?;
         let head_dim = self
             .head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
+        let rotary_dim = match self.partial_rotary_factor()? {
+            Some(factor) if !gemma => super::rope::rotary_dim(head_dim, factor)?,
+            Some(factor) if factor != 1.0 => {
+                return unsupported(format!("partial_rotary_factor {factor} in {architecture}"))
+            }
+            _ => head_dim,
+        };
         let gemma_parts = if gemma {
             Some(self.gemma(architecture, head_dim)?)
         } else {
@@ -170,6 +178,7 @@ impl HfConfig {
             num_heads: self.num_attention_heads,
             num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
             head_dim,
+            rotary_dim,
             rms_norm_eps: self.rms_norm_eps,
             rope_theta,
             rope_scaling,
@@ -234,17 +243,19 @@ impl HfConfig {
     /// 5's flat `rope_parameters`, or transformers 4's `rope_theta` (else `theta`) and
     /// `rope_scaling`. Gemma 3's per-layer-type `rope_parameters` are read by `gemma`.
     fn rope(&self, theta: f32) -> Result<(f32, RopeScaling)> {
-        let max_pos = self.max_position_embeddings;
-        let flat = self
-            .rope_parameters
-            .as_ref()
-            .filter(|p| p.get("full_attention").is_none());
+        let (max_pos, original) = (
+            self.max_position_embeddings,
+            self.original_max_position_embeddings,
+        );
+        let flat = self.flat_rope_parameters();
         let from_parameters = match flat {
-            Some(p) => RopeScaling::from_hf(p, "rope_parameters", max_pos)?,
+            Some(p) => RopeScaling::from_hf(p, "rope_parameters", max_pos, original)?,
             None => RopeScaling::None,
         };
         let scaling = match (&from_parameters, &self.rope_scaling) {
-            (RopeScaling::None, Some(s)) => RopeScaling::from_hf(s, "rope_scaling", max_pos)?,
+            (RopeScaling::None, Some(s)) => {
+                RopeScaling::from_hf(s, "rope_scaling", max_pos, original)?
+            }
             _ => from_parameters,
         };
         let theta = flat
@@ -252,6 +263,26 @@ impl HfConfig {
             .and_then(|t| t.as_f64())
             .map_or(theta, |t| t as f32);
         Ok((theta, scaling))
+    }
+
+    /// transformers 5's `rope_parameters` when all layers share them (not Gemma 3's per
+    /// layer type).
+    fn flat_rope_parameters(&self) -> Option<&serde_json::Value> {
+        self.rope_parameters
+            .as_ref()
+            .filter(|p| p.get("full_attention").is_none())
+    }
+
+    /// The share of each head that rotates, from the top level (transformers 4) or the
+    /// flat `rope_parameters` (transformers 5).
+    fn partial_rotary_factor(&self) -> Result<Option<f64>> {
+        if let Some(f) = self.partial_rotary_factor {
+            return Ok(Some(f));
+        }
+        match self.flat_rope_parameters() {
+            Some(p) => super::rope::partial_rotary_factor(p, "rope_parameters"),
+            None => Ok(None),
+        }
     }
 
     /// SmolLM3's layers without RoPE: `no_rope_layers` holds 1 for a layer that rotates
@@ -343,7 +374,19 @@ impl HfConfig {
             ] {
                 let Some(p) = params.get(kind) else { continue };
                 let field = format!("rope_parameters.{kind}");
-                rope.1 = RopeScaling::from_hf(p, &field, self.max_position_embeddings)?;
+                if let Some(f) =
+                    super::rope::partial_rotary_factor(p, &field)?.filter(|f| *f != 1.0)
+                {
+                    return Err(EngineError::Config(format!(
+                        "{field}.partial_rotary_factor {f} is not supported in {arch}"
+                    )));
+                }
+                rope.1 = RopeScaling::from_hf(
+                    p,
+                    &field,
+                    self.max_position_embeddings,
+                    self.original_max_position_embeddings,
+                )?;
                 if let Some(t) = p.get("rope_theta").and_then(|t| t.as_f64()) {
                     rope.0 = t as f32;
                 }
@@ -438,9 +481,53 @@ mod tests {
         assert!(phi3(json!({"sliding_window": null}))?
             .sliding_window
             .is_none());
-        // Phi-4-mini rotates three quarters of each head.
-        match phi3(json!({"partial_rotary_factor": 0.75})) {
+        assert_eq!(c.rotary_dim, 96);
+        // A share of the head that leaves an odd number of dimensions is refused.
+        match phi3(json!({"partial_rotary_factor": 0.7})) {
             Err(EngineError::Config(m)) => assert!(m.contains("partial_rotary_factor"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    }
+
+    /// Phi-4-mini's config.json (transformers-4 layout): three quarters of each head of 128
+    /// rotate, with LongRoPE factors for those 48 pairs over a pretraining context of 4096
+    /// stretched to 131072.
+    #[test]
+    fn phi4_mini_rotates_part_of_each_head_with_longrope() -> Result<()> {
+        let factors = |v: f64| json!(vec![v; 48]);
+        let c = phi3(json!({
+            "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
+            "max_position_embeddings": 131072, "partial_rotary_factor": 0.75,
+            "sliding_window": 262144,
+            "rope_scaling": {"type": "longrope", "long_factor": factors(2.0),
+                             "short_factor": factors(1.0)},
+        }))?;
+        assert_eq!((c.head_dim, c.rotary_dim), (128, 96));
+        let RopeScaling::LongRope(l) = &c.rope_scaling else {
+            panic!("{:?}", c.rope_scaling)
+        };
+        assert_eq!(l.original_context, 4096.0);
+        // sqrt(1 + ln(32) / ln(4096)), as transformers computes it.
+        assert!((l.attention_factor - (1.0f64 + 32f64.ln() / 4096f64.ln()).sqrt()).abs() < 1e-12);
+        assert!(c.sliding_window.is_none());
+        // transformers 5 keeps the share and the pretraining context in rope_parameters.
+        let t5 = phi3(json!({
+            "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
+            "max_position_embeddings": 131072, "original_max_position_embeddings": null, "rope_theta": null,
+            "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.75,
+                                "original_max_position_embeddings": 4096,
+                                "long_factor": factors(2.0), "short_factor": factors(1.0)},
+        }))?;
+        assert_eq!((t5.rotary_dim, &t5.rope_scaling), (96, &c.rope_scaling));
+        // Factors for the whole head are refused by name.
+        match phi3(json!({
+            "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
+            "partial_rotary_factor": 0.75, "rope_scaling": {"type": "longrope", "long_factor": factors(2.0),
+                             "short_factor": vec![1.0; 64]},
+        })) {
+            Err(EngineError::Config(m)) => assert!(m.contains("short_factor holds 64"), "{m}"),
             other => panic!("{other:?}"),
         }
         Ok(())

@@ -1,9 +1,9 @@
 //! RoPE scaling: how a model's rotary frequencies differ from `base^(-2i/d)` so that it
 //! reaches past the context it was first trained on (Llama 3.1's `llama3`, YaRN, linear
-//! interpolation), read from a Hugging Face config (`rope_scaling`, or transformers 5's
-//! `rope_parameters`) or from GGUF metadata (`<arch>.rope.scaling.*`, and the
-//! `rope_freqs.weight` tensor llama.cpp's converter writes for Llama 3.1), and the
-//! frequencies each gives.
+//! interpolation, Phi-3's LongRoPE), read from a Hugging Face config (`rope_scaling`, or
+//! transformers 5's `rope_parameters`) or from GGUF metadata (`<arch>.rope.scaling.*`, and
+//! the `rope_freqs.weight` / `rope_factors_{long,short}.weight` tensors llama.cpp's
+//! converter writes), and the frequencies each gives.
 
 use std::collections::HashMap;
 use std::f64::consts::PI;
@@ -33,8 +33,40 @@ pub enum RopeScaling {
         original_context: f64,
     },
     Yarn(Yarn),
-    /// Per-frequency divisors (`head_dim / 2` of them): GGUF's `rope_freqs.weight`.
+    /// Per-frequency divisors (one per rotation pair): GGUF's `rope_freqs.weight`.
     FreqFactors(Vec<f32>),
+    LongRope(LongRope),
+}
+
+/// LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): per-frequency divisors, one set for
+/// contexts within the pretraining context and one for longer ones, with cos and sin
+/// scaled by `attention_factor`. Which set a model runs with is fixed by the context it
+/// is served with ([`RopeScaling::inv_freq`]), as llama.cpp chooses it: every position of
+/// a sequence then rotates alike, and cached keys stay valid as the sequence grows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRope {
+    pub short_factor: Vec<f64>,
+    pub long_factor: Vec<f64>,
+    pub original_context: f64,
+    pub attention_factor: f64,
+}
+
+impl LongRope {
+    /// The default attention factor: `sqrt(1 + ln(s) / ln(original))` for a context
+    /// stretched `s` times (1 when not stretched), as transformers and llama.cpp's
+    /// converter compute it.
+    fn default_attention_factor(s: f64, original_context: f64) -> f64 {
+        if s <= 1.0 {
+            1.0
+        } else {
+            (1.0 + s.ln() / original_context.ln()).sqrt()
+        }
+    }
+
+    /// Whether a model served with up to `context` positions uses the long factors.
+    pub fn uses_long_factors(&self, context: usize) -> bool {
+        context as f64 > self.original_context
+    }
 }
 
 /// YaRN ("NTK-by-parts"): frequencies that turn fewer than `beta_slow` times over the
@@ -61,12 +93,21 @@ fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
 }
 
 impl RopeScaling {
-    /// The inverse frequency of each of a head's `head_dim / 2` rotation pairs.
-    pub fn inv_freq(&self, head_dim: usize, theta: f32) -> Vec<f64> {
-        let half = head_dim / 2;
+    /// The inverse frequency of each of the `dim / 2` rotation pairs of the `dim` rotated
+    /// dimensions of a head, for a model served with up to `context` positions (which
+    /// LongRoPE's choice of factors depends on).
+    pub fn inv_freq(&self, dim: usize, theta: f32, context: usize) -> Vec<f64> {
+        let half = dim / 2;
         let base = f64::from(theta);
-        let plain = (0..half).map(|i| 1.0 / base.powf(2.0 * i as f64 / head_dim as f64));
+        let plain = (0..half).map(|i| 1.0 / base.powf(2.0 * i as f64 / dim as f64));
         match self {
+            RopeScaling::LongRope(l) => {
+                let factors = match l.uses_long_factors(context) {
+                    true => &l.long_factor,
+                    false => &l.short_factor,
+                };
+                plain.zip(factors).map(|(f, d)| f / d).collect()
+            }
             RopeScaling::None => plain.collect(),
             RopeScaling::Linear { factor } => plain.map(|f| f / factor).collect(),
             RopeScaling::FreqFactors(factors) => plain
@@ -99,7 +140,7 @@ impl RopeScaling {
             RopeScaling::Yarn(y) => {
                 // The dimension at which a frequency turns `rotations` times over the
                 // original context.
-                let dim = head_dim as f64;
+                let dim = dim as f64;
                 let correction = |rotations: f64| {
                     dim * (y.original_context / (rotations * 2.0 * PI)).ln() / (2.0 * base.ln())
                 };
@@ -125,12 +166,14 @@ impl RopeScaling {
     pub fn attention_factor(&self) -> f64 {
         match self {
             RopeScaling::Yarn(y) => y.attention_factor,
+            RopeScaling::LongRope(l) => l.attention_factor,
             _ => 1.0,
         }
     }
 
-    /// Checks the numbers against `head_dim`; the message names the problem.
-    pub(crate) fn validate(&self, head_dim: usize) -> std::result::Result<(), String> {
+    /// Checks the numbers against the `rotary_dim` dimensions of a head that rotate; the
+    /// message names the problem.
+    pub(crate) fn validate(&self, rotary_dim: usize) -> std::result::Result<(), String> {
         let positive = |name: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
@@ -166,29 +209,50 @@ impl RopeScaling {
                 positive("attention_factor", y.attention_factor)
             }
             RopeScaling::FreqFactors(factors) => {
-                if factors.len() != head_dim / 2 {
+                if factors.len() != rotary_dim / 2 {
                     return Err(format!(
-                        "rope_freqs.weight holds {} factors, the head dimension {head_dim} \
-                         needs {}",
+                        "rope_freqs.weight holds {} factors, {rotary_dim} rotated dimensions \
+                         need {}",
                         factors.len(),
-                        head_dim / 2
+                        rotary_dim / 2
                     ));
                 }
                 factors
                     .iter()
                     .try_for_each(|f| positive("frequency factor", f64::from(*f)))
             }
+            RopeScaling::LongRope(l) => {
+                for (name, factors) in [
+                    ("short_factor", &l.short_factor),
+                    ("long_factor", &l.long_factor),
+                ] {
+                    if factors.len() != rotary_dim / 2 {
+                        return Err(format!(
+                            "LongRoPE {name} holds {} factors, {rotary_dim} rotated dimensions \
+                             need {}",
+                            factors.len(),
+                            rotary_dim / 2
+                        ));
+                    }
+                    factors.iter().try_for_each(|f| positive(name, *f))?;
+                }
+                positive("original_max_position_embeddings", l.original_context)?;
+                positive("attention_factor", l.attention_factor)
+            }
         }
     }
 
     /// The scheme of one Hugging Face RoPE parameter object (transformers 4's
     /// `rope_scaling`, or a transformers-5 `rope_parameters` entry), named `field` in
-    /// errors. `max_position_embeddings` stands in for a missing
-    /// `original_max_position_embeddings`, as in transformers.
+    /// errors. A missing `original_max_position_embeddings` is the config's top-level one
+    /// (`original_context`: Phi-3 keeps it there), else `max_position_embeddings`, as in
+    /// transformers. Its `partial_rotary_factor` is not scaling; see
+    /// [`partial_rotary_factor`].
     pub(crate) fn from_hf(
         params: &serde_json::Value,
         field: &str,
         max_position_embeddings: usize,
+        original_context: Option<usize>,
     ) -> Result<Self> {
         let fail = |m: String| Err(EngineError::Config(format!("{field}: {m}")));
         if params.is_null() {
@@ -216,8 +280,21 @@ impl RopeScaling {
             })
         };
         // transformers: the pretraining context defaults to the model's.
-        let original_context =
-            number("original_max_position_embeddings")?.unwrap_or(max_position_embeddings as f64);
+        let original_context = number("original_max_position_embeddings")?
+            .or(original_context.map(|c| c as f64))
+            .unwrap_or(max_position_embeddings as f64);
+        let factors = |key: &str| -> Result<Vec<f64>> {
+            let list = obj.get(key).and_then(|v| v.as_array()).ok_or_else(|| {
+                EngineError::Config(format!("{field}: rope_type '{kind}' needs a list '{key}'"))
+            })?;
+            list.iter()
+                .map(|v| {
+                    v.as_f64().ok_or_else(|| {
+                        EngineError::Config(format!("{field}.{key}: {v} is not a number"))
+                    })
+                })
+                .collect()
+        };
         let scaling = match kind {
             "default" => RopeScaling::None,
             "linear" => RopeScaling::Linear {
@@ -259,26 +336,37 @@ impl RopeScaling {
                     truncate,
                 })
             }
+            // "su": what Phi-3's first configs called it.
+            "longrope" | "su" => {
+                let factor =
+                    number("factor")?.unwrap_or(max_position_embeddings as f64 / original_context);
+                RopeScaling::LongRope(LongRope {
+                    short_factor: factors("short_factor")?,
+                    long_factor: factors("long_factor")?,
+                    original_context,
+                    attention_factor: match number("attention_factor")? {
+                        Some(a) => a,
+                        None => LongRope::default_attention_factor(factor, original_context),
+                    },
+                })
+            }
             other => {
                 return fail(format!(
                     "rope_type '{other}' is not supported (supported: default, linear, \
-                     llama3, yarn)"
+                     llama3, yarn, longrope)"
                 ))
             }
         };
-        if let Some(p) = number("partial_rotary_factor")?.filter(|p| *p != 1.0) {
-            return fail(format!("partial_rotary_factor {p} is not supported"));
-        }
         Ok(scaling)
     }
 
     /// The scheme of a GGUF file's `<arch>.rope.scaling.*` keys (or the older
-    /// `<arch>.rope.scale_linear`), as llama.cpp reads them. `freq_factors` holds the
-    /// file's `rope_freqs.weight`, where it has one.
+    /// `<arch>.rope.scale_linear`), as llama.cpp reads them, with the factor tensors the
+    /// file holds (`tensors`).
     pub(crate) fn from_gguf(
         md: &HashMap<String, Value>,
         arch: &str,
-        freq_factors: Option<Vec<f32>>,
+        tensors: RopeFactorTensors,
     ) -> Result<Self> {
         let key = |k: &str| format!("{arch}.rope.{k}");
         let fail = |m: String| Err(EngineError::Config(m));
@@ -291,6 +379,21 @@ impl RopeScaling {
                 })
                 .transpose()
         };
+        let original_context = || -> Result<f64> {
+            let k = key("scaling.original_context_length");
+            let v = md.get(&k).ok_or_else(|| {
+                EngineError::Config(format!(
+                    "{} needs {k}",
+                    match tensors.longrope() {
+                        true => "LongRoPE (rope_factors_long.weight)".to_string(),
+                        false => format!("{} 'yarn'", key("scaling.type")),
+                    }
+                ))
+            })?;
+            v.to_u32()
+                .map(f64::from)
+                .map_err(|e| EngineError::Config(format!("metadata '{k}': {e}")))
+        };
         let kind = match md.get(&key("scaling.type")) {
             Some(v) => v
                 .to_string()
@@ -298,6 +401,7 @@ impl RopeScaling {
                     EngineError::Config(format!("metadata '{}': {e}", key("scaling.type")))
                 })?
                 .clone(),
+            None if tensors.longrope() => "longrope".to_string(),
             None if float("scale_linear")?.is_some_and(|f| f != 1.0 && f != 0.0) => {
                 "linear".to_string()
             }
@@ -314,13 +418,16 @@ impl RopeScaling {
             }
         };
         // Keys llama.cpp reads that change the frequencies in ways not implemented here,
-        // with the value that changes nothing.
+        // with the value that changes nothing. LongRoPE's attention factor is its own.
         for (unsupported, neutral) in [
             ("scaling.yarn_log_multiplier", 0.0),
             ("scaling.yarn_ext_factor", 1.0),
             ("scaling.attn_factor", 1.0),
             ("scaling.alpha", 0.0),
         ] {
+            if unsupported == "scaling.attn_factor" && kind == "longrope" {
+                continue;
+            }
             if let Some(v) = float(unsupported)?.filter(|v| *v != neutral) {
                 return fail(format!("{} {v} is not supported", key(unsupported)));
             }
@@ -330,35 +437,48 @@ impl RopeScaling {
             "linear" => RopeScaling::Linear { factor: factor()? },
             "yarn" => {
                 let factor = factor()?;
-                let original = md
-                    .get(&key("scaling.original_context_length"))
-                    .ok_or_else(|| {
-                        EngineError::Config(format!(
-                            "{} 'yarn' needs {}",
-                            key("scaling.type"),
-                            key("scaling.original_context_length")
-                        ))
-                    })?
-                    .to_u32()
-                    .map_err(|e| EngineError::Config(e.to_string()))?;
                 let attn = float("scaling.yarn_attn_factor")?.unwrap_or(1.0);
                 RopeScaling::Yarn(Yarn {
                     factor,
-                    original_context: f64::from(original),
+                    original_context: original_context()?,
                     beta_fast: float("scaling.yarn_beta_fast")?.unwrap_or(32.0),
                     beta_slow: float("scaling.yarn_beta_slow")?.unwrap_or(1.0),
                     attention_factor: attn * yarn_mscale(factor, 1.0),
                     truncate: true,
                 })
             }
+            "longrope" => {
+                let (Some(long), Some(short)) = (&tensors.long, &tensors.short) else {
+                    return fail(
+                        "LongRoPE needs both rope_factors_long.weight and \
+                         rope_factors_short.weight"
+                            .into(),
+                    );
+                };
+                let original = original_context()?;
+                let context = md
+                    .get(&format!("{arch}.context_length"))
+                    .and_then(|v| v.to_u32().ok())
+                    .map_or(original, f64::from);
+                let widen = |v: &Vec<f32>| v.iter().map(|f| f64::from(*f)).collect();
+                RopeScaling::LongRope(LongRope {
+                    short_factor: widen(short),
+                    long_factor: widen(long),
+                    original_context: original,
+                    attention_factor: match float("scaling.attn_factor")? {
+                        Some(a) => a,
+                        None => LongRope::default_attention_factor(context / original, original),
+                    },
+                })
+            }
             other => {
                 return fail(format!(
-                    "{} '{other}' is not supported (supported: none, linear, yarn)",
+                    "{} '{other}' is not supported (supported: none, linear, yarn, longrope)",
                     key("scaling.type")
                 ))
             }
         };
-        match (freq_factors, scaling) {
+        match (tensors.freqs, scaling) {
             (None, scaling) => Ok(scaling),
             (Some(factors), RopeScaling::None) => Ok(RopeScaling::FreqFactors(factors)),
             (Some(_), _) => fail(format!(
@@ -367,6 +487,59 @@ impl RopeScaling {
             )),
         }
     }
+}
+
+/// The RoPE factor tensors a GGUF file may hold, as f32 values: `rope_freqs.weight`
+/// (Llama 3.1's divisors) and LongRoPE's `rope_factors_long.weight` and
+/// `rope_factors_short.weight`.
+#[derive(Debug, Clone, Default)]
+pub struct RopeFactorTensors {
+    pub freqs: Option<Vec<f32>>,
+    pub long: Option<Vec<f32>>,
+    pub short: Option<Vec<f32>>,
+}
+
+impl RopeFactorTensors {
+    /// The GGUF names of the tensors, in the order of the fields.
+    pub const NAMES: [&'static str; 3] = [
+        "rope_freqs.weight",
+        "rope_factors_long.weight",
+        "rope_factors_short.weight",
+    ];
+
+    fn longrope(&self) -> bool {
+        self.long.is_some() || self.short.is_some()
+    }
+}
+
+/// `partial_rotary_factor` of a Hugging Face RoPE parameter object (transformers 5 keeps
+/// it there; transformers 4 at the config's top level), where it is given.
+pub(crate) fn partial_rotary_factor(
+    params: &serde_json::Value,
+    field: &str,
+) -> Result<Option<f64>> {
+    match params.get("partial_rotary_factor") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+            EngineError::Config(format!(
+                "{field}.partial_rotary_factor: expected a number, found {v}"
+            ))
+        }),
+    }
+}
+
+/// How many of a head's `head_dim` dimensions rotate under `partial_rotary_factor`, as
+/// transformers counts them (`int(head_dim · factor)`): the first ones, paired as the
+/// whole head would be.
+pub(crate) fn rotary_dim(head_dim: usize, factor: f64) -> Result<usize> {
+    let dim = (head_dim as f64 * factor) as usize;
+    if !(factor > 0.0 && factor <= 1.0) || dim == 0 || !dim.is_multiple_of(2) {
+        return Err(EngineError::Config(format!(
+            "partial_rotary_factor {factor} of a head of {head_dim} rotates {dim} dimensions; \
+             it must be above 0, at most 1, and rotate an even number of them"
+        )));
+    }
+    Ok(dim)
 }
 
 /// For the load log: `llama3 (factor 8 over 8192 positions)` and the like.
@@ -389,6 +562,11 @@ impl std::fmt::Display for RopeScaling {
                 y.factor, y.original_context, y.attention_factor
             ),
             RopeScaling::FreqFactors(_) => write!(f, "per-frequency divisors (rope_freqs.weight)"),
+            RopeScaling::LongRope(l) => write!(
+                f,
+                "LongRoPE (trained over {} positions, attention factor {:.4})",
+                l.original_context, l.attention_factor
+            ),
         }
     }
 }

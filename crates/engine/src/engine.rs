@@ -59,7 +59,7 @@ impl Engine {
     pub fn load(cfg: &EngineConfig) -> Result<Engine> {
         let started = Instant::now();
         tracing::info!("opening {}", cfg.model_path.display());
-        let source = loader::open(&cfg.model_path)?;
+        let source = loader::open_served(&cfg.model_path, cfg.max_model_len)?;
         let config = source.config().clone();
         tracing::info!(
             "model: {} layers, hidden {}, {} heads / {} KV heads, vocabulary {}, context {}",
@@ -70,7 +70,7 @@ impl Engine {
             config.vocab_size,
             config.max_position_embeddings
         );
-        tracing::info!("RoPE: base {}, {}", config.rope_theta, config.rope_scaling);
+        tracing::info!("RoPE: {}", config.rope_summary());
         let input_block = loader::row_parallel_block(source.as_ref(), config.num_layers)?;
         #[cfg(feature = "gpu-emulation")]
         if cfg.emulate_gpu && cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1) {

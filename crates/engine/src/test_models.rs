@@ -24,6 +24,9 @@ pub struct Dims {
     pub intermediate: usize,
 }
 
+/// The context of every written model.
+const MAX_POSITIONS: usize = 2048;
+
 /// The dimensions the GPU-path tests give the tiny fixture `name`.
 pub fn gpu_shaped(name: &str) -> Result<Dims> {
     let d = |hidden, heads, kv_heads, head_dim, intermediate| Dims {
@@ -54,10 +57,33 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         "tiny-gemma2" => d(128, 4, 2, 128, 192),
         // A layer without RoPE between rotating ones.
         "tiny-smollm3" => d(192, 6, 2, 64, 256),
+        // Three quarters of each head of 128 rotate, with LongRoPE (Phi-4-mini).
+        "tiny-phi4-mini" => d(512, 4, 2, 128, 192),
         // Mixtures of experts.
         "tiny-qwen3-moe" | "tiny-mixtral" => d(128, 4, 2, 64, 160),
         other => return Err(bad(format!("no GPU-shaped dimensions for {other}"))),
     })
+}
+
+/// LongRoPE's factor lists stretched over the rotation pairs of a head of `head_dim`
+/// (each new pair takes the factor at the same relative place in the fixture's list).
+fn resize_longrope_factors(c: &mut serde_json::Map<String, Value>, head_dim: usize) {
+    let partial = c
+        .get("partial_rotary_factor")
+        .and_then(Value::as_f64)
+        .unwrap_or(1.0);
+    let pairs = (head_dim as f64 * partial) as usize / 2;
+    let Some(scaling) = c.get_mut("rope_scaling").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for key in ["short_factor", "long_factor"] {
+        if let Some(old) = scaling.get(key).and_then(Value::as_array).cloned() {
+            let new: Vec<Value> = (0..pairs)
+                .map(|i| old[i * old.len() / pairs.max(1)].clone())
+                .collect();
+            scaling.insert(key.into(), Value::Array(new));
+        }
+    }
 }
 
 fn bad(what: String) -> EngineError {
@@ -77,13 +103,27 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
     c.insert("num_key_value_heads".into(), json!(dims.kv_heads));
     c.insert("head_dim".into(), json!(dims.head_dim));
     c.insert("intermediate_size".into(), json!(dims.intermediate));
-    c.insert("max_position_embeddings".into(), json!(2048));
+    // The stretch of a scaled context is kept (Phi-3's LongRoPE: 4 over 32 becomes 4
+    // over 512), and with it the attention factor.
+    let old_context = c
+        .get("max_position_embeddings")
+        .and_then(Value::as_u64)
+        .unwrap_or(MAX_POSITIONS as u64);
+    if let Some(original) = c
+        .get("original_max_position_embeddings")
+        .and_then(Value::as_u64)
+    {
+        let stretched = MAX_POSITIONS as u64 * original / old_context.max(1);
+        c.insert("original_max_position_embeddings".into(), json!(stretched));
+    }
+    c.insert("max_position_embeddings".into(), json!(MAX_POSITIONS));
     if c.contains_key("moe_intermediate_size") {
         c.insert("moe_intermediate_size".into(), json!(dims.intermediate / 2));
     }
     if c.contains_key("query_pre_attn_scalar") {
         c.insert("query_pre_attn_scalar".into(), json!(dims.head_dim));
     }
+    resize_longrope_factors(c, dims.head_dim);
     let moe_width = c
         .get("moe_intermediate_size")
         .and_then(Value::as_u64)

@@ -1,8 +1,10 @@
 //! RoPE scaling against transformers' float32 logits, from safetensors and from GGUF, at
 //! every TP size: Llama 3.1's `llama3` scheme (in a GGUF, llama.cpp's per-frequency
 //! divisors `rope_freqs.weight`), YaRN on a Qwen3 (cos and sin scaled by its attention
-//! factor), and Gemma 3's linear scaling of its global layers only. Each model is also
-//! loaded with its scaling removed, to show that the reference depends on it.
+//! factor), Gemma 3's linear scaling of its global layers only, and Phi-4-mini's LongRoPE
+//! over the rotated three quarters of each head (short or long factors by the served
+//! context). Each model is also loaded with its scaling removed or changed, to show that
+//! the reference depends on it.
 
 mod common;
 
@@ -118,5 +120,82 @@ fn unsupported_schemes_are_refused_at_load() {
             .err()
             .expect("refused");
         assert!(err.to_string().contains(needle), "{err}");
+    }
+}
+
+/// Phi-4-mini's RoPE: three quarters of each head rotate, with LongRoPE. Served within
+/// the pretraining context of 32 (`--max-model-len 32`), the short factors run, as
+/// transformers runs them for inputs that fit it (the 5- and 20-token cases); served with
+/// the model's context of 128, the long ones, as transformers runs them for the 60-token
+/// case.
+fn check_phi4_mini(path: &std::path::Path) {
+    for tp in 1..=4 {
+        let mut within = EngineConfig::new(path).with_cpu_ranks(tp);
+        within.max_model_len = Some(32);
+        check_cases_against_transformers("tiny-phi4-mini", &within, &["len5", "len20"], 1e-5);
+        let beyond = EngineConfig::new(path).with_cpu_ranks(tp);
+        check_cases_against_transformers("tiny-phi4-mini", &beyond, &["len60"], 1e-5);
+    }
+}
+
+#[test]
+fn phi4_mini_partial_rotary_and_longrope_match_transformers_at_every_tp_size() {
+    check_phi4_mini(&fixtures().join("tiny-phi4-mini"));
+}
+
+/// The same weights as llama.cpp writes them: `rope.dimension_count` 24 of 32, the two
+/// factor tensors, and the attention factor and pretraining context in the metadata.
+#[test]
+fn phi4_mini_gguf_matches_transformers_at_every_tp_size() {
+    check_phi4_mini(&fixtures().join("tiny-phi4-mini.gguf"));
+}
+
+/// The factors matter: served with the long ones, the 20-token case is far from the
+/// reference that ran it with the short ones.
+#[test]
+fn longrope_factors_follow_the_served_context() {
+    let path = fixtures().join("tiny-phi4-mini");
+    let reference = read_json(fixtures().join("tiny-phi4-mini/reference.json"));
+    let case = &reference["cases"][1];
+    assert_eq!(case["name"], "len20");
+    let err = |max_model_len| {
+        let mut cfg = EngineConfig::new(&path);
+        cfg.max_model_len = max_model_len;
+        let mut engine = Engine::load(&cfg).expect("load");
+        rel_l2(
+            &last_logits(&mut engine, &ids(&case["input_ids"])),
+            &floats(&case["last_logits"]),
+        )
+    };
+    let (short, long) = (err(Some(32)), err(None));
+    println!("len20: rel L2 {short:.2e} with the short factors, {long:.2e} with the long");
+    assert!(long > 1000.0 * short.max(1e-7), "{long}");
+}
+
+/// Rotating whole heads instead (with factors for all 16 pairs) is far from the
+/// reference: the fixture tells partial rotary apart.
+#[test]
+fn phi4_mini_reference_depends_on_the_partial_rotary() {
+    far_off_when_edited("tiny-phi4-mini", |c| {
+        c["partial_rotary_factor"] = 1.0.into();
+        for key in ["short_factor", "long_factor"] {
+            let factors = c["rope_scaling"][key].as_array_mut().expect("factors");
+            factors.resize(16, 1.0.into());
+        }
+    });
+}
+
+/// `--max-model-len` past the model's context is refused by name at load.
+#[test]
+fn a_served_context_beyond_the_model_is_refused() {
+    let mut cfg = EngineConfig::new(fixtures().join("tiny-phi4-mini"));
+    cfg.max_model_len = Some(129);
+    match Engine::load(&cfg) {
+        Err(e) => assert!(
+            e.to_string()
+                .contains("--max-model-len 129 must be between 1 and the model's context of 128"),
+            "{e}"
+        ),
+        Ok(_) => panic!("a context of 129 was accepted"),
     }
 }

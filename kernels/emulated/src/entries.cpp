@@ -31,9 +31,9 @@ FOR_HEAD_DIMS(DECLARE_HEAD_DIM)
 
 extern "C" void rope_write_kv_bf16(__nv_bfloat16*, int, __nv_bfloat16*, __nv_bfloat16*,
                                    const u32*, const u32*, const float*, const float*, int,
-                                   int, int, int);
+                                   int, int, int, int);
 extern "C" void rope_write_kv_f16(__half*, int, __half*, __half*, const u32*, const u32*,
-                                  const float*, const float*, int, int, int, int);
+                                  const float*, const float*, int, int, int, int, int);
 extern "C" void silu_mul_bf16(__nv_bfloat16*, const __nv_bfloat16*, int, std::size_t);
 extern "C" void silu_mul_f16(__half*, const __half*, int, std::size_t);
 extern "C" void gelu_tanh_mul_bf16(__nv_bfloat16*, const __nv_bfloat16*, int, std::size_t);

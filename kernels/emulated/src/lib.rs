@@ -232,6 +232,15 @@ impl StepTables<'_> {
     }
 }
 
+/// How the RoPE tables of [`rope_write_kv`] pair a head's dimensions.
+#[derive(Debug, Clone, Copy)]
+pub struct RopePairs {
+    /// `(2i, 2i + 1)`, else `(i, i + rotary_half)`.
+    pub interleaved: bool,
+    /// Rotation pairs of the rotated part of a head (`head_dim / 2` unless partial).
+    pub rotary_half: usize,
+}
+
 /// RoPE on the queries (in place) and keys of `qkv`, keys and values into their cache
 /// slots; `cos`/`sin` are `[positions, head_dim / 2]`.
 #[allow(clippy::too_many_arguments)]
@@ -242,7 +251,7 @@ pub fn rope_write_kv<T: Element>(
     meta: &StepTables<'_>,
     cos: &[f32],
     sin: &[f32],
-    interleaved: bool,
+    pairs: RopePairs,
     heads: Heads,
 ) -> Result<()> {
     let n = meta.num_tokens();
@@ -252,6 +261,12 @@ pub fn rope_write_kv<T: Element>(
     at_least(v_cache.len(), k_cache.len(), "V cache")?;
     meta.check(k_cache.len() / row, heads)?;
     let half = heads.head_dim / 2;
+    if pairs.rotary_half == 0 || pairs.rotary_half > half {
+        return Err(EmuError::Size(format!(
+            "{} rotation pairs in a head of {}",
+            pairs.rotary_half, heads.head_dim
+        )));
+    }
     let max_pos = meta.positions.iter().max().map_or(0, |p| *p as usize + 1);
     at_least(cos.len().min(sin.len()), max_pos * half, "RoPE tables")?;
     if n == 0 {
@@ -271,7 +286,8 @@ pub fn rope_write_kv<T: Element>(
         arg_int(heads.num_q_heads, "query heads")?,
         arg_int(heads.num_kv_heads, "KV heads")?,
         arg_int(heads.head_dim, "head dim")?,
-        KernelArg::I32(i32::from(interleaved)),
+        KernelArg::I32(i32::from(pairs.interleaved)),
+        arg_int(pairs.rotary_half, "rotation pairs")?,
     ];
     // SAFETY: the buffers cover every index the kernel forms (checked above).
     unsafe { launch(&name, shape, &args) }

@@ -6,18 +6,23 @@ mod common;
 
 use common::{kv_of_q, rounded, to_f32, Step};
 use half::{bf16, f16};
+use tessera_engine::config::RopeScaling;
 use tessera_engine::model::rope::RopeTable;
 use tessera_engine::RopeStyle;
 use tessera_kernels::gpu::launch::{Gate, HEAD_DIMS};
 use tessera_kernels::gpu::reference::{self, max_abs_diff, Lcg};
 use tessera_kernels_emulated::{
-    add_rms_norm, argmax_rows, gated_mul, rope_write_kv, Element, Heads,
+    add_rms_norm, argmax_rows, gated_mul, rope_write_kv, Element, Heads, RopePairs,
 };
 
 fn rope_and_kv_write<T: Element>(bound: f32) {
     let mut rng = Lcg(3);
+    // Whole heads, and three quarters of each head rotated (Phi-4-mini's partial rotary).
+    let shapes = HEAD_DIMS
+        .iter()
+        .flat_map(|hd| [(*hd, *hd), (*hd, hd * 3 / 4)]);
     for style in [RopeStyle::Half, RopeStyle::Interleaved] {
-        for hd in HEAD_DIMS {
+        for (hd, rotary) in shapes.clone() {
             let (nq, nkv, bs) = (6, 2, 16);
             let step = Step::new(
                 &[(0, 9), (300, 1), (40, 5)],
@@ -36,8 +41,12 @@ fn rope_and_kv_write<T: Element>(bound: f32) {
             let cache = step.num_blocks * bs * nkv * hd;
             let mut k = vec![T::from_f32(0.0); cache];
             let mut v = vec![T::from_f32(0.0); cache];
-            let table = RopeTable::new(hd, 10_000.0, 512, style);
+            let table = RopeTable::scaled((hd, rotary), 10_000.0, &RopeScaling::None, 512, style);
             let (cos, sin) = table.tables();
+            let pairs = RopePairs {
+                interleaved: table.interleaved(),
+                rotary_half: table.rotary_half(),
+            };
             rope_write_kv(
                 &mut qkv,
                 &mut k,
@@ -45,7 +54,7 @@ fn rope_and_kv_write<T: Element>(bound: f32) {
                 &step.tables(),
                 cos,
                 sin,
-                table.interleaved(),
+                pairs,
                 heads,
             )
             .expect("the kernel runs");
@@ -61,7 +70,7 @@ fn rope_and_kv_write<T: Element>(bound: f32) {
                 let k_err = max_abs_diff(&k_got[cache_row.clone()], &row[nq * hd..(nq + nkv) * hd]);
                 assert!(
                     q_err < bound && k_err < bound,
-                    "{style:?} hd{hd} token {t}: {q_err} {k_err}"
+                    "{style:?} hd{hd} rotating {rotary}: token {t}: {q_err} {k_err}"
                 );
                 assert_eq!(
                     v_got[cache_row],

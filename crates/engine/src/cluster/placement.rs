@@ -35,6 +35,7 @@ fn identity(
         device_kind: device_kind(&cfg.devices)?.into(),
         block_size_tokens: cfg.block_size_tokens,
         kv_cache_bytes: cfg.kv_cache_bytes,
+        context_length: config.max_position_embeddings,
     })
 }
 

@@ -43,6 +43,10 @@ pub struct NodeIdentity {
     pub device_kind: String,
     pub block_size_tokens: usize,
     pub kv_cache_bytes: usize,
+    /// The context the model is served with (`--max-model-len`, else the model's): it
+    /// sizes the RoPE tables and chooses LongRoPE's factors, which every rank must share.
+    #[serde(default)]
+    pub context_length: usize,
 }
 
 impl NodeIdentity {
@@ -275,6 +279,7 @@ mod tests {
             device_kind: "cpu".into(),
             block_size_tokens: 16,
             kv_cache_bytes: 1 << 20,
+            context_length: 2048,
         }
     }
 

@@ -13,7 +13,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, RopeFactorTensors};
 use crate::error::{EngineError, Result};
 use crate::loader::gguf_config::config_from_content;
 use crate::loader::gguf_header::{read_gguf_header, tensor_bytes};
@@ -41,36 +41,44 @@ impl GgufHeader {
     pub fn read<R: Read + Seek>(reader: &mut R) -> std::result::Result<Self, String> {
         let content =
             read_gguf_header(reader).map_err(|e| format!("not a valid GGUF file: {e}"))?;
-        let freq_factors = rope_freq_factors(&content, reader)?;
-        let mut config = config_from_content(&content, freq_factors).map_err(|e| e.to_string())?;
+        let [freqs, long, short] =
+            RopeFactorTensors::NAMES.map(|name| rope_factors(&content, reader, name));
+        let factors = RopeFactorTensors {
+            freqs: freqs?,
+            long: long?,
+            short: short?,
+        };
+        let mut config = config_from_content(&content, factors).map_err(|e| e.to_string())?;
         config.tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
         Ok(GgufHeader { content, config })
     }
 }
 
-/// The per-frequency divisors of `rope_freqs.weight` (llama.cpp's converter writes Llama
-/// 3.1's RoPE scaling so), read as f32 once the tensor is known to be a short vector.
-fn rope_freq_factors<R: Read + Seek>(
+/// The per-frequency divisors of RoPE factor tensor `name` (llama.cpp's converter writes
+/// Llama 3.1's scaling as `rope_freqs.weight`, LongRoPE's as `rope_factors_long.weight`
+/// and `rope_factors_short.weight`), read as f32 once the tensor is known to be a short
+/// vector.
+fn rope_factors<R: Read + Seek>(
     content: &Content,
     reader: &mut R,
+    name: &str,
 ) -> std::result::Result<Option<Vec<f32>>, String> {
-    const NAME: &str = "rope_freqs.weight";
-    let Some(info) = content.tensor_infos.get(NAME) else {
+    let Some(info) = content.tensor_infos.get(name) else {
         return Ok(None);
     };
     let dims = info.shape.dims();
     if info.ggml_dtype != GgmlDType::F32 || dims.len() != 1 || dims[0] > MAX_ROPE_FACTORS {
         return Err(format!(
-            "{NAME}: expected an f32 vector of at most {MAX_ROPE_FACTORS} values, found {:?} \
+            "{name}: expected an f32 vector of at most {MAX_ROPE_FACTORS} values, found {:?} \
              {dims:?}",
             info.ggml_dtype
         ));
     }
     let tensor = content
-        .tensor(reader, NAME, &Device::Cpu)
+        .tensor(reader, name, &Device::Cpu)
         .and_then(|t| t.dequantize(&Device::Cpu))
         .and_then(|t| t.to_vec1::<f32>())
-        .map_err(|e| format!("{NAME}: {e}"))?;
+        .map_err(|e| format!("{name}: {e}"))?;
     Ok(Some(tensor))
 }
 

@@ -7,7 +7,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::config::{
     every_nth_layer, gemma_sliding_layers, gguf_rope_style, Activation, ExpertNames, ModelConfig,
-    MoeConfig, MoeFields, RopeScaling, SlidingWindow, GEMMA2_SLIDING_PATTERN,
+    MoeConfig, MoeFields, RopeFactorTensors, RopeScaling, SlidingWindow, GEMMA2_SLIDING_PATTERN,
     GEMMA3_SLIDING_PATTERN, SMOLLM3_NOPE_INTERVAL,
 };
 use crate::error::{EngineError, Result};
@@ -97,29 +97,6 @@ fn gemma_config(
     };
     config.set_gemma_layers(sliding);
     Ok(config)
-}
-
-/// What a phi3 file may hold that Tessera does not compute: heads that rotate only in
-/// part (Phi-4-mini: `rope.dimension_count` 96 of 128; phi3 files state no key length,
-/// so the head is hidden / heads) and LongRoPE's two factor tables (Phi-3.5).
-fn phi3_checks(content: &Content, head_dim: usize) -> Result<()> {
-    let md = &content.metadata;
-    if let Some(rotary) = meta_usize_opt(md, "phi3.rope.dimension_count")? {
-        if rotary != head_dim {
-            return Err(EngineError::Config(format!(
-                "phi3.rope.dimension_count {rotary}: rotating {rotary} of each head's \
-                 {head_dim} dimensions (partial rotary) is not supported"
-            )));
-        }
-    }
-    for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-        if content.tensor_infos.contains_key(name) {
-            return Err(EngineError::Config(format!(
-                "{name}: LongRoPE scaling is not supported"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// RoPE base of gemma 3's sliding-window layers (not stored in its GGUF files).
@@ -225,10 +202,10 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
 }
 
 /// The model a GGUF file describes, checked ([`ModelConfig::validate`]);
-/// `rope_freq_factors` are the values of its `rope_freqs.weight`, where it has one.
+/// `rope_factors` are the values of its RoPE factor tensors, where it has them.
 pub(crate) fn config_from_content(
     content: &Content,
-    rope_freq_factors: Option<Vec<f32>>,
+    rope_factors: RopeFactorTensors,
 ) -> Result<ModelConfig> {
     let md = &content.metadata;
     let arch = meta(md, "general.architecture")?
@@ -240,13 +217,15 @@ pub(crate) fn config_from_content(
     let hidden = meta_usize(md, &key("embedding_length"))?;
     let num_heads = meta_usize(md, &key("attention.head_count"))?;
     let num_kv_heads = meta_usize(md, &key("attention.head_count_kv")).unwrap_or(num_heads);
+    // phi3 files state no key length: the head is hidden / heads, and
+    // rope.dimension_count its rotated part (Phi-4-mini: 96 of 128).
+    let rotary = meta_usize_opt(md, &key("rope.dimension_count"))?;
     let head_dim = if arch == "phi3" {
-        let head_dim = hidden / num_heads.max(1);
-        phi3_checks(content, head_dim)?;
-        head_dim
+        hidden / num_heads.max(1)
     } else {
         meta_usize(md, &key("attention.key_length"))
-            .or_else(|_| meta_usize(md, &key("rope.dimension_count")))
+            .ok()
+            .or(rotary)
             .unwrap_or(hidden / num_heads.max(1))
     };
     let vocab_size = match meta_usize(md, &key("vocab_size")) {
@@ -273,11 +252,12 @@ pub(crate) fn config_from_content(
         num_heads,
         num_kv_heads,
         head_dim,
+        rotary_dim: rotary.unwrap_or(head_dim),
         rms_norm_eps: f64::from(
             meta_f32(md, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         ),
         rope_theta: meta_f32(md, &key("rope.freq_base")).unwrap_or(10_000.0),
-        rope_scaling: RopeScaling::from_gguf(md, &arch, rope_freq_factors)?,
+        rope_scaling: RopeScaling::from_gguf(md, &arch, rope_factors)?,
         rope_style,
         max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
         attention_bias: arch == "qwen2",
@@ -344,16 +324,19 @@ mod tests {
     fn gemma_27b_files_scale_scores_by_hidden_over_heads_as_llama_cpp() -> Result<()> {
         let by_hidden = Some(1.0 / 168f32.sqrt());
         assert_eq!(
-            config_from_content(&gemma("gemma3", 62), None)?.attention_scale,
+            config_from_content(&gemma("gemma3", 62), RopeFactorTensors::default())?
+                .attention_scale,
             by_hidden
         );
         assert_eq!(
-            config_from_content(&gemma("gemma2", 46), None)?.attention_scale,
+            config_from_content(&gemma("gemma2", 46), RopeFactorTensors::default())?
+                .attention_scale,
             by_hidden
         );
         // Other sizes: 1/√head_dim.
         assert_eq!(
-            config_from_content(&gemma("gemma3", 34), None)?.attention_scale,
+            config_from_content(&gemma("gemma3", 34), RopeFactorTensors::default())?
+                .attention_scale,
             None
         );
         Ok(())
@@ -361,7 +344,7 @@ mod tests {
 
     #[test]
     fn gemma2_files_cap_at_llama_cpp_defaults_unless_they_say() -> Result<()> {
-        let c = config_from_content(&gemma("gemma2", 26), None)?;
+        let c = config_from_content(&gemma("gemma2", 26), RopeFactorTensors::default())?;
         assert_eq!(
             (c.attn_logit_softcapping, c.final_logit_softcapping),
             (Some(50.0), Some(30.0))
@@ -374,9 +357,9 @@ mod tests {
         let mut file = gemma("gemma2", 26);
         file.metadata
             .insert("gemma2.final_logit_softcapping".into(), Value::F32(0.0));
-        let c = config_from_content(&file, None)?;
+        let c = config_from_content(&file, RopeFactorTensors::default())?;
         assert_eq!(c.final_logit_softcapping, None);
-        assert!(config_from_content(&gemma("gemma3", 26), None)?.qk_norm);
+        assert!(config_from_content(&gemma("gemma3", 26), RopeFactorTensors::default())?.qk_norm);
         Ok(())
     }
 }

@@ -4,6 +4,7 @@
 //! (`model.layers.3.self_attn.q_proj.weight`), so the model code is written once.
 
 mod cache;
+mod context_limit;
 mod fused;
 mod gguf;
 mod gguf_config;
@@ -102,6 +103,16 @@ pub fn open(path: &Path) -> Result<Box<dyn TensorSource>> {
         Box::new(GgufSource::open(path)?)
     };
     Ok(Box::new(fused::FusedProjections::new(source)))
+}
+
+/// Opens a model as [`open`] does, to be served with at most `max_model_len` positions
+/// where that is given.
+pub fn open_served(path: &Path, max_model_len: Option<usize>) -> Result<Box<dyn TensorSource>> {
+    let source = open(path)?;
+    match max_model_len {
+        Some(n) => Ok(Box::new(context_limit::ContextLimit::new(source, n)?)),
+        None => Ok(source),
+    }
 }
 
 /// Canonical names of one decoder layer's tensors.

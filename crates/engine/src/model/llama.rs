@@ -159,7 +159,7 @@ pub fn load_rank_shards(
         });
     }
     let rope = Arc::new(RopeTable::scaled(
-        hd,
+        (hd, config.rotary_dim),
         config.rope_theta,
         &config.rope_scaling,
         config.max_position_embeddings,
@@ -167,7 +167,7 @@ pub fn load_rank_shards(
     ));
     let rope_sliding = config.sliding_window.as_ref().map(|sw| {
         Arc::new(RopeTable::scaled(
-            hd,
+            (hd, config.rotary_dim),
             sw.rope_theta,
             &sw.rope_scaling,
             config.max_position_embeddings,

@@ -38,6 +38,7 @@ fn tables(device: &Device, rope: &RopeTable) -> Result<RopeTables> {
         cos,
         sin,
         interleaved: rope.interleaved(),
+        rotary_half: rope.rotary_half(),
     })
 }
 

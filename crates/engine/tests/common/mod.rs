@@ -355,9 +355,33 @@ pub fn greedy_opts(max_tokens: usize, prefill_chunk: usize) -> GenerateOptions {
 /// relative L2 for every case, and the greedy tokens where the reference's top-2 gaps
 /// leave room for rounding.
 pub fn check_against_transformers(model: &str, path: &std::path::Path, tp: usize, tolerance: f32) {
+    let cfg = EngineConfig::new(path).with_cpu_ranks(tp);
+    check_cases_against_transformers(model, &cfg, &[], tolerance);
+}
+
+/// As [`check_against_transformers`], for the engine `cfg` loads and the reference's cases
+/// named in `names` (every case when empty); greedy tokens are compared where the whole
+/// generation fits the engine's context.
+pub fn check_cases_against_transformers(
+    model: &str,
+    cfg: &EngineConfig,
+    names: &[&str],
+    tolerance: f32,
+) {
+    const GREEDY_TOKENS: usize = 16;
     let reference = read_json(fixtures().join(model).join("reference.json"));
-    let mut engine = Engine::load(&EngineConfig::new(path).with_cpu_ranks(tp)).expect("load");
-    for case in reference["cases"].as_array().expect("cases") {
+    let mut engine = Engine::load(cfg).expect("load");
+    let tp = cfg.devices.len();
+    let context = engine.max_context_tokens();
+    let cases = reference["cases"].as_array().expect("cases");
+    let chosen: Vec<&Value> = cases
+        .iter()
+        .filter(|c| names.is_empty() || names.iter().any(|n| c["name"] == *n))
+        .collect();
+    if !names.is_empty() {
+        assert_eq!(chosen.len(), names.len(), "{model}: cases {names:?}");
+    }
+    for case in chosen {
         let prompt = ids(&case["input_ids"]);
         let want = floats(&case["last_logits"]);
         let got = last_logits(&mut engine, &prompt);
@@ -373,8 +397,8 @@ pub fn check_against_transformers(model: &str, path: &std::path::Path, tp: usize
         );
         assert!(err < tolerance, "{model} tp={tp}: relative L2 {err}");
         let greedy_gap = case["greedy_min_top2_gap"].as_f64().unwrap_or(0.0) as f32;
-        if greedy_gap > 100.0 * tolerance {
-            let opts = greedy_opts(16, 7);
+        if greedy_gap > 100.0 * tolerance && prompt.len() + GREEDY_TOKENS <= context {
+            let opts = greedy_opts(GREEDY_TOKENS, 7);
             let got = generate(&mut engine, &prompt, &opts, |_| {}).expect("generate");
             assert_eq!(
                 got,

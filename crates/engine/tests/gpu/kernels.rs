@@ -4,6 +4,7 @@
 //! write; SiLU·up and GELU·up; the f32-output GEMM.
 
 use candle_core::{DType, Device, Tensor};
+use tessera_engine::config::RopeScaling;
 use tessera_engine::model::batch::Batch;
 use tessera_engine::model::cuda::buffers::Gpu;
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
@@ -280,8 +281,12 @@ fn paged_attention_caps_scores() {
 fn rope_and_kv_write_match_the_reference() {
     let device = gpu();
     let mut rng = Lcg(3);
+    // Whole heads, and three quarters of each head rotated (Phi-4-mini's partial rotary).
+    let shapes = HEAD_DIMS
+        .iter()
+        .flat_map(|hd| [(*hd, *hd), (*hd, hd * 3 / 4)]);
     for style in [RopeStyle::Half, RopeStyle::Interleaved] {
-        for hd in HEAD_DIMS {
+        for (hd, rotary) in shapes.clone() {
             let (nq, nkv, bs) = (6, 2, 16);
             let dtype = KvDtype::Bf16;
             let dt = candle_dtype(dtype);
@@ -294,12 +299,13 @@ fn rope_and_kv_write_match_the_reference() {
             let shape = (num_blocks, bs, nkv, hd);
             let k_dev = Tensor::zeros(shape, dt, &device).expect("zeros");
             let v_dev = Tensor::zeros(shape, dt, &device).expect("zeros");
-            let table = RopeTable::new(hd, 10_000.0, 512, style);
+            let table = RopeTable::scaled((hd, rotary), 10_000.0, &RopeScaling::None, 512, style);
             let (cos, sin) = table.tables_on(&device).expect("tables");
             let rope = RopeTables {
                 cos,
                 sin,
                 interleaved: table.interleaved(),
+                rotary_half: table.rotary_half(),
             };
             let kv_of_q: Vec<u32> = (0..nq).map(|h| (h / (nq / nkv)) as u32).collect();
             let packed = PackedMeta::new(&batch, &kv_of_q, TARGET_BLOCKS).expect("pack");
@@ -338,7 +344,7 @@ fn rope_and_kv_write_match_the_reference() {
                 v_exact &= v_got[cache_row] == row[(nq + nkv) * hd..];
             }
             check(
-                &format!("rope + KV write bf16 hd{hd} {style:?}"),
+                &format!("rope + KV write bf16 hd{hd} rotating {rotary} {style:?}"),
                 format!("max |err| {err:.2e}, values copied exactly: {v_exact}"),
                 "< 1e-2, exact".into(),
                 err < 1e-2 && v_exact,

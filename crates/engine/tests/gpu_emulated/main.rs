@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 12] = [
+const MODELS: [&str; 13] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -58,6 +58,7 @@ const MODELS: [&str; 12] = [
     "tiny-phi3",
     "tiny-smollm3",
     "tiny-gemma2",
+    "tiny-phi4-mini",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that

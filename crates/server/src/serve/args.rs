@@ -74,7 +74,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,
 
-    /// Longest context (prompt + completion) in tokens (default: the model's).
+    /// Longest context (prompt + completion) in tokens (default: the model's, and at
+    /// most that). It also sizes the RoPE tables, and picks LongRoPE's factors (Phi-3.5,
+    /// Phi-4-mini): the short ones when it is within the model's pretraining context.
     #[arg(long)]
     pub max_model_len: Option<usize>,
 

@@ -123,6 +123,7 @@ fn watch_nodes(node_loss: NodeLoss, loop_: ExecutorLossNotifier) -> Result<()> {
 pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppState> {
     let started = Instant::now();
     let mut cfg = args.model.engine_config()?;
+    cfg.max_model_len = args.max_model_len;
     // The engine measures GPU activations with a step as large as the scheduler's.
     cfg.max_batch_tokens = args
         .max_batch_tokens

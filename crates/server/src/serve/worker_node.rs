@@ -41,7 +41,8 @@ pub(super) async fn serve(args: ServeArgs) -> Result<()> {
              the node that runs the rank"
         );
     }
-    let cfg = args.model.engine_config()?;
+    let mut cfg = args.model.engine_config()?;
+    cfg.max_model_len = args.max_model_len;
     let node = args.model.nodes.node_rank;
     let ready = Arc::new(AtomicBool::new(false));
     if let Some(port) = args.port {

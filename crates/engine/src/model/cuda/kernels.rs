@@ -47,6 +47,8 @@ pub struct RopeTables {
     pub cos: Tensor,
     pub sin: Tensor,
     pub interleaved: bool,
+    /// Rotation pairs of the rotated part of a head (`head_dim / 2` unless partial).
+    pub rotary_half: usize,
 }
 
 /// Geometry of this rank's attention.
@@ -95,6 +97,12 @@ pub fn rope_write_kv(
     }
     expect_dtype(&rope.cos, DType::F32, "rope cos")?;
     expect_dtype(&rope.sin, DType::F32, "rope sin")?;
+    if rope.rotary_half == 0 || 2 * rope.rotary_half > heads.head_dim {
+        return Err(EngineError::Step(format!(
+            "{} rotation pairs in a head of {}",
+            rope.rotary_half, heads.head_dim
+        )));
+    }
     let held = [
         Held::new(qkv, "qkv")?,
         Held::new(k_cache, "K cache")?,
@@ -117,6 +125,7 @@ pub fn rope_write_kv(
         i32_of(heads.num_kv_heads, "KV heads")?,
         i32_of(heads.head_dim, "head dim")?,
         KernelArg::I32(i32::from(rope.interleaved)),
+        i32_of(rope.rotary_half, "rotation pairs")?,
     ];
     let shape = rope_write_shape(n, heads.num_q_heads, heads.num_kv_heads, heads.head_dim);
     // SAFETY: the arguments match the kernel's signature in kv_write.cu; every index the
