@@ -32,6 +32,9 @@ from a fixed seed
                pretraining context is the whole context (2048), so transformers and
                Tessera both run the short factors whatever the prompt's length; untied LM
                head
+  granite/     GraniteForCausalLM, bf16: embeddings times 2, attention scores times 1/64,
+               each layer half's output times 0.5 before the residual add, logits divided
+               by 4; 6 query heads / 2 KV heads of 64, untied LM head
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -48,7 +51,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          LlamaConfig, LlamaForCausalLM,
+                          GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config,
@@ -246,6 +249,12 @@ def main():
                          "short_factor": [1.0 + 2.0 * (i / pairs) ** 2 for i in range(pairs)],
                          "long_factor": [1.0 + 30.0 * (i / pairs) ** 2 for i in range(pairs)]},
         tie_word_embeddings=False, pad_token_id=None, **common), tok)
+    build(out, "granite", GraniteForCausalLM, GraniteConfig(
+        hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=6, num_key_value_heads=2, rope_theta=10000.0,
+        embedding_multiplier=2.0, attention_multiplier=1.0 / 64, residual_multiplier=0.5,
+        logits_scaling=4.0, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        pad_token_id=None, **common), tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,

@@ -93,6 +93,11 @@ pub struct ModelConfig {
     pub attn_logit_softcapping: Option<f32>,
     /// Gemma 2: the final logits become `cap · tanh(logit / cap)`.
     pub final_logit_softcapping: Option<f32>,
+    /// Granite: each layer's attention and MLP outputs are multiplied by this before
+    /// they are added to the residual stream.
+    pub residual_multiplier: Option<f32>,
+    /// Granite: the final logits are divided by this.
+    pub logits_scaling: Option<f32>,
     pub activation: Activation,
     pub sliding_window: Option<SlidingWindow>,
     /// Per decoder layer: whether it adds no position embedding (SmolLM3's every fourth
@@ -235,6 +240,10 @@ impl ModelConfig {
         for (name, cap) in [
             ("attention logit softcapping", self.attn_logit_softcapping),
             ("final logit softcapping", self.final_logit_softcapping),
+            ("residual multiplier", self.residual_multiplier),
+            ("logits scaling", self.logits_scaling),
+            ("embedding multiplier", self.embed_scale),
+            ("attention multiplier", self.attention_scale),
         ] {
             if cap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
                 return fail(format!("{name} {cap:?} must be positive"));
@@ -277,7 +286,7 @@ const MAX_CONTEXT: usize = 1 << 21;
 /// Architectures of the llama family, with the rope style of their GGUF files.
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
-        "llama" | "mistral" | "smollm3" => Ok(RopeStyle::Interleaved),
+        "llama" | "mistral" | "smollm3" | "granite" => Ok(RopeStyle::Interleaved),
         "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
@@ -405,6 +414,8 @@ mod tests {
             attention_scale: None,
             attn_logit_softcapping: None,
             final_logit_softcapping: None,
+            residual_multiplier: None,
+            logits_scaling: None,
             activation: Activation::Silu,
             sliding_window: None,
             nope_layers: Vec::new(),

@@ -1,6 +1,6 @@
 //! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and the
-//! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 3, Mistral, Phi-3,
-//! SmolLM3 and the mixtures of experts (whose part is `config_moe.rs`).
+//! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 2/3, Mistral, Phi-3,
+//! SmolLM3, Granite and the mixtures of experts (whose part is `config_moe.rs`).
 
 use serde::Deserialize;
 
@@ -81,6 +81,15 @@ pub(crate) struct HfConfig {
     pub(super) attn_logit_softcapping: Option<Option<f64>>,
     #[serde(default)]
     pub(super) use_bidirectional_attention: Option<bool>,
+    // Granite's four scalars (transformers' default for each: 1).
+    #[serde(default)]
+    pub(super) embedding_multiplier: Option<f32>,
+    #[serde(default)]
+    pub(super) attention_multiplier: Option<f32>,
+    #[serde(default)]
+    pub(super) residual_multiplier: Option<f32>,
+    #[serde(default)]
+    pub(super) logits_scaling: Option<f32>,
     // Mixtures of experts (Qwen3-MoE: transformers 5 writes num_local_experts, earlier
     // checkpoints num_experts; Mixtral: num_local_experts).
     #[serde(default)]
@@ -135,6 +144,7 @@ impl HfConfig {
             "gemma2" | "Gemma2ForCausalLM" => ("gemma2", false),
             "phi3" | "Phi3ForCausalLM" => ("phi3", false),
             "smollm3" | "SmolLM3ForCausalLM" => ("smollm3", false),
+            "granite" | "GraniteForCausalLM" => ("granite", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         let unsupported =
@@ -192,6 +202,8 @@ impl HfConfig {
             attention_scale: None,
             attn_logit_softcapping: None,
             final_logit_softcapping: None,
+            residual_multiplier: None,
+            logits_scaling: None,
             activation: Activation::Silu,
             sliding_window: None,
             nope_layers: if architecture == "smollm3" {
@@ -224,6 +236,14 @@ impl HfConfig {
                     rope_scaling: config.rope_scaling.clone(),
                 });
             }
+        }
+        if architecture == "granite" {
+            // transformers multiplies by each (the attention scores by the attention
+            // multiplier in place of 1/√head_dim), 1 where the config has none.
+            config.embed_scale = Some(self.embedding_multiplier.unwrap_or(1.0));
+            config.attention_scale = Some(self.attention_multiplier.unwrap_or(1.0));
+            config.residual_multiplier = Some(self.residual_multiplier.unwrap_or(1.0));
+            config.logits_scaling = Some(self.logits_scaling.unwrap_or(1.0));
         }
         if let Some(g) = gemma_parts {
             config.rope_theta = g.rope_theta;
@@ -528,6 +548,53 @@ mod tests {
                              "short_factor": vec![1.0; 64]},
         })) {
             Err(EngineError::Config(m)) => assert!(m.contains("short_factor holds 64"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    }
+
+    /// Granite 3's scalars are read; absent, each is transformers' default of 1 (the
+    /// attention scores too: 1, not 1/√head_dim).
+    #[test]
+    fn granite_scalars_and_their_defaults() -> Result<()> {
+        let granite = |extra: serde_json::Value| {
+            read(
+                json!({
+                    "model_type": "granite", "vocab_size": 49155, "hidden_size": 2048,
+                    "intermediate_size": 8192, "num_hidden_layers": 40,
+                    "num_attention_heads": 32, "num_key_value_heads": 8,
+                }),
+                extra,
+            )
+        };
+        let c = granite(json!({
+            "embedding_multiplier": 12.0, "attention_multiplier": 0.015625,
+            "residual_multiplier": 0.22, "logits_scaling": 8.0,
+        }))?;
+        assert_eq!(
+            (
+                c.embed_scale,
+                c.attention_scale,
+                c.residual_multiplier,
+                c.logits_scaling
+            ),
+            (Some(12.0), Some(0.015625), Some(0.22), Some(8.0))
+        );
+        assert_eq!(
+            (c.rope_style, c.tie_word_embeddings),
+            (RopeStyle::Half, false)
+        );
+        let plain = granite(json!({}))?;
+        assert_eq!(
+            (
+                plain.embed_scale,
+                plain.attention_scale,
+                plain.residual_multiplier
+            ),
+            (Some(1.0), Some(1.0), Some(1.0))
+        );
+        match granite(json!({"residual_multiplier": -1.0})) {
+            Err(EngineError::Config(m)) => assert!(m.contains("residual multiplier"), "{m}"),
             other => panic!("{other:?}"),
         }
         Ok(())

@@ -59,6 +59,8 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         "tiny-smollm3" => d(192, 6, 2, 64, 256),
         // Three quarters of each head of 128 rotate, with LongRoPE (Phi-4-mini).
         "tiny-phi4-mini" => d(512, 4, 2, 128, 192),
+        // Granite's embedding, attention, residual and logit scalars.
+        "tiny-granite" => d(256, 4, 2, 64, 192),
         // Mixtures of experts.
         "tiny-qwen3-moe" | "tiny-mixtral" => d(128, 4, 2, 64, 160),
         other => return Err(bad(format!("no GPU-shaped dimensions for {other}"))),

@@ -19,7 +19,7 @@ use gguf_writer::{check_gguf, GGUF_CHECK_FORMATS, GGUF_CHECK_MODELS};
 use tessera_engine::{generate, Engine, EngineConfig};
 
 /// The dense models of the GPU checks.
-const MODELS: [&str; 10] = [
+const MODELS: [&str; 11] = [
     "llama",
     "qwen2",
     "mistral",
@@ -30,6 +30,7 @@ const MODELS: [&str; 10] = [
     "smollm3",
     "gemma2",
     "phi4-mini",
+    "granite",
 ];
 const MIN_COMPARED: usize = 8;
 

@@ -13,7 +13,9 @@
 //! its last 8 positions (`sliding_window`, as in Mistral 7B v0.1). An f32 Phi-3 whose
 //! query/key/value and gate/up projections are fused, from safetensors and GGUF. An f32
 //! SmolLM3 whose fourth layer adds no position embedding, from safetensors and GGUF. An
-//! f32 Gemma 2 (a window in every other layer, capped attention scores and logits).
+//! f32 Gemma 2 (a window in every other layer, capped attention scores and logits). An
+//! f32 Granite (its embedding, attention, residual and logit scalars), from safetensors
+//! and GGUF.
 
 mod common;
 
@@ -229,5 +231,41 @@ fn tiny_gemma2_reference_depends_on_both_caps() {
         let err = long_case_error("tiny-gemma2", &dir.0);
         println!("tiny-gemma2 without {cap}: rel L2 {err:.2e}");
         assert!(err > 1e-2, "{cap}: {err}");
+    }
+}
+
+/// Granite: embeddings times 2, scores times 1/32, each layer half's output times 0.5
+/// before the residual add, logits divided by 4; 2 KV heads for 4 query heads.
+#[test]
+fn tiny_granite_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-granite", tp, 1e-5);
+    }
+}
+
+/// The same weights as llama.cpp writes granite (query/key rows permuted as llama's, the
+/// four scalars in the metadata).
+#[test]
+fn tiny_granite_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-granite.gguf");
+    for tp in 1..=4 {
+        check_against_transformers("tiny-granite", &path, tp, 1e-5);
+    }
+}
+
+/// Each of the four scalars at transformers' default of 1 moves the 60-token case far
+/// from the reference.
+#[test]
+fn tiny_granite_reference_depends_on_each_scalar() {
+    for scalar in [
+        "embedding_multiplier",
+        "attention_multiplier",
+        "residual_multiplier",
+        "logits_scaling",
+    ] {
+        let dir = edited_copy("tiny-granite", |c| c[scalar] = 1.0.into());
+        let err = long_case_error("tiny-granite", &dir.0);
+        println!("tiny-granite with {scalar} 1: rel L2 {err:.2e}");
+        assert!(err > 1e-2, "{scalar}: {err}");
     }
 }

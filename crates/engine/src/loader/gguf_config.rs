@@ -99,6 +99,23 @@ fn gemma_config(
     Ok(config)
 }
 
+/// Granite's scalars as llama.cpp reads them: each applies where the file has it and it
+/// is not 0 (without `attention.scale`, scores scale by 1/√head_dim).
+fn granite_config(md: &HashMap<String, Value>, mut config: ModelConfig) -> Result<ModelConfig> {
+    let scalar = |k: &str| -> Result<Option<f32>> {
+        let key = format!("granite.{k}");
+        match md.contains_key(&key) {
+            true => Ok(Some(meta_f32(md, &key)?).filter(|v| *v != 0.0)),
+            false => Ok(None),
+        }
+    };
+    config.embed_scale = scalar("embedding_scale")?;
+    config.attention_scale = scalar("attention.scale")?;
+    config.residual_multiplier = scalar("residual_scale")?;
+    config.logits_scaling = scalar("logit_scale")?;
+    Ok(config)
+}
+
 /// RoPE base of gemma 3's sliding-window layers (not stored in its GGUF files).
 const GEMMA3_SLIDING_ROPE_THETA: f32 = 10_000.0;
 
@@ -268,6 +285,8 @@ pub(crate) fn config_from_content(
         attention_scale: None,
         attn_logit_softcapping: None,
         final_logit_softcapping: None,
+        residual_multiplier: None,
+        logits_scaling: None,
         activation: Activation::Silu,
         sliding_window: None,
         nope_layers: if arch == "smollm3" {
@@ -278,10 +297,10 @@ pub(crate) fn config_from_content(
         tie_word_embeddings: false,
         moe,
     };
-    let config = if matches!(arch.as_str(), "gemma2" | "gemma3") {
-        gemma_config(md, &arch, config)?
-    } else {
-        config
+    let config = match arch.as_str() {
+        "gemma2" | "gemma3" => gemma_config(md, &arch, config)?,
+        "granite" => granite_config(md, config)?,
+        _ => config,
     };
     config.validate()?;
     Ok(config)

@@ -517,7 +517,7 @@ impl LlamaShard {
                 if let Some(w) = &block.post_attn_norm {
                     o = cpu_ops::rms_norm(&o, w, eps)?;
                 }
-                x = cpu_ops::add(&x, &o)?;
+                x = cpu_ops::add(&x, &self.to_residual(o)?)?;
                 let h = cpu_ops::rms_norm(&x, &block.ffn_norm, eps)?;
                 let partial = match &block.mlp {
                     Mlp::Dense { gate_up, down } => {
@@ -529,7 +529,7 @@ impl LlamaShard {
                 if let Some(w) = &block.post_ffn_norm {
                     d = cpu_ops::rms_norm(&d, w, eps)?;
                 }
-                x = cpu_ops::add(&x, &d)?;
+                x = cpu_ops::add(&x, &self.to_residual(d)?)?;
             }
             Ok(x)
         })();
@@ -555,14 +555,27 @@ impl LlamaShard {
         let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
         let last = x.index_select(&rows, 0)?;
         let last = cpu_ops::rms_norm(&last, &self.norm, eps)?;
-        let logits = softcap_logits(self.lm_head.forward(&last)?, &self.config)?;
+        let logits = final_logits(self.lm_head.forward(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
+    }
+
+    /// A layer half's output as it joins the residual stream: times Granite's residual
+    /// multiplier, where the model has one.
+    pub(crate) fn to_residual(&self, out: Tensor) -> Result<Tensor> {
+        Ok(match self.config.residual_multiplier {
+            Some(m) if m != 1.0 => (out * f64::from(m))?,
+            _ => out,
+        })
     }
 }
 
-/// Gemma 2's final logits, `cap · tanh(logit / cap)`, on this rank's slice of the
-/// vocabulary (element by element, so before the gather as after it).
-pub(crate) fn softcap_logits(logits: Tensor, config: &ModelConfig) -> Result<Tensor> {
+/// The LM head's logits as the model ends: divided by Granite's logits scaling, and
+/// capped to Gemma 2's `cap · tanh(logit / cap)`, on this rank's slice of the vocabulary
+/// (element by element, so before the gather as after it).
+pub(crate) fn final_logits(mut logits: Tensor, config: &ModelConfig) -> Result<Tensor> {
+    if let Some(s) = config.logits_scaling.filter(|s| *s != 1.0) {
+        logits = (logits / f64::from(s))?;
+    }
     Ok(match config.final_logit_softcapping {
         Some(cap) => ((logits / f64::from(cap))?.tanh()? * f64::from(cap))?,
         None => logits,

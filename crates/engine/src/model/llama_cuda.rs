@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{softcap_logits, LlamaShard};
+use super::{final_logits, LlamaShard};
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
 use crate::model::cuda::buffers::Gpu;
@@ -203,6 +203,7 @@ impl LlamaShard {
             if let Some(w) = &block.post_attn_norm {
                 o = candle_nn::ops::rms_norm(&o.contiguous()?, w, eps)?;
             }
+            let o = self.to_residual(o)?;
             (x, h) =
                 kernels::add_rms_norm(gpu_dev, ACTIVATIONS, &x, Some(&o), &block.ffn_norm, eps)?;
             // MLP half.
@@ -216,6 +217,7 @@ impl LlamaShard {
             if let Some(w) = &block.post_ffn_norm {
                 d = candle_nn::ops::rms_norm(&d.contiguous()?, w, eps)?;
             }
+            let d = self.to_residual(d)?;
             match self.blocks.get(i + 1) {
                 Some(next) => {
                     (x, h) = kernels::add_rms_norm(
@@ -246,7 +248,7 @@ impl LlamaShard {
         let last = x.index_select(&rows, 0)?;
         let last = candle_nn::ops::rms_norm(&last.contiguous()?, &self.norm, eps)?
             .to_dtype(kernels::candle_dtype(ACTIVATIONS))?;
-        let logits = softcap_logits(self.lm_head.forward_f32(&last)?, &self.config)?;
+        let logits = final_logits(self.lm_head.forward_f32(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
     }
 }

@@ -46,7 +46,15 @@ fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
                 out.push((format!("{name} {tag} GGUF"), file, folder.clone()));
             }
         }
-        for name in ["qwen3-moe", "gemma3", "phi3", "smollm3", "gemma2", "phi4-mini"] {
+        for name in [
+            "qwen3-moe",
+            "gemma3",
+            "phi3",
+            "smollm3",
+            "gemma2",
+            "phi4-mini",
+            "granite",
+        ] {
             let folder = dir.join(name);
             out.push((format!("{name} bf16"), folder.clone(), folder));
         }

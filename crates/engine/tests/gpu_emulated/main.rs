@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 13] = [
+const MODELS: [&str; 14] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -59,6 +59,7 @@ const MODELS: [&str; 13] = [
     "tiny-smollm3",
     "tiny-gemma2",
     "tiny-phi4-mini",
+    "tiny-granite",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that
