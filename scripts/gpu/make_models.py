@@ -35,6 +35,10 @@ from a fixed seed
   granite/     GraniteForCausalLM, bf16: embeddings times 2, attention scores times 1/64,
                each layer half's output times 0.5 before the residual add, logits divided
                by 4; 6 query heads / 2 KV heads of 64, untied LM head
+  glm4/        Glm4ForCausalLM, bf16: 4 query heads / 2 KV heads of 128 of which the first
+               64 dimensions rotate in neighbouring pairs (partial_rotary_factor 0.5),
+               query/key/value biases, gate and up rows fused in gate_up_proj, norms after
+               attention and the MLP, untied LM head
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -51,7 +55,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM,
+                          Glm4Config, Glm4ForCausalLM, GraniteConfig, GraniteForCausalLM,
+                          LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config,
@@ -255,6 +260,11 @@ def main():
         embedding_multiplier=2.0, attention_multiplier=1.0 / 64, residual_multiplier=0.5,
         logits_scaling=4.0, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
         pad_token_id=None, **common), tok)
+    build(out, "glm4", Glm4ForCausalLM, Glm4Config(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=128, partial_rotary_factor=0.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        attention_bias=True, tie_word_embeddings=False, pad_token_id=None, **common), tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,

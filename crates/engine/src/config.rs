@@ -79,8 +79,8 @@ pub struct ModelConfig {
     /// Each query and key head is RMS-normalized (weights of `head_dim`) before RoPE
     /// (qwen3, gemma3).
     pub qk_norm: bool,
-    /// Gemma's layer: RMSNorm also after attention and after the MLP (before each
-    /// residual add), and the MLP's own input norm named `pre_feedforward_layernorm`.
+    /// Gemma's and GLM-4's layer: RMSNorm also after attention and after the MLP (before
+    /// each residual add); see [`ModelConfig::sandwich_norm_names`].
     pub sandwich_norms: bool,
     /// Added to every RMSNorm weight at load: gemma checkpoints store `w - 1` and scale by
     /// `1 + w` (its GGUF files have the 1 added already).
@@ -167,6 +167,27 @@ impl ModelConfig {
             );
         }
         s
+    }
+
+    /// The names of a sandwich-norm layer's norms after its input norm: the MLP's input
+    /// norm, the norm after attention and the norm after the MLP. Gemma calls them
+    /// `pre_feedforward_layernorm`, `post_attention_layernorm` and
+    /// `post_feedforward_layernorm`; GLM-4 keeps llama's `post_attention_layernorm` for the
+    /// MLP's input and names the others `post_self_attn_layernorm` and
+    /// `post_mlp_layernorm`.
+    pub fn sandwich_norm_names(&self) -> [&'static str; 3] {
+        match self.architecture.as_str() {
+            "glm4" => [
+                "post_attention_layernorm.weight",
+                "post_self_attn_layernorm.weight",
+                "post_mlp_layernorm.weight",
+            ],
+            _ => [
+                "pre_feedforward_layernorm.weight",
+                "post_attention_layernorm.weight",
+                "post_feedforward_layernorm.weight",
+            ],
+        }
     }
 
     /// Query heads that share one KV head.
@@ -286,7 +307,8 @@ const MAX_CONTEXT: usize = 1 << 21;
 /// Architectures of the llama family, with the rope style of their GGUF files.
 pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
-        "llama" | "mistral" | "smollm3" | "granite" => Ok(RopeStyle::Interleaved),
+        // glm4: GLM's rotation pairs neighbours, and its files keep the rows as trained.
+        "llama" | "mistral" | "smollm3" | "granite" | "glm4" => Ok(RopeStyle::Interleaved),
         "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }

@@ -1,6 +1,6 @@
 //! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and the
 //! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 2/3, Mistral, Phi-3,
-//! SmolLM3, Granite and the mixtures of experts (whose part is `config_moe.rs`).
+//! SmolLM3, Granite, GLM-4 and the mixtures of experts (whose part is `config_moe.rs`).
 
 use serde::Deserialize;
 
@@ -145,6 +145,7 @@ impl HfConfig {
             "phi3" | "Phi3ForCausalLM" => ("phi3", false),
             "smollm3" | "SmolLM3ForCausalLM" => ("smollm3", false),
             "granite" | "GraniteForCausalLM" => ("granite", false),
+            "glm4" | "Glm4ForCausalLM" => ("glm4", true),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         let unsupported =
@@ -192,11 +193,16 @@ impl HfConfig {
             rms_norm_eps: self.rms_norm_eps,
             rope_theta,
             rope_scaling,
-            rope_style: RopeStyle::Half,
+            // GLM rotates neighbouring pairs.
+            rope_style: match architecture {
+                "glm4" => RopeStyle::Interleaved,
+                _ => RopeStyle::Half,
+            },
             max_position_embeddings: self.max_position_embeddings,
             attention_bias: self.attention_bias.unwrap_or(default_bias),
             qk_norm: matches!(architecture, "qwen3" | "qwen3_moe"),
-            sandwich_norms: false,
+            // GLM-4: a norm after attention and after the MLP too.
+            sandwich_norms: architecture == "glm4",
             norm_weight_offset: 0.0,
             embed_scale: None,
             attention_scale: None,

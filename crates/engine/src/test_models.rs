@@ -61,6 +61,9 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         "tiny-phi4-mini" => d(512, 4, 2, 128, 192),
         // Granite's embedding, attention, residual and logit scalars.
         "tiny-granite" => d(256, 4, 2, 64, 192),
+        // Half of each head of 128 rotating in neighbouring pairs, biases, a fused gate/up
+        // projection, norms after attention and the MLP (GLM-4).
+        "tiny-glm4" => d(256, 4, 2, 128, 192),
         // Mixtures of experts.
         "tiny-qwen3-moe" | "tiny-mixtral" => d(128, 4, 2, 64, 160),
         other => return Err(bad(format!("no GPU-shaped dimensions for {other}"))),

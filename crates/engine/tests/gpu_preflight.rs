@@ -19,7 +19,7 @@ use gguf_writer::{check_gguf, GGUF_CHECK_FORMATS, GGUF_CHECK_MODELS};
 use tessera_engine::{generate, Engine, EngineConfig};
 
 /// The dense models of the GPU checks.
-const MODELS: [&str; 11] = [
+const MODELS: [&str; 12] = [
     "llama",
     "qwen2",
     "mistral",
@@ -31,6 +31,7 @@ const MODELS: [&str; 11] = [
     "gemma2",
     "phi4-mini",
     "granite",
+    "glm4",
 ];
 const MIN_COMPARED: usize = 8;
 

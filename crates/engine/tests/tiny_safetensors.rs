@@ -15,7 +15,8 @@
 //! SmolLM3 whose fourth layer adds no position embedding, from safetensors and GGUF. An
 //! f32 Gemma 2 (a window in every other layer, capped attention scores and logits). An
 //! f32 Granite (its embedding, attention, residual and logit scalars), from safetensors
-//! and GGUF.
+//! and GGUF. An f32 GLM-4 (half of each head rotated in neighbouring pairs, biases, a
+//! fused gate/up projection, norms after attention and the MLP), from safetensors and GGUF.
 
 mod common;
 
@@ -268,4 +269,34 @@ fn tiny_granite_reference_depends_on_each_scalar() {
         println!("tiny-granite with {scalar} 1: rel L2 {err:.2e}");
         assert!(err > 1e-2, "{scalar}: {err}");
     }
+}
+
+/// GLM-4: half of each head rotates, in neighbouring pairs; query/key/value biases; a
+/// fused gate/up projection; norms after attention and after the MLP.
+#[test]
+fn tiny_glm4_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-glm4", tp, 1e-5);
+    }
+}
+
+/// The same weights as llama.cpp writes glm4 (rows as trained, the rotated part as
+/// `glm4.rope.dimension_count`, the fused gate/up rows as one `ffn_up`).
+#[test]
+fn tiny_glm4_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-glm4.gguf");
+    for tp in 1..=4 {
+        check_against_transformers("tiny-glm4", &path, tp, 1e-5);
+    }
+}
+
+/// Rotating whole heads moves the 60-token case far from the reference.
+#[test]
+fn tiny_glm4_reference_depends_on_the_partial_rotation() {
+    let dir = edited_copy("tiny-glm4", |c| {
+        c["rope_parameters"]["partial_rotary_factor"] = 1.0.into()
+    });
+    let err = long_case_error("tiny-glm4", &dir.0);
+    println!("tiny-glm4 rotating whole heads: rel L2 {err:.2e}");
+    assert!(err > 1e-2, "{err}");
 }

@@ -277,9 +277,11 @@ pub(crate) fn config_from_content(
         rope_scaling: RopeScaling::from_gguf(md, &arch, rope_factors)?,
         rope_style,
         max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
-        attention_bias: arch == "qwen2",
+        // GLM-4 files hold the biases its checkpoints have (attention_bias).
+        attention_bias: arch == "qwen2"
+            || (arch == "glm4" && content.tensor_infos.contains_key("blk.0.attn_q.bias")),
         qk_norm: matches!(arch.as_str(), "qwen3" | "qwen3moe"),
-        sandwich_norms: false,
+        sandwich_norms: arch == "glm4",
         norm_weight_offset: 0.0,
         embed_scale: None,
         attention_scale: None,

@@ -75,13 +75,15 @@ fn expert_location(canonical: &str) -> Option<GgufLocation> {
 
 /// Where `canonical` lives in a GGUF file of architecture `arch`: gemma's (2 and 3) layers have
 /// four norms, and its `post_attention_layernorm` is the one after attention, not the
-/// MLP's input norm that llama's name means. A phi3 file's `ffn_up` holds the gate rows
-/// and then the up rows (Phi-3's `gate_up_proj`), so it answers for that name only.
+/// MLP's input norm that llama's name means; GLM-4's are named as in llama, with
+/// `post_self_attn_layernorm` and `post_mlp_layernorm` after attention and the MLP. A
+/// phi3 or glm4 file's `ffn_up` holds the gate rows and then the up rows (a fused
+/// `gate_up_proj`), so it answers for that name only.
 pub(crate) fn locate(arch: &str, canonical: &str) -> Result<GgufLocation> {
     if let Some(location) = expert_location(canonical) {
         return Ok(location);
     }
-    if arch == "phi3" {
+    if matches!(arch, "phi3" | "glm4") {
         if let Some(layer) = canonical
             .strip_prefix("model.layers.")
             .and_then(|rest| rest.split_once('.'))
@@ -99,23 +101,21 @@ pub(crate) fn locate(arch: &str, canonical: &str) -> Result<GgufLocation> {
             return Err(EngineError::MissingTensor(canonical.to_string()));
         }
     }
-    let gemma = if matches!(arch, "gemma2" | "gemma3") {
-        canonical
-            .strip_prefix("model.layers.")
-            .and_then(|rest| rest.split_once('.'))
-            .and_then(|(layer, suffix)| {
-                let mapped = match suffix {
-                    "post_attention_layernorm.weight" => "post_attention_norm.weight",
-                    "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
-                    "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
-                    _ => return None,
-                };
-                Some(format!("blk.{layer}.{mapped}"))
-            })
-    } else {
-        None
-    };
-    gemma
+    let sandwich = canonical
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'))
+        .and_then(|(layer, suffix)| {
+            let mapped = match (arch, suffix) {
+                ("gemma2" | "gemma3", "post_attention_layernorm.weight")
+                | ("glm4", "post_self_attn_layernorm.weight") => "post_attention_norm.weight",
+                ("gemma2" | "gemma3", "pre_feedforward_layernorm.weight") => "ffn_norm.weight",
+                ("gemma2" | "gemma3", "post_feedforward_layernorm.weight")
+                | ("glm4", "post_mlp_layernorm.weight") => "post_ffw_norm.weight",
+                _ => return None,
+            };
+            Some(format!("blk.{layer}.{mapped}"))
+        });
+    sandwich
         .or_else(|| gguf_name(canonical))
         .map(|name| GgufLocation { name, expert: None })
         .ok_or_else(|| EngineError::MissingTensor(canonical.to_string()))

@@ -286,10 +286,11 @@ pub fn load_rank_shards(
         };
         let attn_norm = norm_weight(&name("input_layernorm.weight"))?;
         let (ffn_norm, post_attn_norm, post_ffn_norm) = if config.sandwich_norms {
+            let [ffn, post_attn, post_ffn] = config.sandwich_norm_names();
             (
-                norm_weight(&name("pre_feedforward_layernorm.weight"))?,
-                Some(norm_weight(&name("post_attention_layernorm.weight"))?),
-                Some(norm_weight(&name("post_feedforward_layernorm.weight"))?),
+                norm_weight(&name(ffn))?,
+                Some(norm_weight(&name(post_attn))?),
+                Some(norm_weight(&name(post_ffn))?),
             )
         } else {
             (

@@ -54,6 +54,7 @@ fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
             "gemma2",
             "phi4-mini",
             "granite",
+            "glm4",
         ] {
             let folder = dir.join(name);
             out.push((format!("{name} bf16"), folder.clone(), folder));

@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 14] = [
+const MODELS: [&str; 15] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -60,6 +60,7 @@ const MODELS: [&str; 14] = [
     "tiny-gemma2",
     "tiny-phi4-mini",
     "tiny-granite",
+    "tiny-glm4",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that
