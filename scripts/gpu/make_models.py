@@ -32,9 +32,11 @@ from a fixed seed
                pretraining context is the whole context (2048), so transformers and
                Tessera both run the short factors whatever the prompt's length; untied LM
                head
-  granite/     GraniteForCausalLM, bf16: embeddings times 2, attention scores times 1/64,
-               each layer half's output times 0.5 before the residual add, logits divided
-               by 4; 6 query heads / 2 KV heads of 64, untied LM head
+  granite/     GraniteForCausalLM, bf16: 5 layers, embeddings times 2, attention scores
+               times 1/64, each layer half's output times 0.5 before the residual add,
+               logits divided by 0.5 (Granite ships 8 or 16; dividing random logits by more
+               leaves the greedy checks near ties); 6 query heads / 2 KV heads of 64,
+               untied LM head
   glm4/        Glm4ForCausalLM, bf16: 4 query heads / 2 KV heads of 128 of which the first
                64 dimensions rotate in neighbouring pairs (partial_rotary_factor 0.5),
                query/key/value biases, gate and up rows fused in gate_up_proj, norms after
@@ -255,10 +257,10 @@ def main():
                          "long_factor": [1.0 + 30.0 * (i / pairs) ** 2 for i in range(pairs)]},
         tie_word_embeddings=False, pad_token_id=None, **common), tok)
     build(out, "granite", GraniteForCausalLM, GraniteConfig(
-        hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
+        hidden_size=384, intermediate_size=1024, num_hidden_layers=5,
         num_attention_heads=6, num_key_value_heads=2, rope_theta=10000.0,
         embedding_multiplier=2.0, attention_multiplier=1.0 / 64, residual_multiplier=0.5,
-        logits_scaling=4.0, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        logits_scaling=0.5, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
         pad_token_id=None, **common), tok)
     build(out, "glm4", Glm4ForCausalLM, Glm4Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,

@@ -15,24 +15,9 @@ mod gguf_writer;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use gguf_writer::{check_gguf, GGUF_CHECK_FORMATS, GGUF_CHECK_MODELS};
+use gguf_writer::{check_gguf, BF16_CHECK_MODELS, GGUF_CHECK_FORMATS, GGUF_CHECK_MODELS};
 use tessera_engine::{generate, Engine, EngineConfig};
 
-/// The dense models of the GPU checks.
-const MODELS: [&str; 12] = [
-    "llama",
-    "qwen2",
-    "mistral",
-    "qwen3",
-    "qwen3-moe",
-    "gemma3",
-    "phi3",
-    "smollm3",
-    "gemma2",
-    "phi4-mini",
-    "granite",
-    "glm4",
-];
 const MIN_COMPARED: usize = 8;
 
 /// Whether to check model `name`: `TESSERA_PREFLIGHT_MODELS` (comma-separated names)
@@ -42,9 +27,13 @@ fn selected(name: &str) -> bool {
     only.is_empty() || only.split(',').any(|o| o.trim() == name)
 }
 
-/// The dense models to check.
+/// The models of the GPU checks to check.
 fn models() -> Vec<&'static str> {
-    MODELS.into_iter().filter(|m| selected(m)).collect()
+    GGUF_CHECK_MODELS
+        .into_iter()
+        .chain(BF16_CHECK_MODELS)
+        .filter(|m| selected(m))
+        .collect()
 }
 
 fn model(name: &str) -> PathBuf {

@@ -229,6 +229,18 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, vocab: Vocab, out: &Path) {
 /// experts: those are checked from their safetensors folders only.
 pub const GGUF_CHECK_MODELS: [&str; 4] = ["llama", "qwen2", "mistral", "qwen3"];
 
+/// The models the GPU checks run in bf16 only (besides those above).
+pub const BF16_CHECK_MODELS: [&str; 8] = [
+    "qwen3-moe",
+    "gemma3",
+    "phi3",
+    "smollm3",
+    "gemma2",
+    "phi4-mini",
+    "granite",
+    "glm4",
+];
+
 /// The GGUF formats the GPU checks run.
 pub const GGUF_CHECK_FORMATS: [(GgmlDType, &str); 2] =
     [(GgmlDType::Q4_1, "q4_1"), (GgmlDType::Q8_0, "q8_0")];

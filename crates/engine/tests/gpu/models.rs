@@ -21,7 +21,7 @@ use crate::common::{
     agree_until_tie, floats, gpu_check_prompts, gpu_logits_bound, greedy_opts, greedy_steps,
     read_json, rel_l2, GPU_GGUF_LOGITS_BOUND, GPU_LOGITS_BOUND, GPU_TP_MARGIN,
 };
-use crate::gguf_writer::{check_gguf, GGUF_CHECK_FORMATS, GGUF_CHECK_MODELS};
+use crate::gguf_writer::{check_gguf, BF16_CHECK_MODELS, GGUF_CHECK_FORMATS, GGUF_CHECK_MODELS};
 use crate::report::check;
 
 const MIN_COMPARED: usize = 8;
@@ -46,16 +46,7 @@ fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
                 out.push((format!("{name} {tag} GGUF"), file, folder.clone()));
             }
         }
-        for name in [
-            "qwen3-moe",
-            "gemma3",
-            "phi3",
-            "smollm3",
-            "gemma2",
-            "phi4-mini",
-            "granite",
-            "glm4",
-        ] {
+        for name in BF16_CHECK_MODELS {
             let folder = dir.join(name);
             out.push((format!("{name} bf16"), folder.clone(), folder));
         }
