@@ -383,4 +383,32 @@ mod tests {
         assert!(config_from_content(&gemma("gemma3", 26), RopeFactorTensors::default())?.qk_norm);
         Ok(())
     }
+
+    /// A granite file without its scalars runs as llama.cpp runs it: nothing scaled, and
+    /// scores by 1/√head_dim; a 0 means none too.
+    #[test]
+    fn granite_scalars_absent_or_zero_scale_nothing() -> Result<()> {
+        let mut file = gemma("granite", 4);
+        let c = config_from_content(&file, RopeFactorTensors::default())?;
+        assert_eq!(
+            (
+                c.embed_scale,
+                c.attention_scale,
+                c.residual_multiplier,
+                c.logits_scaling
+            ),
+            (None, None, None, None)
+        );
+        assert_eq!(c.rope_style, crate::config::RopeStyle::Interleaved);
+        file.metadata
+            .insert("granite.residual_scale".into(), Value::F32(0.22));
+        file.metadata
+            .insert("granite.logit_scale".into(), Value::F32(0.0));
+        let c = config_from_content(&file, RopeFactorTensors::default())?;
+        assert_eq!(
+            (c.residual_multiplier, c.logits_scaling),
+            (Some(0.22), None)
+        );
+        Ok(())
+    }
 }
