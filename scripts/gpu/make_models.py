@@ -41,6 +41,9 @@ from a fixed seed
                64 dimensions rotate in neighbouring pairs (partial_rotary_factor 0.5),
                query/key/value biases, gate and up rows fused in gate_up_proj, norms after
                attention and the MLP, untied LM head
+  olmo2/       Olmo2ForCausalLM, bf16: no input norms, norms after attention and the MLP,
+               query and key norms across all heads (8 query heads / 2 KV heads of 64, so
+               TP = 3 and 4 replicate KV heads), untied LM head
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -58,7 +61,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
                           Glm4Config, Glm4ForCausalLM, GraniteConfig, GraniteForCausalLM,
-                          LlamaConfig, LlamaForCausalLM,
+                          LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config,
@@ -267,6 +270,11 @@ def main():
         num_attention_heads=4, num_key_value_heads=2, head_dim=128, partial_rotary_factor=0.5,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         attention_bias=True, tie_word_embeddings=False, pad_token_id=None, **common), tok)
+    build(out, "olmo2", Olmo2ForCausalLM, Olmo2Config(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        attention_bias=False, tie_word_embeddings=False, pad_token_id=None, **common), tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,

@@ -79,6 +79,12 @@ pub struct ModelConfig {
     /// Each query and key head is RMS-normalized (weights of `head_dim`) before RoPE
     /// (qwen3, gemma3).
     pub qk_norm: bool,
+    /// With `qk_norm`: the norms span all of a token's query heads and all its key heads
+    /// (OLMo 2: weights of heads · head_dim), not each head on its own.
+    pub qk_norm_across_heads: bool,
+    /// Each layer half normalizes its input (`input_layernorm`, the MLP's input norm);
+    /// false for OLMo 2, which normalizes the halves' outputs only.
+    pub input_norms: bool,
     /// Gemma's and GLM-4's layer: RMSNorm also after attention and after the MLP (before
     /// each residual add); see [`ModelConfig::sandwich_norm_names`].
     pub sandwich_norms: bool,
@@ -174,7 +180,7 @@ impl ModelConfig {
     /// `pre_feedforward_layernorm`, `post_attention_layernorm` and
     /// `post_feedforward_layernorm`; GLM-4 keeps llama's `post_attention_layernorm` for the
     /// MLP's input and names the others `post_self_attn_layernorm` and
-    /// `post_mlp_layernorm`.
+    /// `post_mlp_layernorm`. OLMo 2 has Gemma's names and no input norms.
     pub fn sandwich_norm_names(&self) -> [&'static str; 3] {
         match self.architecture.as_str() {
             "glm4" => [
@@ -309,7 +315,9 @@ pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
     match arch {
         // glm4: GLM's rotation pairs neighbours, and its files keep the rows as trained.
         "llama" | "mistral" | "smollm3" | "granite" | "glm4" => Ok(RopeStyle::Interleaved),
-        "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" => Ok(RopeStyle::Half),
+        "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" | "olmo2" => {
+            Ok(RopeStyle::Half)
+        }
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
 }
@@ -430,6 +438,8 @@ mod tests {
             max_position_embeddings: 8192,
             attention_bias: false,
             qk_norm: false,
+            qk_norm_across_heads: false,
+            input_norms: true,
             sandwich_norms: false,
             norm_weight_offset: 0.0,
             embed_scale: None,

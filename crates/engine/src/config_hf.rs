@@ -1,6 +1,6 @@
 //! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and the
 //! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 2/3, Mistral, Phi-3,
-//! SmolLM3, Granite, GLM-4 and the mixtures of experts (whose part is `config_moe.rs`).
+//! SmolLM3, Granite, GLM-4, OLMo 2 and the mixtures of experts (whose part is `config_moe.rs`).
 
 use serde::Deserialize;
 
@@ -146,6 +146,7 @@ impl HfConfig {
             "smollm3" | "SmolLM3ForCausalLM" => ("smollm3", false),
             "granite" | "GraniteForCausalLM" => ("granite", false),
             "glm4" | "Glm4ForCausalLM" => ("glm4", true),
+            "olmo2" | "Olmo2ForCausalLM" => ("olmo2", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         let unsupported =
@@ -200,9 +201,11 @@ impl HfConfig {
             },
             max_position_embeddings: self.max_position_embeddings,
             attention_bias: self.attention_bias.unwrap_or(default_bias),
-            qk_norm: matches!(architecture, "qwen3" | "qwen3_moe"),
-            // GLM-4: a norm after attention and after the MLP too.
-            sandwich_norms: architecture == "glm4",
+            qk_norm: matches!(architecture, "qwen3" | "qwen3_moe" | "olmo2"),
+            qk_norm_across_heads: architecture == "olmo2",
+            input_norms: architecture != "olmo2",
+            // GLM-4 and OLMo 2: a norm after attention and after the MLP too.
+            sandwich_norms: matches!(architecture, "glm4" | "olmo2"),
             norm_weight_offset: 0.0,
             embed_scale: None,
             attention_scale: None,

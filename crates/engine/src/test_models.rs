@@ -64,6 +64,8 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         // Half of each head of 128 rotating in neighbouring pairs, biases, a fused gate/up
         // projection, norms after attention and the MLP (GLM-4).
         "tiny-glm4" => d(256, 4, 2, 128, 192),
+        // No input norms; query/key norms across all heads (OLMo 2).
+        "tiny-olmo2" => d(256, 4, 2, 64, 192),
         // Mixtures of experts.
         "tiny-qwen3-moe" | "tiny-mixtral" => d(128, 4, 2, 64, 160),
         other => return Err(bad(format!("no GPU-shaped dimensions for {other}"))),
@@ -141,6 +143,7 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
         .get("vocab_size")
         .and_then(Value::as_u64)
         .ok_or_else(|| bad("no vocab_size".into()))? as usize;
+    let across_heads = c.get("model_type").and_then(Value::as_str) == Some("olmo2");
     let text = serde_json::to_string_pretty(&config).map_err(|e| bad(e.to_string()))?;
     let tmp = temporary(out, "config.json");
     std::fs::write(&tmp, text)?;
@@ -150,7 +153,12 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
     let mut rng = Lcg(seed);
     let mut tensors: BTreeMap<String, (Vec<usize>, Vec<u8>)> = BTreeMap::new();
     for name in tensor_names(fixture)? {
-        let shape = shape_of(&name, dims, vocab, experts, moe_width)?;
+        let shape = match name.rsplit('.').nth(1) {
+            // OLMo 2's query and key norms span all heads.
+            Some("q_norm") if across_heads => vec![dims.heads * dims.head_dim],
+            Some("k_norm") if across_heads => vec![dims.kv_heads * dims.head_dim],
+            _ => shape_of(&name, dims, vocab, experts, moe_width)?,
+        };
         let fan_in = shape.last().copied().unwrap_or(1);
         let count: usize = shape.iter().product();
         let values: Vec<f32> = if name.ends_with("norm.weight") {

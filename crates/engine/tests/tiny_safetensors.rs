@@ -17,6 +17,7 @@
 //! f32 Granite (its embedding, attention, residual and logit scalars), from safetensors
 //! and GGUF. An f32 GLM-4 (half of each head rotated in neighbouring pairs, biases, a
 //! fused gate/up projection, norms after attention and the MLP), from safetensors and GGUF.
+//! An f32 OLMo 2 (no input norms; query/key norms across heads, all-reduced under TP).
 
 mod common;
 
@@ -299,4 +300,23 @@ fn tiny_glm4_reference_depends_on_the_partial_rotation() {
     let err = long_case_error("tiny-glm4", &dir.0);
     println!("tiny-glm4 rotating whole heads: rel L2 {err:.2e}");
     assert!(err > 1e-2, "{err}");
+}
+
+/// OLMo 2: no input norms, norms after attention and the MLP, and query and key norms
+/// across all heads, whose sums of squares are all-reduced over the ranks that split the
+/// heads (2 KV heads replicated at TP = 3 and 4 count once each).
+#[test]
+fn tiny_olmo2_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-olmo2", tp, 1e-5);
+    }
+}
+
+/// The same weights as llama.cpp writes olmo2.
+#[test]
+fn tiny_olmo2_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-olmo2.gguf");
+    for tp in 1..=4 {
+        check_against_transformers("tiny-olmo2", &path, tp, 1e-5);
+    }
 }

@@ -280,8 +280,10 @@ pub(crate) fn config_from_content(
         // GLM-4 files hold the biases its checkpoints have (attention_bias).
         attention_bias: arch == "qwen2"
             || (arch == "glm4" && content.tensor_infos.contains_key("blk.0.attn_q.bias")),
-        qk_norm: matches!(arch.as_str(), "qwen3" | "qwen3moe"),
-        sandwich_norms: arch == "glm4",
+        qk_norm: matches!(arch.as_str(), "qwen3" | "qwen3moe" | "olmo2"),
+        qk_norm_across_heads: arch == "olmo2",
+        input_norms: arch != "olmo2",
+        sandwich_norms: matches!(arch.as_str(), "glm4" | "olmo2"),
         norm_weight_offset: 0.0,
         embed_scale: None,
         attention_scale: None,

@@ -75,7 +75,8 @@ fn expert_location(canonical: &str) -> Option<GgufLocation> {
 
 /// Where `canonical` lives in a GGUF file of architecture `arch`: gemma's (2 and 3) layers have
 /// four norms, and its `post_attention_layernorm` is the one after attention, not the
-/// MLP's input norm that llama's name means; GLM-4's are named as in llama, with
+/// MLP's input norm that llama's name means (OLMo 2's too, which has no input norms);
+/// GLM-4's are named as in llama, with
 /// `post_self_attn_layernorm` and `post_mlp_layernorm` after attention and the MLP. A
 /// phi3 or glm4 file's `ffn_up` holds the gate rows and then the up rows (a fused
 /// `gate_up_proj`), so it answers for that name only.
@@ -106,10 +107,10 @@ pub(crate) fn locate(arch: &str, canonical: &str) -> Result<GgufLocation> {
         .and_then(|rest| rest.split_once('.'))
         .and_then(|(layer, suffix)| {
             let mapped = match (arch, suffix) {
-                ("gemma2" | "gemma3", "post_attention_layernorm.weight")
+                ("gemma2" | "gemma3" | "olmo2", "post_attention_layernorm.weight")
                 | ("glm4", "post_self_attn_layernorm.weight") => "post_attention_norm.weight",
                 ("gemma2" | "gemma3", "pre_feedforward_layernorm.weight") => "ffn_norm.weight",
-                ("gemma2" | "gemma3", "post_feedforward_layernorm.weight")
+                ("gemma2" | "gemma3" | "olmo2", "post_feedforward_layernorm.weight")
                 | ("glm4", "post_mlp_layernorm.weight") => "post_ffw_norm.weight",
                 _ => return None,
             };

@@ -29,16 +29,20 @@ use crate::model::paged_attention::{attend, query_groups, write_kv, AttentionSha
 use crate::model::rope::RopeTable;
 use crate::tp::{Communicator, RankShard, ShardPlan};
 
+use super::head_norms::{norm_across_heads, HeadNorms};
+
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 #[path = "llama_cuda.rs"]
 mod cuda;
 
 #[derive(Debug)]
 struct Block {
-    attn_norm: Tensor,
+    /// The attention half's input norm (`None`: OLMo 2 normalizes outputs only).
+    attn_norm: Option<Tensor>,
     qkv: ColumnParallel,
-    /// Per-head RMSNorm weights of queries and keys (`head_dim` each), where the model has
-    /// them; the same on every rank, since each head is normalized on its own.
+    /// RMSNorm weights of queries and keys, where the model has them: per head
+    /// (`head_dim` each, the same on every rank), or across all heads (OLMo 2: this
+    /// rank's slice of them).
     qk_norm: Option<HeadNorms>,
     /// Gemma's norms of the attention and MLP outputs.
     post_attn_norm: Option<Tensor>,
@@ -48,7 +52,8 @@ struct Block {
     /// Queries and keys are rotated (false in SmolLM3's layers without RoPE).
     rotates: bool,
     o_proj: Linear,
-    ffn_norm: Tensor,
+    /// The MLP half's input norm (`None` for OLMo 2).
+    ffn_norm: Option<Tensor>,
     mlp: Mlp,
 }
 
@@ -60,42 +65,6 @@ enum Mlp {
         down: Linear,
     },
     Experts(MoeShard),
-}
-
-/// Weights of the per-head query and key RMSNorm (Qwen3): on the host for CPU ranks, and
-/// as f32 tensors on the device for CUDA ranks.
-#[derive(Debug, Clone)]
-struct HeadNorms {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    #[cfg_attr(
-        not(any(feature = "cuda", feature = "gpu-emulation")),
-        allow(dead_code)
-    )]
-    on_device: Option<(Tensor, Tensor)>,
-}
-
-impl HeadNorms {
-    /// The query and key weights as f32 tensors on `dev`.
-    fn tensors(&self, dev: &Device) -> Result<(Tensor, Tensor)> {
-        Ok((
-            Tensor::from_slice(&self.q, self.q.len(), dev)?,
-            Tensor::from_slice(&self.k, self.k.len(), dev)?,
-        ))
-    }
-
-    /// These norms for a rank on `dev`: CUDA ranks also get the weights as tensors.
-    fn for_device(&self, dev: &Device) -> Result<Self> {
-        let on_device = if dev.is_cuda() {
-            Some(self.tensors(dev)?)
-        } else {
-            None
-        };
-        Ok(Self {
-            on_device,
-            ..self.clone()
-        })
-    }
 }
 
 /// One rank's part of the model. Owned by that rank's worker thread.
@@ -265,39 +234,47 @@ pub fn load_rank_shards(
         };
         mlps.reverse();
         let qk_norm = if config.qk_norm {
-            let norm = |s: &str| -> Result<Vec<f32>> {
+            // Per head, or (OLMo 2) across all query heads and all KV heads.
+            let (q_len, k_len) = match config.qk_norm_across_heads {
+                true => (config.num_heads * hd, config.num_kv_heads * hd),
+                false => (hd, hd),
+            };
+            let norm = |s: &str, len: usize| -> Result<Vec<f32>> {
                 let v = norm_weight(&name(s))?;
-                if v.dims1()? != hd {
+                if v.dims1()? != len {
                     return Err(EngineError::ShapeMismatch {
                         name: name(s),
-                        expected: vec![hd],
+                        expected: vec![len],
                         found: v.dims().to_vec(),
                     });
                 }
                 Ok(v.to_dtype(DType::F32)?.to_vec1::<f32>()?)
             };
             Some(HeadNorms {
-                q: norm("self_attn.q_norm.weight")?,
-                k: norm("self_attn.k_norm.weight")?,
+                q: norm("self_attn.q_norm.weight", q_len)?,
+                k: norm("self_attn.k_norm.weight", k_len)?,
+                across: None,
                 on_device: None,
             })
         } else {
             None
         };
-        let attn_norm = norm_weight(&name("input_layernorm.weight"))?;
+        let input_norm = |s: &str| -> Result<Option<Tensor>> {
+            config
+                .input_norms
+                .then(|| norm_weight(&name(s)))
+                .transpose()
+        };
+        let attn_norm = input_norm("input_layernorm.weight")?;
         let (ffn_norm, post_attn_norm, post_ffn_norm) = if config.sandwich_norms {
             let [ffn, post_attn, post_ffn] = config.sandwich_norm_names();
             (
-                norm_weight(&name(ffn))?,
+                input_norm(ffn)?,
                 Some(norm_weight(&name(post_attn))?),
                 Some(norm_weight(&name(post_ffn))?),
             )
         } else {
-            (
-                norm_weight(&name("post_attention_layernorm.weight"))?,
-                None,
-                None,
-            )
+            (input_norm("post_attention_layernorm.weight")?, None, None)
         };
         let sliding = config
             .sliding_window
@@ -309,7 +286,7 @@ pub fn load_rank_shards(
                 EngineError::Parallel(format!("layer {layer}: no MLP for rank {rank}"))
             })?;
             per_rank_blocks[i].push(Block {
-                attn_norm: attn_norm.to_device(dev)?,
+                attn_norm: attn_norm.as_ref().map(|n| n.to_device(dev)).transpose()?,
                 qkv: ColumnParallel::load(
                     &qkv,
                     qkv_bias.as_ref().map(|b| &b[..]),
@@ -318,7 +295,12 @@ pub fn load_rank_shards(
                     dev,
                     "qkv",
                 )?,
-                qk_norm: qk_norm.as_ref().map(|n| n.for_device(dev)).transpose()?,
+                qk_norm: match (&qk_norm, config.qk_norm_across_heads) {
+                    (Some(n), true) => {
+                        Some(HeadNorms::across_heads(&n.q, &n.k, plan, rank, hd)?.for_device(dev)?)
+                    }
+                    (n, _) => n.as_ref().map(|n| n.for_device(dev)).transpose()?,
+                },
                 post_attn_norm: post_attn_norm
                     .as_ref()
                     .map(|n| n.to_device(dev))
@@ -330,7 +312,7 @@ pub fn load_rank_shards(
                 sliding,
                 rotates: !config.nope_layers.get(layer).copied().unwrap_or(false),
                 o_proj: row_parallel(&o, &o_split, rank, dev)?,
-                ffn_norm: ffn_norm.to_device(dev)?,
+                ffn_norm: ffn_norm.as_ref().map(|n| n.to_device(dev)).transpose()?,
                 mlp,
             });
         }
@@ -492,14 +474,25 @@ impl LlamaShard {
         let mut layers = std::mem::take(&mut cache.layers);
         let result = (|| -> Result<Tensor> {
             for (block, layer_cache) in self.blocks.iter().zip(layers.iter_mut()) {
-                let h = cpu_ops::rms_norm(&x, &block.attn_norm, eps)?;
+                let h = match &block.attn_norm {
+                    Some(w) => cpu_ops::rms_norm(&x, w, eps)?,
+                    None => x.clone(),
+                };
                 let [mut q, mut k, v]: [Vec<f32>; 3] =
                     block.qkv.forward_vecs(&h)?.try_into().map_err(|_| {
                         EngineError::Parallel("qkv: expected three segments".into())
                     })?;
-                if let Some(norms) = &block.qk_norm {
-                    cpu_ops::rms_norm_heads(&mut q, &norms.q, eps);
-                    cpu_ops::rms_norm_heads(&mut k, &norms.k, eps);
+                match &block.qk_norm {
+                    Some(
+                        norms @ HeadNorms {
+                            across: Some(a), ..
+                        },
+                    ) => norm_across_heads(&mut q, &mut k, n, norms, a, comm, eps)?,
+                    Some(norms) => {
+                        cpu_ops::rms_norm_heads(&mut q, &norms.q, eps);
+                        cpu_ops::rms_norm_heads(&mut k, &norms.k, eps);
+                    }
+                    None => {}
                 }
                 let (rope, shape) = match (&self.rope_sliding, block.sliding) {
                     (Some(r), true) => (r, sliding),
@@ -519,7 +512,10 @@ impl LlamaShard {
                     o = cpu_ops::rms_norm(&o, w, eps)?;
                 }
                 x = cpu_ops::add(&x, &self.to_residual(o)?)?;
-                let h = cpu_ops::rms_norm(&x, &block.ffn_norm, eps)?;
+                let h = match &block.ffn_norm {
+                    Some(w) => cpu_ops::rms_norm(&x, w, eps)?,
+                    None => x.clone(),
+                };
                 let partial = match &block.mlp {
                     Mlp::Dense { gate_up, down } => {
                         down.forward(&gate_up.forward_gated(&h, self.config.activation)?)?

@@ -85,7 +85,7 @@ fn multiprocessors(device: &Device) -> Result<usize> {
 /// each head's `head_dim` values normalized in f32 with the weights of its kind.
 fn head_norms(
     qkv: &Tensor,
-    norms: &super::HeadNorms,
+    norms: &crate::model::head_norms::HeadNorms,
     heads: HeadLayout,
     eps: f32,
 ) -> Result<Tensor> {
@@ -110,6 +110,58 @@ fn head_norms(
     let k = norm(nq, nkv, k_w)?;
     let v = qkv.narrow(1, (nq + nkv) * hd, nkv * hd)?;
     Ok(Tensor::cat(&[&q, &k, &v], 1)?.contiguous()?)
+}
+
+/// OLMo 2's query and key norms across all of a token's heads, on `qkv` (`[n, width]`
+/// in the activation type): each rank's sums of squares (f32; a KV head held by several
+/// ranks weighted by its share) are all-reduced, and each rank scales its heads by the
+/// whole's RMS and its slice of the weights.
+fn norms_across_heads(
+    qkv: &Tensor,
+    norms: &crate::model::head_norms::HeadNorms,
+    across: &crate::model::head_norms::AcrossHeads,
+    heads: HeadLayout,
+    comm: &mut dyn Communicator,
+    eps: f32,
+) -> Result<Tensor> {
+    let (q_w, k_w) = norms
+        .on_device
+        .as_ref()
+        .ok_or_else(|| EngineError::Step("query/key norms were not loaded on the GPU".into()))?;
+    let n = qkv.dim(0)?;
+    let hd = heads.head_dim;
+    let (nq, nkv) = (heads.num_q_heads, heads.num_kv_heads);
+    let device = qkv.device();
+    let q = qkv.narrow(1, 0, nq * hd)?.to_dtype(DType::F32)?;
+    let k = qkv.narrow(1, nq * hd, nkv * hd)?.to_dtype(DType::F32)?;
+    let share = Tensor::from_slice(&across.k_share, (1, nkv), device)?;
+    let q_sum = q.sqr()?.sum_keepdim(1)?;
+    let k_sum = k
+        .reshape((n, nkv, hd))?
+        .sqr()?
+        .sum(2)?
+        .broadcast_mul(&share)?
+        .sum_keepdim(1)?;
+    let total = comm.all_reduce_sum(&Tensor::cat(&[&q_sum, &k_sum], 1)?.contiguous()?)?;
+    let scale = |col: usize, dims: usize| -> Result<Tensor> {
+        Ok(
+            ((total.narrow(1, col, 1)? / dims as f64)? + f64::from(eps))?
+                .sqrt()?
+                .recip()?,
+        )
+    };
+    let q = q
+        .broadcast_mul(&scale(0, across.q_dims)?)?
+        .broadcast_mul(&q_w.unsqueeze(0)?)?;
+    let k = k
+        .broadcast_mul(&scale(1, across.k_dims)?)?
+        .broadcast_mul(&k_w.unsqueeze(0)?)?;
+    let v = qkv.narrow(1, (nq + nkv) * hd, nkv * hd)?;
+    Ok(Tensor::cat(
+        &[&q.to_dtype(qkv.dtype())?, &k.to_dtype(qkv.dtype())?, &v],
+        1,
+    )?
+    .contiguous()?)
 }
 
 impl LlamaShard {
@@ -155,13 +207,30 @@ impl LlamaShard {
             return Ok(x);
         };
         let x = x.to_dtype(DType::F32)?.contiguous()?;
-        let (mut x, mut h) =
-            kernels::add_rms_norm(gpu_dev, ACTIVATIONS, &x, None, &first.attn_norm, eps)?;
+        let add_norm = |x: &Tensor, delta: Option<&Tensor>, norm: Option<&Tensor>| match norm {
+            Some(w) => kernels::add_rms_norm(gpu_dev, ACTIVATIONS, x, delta, w, eps),
+            // OLMo 2: the next half reads the residual stream itself.
+            None => {
+                let x = match delta {
+                    Some(d) => (x + d)?,
+                    None => x.clone(),
+                };
+                let h = x.to_dtype(act)?;
+                Ok((x, h))
+            }
+        };
+        let (mut x, mut h) = add_norm(&x, None, first.attn_norm.as_ref())?;
         for (i, block) in self.blocks.iter().enumerate() {
             // Attention half, on h = norm(x).
             let mut qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
-            if let Some(norms) = &block.qk_norm {
-                qkv = head_norms(&qkv, norms, heads, eps)?;
+            match &block.qk_norm {
+                Some(
+                    norms @ crate::model::head_norms::HeadNorms {
+                        across: Some(a), ..
+                    },
+                ) => qkv = norms_across_heads(&qkv, norms, a, heads, comm, eps)?,
+                Some(norms) => qkv = head_norms(&qkv, norms, heads, eps)?,
+                None => {}
             }
             let (k_cache, v_cache) = (&cache.k[i], &cache.v[i]);
             let rope = match (&gpu.rope_sliding, block.sliding) {
@@ -204,8 +273,7 @@ impl LlamaShard {
                 o = candle_nn::ops::rms_norm(&o.contiguous()?, w, eps)?;
             }
             let o = self.to_residual(o)?;
-            (x, h) =
-                kernels::add_rms_norm(gpu_dev, ACTIVATIONS, &x, Some(&o), &block.ffn_norm, eps)?;
+            (x, h) = add_norm(&x, Some(&o), block.ffn_norm.as_ref())?;
             // MLP half.
             let partial = match &block.mlp {
                 super::Mlp::Dense { gate_up, down } => {
@@ -219,16 +287,7 @@ impl LlamaShard {
             }
             let d = self.to_residual(d)?;
             match self.blocks.get(i + 1) {
-                Some(next) => {
-                    (x, h) = kernels::add_rms_norm(
-                        gpu_dev,
-                        ACTIVATIONS,
-                        &x,
-                        Some(&d),
-                        &next.attn_norm,
-                        eps,
-                    )?
-                }
+                Some(next) => (x, h) = add_norm(&x, Some(&d), next.attn_norm.as_ref())?,
                 None => x = (x + d)?,
             }
         }

@@ -5,6 +5,7 @@ pub mod cpu_ops;
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 pub mod cuda;
 pub mod fast_math;
+pub(crate) mod head_norms;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;

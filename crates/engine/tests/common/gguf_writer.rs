@@ -230,7 +230,7 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, vocab: Vocab, out: &Path) {
 pub const GGUF_CHECK_MODELS: [&str; 4] = ["llama", "qwen2", "mistral", "qwen3"];
 
 /// The models the GPU checks run in bf16 only (besides those above).
-pub const BF16_CHECK_MODELS: [&str; 8] = [
+pub const BF16_CHECK_MODELS: [&str; 9] = [
     "qwen3-moe",
     "gemma3",
     "phi3",
@@ -239,6 +239,7 @@ pub const BF16_CHECK_MODELS: [&str; 8] = [
     "phi4-mini",
     "granite",
     "glm4",
+    "olmo2",
 ];
 
 /// The GGUF formats the GPU checks run.

@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 15] = [
+const MODELS: [&str; 16] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -61,6 +61,7 @@ const MODELS: [&str; 15] = [
     "tiny-phi4-mini",
     "tiny-granite",
     "tiny-glm4",
+    "tiny-olmo2",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that
