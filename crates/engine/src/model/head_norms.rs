@@ -44,6 +44,15 @@ impl HeadNorms {
         ))
     }
 
+    /// The query and key weights on a CUDA rank's device.
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+    pub(crate) fn device_weights(&self) -> Result<(&Tensor, &Tensor)> {
+        self.on_device
+            .as_ref()
+            .map(|(q, k)| (q, k))
+            .ok_or_else(|| EngineError::Step("query/key norms were not loaded on the GPU".into()))
+    }
+
     /// These norms for a rank on `dev`: CUDA ranks also get the weights as tensors.
     pub(crate) fn for_device(&self, dev: &Device) -> Result<Self> {
         let on_device = if dev.is_cuda() {

@@ -15,6 +15,7 @@ use crate::model::cuda::buffers::Gpu;
 use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention, RopeTables};
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::cuda::{gated_mlp, CudaKvCache, ACTIVATIONS};
+use crate::model::head_norms::{AcrossHeads, HeadNorms};
 use crate::model::rope::RopeTable;
 use crate::model::step_meta::PackedMeta;
 use crate::tp::Communicator;
@@ -83,16 +84,8 @@ fn multiprocessors(device: &Device) -> Result<usize> {
 /// The per-head RMSNorm of the queries and keys in a fused QKV row (Qwen3, Gemma 3),
 /// before RoPE:
 /// each head's `head_dim` values normalized in f32 with the weights of its kind.
-fn head_norms(
-    qkv: &Tensor,
-    norms: &crate::model::head_norms::HeadNorms,
-    heads: HeadLayout,
-    eps: f32,
-) -> Result<Tensor> {
-    let (q_w, k_w) = norms
-        .on_device
-        .as_ref()
-        .ok_or_else(|| EngineError::Step("query/key norms were not loaded on the GPU".into()))?;
+fn head_norms(qkv: &Tensor, norms: &HeadNorms, heads: HeadLayout, eps: f32) -> Result<Tensor> {
+    let (q_w, k_w) = norms.device_weights()?;
     let n = qkv.dim(0)?;
     let hd = heads.head_dim;
     let (nq, nkv) = (heads.num_q_heads, heads.num_kv_heads);
@@ -118,16 +111,13 @@ fn head_norms(
 /// whole's RMS and its slice of the weights.
 fn norms_across_heads(
     qkv: &Tensor,
-    norms: &crate::model::head_norms::HeadNorms,
-    across: &crate::model::head_norms::AcrossHeads,
+    norms: &HeadNorms,
+    across: &AcrossHeads,
     heads: HeadLayout,
     comm: &mut dyn Communicator,
     eps: f32,
 ) -> Result<Tensor> {
-    let (q_w, k_w) = norms
-        .on_device
-        .as_ref()
-        .ok_or_else(|| EngineError::Step("query/key norms were not loaded on the GPU".into()))?;
+    let (q_w, k_w) = norms.device_weights()?;
     let n = qkv.dim(0)?;
     let hd = heads.head_dim;
     let (nq, nkv) = (heads.num_q_heads, heads.num_kv_heads);
@@ -225,7 +215,7 @@ impl LlamaShard {
             let mut qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
             match &block.qk_norm {
                 Some(
-                    norms @ crate::model::head_norms::HeadNorms {
+                    norms @ HeadNorms {
                         across: Some(a), ..
                     },
                 ) => qkv = norms_across_heads(&qkv, norms, a, heads, comm, eps)?,
