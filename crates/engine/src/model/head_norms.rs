@@ -19,7 +19,20 @@ pub(crate) struct HeadNorms {
         not(any(feature = "cuda", feature = "gpu-emulation")),
         allow(dead_code)
     )]
-    pub(crate) on_device: Option<(Tensor, Tensor)>,
+    pub(crate) on_device: Option<DeviceNorms>,
+}
+
+/// The norms as f32 tensors on a CUDA rank's device.
+#[derive(Debug, Clone)]
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "gpu-emulation")),
+    allow(dead_code)
+)]
+pub(crate) struct DeviceNorms {
+    pub(crate) q: Tensor,
+    pub(crate) k: Tensor,
+    /// OLMo 2: [`AcrossHeads::k_share`] as `[1, local KV heads]`, uploaded once.
+    pub(crate) k_share: Option<Tensor>,
 }
 
 /// OLMo 2's query and key norms over all of a token's heads, computed on heads split
@@ -36,20 +49,25 @@ pub(crate) struct AcrossHeads {
 }
 
 impl HeadNorms {
-    /// The query and key weights as f32 tensors on `dev`.
-    pub(crate) fn tensors(&self, dev: &Device) -> Result<(Tensor, Tensor)> {
-        Ok((
-            Tensor::from_slice(&self.q, self.q.len(), dev)?,
-            Tensor::from_slice(&self.k, self.k.len(), dev)?,
-        ))
+    /// The norms as f32 tensors on `dev`.
+    pub(crate) fn tensors(&self, dev: &Device) -> Result<DeviceNorms> {
+        let k_share = self
+            .across
+            .as_ref()
+            .map(|a| Tensor::from_slice(&a.k_share, (1, a.k_share.len()), dev))
+            .transpose()?;
+        Ok(DeviceNorms {
+            q: Tensor::from_slice(&self.q, self.q.len(), dev)?,
+            k: Tensor::from_slice(&self.k, self.k.len(), dev)?,
+            k_share,
+        })
     }
 
-    /// The query and key weights on a CUDA rank's device.
+    /// The norms on a CUDA rank's device.
     #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-    pub(crate) fn device_weights(&self) -> Result<(&Tensor, &Tensor)> {
+    pub(crate) fn device_weights(&self) -> Result<&DeviceNorms> {
         self.on_device
             .as_ref()
-            .map(|(q, k)| (q, k))
             .ok_or_else(|| EngineError::Step("query/key norms were not loaded on the GPU".into()))
     }
 

@@ -85,7 +85,8 @@ fn multiprocessors(device: &Device) -> Result<usize> {
 /// before RoPE:
 /// each head's `head_dim` values normalized in f32 with the weights of its kind.
 fn head_norms(qkv: &Tensor, norms: &HeadNorms, heads: HeadLayout, eps: f32) -> Result<Tensor> {
-    let (q_w, k_w) = norms.device_weights()?;
+    let w = norms.device_weights()?;
+    let (q_w, k_w) = (&w.q, &w.k);
     let n = qkv.dim(0)?;
     let hd = heads.head_dim;
     let (nq, nkv) = (heads.num_q_heads, heads.num_kv_heads);
@@ -117,20 +118,23 @@ fn norms_across_heads(
     comm: &mut dyn Communicator,
     eps: f32,
 ) -> Result<Tensor> {
-    let (q_w, k_w) = norms.device_weights()?;
+    let w = norms.device_weights()?;
+    let (q_w, k_w) = (&w.q, &w.k);
+    let share = w
+        .k_share
+        .as_ref()
+        .ok_or_else(|| EngineError::Step("KV head shares were not loaded on the GPU".into()))?;
     let n = qkv.dim(0)?;
     let hd = heads.head_dim;
     let (nq, nkv) = (heads.num_q_heads, heads.num_kv_heads);
-    let device = qkv.device();
     let q = qkv.narrow(1, 0, nq * hd)?.to_dtype(DType::F32)?;
     let k = qkv.narrow(1, nq * hd, nkv * hd)?.to_dtype(DType::F32)?;
-    let share = Tensor::from_slice(&across.k_share, (1, nkv), device)?;
     let q_sum = q.sqr()?.sum_keepdim(1)?;
     let k_sum = k
         .reshape((n, nkv, hd))?
         .sqr()?
         .sum(2)?
-        .broadcast_mul(&share)?
+        .broadcast_mul(share)?
         .sum_keepdim(1)?;
     let total = comm.all_reduce_sum(&Tensor::cat(&[&q_sum, &k_sum], 1)?.contiguous()?)?;
     let scale = |col: usize, dims: usize| -> Result<Tensor> {
