@@ -169,7 +169,7 @@ impl HfConfig {
         let head_dim = self
             .head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
-        let rotary_dim = match self.partial_rotary_factor()? {
+        let rotary_dim = match self.rotary_share()? {
             Some(factor) if !gemma => super::rope::rotary_dim(head_dim, factor)?,
             Some(factor) if factor != 1.0 => {
                 return unsupported(format!("partial_rotary_factor {factor} in {architecture}"))
@@ -302,16 +302,14 @@ impl HfConfig {
             .filter(|p| p.get("full_attention").is_none())
     }
 
-    /// The share of each head that rotates, from the top level (transformers 4) or the
-    /// flat `rope_parameters` (transformers 5).
-    fn partial_rotary_factor(&self) -> Result<Option<f64>> {
-        if let Some(f) = self.partial_rotary_factor {
-            return Ok(Some(f));
-        }
-        match self.flat_rope_parameters() {
-            Some(p) => super::rope::partial_rotary_factor(p, "rope_parameters"),
-            None => Ok(None),
-        }
+    /// The share of each head that rotates: the flat `rope_parameters`' (transformers
+    /// 5), else the top level's (transformers 4), as transformers resolves both.
+    fn rotary_share(&self) -> Result<Option<f64>> {
+        let from_parameters = match self.flat_rope_parameters() {
+            Some(p) => super::rope::partial_rotary_factor(p, "rope_parameters")?,
+            None => None,
+        };
+        Ok(from_parameters.or(self.partial_rotary_factor))
     }
 
     /// SmolLM3's layers without RoPE: `no_rope_layers` holds 1 for a layer that rotates

@@ -244,9 +244,10 @@ impl RopeScaling {
 
     /// The scheme of one Hugging Face RoPE parameter object (transformers 4's
     /// `rope_scaling`, or a transformers-5 `rope_parameters` entry), named `field` in
-    /// errors. A missing `original_max_position_embeddings` is the config's top-level one
-    /// (`original_context`: Phi-3 keeps it there), else `max_position_embeddings`, as in
-    /// transformers. Its `partial_rotary_factor` is not scaling; see
+    /// errors. The pretraining context is the config's top-level
+    /// `original_max_position_embeddings` (`original_context`: Phi-3 keeps it there, and
+    /// transformers gives it priority), else the object's own, else
+    /// `max_position_embeddings`. Its `partial_rotary_factor` is not scaling; see
     /// [`partial_rotary_factor`].
     pub(crate) fn from_hf(
         params: &serde_json::Value,
@@ -280,9 +281,11 @@ impl RopeScaling {
             })
         };
         // transformers: the pretraining context defaults to the model's.
-        let original_context = number("original_max_position_embeddings")?
-            .or(original_context.map(|c| c as f64))
-            .unwrap_or(max_position_embeddings as f64);
+        let original_context = match original_context {
+            Some(c) => c as f64,
+            None => number("original_max_position_embeddings")?
+                .unwrap_or(max_position_embeddings as f64),
+        };
         let factors = |key: &str| -> Result<Vec<f64>> {
             let list = obj.get(key).and_then(|v| v.as_array()).ok_or_else(|| {
                 EngineError::Config(format!("{field}: rope_type '{kind}' needs a list '{key}'"))
