@@ -53,6 +53,7 @@ fn main() {
             scale: 0.0625,
             window: None,
             softcap: None,
+            sinks: None,
         };
         let run = || std::hint::black_box(attend(&layers[0], &cache, &batch, &q, shape));
         run();

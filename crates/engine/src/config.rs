@@ -9,6 +9,8 @@ use crate::device_map::LayerMap;
 use crate::error::{EngineError, Result};
 use crate::tp::AllReduceDtype;
 
+#[path = "config_gpt_oss.rs"]
+mod gpt_oss;
 #[path = "config_hf.rs"]
 mod hf;
 #[path = "config_moe.rs"]
@@ -16,7 +18,7 @@ mod moe;
 #[path = "config_rope.rs"]
 mod rope;
 pub(crate) use hf::HfConfig;
-pub use moe::{ExpertNames, ExpertTensor, MoeConfig, MoeFields};
+pub use moe::{ClampedSwiglu, ExpertNames, ExpertTensor, MoeConfig, MoeFields};
 pub use rope::{LongRope, RopeFactorTensors, RopeScaling, Yarn};
 
 /// How rotary embeddings pair the dimensions of a head.
@@ -104,6 +106,11 @@ pub struct ModelConfig {
     pub residual_multiplier: Option<f32>,
     /// Granite: the final logits are divided by this.
     pub logits_scaling: Option<f32>,
+    /// gpt-oss: each query head has a learned sink logit (`self_attn.sinks`) that joins
+    /// its softmax's denominator and attends to nothing, so a head can attend to little.
+    pub attention_sinks: bool,
+    /// The attention output projection carries a bias (gpt-oss).
+    pub attention_out_bias: bool,
     pub activation: Activation,
     pub sliding_window: Option<SlidingWindow>,
     /// Per decoder layer: whether it adds no position embedding (SmolLM3's every fourth
@@ -448,6 +455,8 @@ mod tests {
             final_logit_softcapping: None,
             residual_multiplier: None,
             logits_scaling: None,
+            attention_sinks: false,
+            attention_out_bias: false,
             activation: Activation::Silu,
             sliding_window: None,
             nope_layers: Vec::new(),

@@ -110,6 +110,14 @@ pub(crate) struct HfConfig {
     /// families here use a softmax.
     #[serde(default)]
     pub(super) scoring_func: Option<String>,
+    // gpt-oss's expert gate.
+    #[serde(default)]
+    pub(super) swiglu_alpha: Option<f32>,
+    #[serde(default)]
+    pub(super) swiglu_limit: Option<f32>,
+    /// How the checkpoint's weights are quantized, where they are (gpt-oss: `mxfp4`).
+    #[serde(default)]
+    pub(super) quantization_config: Option<serde_json::Value>,
 }
 
 /// A key that is present, whatever its value (`null` included).
@@ -147,10 +155,12 @@ impl HfConfig {
             "granite" | "GraniteForCausalLM" => ("granite", false),
             "glm4" | "Glm4ForCausalLM" => ("glm4", true),
             "olmo2" | "Olmo2ForCausalLM" => ("olmo2", false),
+            "gpt_oss" | "GptOssForCausalLM" => ("gpt_oss", true),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         let unsupported =
             |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
+        self.check_quantization(architecture)?;
         let gemma = matches!(architecture, "gemma2" | "gemma3");
         if let Some(act) = self
             .hidden_act
@@ -213,6 +223,8 @@ impl HfConfig {
             final_logit_softcapping: None,
             residual_multiplier: None,
             logits_scaling: None,
+            attention_sinks: false,
+            attention_out_bias: false,
             activation: Activation::Silu,
             sliding_window: None,
             nope_layers: if architecture == "smollm3" {
@@ -227,6 +239,7 @@ impl HfConfig {
             moe: match architecture {
                 "qwen3_moe" => Some(self.qwen3_moe()?),
                 "mixtral" => Some(self.mixtral()?),
+                "gpt_oss" => Some(self.gpt_oss_experts()?),
                 _ => None,
             },
         };
@@ -253,6 +266,9 @@ impl HfConfig {
             config.attention_scale = Some(self.attention_multiplier.unwrap_or(1.0));
             config.residual_multiplier = Some(self.residual_multiplier.unwrap_or(1.0));
             config.logits_scaling = Some(self.logits_scaling.unwrap_or(1.0));
+        }
+        if architecture == "gpt_oss" {
+            self.set_gpt_oss_attention(&mut config)?;
         }
         if let Some(g) = gemma_parts {
             config.rope_theta = g.rope_theta;
@@ -422,17 +438,8 @@ impl HfConfig {
         let window = self
             .sliding_window
             .ok_or_else(|| EngineError::Config(format!("{arch} config has no sliding_window")))?;
-        let layers: Vec<bool> = match &self.layer_types {
-            Some(types) => types
-                .iter()
-                .map(|t| match t.as_str() {
-                    "sliding_attention" => Ok(true),
-                    "full_attention" => Ok(false),
-                    other => Err(EngineError::Config(format!(
-                        "layer_types entry '{other}' is not supported"
-                    ))),
-                })
-                .collect::<Result<_>>()?,
+        let layers: Vec<bool> = match self.sliding_layer_types()? {
+            Some(layers) => layers,
             None if gemma2 => gemma_sliding_layers(self.num_hidden_layers, GEMMA2_SLIDING_PATTERN),
             None => gemma_sliding_layers(
                 self.num_hidden_layers,
@@ -454,6 +461,26 @@ impl HfConfig {
                 rope_scaling: sliding.1,
             },
         })
+    }
+}
+
+impl HfConfig {
+    /// `layer_types` read as which layers slide, where the config lists them.
+    pub(super) fn sliding_layer_types(&self) -> Result<Option<Vec<bool>>> {
+        let Some(types) = &self.layer_types else {
+            return Ok(None);
+        };
+        let layers = types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(EngineError::Config(format!(
+                    "layer_types entry '{other}' is not supported"
+                ))),
+            })
+            .collect::<Result<_>>()?;
+        Ok(Some(layers))
     }
 }
 

@@ -17,6 +17,9 @@ pub enum ExpertNames {
     Qwen3Moe,
     /// `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` (Mixtral).
     Mixtral,
+    /// `mlp.router`, and Qwen3-MoE's expert names, which the safetensors loader reads
+    /// from gpt-oss's stacked `mlp.experts.{gate_up,down}_proj` tensors.
+    GptOss,
 }
 
 /// One tensor of a mixture.
@@ -36,17 +39,40 @@ impl ExpertNames {
     /// The canonical name of `tensor` in decoder layer `layer`.
     pub fn tensor(self, layer: usize, tensor: ExpertTensor) -> String {
         let (block, [gate, up, down]) = match self {
-            ExpertNames::Qwen3Moe => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+            ExpertNames::Qwen3Moe | ExpertNames::GptOss => {
+                ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            }
             ExpertNames::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
         };
+        let router = match self {
+            ExpertNames::GptOss => "router",
+            _ => "gate",
+        };
         let suffix = match tensor {
-            ExpertTensor::Router => format!("{block}.gate.weight"),
+            ExpertTensor::Router => format!("{block}.{router}.weight"),
             ExpertTensor::Gate(e) => format!("{block}.experts.{e}.{gate}.weight"),
             ExpertTensor::Up(e) => format!("{block}.experts.{e}.{up}.weight"),
             ExpertTensor::Down(e) => format!("{block}.experts.{e}.{down}.weight"),
         };
         crate::loader::layer_name(layer, &suffix)
     }
+
+    /// The bias beside `tensor`, where the family has biases ([`MoeConfig::biases`]).
+    pub fn bias(self, layer: usize, tensor: ExpertTensor) -> String {
+        let weight = self.tensor(layer, tensor);
+        match weight.strip_suffix(".weight") {
+            Some(stem) => format!("{stem}.bias"),
+            None => weight,
+        }
+    }
+}
+
+/// gpt-oss's expert gate: `(clamp(up, ±limit) + 1) · g·σ(alpha·g)` with
+/// `g = min(gate, limit)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClampedSwiglu {
+    pub alpha: f32,
+    pub limit: f32,
 }
 
 /// The names, in the model's own file, of the fields a [`MoeConfig`] was read from.
@@ -58,7 +84,7 @@ pub struct MoeFields {
 }
 
 impl MoeFields {
-    fn new(num_experts: &str, top_k: &str, intermediate_size: &str) -> Self {
+    pub(super) fn new(num_experts: &str, top_k: &str, intermediate_size: &str) -> Self {
         Self {
             num_experts: num_experts.into(),
             top_k: top_k.into(),
@@ -84,6 +110,10 @@ pub struct MoeConfig {
     pub layers: Vec<bool>,
     pub names: ExpertNames,
     pub fields: MoeFields,
+    /// The router and each expert's projections carry biases (gpt-oss).
+    pub biases: bool,
+    /// gpt-oss's clamped gate; `None`: `SiLU(gate) · up`.
+    pub clamped_swiglu: Option<ClampedSwiglu>,
 }
 
 /// Upper bound on the expert count, well above any published model.
@@ -126,7 +156,7 @@ impl MoeConfig {
 impl HfConfig {
     /// The router must be the softmax both families use; a config that says otherwise
     /// (`scoring_func`, as DeepSeek's sigmoid router) is refused rather than misread.
-    fn check_router_scoring(&self, family: &str) -> Result<()> {
+    pub(super) fn check_router_scoring(&self, family: &str) -> Result<()> {
         match self.scoring_func.as_deref() {
             None | Some("softmax") => Ok(()),
             Some(other) => Err(EngineError::Config(format!(
@@ -175,6 +205,8 @@ impl HfConfig {
             norm_topk_prob: self.norm_topk_prob.unwrap_or(false),
             layers,
             names: ExpertNames::Qwen3Moe,
+            biases: false,
+            clamped_swiglu: None,
             fields: MoeFields::new(
                 experts_field,
                 "num_experts_per_tok",
@@ -202,6 +234,8 @@ impl HfConfig {
             norm_topk_prob: true,
             layers: vec![true; self.num_hidden_layers],
             names: ExpertNames::Mixtral,
+            biases: false,
+            clamped_swiglu: None,
             fields: MoeFields::new(
                 "num_local_experts",
                 "num_experts_per_tok",

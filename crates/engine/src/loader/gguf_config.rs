@@ -210,6 +210,8 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
         norm_topk_prob: norm,
         layers,
         names,
+        biases: false,
+        clamped_swiglu: None,
         fields: MoeFields {
             num_experts: key("expert_count"),
             top_k: key("expert_used_count"),
@@ -291,6 +293,8 @@ pub(crate) fn config_from_content(
         final_logit_softcapping: None,
         residual_multiplier: None,
         logits_scaling: None,
+        attention_sinks: false,
+        attention_out_bias: false,
         activation: Activation::Silu,
         sliding_window: None,
         nope_layers: if arch == "smollm3" {

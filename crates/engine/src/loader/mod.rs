@@ -12,6 +12,7 @@ mod gguf_header;
 mod gguf_names;
 mod matrix;
 mod safetensors;
+mod stacked_experts;
 mod tokenizer;
 
 use std::path::Path;

@@ -1,6 +1,7 @@
 //! Hugging Face folders: `config.json` plus `model.safetensors`, or shards listed in
 //! `model.safetensors.index.json`. Matrices and the embedding table keep the file's float
 //! type (f32, f16 or bf16) until a device takes its shard; vectors are read as f32.
+//! gpt-oss's stacked experts are read per expert (`stacked_experts`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -54,7 +55,10 @@ impl SafetensorsSource {
     /// The tensor in the file's float type (other types as f32).
     fn load(&self, name: &str) -> Result<Tensor> {
         if self.files.get(name).is_err() {
-            return Err(EngineError::MissingTensor(name.to_string()));
+            return match super::stacked_experts::load(&self.files, name) {
+                Some(t) => t,
+                None => Err(EngineError::MissingTensor(name.to_string())),
+            };
         }
         let t = self.files.load(name, &Device::Cpu)?;
         Ok(match t.dtype() {
@@ -127,7 +131,7 @@ impl TensorSource for SafetensorsSource {
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.files.get(name).is_ok()
+        self.files.get(name).is_ok() || super::stacked_experts::contains(&self.files, name)
     }
 
     fn block_cols(&self, name: &str) -> Result<usize> {

@@ -34,6 +34,19 @@ impl Linear {
         Self { weight, bias }
     }
 
+    /// The layer with `bias` (f32 on the host), placed on `device` in its compute type;
+    /// `None` leaves it without one.
+    pub fn with_bias(mut self, bias: Option<&Tensor>, device: &Device) -> Result<Self> {
+        self.bias = match bias {
+            Some(b) => Some(
+                b.to_device(device)?
+                    .to_dtype(crate::model::compute_dtype(device))?,
+            ),
+            None => None,
+        };
+        Ok(self)
+    }
+
     /// `x · Wᵀ` in f32 (`[tokens, out]`), whatever the weights: on CUDA a bf16 product
     /// accumulates and returns f32 (cuBLAS GemmEx) and quantized weights read f32
     /// activations; on CPU this is [`Linear::forward`].

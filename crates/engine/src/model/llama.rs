@@ -51,6 +51,10 @@ struct Block {
     sliding: bool,
     /// Queries and keys are rotated (false in SmolLM3's layers without RoPE).
     rotates: bool,
+    /// gpt-oss's sink logit of each of this rank's query heads.
+    sinks: Option<Vec<f32>>,
+    /// Row-parallel; a bias (gpt-oss) is added by the first rank only, so the all-reduce
+    /// counts it once.
     o_proj: Linear,
     /// The MLP half's input norm (`None` for OLMo 2).
     ffn_norm: Option<Tensor>,
@@ -116,6 +120,8 @@ pub fn load_rank_shards(
     let (h, hd) = (config.hidden_size, config.head_dim);
     if devices.iter().any(Device::is_cuda) {
         tessera_kernels::gpu::launch::check_head_dim(hd).map_err(EngineError::Config)?;
+        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+        cuda::check_supported(&config)?;
     }
     let started = Instant::now();
     let embedding = source.embedding()?;
@@ -193,6 +199,14 @@ pub fn load_rank_shards(
             None
         };
         let o = mat("self_attn.o_proj.weight", (h, config.num_heads * hd))?;
+        let o_bias = config
+            .attention_out_bias
+            .then(|| source.vector(&name("self_attn.o_proj.bias")))
+            .transpose()?;
+        let sinks = config
+            .attention_sinks
+            .then(|| head_values(source, &name("self_attn.sinks"), config.num_heads))
+            .transpose()?;
         bytes_read += qkv
             .iter()
             .chain([&o])
@@ -311,7 +325,11 @@ pub fn load_rank_shards(
                     .transpose()?,
                 sliding,
                 rotates: !config.nope_layers.get(layer).copied().unwrap_or(false),
-                o_proj: row_parallel(&o, &o_split, rank, dev)?,
+                sinks: sinks
+                    .as_ref()
+                    .map(|s| s[plan.ranks[rank].q_heads.clone()].to_vec()),
+                o_proj: row_parallel(&o, &o_split, rank, dev)?
+                    .with_bias(o_bias.as_ref().filter(|_| rank == 0), dev)?,
                 ffn_norm: ffn_norm.as_ref().map(|n| n.to_device(dev)).transpose()?,
                 mlp,
             });
@@ -389,6 +407,7 @@ impl LlamaShard {
     /// their type).
     #[cfg(feature = "gpu-emulation")]
     pub(crate) fn take_gpu_path(&mut self) -> Result<()> {
+        cuda::check_supported(&self.config)?;
         let kv_of_q = self.shard.local_kv_of_q(self.config.group_size());
         self.gpu = Some(cuda::GpuParts::new(
             &self.device,
@@ -466,6 +485,7 @@ impl LlamaShard {
                 .unwrap_or(1.0 / (hd as f32).sqrt()),
             window: None,
             softcap: self.config.attn_logit_softcapping,
+            sinks: None,
         };
         let sliding = AttentionShape {
             window: self.config.sliding_window.as_ref().map(|sw| sw.window),
@@ -497,6 +517,10 @@ impl LlamaShard {
                 let (rope, shape) = match (&self.rope_sliding, block.sliding) {
                     (Some(r), true) => (r, sliding),
                     _ => (&self.rope, full),
+                };
+                let shape = AttentionShape {
+                    sinks: block.sinks.as_deref(),
+                    ..shape
                 };
                 if block.rotates {
                     for (t, &pos) in batch.positions.iter().enumerate() {
@@ -564,6 +588,19 @@ impl LlamaShard {
             _ => out,
         })
     }
+}
+
+/// A vector of one value per attention head (gpt-oss's sinks), as f32.
+fn head_values(source: &dyn TensorSource, name: &str, heads: usize) -> Result<Vec<f32>> {
+    let v = source.vector(name)?.to_vec1::<f32>()?;
+    if v.len() != heads {
+        return Err(EngineError::ShapeMismatch {
+            name: name.to_string(),
+            expected: vec![heads],
+            found: vec![v.len()],
+        });
+    }
+    Ok(v)
 }
 
 /// The LM head's logits as the model ends: divided by Granite's logits scaling, and

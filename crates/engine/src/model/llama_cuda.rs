@@ -305,3 +305,20 @@ impl LlamaShard {
         comm.all_gather(&logits, 1)
     }
 }
+
+/// Refuses what the CUDA ranks' forward pass does not implement yet: gpt-oss's
+/// attention sinks, its output-projection bias and its experts' biases and clamped gate.
+pub(super) fn check_supported(config: &crate::config::ModelConfig) -> Result<()> {
+    let moe_extras = config
+        .moe
+        .as_ref()
+        .is_some_and(|m| m.biases || m.clamped_swiglu.is_some());
+    if config.attention_sinks || config.attention_out_bias || moe_extras {
+        return Err(EngineError::Config(format!(
+            "{} runs on CPU ranks only for now: the CUDA path has no attention sinks, \
+             output-projection bias or biased, clamped experts yet",
+            config.architecture
+        )));
+    }
+    Ok(())
+}

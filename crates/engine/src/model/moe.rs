@@ -14,7 +14,7 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::config::{Activation, ExpertTensor, MoeConfig};
+use crate::config::{Activation, ClampedSwiglu, ExpertTensor, MoeConfig};
 use crate::error::{EngineError, Result};
 use crate::loader::{Matrix, TensorSource};
 use crate::model::cpu_ops;
@@ -41,6 +41,8 @@ pub struct MoeShard {
     top_k: usize,
     norm_topk_prob: bool,
     hidden: usize,
+    /// gpt-oss's gate in place of `SiLU(gate) · up`.
+    clamped_swiglu: Option<ClampedSwiglu>,
 }
 
 /// Largest quantization block (in columns) of the experts' down projections in layer
@@ -91,6 +93,24 @@ pub fn load_shards(
     let name = |t: ExpertTensor| moe.names.tensor(layer, t);
     let router = source.matrix(&name(ExpertTensor::Router))?;
     router.check_dims((moe.num_experts, h))?;
+    // gpt-oss: the router's bias (mirrored like it), each expert's gate/up biases (split
+    // like their rows) and down bias (added by the first rank only).
+    let bias = |t: ExpertTensor, len: usize| -> Result<Option<Tensor>> {
+        if !moe.biases {
+            return Ok(None);
+        }
+        let bias_name = moe.names.bias(layer, t);
+        let b = source.vector(&bias_name)?;
+        if b.dims1()? != len {
+            return Err(EngineError::ShapeMismatch {
+                name: bias_name,
+                expected: vec![len],
+                found: b.dims().to_vec(),
+            });
+        }
+        Ok(Some(b))
+    };
+    let router_bias = bias(ExpertTensor::Router, moe.num_experts)?;
     let seg = Segment {
         len: moe.intermediate_size,
         ranges: ranges.to_vec(),
@@ -113,18 +133,27 @@ pub fn load_shards(
             mat(ExpertTensor::Up(e), (inter, h))?,
         ];
         let down = mat(ExpertTensor::Down(e), (h, inter))?;
+        let gate_up_bias = match (
+            bias(ExpertTensor::Gate(e), inter)?,
+            bias(ExpertTensor::Up(e), inter)?,
+        ) {
+            (Some(g), Some(u)) => Some([g, u]),
+            _ => None,
+        };
+        let down_bias = bias(ExpertTensor::Down(e), h)?;
         for (i, dev) in devices.iter().enumerate() {
             let rank = first_rank + i;
             per_rank[i].push(Expert {
                 gate_up: ColumnParallel::load(
                     &gate_up,
-                    None,
+                    gate_up_bias.as_ref().map(|b| &b[..]),
                     &gu_split,
                     rank,
                     dev,
                     "expert gate_up",
                 )?,
-                down: row_parallel(&down, &down_split, rank, dev)?,
+                down: row_parallel(&down, &down_split, rank, dev)?
+                    .with_bias(down_bias.as_ref().filter(|_| rank == 0), dev)?,
             });
         }
     }
@@ -133,11 +162,13 @@ pub fn load_shards(
         .zip(devices)
         .map(|(experts, dev)| {
             Ok(MoeShard {
-                router: Linear::new(router.clone().into_f32_linear_weight(dev)?, None),
+                router: Linear::new(router.clone().into_f32_linear_weight(dev)?, None)
+                    .with_bias(router_bias.as_ref(), dev)?,
                 experts,
                 top_k: moe.top_k,
                 norm_topk_prob: moe.norm_topk_prob,
                 hidden: h,
+                clamped_swiglu: moe.clamped_swiglu,
             })
         })
         .collect()
@@ -205,7 +236,13 @@ impl MoeShard {
                 rows.extend_from_slice(&xs[t * h..(t + 1) * h]);
             }
             let rows = Tensor::from_vec(rows, (group.len(), h), x.device())?;
-            let act = expert.gate_up.forward_gated(&rows, Activation::Silu)?;
+            let act = match self.clamped_swiglu {
+                Some(c) => match expert.gate_up.forward(&rows)?.as_slice() {
+                    [gate, up] => clamped_swiglu(gate, up, c)?,
+                    _ => return Err(EngineError::Parallel("expert gate/up: two parts".into())),
+                },
+                None => expert.gate_up.forward_gated(&rows, Activation::Silu)?,
+            };
             let y = cpu_ops::with_values(&expert.down.forward(&act)?, |v| v.to_vec())?;
             for ((t, w), y) in group.iter().zip(y.chunks_exact(h)) {
                 for (o, v) in out[t * h..(t + 1) * h].iter_mut().zip(y) {
@@ -215,6 +252,23 @@ impl MoeShard {
         }
         Ok(Tensor::from_vec(out, (n, h), x.device())?)
     }
+}
+
+/// gpt-oss's gate, `(clamp(up, ±limit) + 1) · g·σ(alpha·g)` with `g = min(gate, limit)`,
+/// element by element over `[tokens, width]`.
+fn clamped_swiglu(gate: &Tensor, up: &Tensor, c: ClampedSwiglu) -> Result<Tensor> {
+    let up_values = cpu_ops::with_values(up, |v| v.to_vec())?;
+    let out = cpu_ops::with_values(gate, |g| {
+        g.iter()
+            .zip(&up_values)
+            .map(|(&g, &u)| {
+                let g = g.min(c.limit);
+                let u = u.clamp(-c.limit, c.limit);
+                (u + 1.0) * g / (1.0 + (-c.alpha * g).exp())
+            })
+            .collect::<Vec<f32>>()
+    })?;
+    Ok(Tensor::from_vec(out, gate.dims2()?, gate.device())?)
 }
 
 #[cfg(test)]
@@ -237,5 +291,23 @@ mod tests {
         // Equal logits: the lower index wins.
         let r = route(&[0.0, 0.0, 0.0], 3, 1, true);
         assert_eq!(r[0], vec![(0, 1.0)]);
+    }
+
+    #[test]
+    fn clamped_swiglu_clamps_the_gate_above_and_up_both_ways() -> Result<()> {
+        let c = ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let dev = Device::Cpu;
+        let gate = Tensor::new(&[[-2.0f32, 0.5, 9.0, 3.0]], &dev)?;
+        let up = Tensor::new(&[[1.0f32, -8.0, 0.0, 20.0]], &dev)?;
+        let got = clamped_swiglu(&gate, &up, c)?.to_vec2::<f32>()?;
+        let glu = |g: f32| g / (1.0 + (-1.702 * g).exp());
+        let want = [2.0 * glu(-2.0), -6.0 * glu(0.5), glu(7.0), 8.0 * glu(3.0)];
+        for (a, b) in got[0].iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+        Ok(())
     }
 }

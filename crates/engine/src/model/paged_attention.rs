@@ -47,6 +47,9 @@ pub struct AttentionShape<'a> {
     pub window: Option<usize>,
     /// Scaled scores become `cap · tanh(score / cap)` before the softmax (Gemma 2).
     pub softcap: Option<f32>,
+    /// Per local query head, a logit that joins the softmax and attends to nothing
+    /// (gpt-oss's sinks): it takes its share of the weight, and the values get the rest.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// The local query heads that read one local KV head.
@@ -149,9 +152,8 @@ pub fn attend(
         for (i, h) in heads.iter().enumerate() {
             merge_partials(
                 partials[first * stride..end * stride].chunks_exact(stride),
-                heads.len(),
-                hd,
-                i,
+                (heads.len(), hd, i),
+                shape.sinks.and_then(|s| s.get(*h).copied()),
                 &mut out[(t * nq + h) * hd..(t * nq + h + 1) * hd],
             );
         }
@@ -173,18 +175,18 @@ fn window_start(context: usize, window: Option<usize>) -> usize {
 const CHUNK_BLOCKS: usize = 4;
 
 /// Head `i`'s output from the partial results of one token and group over consecutive
-/// runs of its context (see [`attend_group`] for their layout): each run's weighted
-/// values are rescaled from its own maximum score to the largest, then divided by the
-/// total weight.
+/// runs of its context (see [`attend_group`] for their layout; `nh` heads of `hd`): each
+/// run's weighted values are rescaled from its own maximum score to the largest, then
+/// divided by the total weight, a `sink` logit's included.
 fn merge_partials<'a>(
     parts: impl Iterator<Item = &'a [f32]> + Clone,
-    nh: usize,
-    hd: usize,
-    i: usize,
+    (nh, hd, i): (usize, usize, usize),
+    sink: Option<f32>,
     out: &mut [f32],
 ) {
-    let max = parts.clone().fold(f32::NEG_INFINITY, |m, p| m.max(p[i]));
-    let mut total = 0f32;
+    let runs_max = parts.clone().fold(f32::NEG_INFINITY, |m, p| m.max(p[i]));
+    let max = sink.map_or(runs_max, |s| runs_max.max(s));
+    let mut total = sink.map_or(0.0, |s| exp_nonpositive(s - max));
     out.fill(0.0);
     for p in parts {
         let w = exp_nonpositive(p[i] - max);
@@ -427,13 +429,13 @@ mod tests {
     use crate::model::batch::BatchSeq;
 
     /// Reference: plain softmax attention over contiguous K/V, scores capped where
-    /// `softcap` is set.
+    /// `softcap` is set, a `sink` logit in the softmax where one is given.
     fn reference(
         q: &[f32],
         k: &[Vec<f32>],
         v: &[Vec<f32>],
         scale: f32,
-        softcap: Option<f32>,
+        (softcap, sink): (Option<f32>, Option<f32>),
     ) -> Vec<f32> {
         let s: Vec<f32> = k
             .iter()
@@ -441,8 +443,9 @@ mod tests {
             .map(|x| softcap.map_or(x, |cap| cap * (x / cap).tanh()))
             .collect();
         let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let m = sink.map_or(m, |x| m.max(x));
         let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f32 = e.iter().sum();
+        let z: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |x| (x - m).exp());
         (0..q.len())
             .map(|d| e.iter().zip(v).map(|(p, vv)| p * vv[d]).sum::<f32>() / z)
             .collect()
@@ -460,7 +463,17 @@ mod tests {
         // Small sizes take the general loops; heads of 64, 128 and 256 in blocks of 16
         // the register-resident ones.
         for (hd, bs) in [(8, 4), (64, KEY_LANES), (128, KEY_LANES), (256, KEY_LANES)] {
-            scattered_blocks_case(hd, bs, None);
+            scattered_blocks_case(hd, bs, None, None);
+        }
+    }
+
+    /// gpt-oss's sinks: a logit per query head that joins each softmax, large enough for
+    /// some heads to take most of the weight and small for others.
+    #[test]
+    fn sinks_take_their_share_of_the_softmax() {
+        let sinks = [2.5f32, -1.0, 0.0, 4.0, 0.5, -3.0, 1.5, 3.0, -0.5];
+        for (hd, bs) in [(8, 4), (64, KEY_LANES)] {
+            scattered_blocks_case(hd, bs, None, Some(&sinks));
         }
     }
 
@@ -468,11 +481,11 @@ mod tests {
     #[test]
     fn capped_scores_match_the_reference() {
         for (hd, bs) in [(8, 4), (64, KEY_LANES)] {
-            scattered_blocks_case(hd, bs, Some(0.5));
+            scattered_blocks_case(hd, bs, Some(0.5), None);
         }
     }
 
-    fn scattered_blocks_case(hd: usize, bs: usize, softcap: Option<f32>) {
+    fn scattered_blocks_case(hd: usize, bs: usize, softcap: Option<f32>, sinks: Option<&[f32]>) {
         let nkv = 3;
         let mut cache = KvCache::new(1, 8, bs, nkv, hd);
         // A sequence stored in blocks 5, 1, 6, 2, 7, 0 (out of order on purpose), the last
@@ -523,9 +536,10 @@ mod tests {
                 scale: 0.35,
                 window: None,
                 softcap,
+                sinks,
             },
         );
-        let mut cap_moved = 0f32;
+        let mut moved = 0f32;
         for t in 0..n {
             for h in 0..nq {
                 let kvh = kv_of_q[h];
@@ -536,21 +550,21 @@ mod tests {
                     .map(|p| v[(p * nkv + kvh) * hd..(p * nkv + kvh + 1) * hd].to_vec())
                     .collect();
                 let q = &q[(t * nq + h) * hd..(t * nq + h + 1) * hd];
-                let want = reference(q, &ks, &vs, 0.35, softcap);
-                if softcap.is_some() {
-                    let uncapped = reference(q, &ks, &vs, 0.35, None);
-                    cap_moved = want
-                        .iter()
-                        .zip(&uncapped)
-                        .fold(cap_moved, |m, (a, b)| m.max((a - b).abs()));
-                }
+                let sink = sinks.map(|s| s[h]);
+                let want = reference(q, &ks, &vs, 0.35, (softcap, sink));
+                let plain = reference(q, &ks, &vs, 0.35, (None, None));
+                moved = want
+                    .iter()
+                    .zip(&plain)
+                    .fold(moved, |m, (a, b)| m.max((a - b).abs()));
                 let got = &out[(t * nq + h) * hd..(t * nq + h + 1) * hd];
                 for (a, b) in got.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-5, "t={t} h={h}: {a} vs {b}");
                 }
             }
         }
-        // The cap changes the result.
-        assert!(softcap.is_none() || cap_moved > 1e-2, "{cap_moved}");
+        // The cap and the sinks change the result.
+        let plain = softcap.is_none() && sinks.is_none();
+        assert!(plain || moved > 1e-2, "{moved}");
     }
 }
