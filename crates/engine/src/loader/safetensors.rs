@@ -1,7 +1,8 @@
 //! Hugging Face folders: `config.json` plus `model.safetensors`, or shards listed in
 //! `model.safetensors.index.json`. Matrices and the embedding table keep the file's float
 //! type (f32, f16 or bf16) until a device takes its shard; vectors are read as f32.
-//! gpt-oss's stacked experts are read per expert (`stacked_experts`).
+//! gpt-oss's stacked experts are read per expert (`stacked_experts`), its MXFP4 ones as
+//! Q8_0 matrices.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -112,6 +113,9 @@ impl TensorSource for SafetensorsSource {
     }
 
     fn matrix(&self, name: &str) -> Result<Matrix> {
+        if let Some(m) = super::stacked_experts::mxfp4_matrix(&self.files, name) {
+            return m;
+        }
         let weight = self.load(name)?;
         if weight.rank() != 2 {
             return Err(EngineError::ShapeMismatch {
@@ -138,7 +142,10 @@ impl TensorSource for SafetensorsSource {
         if !self.contains(name) {
             return Err(EngineError::MissingTensor(name.to_string()));
         }
-        Ok(1)
+        Ok(match super::stacked_experts::is_mxfp4(&self.files, name) {
+            true => super::stacked_experts::MXFP4_BLOCK_COLS,
+            false => 1,
+        })
     }
 
     fn embedding(&self) -> Result<Embedding> {
