@@ -33,7 +33,7 @@ pub struct ChatMessageIn {
     pub tool_calls: Option<Value>,
     pub tool_call_id: Option<String>,
     /// An assistant turn's thinking, as a reply gave it (`reasoning`, or the older
-    /// `reasoning_content`); templates read it as `reasoning_content`.
+    /// `reasoning_content`); templates read it as `reasoning_content` (Qwen3) or `thinking` (gpt-oss).
     pub reasoning: Option<String>,
     pub reasoning_content: Option<String>,
 }
@@ -115,7 +115,10 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ServerErr
                 "only assistant messages carry reasoning",
             ));
         }
-        extra.insert("reasoning_content".into(), Value::String(thinking.clone()));
+        // Qwen3's templates read `reasoning_content`, gpt-oss's `thinking`.
+        for key in ["reasoning_content", "thinking"] {
+            extra.insert(key.into(), Value::String(thinking.clone()));
+        }
     }
     let tool_calls = assistant_tool_calls(i, m)?;
     if m.role == "tool" {
@@ -209,6 +212,7 @@ mod tests {
             thinking,
             [None, Some(&json!("Easy.")), Some(&json!("Older name."))]
         );
+        assert_eq!(messages[1].extra.get("thinking"), Some(&json!("Easy.")));
         let from_user: Vec<ChatMessageIn> =
             serde_json::from_value(json!([{"role": "user", "content": "x", "reasoning": "y"}]))
                 .unwrap_or_default();

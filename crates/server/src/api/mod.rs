@@ -13,6 +13,7 @@ pub mod models;
 pub mod openapi;
 pub mod openapi_vllm;
 pub mod reasoning;
+pub mod reasoning_harmony;
 pub mod request_limits;
 pub mod response;
 pub mod response_format;

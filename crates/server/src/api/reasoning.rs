@@ -1,14 +1,26 @@
 //! A reasoning model's thinking, split from its answer: the text between `<think>` and
-//! `</think>` (Qwen3, DeepSeek-R1 and their distillations) goes to the reply's
-//! `reasoning` (and `reasoning_content`, the older name clients still read), the rest to
-//! its `content`. The split is streamed: text is held back only while it may still be
-//! part of a tag.
+//! `</think>` (Qwen3, DeepSeek-R1 and their distillations), or gpt-oss's `analysis`
+//! channel (`reasoning_harmony.rs`), goes to the reply's `reasoning` (and
+//! `reasoning_content`, the older name clients still read), the rest to its `content`.
+//! The split is streamed: text is held back only while it may still be part of a tag.
 
 use std::fmt;
 use std::str::FromStr;
 
+use super::reasoning_harmony::{HarmonySplit, CHANNEL};
+
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
+
+/// How one request's replies are split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplySplit {
+    /// At `<think>` / `</think>`; `open`: the prompt opened the block, so the reply starts
+    /// inside it ([`prompt_opens_thinking`]).
+    Think { open: bool },
+    /// By OpenAI's harmony channels (gpt-oss).
+    Harmony,
+}
 
 /// `--reasoning-parser`: whether replies are split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -20,6 +32,9 @@ pub enum ReasoningParser {
     None,
     /// Split at `<think>` / `</think>` (vLLM's `qwen3` and `deepseek_r1` parsers).
     Think,
+    /// Split by harmony channels: `analysis` is thinking, `final` the answer (gpt-oss;
+    /// vLLM's `openai_gptoss`).
+    Harmony,
 }
 
 impl FromStr for ReasoningParser {
@@ -30,9 +45,10 @@ impl FromStr for ReasoningParser {
             "auto" => Ok(ReasoningParser::Auto),
             "none" => Ok(ReasoningParser::None),
             "think" | "qwen3" | "deepseek_r1" => Ok(ReasoningParser::Think),
+            "harmony" | "openai_gptoss" => Ok(ReasoningParser::Harmony),
             other => Err(format!(
-                "unknown reasoning parser `{other}`: use auto, none or think (qwen3 and \
-                 deepseek_r1 are names for think)"
+                "unknown reasoning parser `{other}`: use auto, none, think or harmony (qwen3 \
+                 and deepseek_r1 are names for think, openai_gptoss for harmony)"
             )),
         }
     }
@@ -44,17 +60,25 @@ impl fmt::Display for ReasoningParser {
             ReasoningParser::Auto => "auto",
             ReasoningParser::None => "none",
             ReasoningParser::Think => "think",
+            ReasoningParser::Harmony => "harmony",
         })
     }
 }
 
 impl ReasoningParser {
-    /// Whether replies to prompts of the template `source` are split.
-    pub fn splits(self, template_source: &str) -> bool {
+    /// How replies to `prompt`, rendered by the template `source`, are split (`None`: not
+    /// at all). `auto` splits by harmony channels when the template writes them, at
+    /// `<think>` when it knows such blocks.
+    pub fn reply_split(self, template_source: &str, prompt: &str) -> Option<ReplySplit> {
+        let think = ReplySplit::Think {
+            open: prompt_opens_thinking(prompt),
+        };
         match self {
-            ReasoningParser::Auto => template_source.contains(OPEN),
-            ReasoningParser::None => false,
-            ReasoningParser::Think => true,
+            ReasoningParser::Auto if template_source.contains(CHANNEL) => Some(ReplySplit::Harmony),
+            ReasoningParser::Auto => template_source.contains(OPEN).then_some(think),
+            ReasoningParser::None => None,
+            ReasoningParser::Think => Some(think),
+            ReasoningParser::Harmony => Some(ReplySplit::Harmony),
         }
     }
 }
@@ -86,15 +110,61 @@ enum State {
 
 /// The split of one reply, fed as it streams.
 #[derive(Debug, Clone)]
-pub struct ReasoningSplit {
+pub enum ReasoningSplit {
+    Think(ThinkSplit),
+    Harmony(HarmonySplit),
+}
+
+impl ReasoningSplit {
+    pub fn new(how: ReplySplit) -> Self {
+        match how {
+            ReplySplit::Think { open } => ReasoningSplit::Think(ThinkSplit::new(open)),
+            ReplySplit::Harmony => ReasoningSplit::Harmony(HarmonySplit::default()),
+        }
+    }
+
+    /// The split of the text so far that can no longer change.
+    pub fn push(&mut self, text: &str) -> Split {
+        match self {
+            ReasoningSplit::Think(s) => s.push(text),
+            ReasoningSplit::Harmony(s) => s.push(text),
+        }
+    }
+
+    /// The rest, once the reply ended.
+    pub fn finish(&mut self) -> Split {
+        match self {
+            ReasoningSplit::Think(s) => s.finish(),
+            ReasoningSplit::Harmony(s) => s.finish(),
+        }
+    }
+
+    /// [`ReasoningSplit::push`] of the reply's last text, then [`ReasoningSplit::finish`].
+    pub fn push_last(&mut self, text: &str) -> Split {
+        let mut out = self.push(text);
+        let rest = self.finish();
+        out.reasoning.push_str(&rest.reasoning);
+        out.content.push_str(&rest.content);
+        out
+    }
+
+    /// A whole reply's split.
+    pub fn whole(how: ReplySplit, text: &str) -> Split {
+        ReasoningSplit::new(how).push_last(text)
+    }
+}
+
+/// The split at `<think>` tags of one reply.
+#[derive(Debug, Clone)]
+pub struct ThinkSplit {
     state: State,
     pending: String,
 }
 
-impl ReasoningSplit {
+impl ThinkSplit {
     /// `thinking`: the reply starts inside a thinking block ([`prompt_opens_thinking`]).
-    pub fn new(thinking: bool) -> Self {
-        ReasoningSplit {
+    fn new(thinking: bool) -> Self {
+        ThinkSplit {
             state: if thinking {
                 State::ThinkingStart
             } else {
@@ -105,7 +175,7 @@ impl ReasoningSplit {
     }
 
     /// The split of the text so far that can no longer change.
-    pub fn push(&mut self, text: &str) -> Split {
+    fn push(&mut self, text: &str) -> Split {
         self.pending.push_str(text);
         let mut out = Split::default();
         loop {
@@ -169,18 +239,9 @@ impl ReasoningSplit {
         true
     }
 
-    /// [`ReasoningSplit::push`] of the reply's last text, then [`ReasoningSplit::finish`].
-    pub fn push_last(&mut self, text: &str) -> Split {
-        let mut out = self.push(text);
-        let rest = self.finish();
-        out.reasoning.push_str(&rest.reasoning);
-        out.content.push_str(&rest.content);
-        out
-    }
-
     /// The rest, once the reply ended: unclosed thinking is thinking, anything held
     /// before the start is answer.
-    pub fn finish(&mut self) -> Split {
+    fn finish(&mut self) -> Split {
         let rest = std::mem::take(&mut self.pending);
         match self.state {
             State::Thinking => Split {
@@ -193,11 +254,6 @@ impl ReasoningSplit {
                 content: rest,
             },
         }
-    }
-
-    /// A whole reply's split.
-    pub fn whole(thinking: bool, text: &str) -> Split {
-        ReasoningSplit::new(thinking).push_last(text)
     }
 }
 
@@ -213,7 +269,7 @@ fn held_before_close(text: &str) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn split(reasoning: &str, content: &str) -> Split {
@@ -225,11 +281,11 @@ mod tests {
 
     /// The split of `text` fed in pieces of every size from 1 to its length equals the
     /// whole one.
-    fn streamed_as_whole(thinking: bool, text: &str) -> Split {
-        let whole = ReasoningSplit::whole(thinking, text);
+    pub(crate) fn streamed_as_whole(how: ReplySplit, text: &str) -> Split {
+        let whole = ReasoningSplit::whole(how, text);
         let chars: Vec<char> = text.chars().collect();
         for size in 1..=chars.len().max(1) {
-            let mut s = ReasoningSplit::new(thinking);
+            let mut s = ReasoningSplit::new(how);
             let mut got = Split::default();
             for piece in chars.chunks(size) {
                 let out = s.push(&piece.iter().collect::<String>());
@@ -271,14 +327,15 @@ mod tests {
                 split("x", "a\n\nb</think>"),
             ),
         ];
-        for (thinking, text, want) in cases {
-            assert_eq!(streamed_as_whole(thinking, text), want, "{text:?}");
+        for (open, text, want) in cases {
+            let how = ReplySplit::Think { open };
+            assert_eq!(streamed_as_whole(how, text), want, "{text:?}");
         }
     }
 
     #[test]
     fn newlines_inside_the_thinking_are_kept() {
-        let mut s = ReasoningSplit::new(false);
+        let mut s = ReasoningSplit::new(ReplySplit::Think { open: false });
         assert_eq!(s.push("<think>\none").reasoning, "one");
         assert_eq!(s.push("\n").reasoning, "");
         assert_eq!(s.push("\ntwo").reasoning, "\n\ntwo");
@@ -292,6 +349,8 @@ mod tests {
             ("none", ReasoningParser::None),
             ("qwen3", ReasoningParser::Think),
             ("deepseek_r1", ReasoningParser::Think),
+            ("harmony", ReasoningParser::Harmony),
+            ("openai_gptoss", ReasoningParser::Harmony),
         ] {
             assert_eq!(name.parse::<ReasoningParser>(), Ok(parser));
         }
@@ -300,10 +359,28 @@ mod tests {
 
     #[test]
     fn which_templates_and_prompts_think() {
-        assert!(ReasoningParser::Auto.splits("{% if '<think>' in content %}"));
-        assert!(!ReasoningParser::Auto.splits("{{ messages }}"));
-        assert!(!ReasoningParser::None.splits("<think>"));
-        assert!(ReasoningParser::Think.splits(""));
+        let split = |p: ReasoningParser, template: &str| p.reply_split(template, "");
+        let think = Some(ReplySplit::Think { open: false });
+        let harmony = Some(ReplySplit::Harmony);
+        assert_eq!(
+            split(ReasoningParser::Auto, "{% if '<think>' in content %}"),
+            think
+        );
+        assert_eq!(split(ReasoningParser::Auto, "{{ messages }}"), None);
+        assert_eq!(split(ReasoningParser::None, "<think>"), None);
+        assert_eq!(split(ReasoningParser::Think, ""), think);
+        assert_eq!(
+            split(
+                ReasoningParser::Auto,
+                "{{- '<|channel|>final<|message|>' }}"
+            ),
+            harmony
+        );
+        assert_eq!(split(ReasoningParser::Harmony, "<think>"), harmony);
+        assert_eq!(
+            ReasoningParser::Auto.reply_split("<think>", "<|Assistant|><think>\n"),
+            Some(ReplySplit::Think { open: true })
+        );
         assert!(prompt_opens_thinking("<|Assistant|><think>\n"));
         assert!(!prompt_opens_thinking(
             "<|im_start|>assistant\n<think>\n\n</think>\n\n"

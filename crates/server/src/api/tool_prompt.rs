@@ -42,12 +42,18 @@ impl ToolOutput {
         let ToolOutput::Parsed(kind) = self else {
             return Vec::new();
         };
-        kind.marker_tokens()
-            .iter()
-            .filter_map(|t| tokenizer.token_to_id(t))
-            .filter(|&id| tokenizer.is_special(id))
-            .collect()
+        special_ids(tokenizer, kind.marker_tokens())
     }
+}
+
+/// The ids of those of `tokens` that are special tokens of the vocabulary (which a
+/// detokenizer skipping special tokens must keep for a parser to read them).
+pub fn special_ids(tokenizer: &Tokenizer, tokens: &[&str]) -> Vec<u32> {
+    tokens
+        .iter()
+        .filter_map(|t| tokenizer.token_to_id(t))
+        .filter(|&id| tokenizer.is_special(id))
+        .collect()
 }
 
 /// The messages and tools to render with the template `source`, and how the reply's

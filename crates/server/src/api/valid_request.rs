@@ -13,7 +13,7 @@ use crate::api::chat_request::ChatRequest;
 use crate::api::completion_request::{CompletionRequest, PromptInput};
 use crate::api::error::ServerError;
 use crate::api::generation_spec::{check_in_vocab, check_top_logprobs, GenerationSpec};
-use crate::api::reasoning::{prompt_opens_thinking, ReasoningParser};
+use crate::api::reasoning::{ReasoningParser, ReplySplit};
 use crate::api::request_limits::RequestLimits;
 use crate::api::response_format::constraint_error;
 use crate::api::tool_parsers::ToolParserKind;
@@ -77,9 +77,8 @@ pub struct ValidRequest {
     /// `max_tokens: 0` with `echo`.
     score_only: bool,
     tool_output: Option<ToolOutput>,
-    /// Chat replies split into thinking and answer: `Some(true)` when they start inside
-    /// a thinking block the prompt opened.
-    reasoning: Option<bool>,
+    /// How chat replies are split into thinking and answer, where they are.
+    reasoning: Option<ReplySplit>,
 }
 
 /// One sequence to submit: its choice index and request.
@@ -136,9 +135,7 @@ impl ValidRequest {
                 .render(&render.request(messages, template_tools))
                 .map_err(template_error)?;
             let text = render.prompt(text)?;
-            let split = reasoning
-                .splits(template.source())
-                .then(|| prompt_opens_thinking(&text));
+            let split = reasoning.reply_split(template.source(), &text);
             let mut ids = tokenizer.encode(&text, false)?;
             if let Some(kept) = truncated(&ids, keep) {
                 ids = kept.to_vec();
@@ -151,8 +148,12 @@ impl ValidRequest {
         let mut valid = Self::assemble(vec![prompt], spec, logprobs, false, ctx);
         valid.tool_output = tool_output;
         valid.reasoning = split;
-        if let Some(starts_open) = split.filter(|_| valid.spec.sampling.constraint.is_some()) {
-            valid.spec.sampling.thinking = Some(thinking_tags(&ctx.tokenizer, starts_open));
+        // A constraint waits for a `<think>` block to close; with harmony channels it
+        // applies from the reply's first token.
+        if let Some(ReplySplit::Think { open }) =
+            split.filter(|_| valid.spec.sampling.constraint.is_some())
+        {
+            valid.spec.sampling.thinking = Some(thinking_tags(&ctx.tokenizer, open));
         }
         Ok(valid)
     }
@@ -262,9 +263,8 @@ impl ValidRequest {
         }
     }
 
-    /// Whether replies are split into thinking and answer, and whether they start
-    /// thinking.
-    pub fn reasoning(&self) -> Option<bool> {
+    /// How replies are split into thinking and answer, where they are.
+    pub fn reasoning(&self) -> Option<ReplySplit> {
         self.reasoning
     }
 

@@ -51,8 +51,10 @@ pub struct ServeArgs {
     pub tool_call_parser: Option<crate::api::tool_parsers::ToolParserKind>,
 
     /// How a chat reply's thinking is split from its answer into `reasoning` (and
-    /// `reasoning_content`): auto (split at <think>...</think> when the chat template
-    /// knows such blocks), think (always; qwen3 and deepseek_r1 are names for it) or none.
+    /// `reasoning_content`): auto (by harmony channels when the chat template writes
+    /// them, as gpt-oss's does; at <think>...</think> when it knows such blocks), think
+    /// (always at <think>; qwen3 and deepseek_r1 are names for it), harmony (always by
+    /// channels; openai_gptoss is a name for it) or none.
     #[arg(long, default_value_t = crate::api::reasoning::ReasoningParser::Auto)]
     pub reasoning_parser: crate::api::reasoning::ReasoningParser,
 

@@ -8,7 +8,7 @@ use axum::Json;
 
 use crate::api::chat_request::ChatRequest;
 use crate::api::error::ServerError;
-use crate::api::reasoning::{ReasoningSplit, Split};
+use crate::api::reasoning::{ReasoningSplit, ReplySplit, Split};
 use crate::api::response::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatLogprobs, Reasoning,
     TokenLogprob, Usage,
@@ -55,8 +55,8 @@ pub async fn chat_completions(
         .into_iter()
         .map(|o| {
             let (reasoning, text) = match valid.reasoning() {
-                Some(thinking) => {
-                    let split = ReasoningSplit::whole(thinking, &o.text);
+                Some(how) => {
+                    let split = ReasoningSplit::whole(how, &o.text);
                     (Reasoning::of(split.reasoning), split.content)
                 }
                 None => (None, o.text),
@@ -91,9 +91,8 @@ pub struct ChatFormat {
     /// How tool calls are read from each choice's text, when they may be there.
     tools: Option<ToolOutput>,
     calls: HashMap<usize, StreamedCalls>,
-    /// Whether each choice's thinking is split from its answer, and whether it starts
-    /// thinking.
-    reasoning: Option<bool>,
+    /// How each choice's thinking is split from its answer, where it is.
+    reasoning: Option<ReplySplit>,
     splits: HashMap<usize, ReasoningSplit>,
 }
 
@@ -112,19 +111,19 @@ impl ChatFormat {
         }
     }
 
-    /// Splits each choice's thinking from its answer (`Some(starts thinking)`).
-    pub fn with_reasoning(mut self, reasoning: Option<bool>) -> Self {
+    /// Splits each choice's thinking from its answer, where `reasoning` says how.
+    pub fn with_reasoning(mut self, reasoning: Option<ReplySplit>) -> Self {
         self.reasoning = reasoning;
         self
     }
 
     /// `text` split into thinking and answer, when replies are split.
     fn split(&mut self, index: usize, text: &str, finished: bool) -> Option<Split> {
-        let thinking = self.reasoning?;
+        let how = self.reasoning?;
         let split = self
             .splits
             .entry(index)
-            .or_insert_with(|| ReasoningSplit::new(thinking));
+            .or_insert_with(|| ReasoningSplit::new(how));
         Some(match finished {
             true => split.push_last(text),
             false => split.push(text),
@@ -316,14 +315,26 @@ mod tests {
     const REPLY: &str = "<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n\
         {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 
+    /// The same reply from gpt-oss, in harmony channels.
+    const HARMONY_REPLY: &str = "<|channel|>analysis<|message|>The user wants the weather.\
+        <|end|><|start|>assistant<|channel|>commentary to=functions.get_weather \
+        <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+
     #[test]
     fn thinking_then_a_call_streams_as_reasoning_then_tool_call_deltas() {
-        for piece in [1, 3, 7, REPLY.len()] {
+        let cases = [
+            (REPLY, ReplySplit::Think { open: false }),
+            (HARMONY_REPLY, ReplySplit::Harmony),
+        ];
+        for ((reply, how), piece) in cases
+            .into_iter()
+            .flat_map(|c| [1, 3, 7, 500].map(|p| (c, p)))
+        {
             let mut format = ChatFormat::new("id".into(), 0, "m".into(), false)
                 .with_tools(Some(ToolOutput::Parsed(ToolParserKind::Hermes)))
-                .with_reasoning(Some(false));
+                .with_reasoning(Some(how));
             let mut chunks = Vec::new();
-            let chars: Vec<char> = REPLY.chars().collect();
+            let chars: Vec<char> = reply.chars().collect();
             for part in chars.chunks(piece) {
                 chunks.extend(format.delta(0, part.iter().collect(), &[]));
             }
@@ -348,8 +359,11 @@ mod tests {
                 }
                 reason.push_str(c["finish_reason"].as_str().unwrap_or(""));
             }
-            assert_eq!(thinking, "The user wants the weather.", "pieces of {piece}");
-            assert_eq!(content.trim(), "", "pieces of {piece}");
+            assert_eq!(
+                thinking, "The user wants the weather.",
+                "{how:?} in {piece}s"
+            );
+            assert_eq!(content.trim(), "", "{how:?} in pieces of {piece}");
             assert_eq!(name, "get_weather");
             let args: Value = serde_json::from_str(&args).unwrap_or_default();
             assert_eq!(args, serde_json::json!({"city": "Paris"}));

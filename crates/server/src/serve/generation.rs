@@ -17,7 +17,10 @@ use tessera_scheduler::TokenReceiver;
 use tessera_tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
 
 use crate::api::error::ServerError;
+use crate::api::reasoning::ReplySplit;
+use crate::api::reasoning_harmony::KEPT_MARKERS;
 use crate::api::response::TokenLogprob;
+use crate::api::tool_prompt::special_ids;
 use crate::api::valid_request::ValidRequest;
 use crate::serve::lifecycle::InFlightGuard;
 use crate::serve::metrics::ServerMetrics;
@@ -152,10 +155,14 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
         return Err(ServerError::EngineDown);
     }
     let tokenizer = &app.validation.tokenizer;
-    let markers = req
+    let mut markers = req
         .tool_output()
         .map(|t| t.marker_ids(tokenizer))
         .unwrap_or_default();
+    if req.reasoning() == Some(ReplySplit::Harmony) {
+        // Harmony's channel markers stay in the text, where the split reads them.
+        markers.extend(special_ids(tokenizer, &KEPT_MARKERS));
+    }
     let stops = TextStops {
         // A tool-call marker stays in the text, where the tool parser reads it.
         tokens: req

@@ -14,7 +14,7 @@ use tessera_tokenizer::Tokenizer;
 
 use crate::api::chat_request::ChatRequest;
 use crate::api::error::ServerError;
-use crate::api::reasoning::{ReasoningSplit, Split};
+use crate::api::reasoning::{ReasoningSplit, ReplySplit, Split};
 use crate::api::response::{TokenLogprob, Usage};
 use crate::api::responses_object::{
     function_call_item, logprob_values, message_item, output_text_part, reasoning_item, status_of,
@@ -71,8 +71,8 @@ pub async fn create_response(
         return Err(ServerError::Internal("a response without output".into()));
     };
     let (thinking, text) = match valid.reasoning() {
-        Some(starts_thinking) => {
-            let split = ReasoningSplit::whole(starts_thinking, &out.text);
+        Some(how) => {
+            let split = ReasoningSplit::whole(how, &out.text);
             (split.reasoning, split.content)
         }
         None => (String::new(), out.text),
@@ -167,7 +167,7 @@ impl ResponsesFormat {
     fn new(
         header: ResponseHeader,
         parser: Option<Box<dyn ToolCallParser>>,
-        reasoning: Option<bool>,
+        reasoning: Option<ReplySplit>,
         tokenizer: Arc<Tokenizer>,
     ) -> Self {
         ResponsesFormat {

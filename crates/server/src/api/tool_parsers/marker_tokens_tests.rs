@@ -15,19 +15,27 @@ use crate::api::tool_prompt::ToolOutput;
 /// SmolLM2's tokenizer with Mistral's tool markers added as special tokens, as in the
 /// tokenizers of Mistral's v11+ models.
 fn tokenizer_with_markers() -> Arc<Tokenizer> {
+    tokenizer_with_special(&["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"])
+}
+
+/// SmolLM2's tokenizer with `markers` added as special tokens (ids from 49152).
+fn tokenizer_with_special(markers: &[&str]) -> Arc<Tokenizer> {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/tokenizer/smollm2-hf");
     let mut json: Value =
         serde_json::from_str(&std::fs::read_to_string(fixture.join("tokenizer.json")).unwrap())
             .unwrap();
     let added = json["added_tokens"].as_array_mut().unwrap();
-    for (i, marker) in ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"].iter().enumerate() {
+    for (i, marker) in markers.iter().enumerate() {
         added.push(json!({
             "id": 49152 + i, "content": marker, "single_word": false, "lstrip": false,
             "rstrip": false, "normalized": false, "special": true
         }));
     }
-    let dir = std::env::temp_dir().join(format!("tessera-marker-tokens-{}", std::process::id()));
+    static DIRS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = DIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir =
+        std::env::temp_dir().join(format!("tessera-marker-tokens-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
     std::fs::copy(
@@ -92,4 +100,55 @@ fn mistral_markers_survive_detokenizing_and_make_calls() {
     let text = streamed(&mut plain, &ids).concat();
     assert_eq!(text, "get_weather{\"city\": \"Paris\"}now{}");
     assert!(ParsedReply::parse(output.parser(), &text).calls.is_empty());
+}
+
+/// gpt-oss's harmony markers are special tokens too: the server keeps those the split
+/// reads (`<|return|>` and `<|call|>` end the generation), and the reply's analysis,
+/// answer and call come apart.
+#[test]
+fn harmony_markers_survive_detokenizing_and_split_the_reply() {
+    use crate::api::reasoning::{ReasoningSplit, ReplySplit};
+    use crate::api::reasoning_harmony::KEPT_MARKERS;
+    use crate::api::tool_prompt::special_ids;
+
+    let tok = tokenizer_with_special(&[
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|constrain|>",
+        "<|return|>",
+        "<|call|>",
+    ]);
+    let markers = special_ids(&tok, &KEPT_MARKERS);
+    assert_eq!(markers, [49152, 49153, 49154, 49155, 49156]);
+    let generated = "<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant\
+        <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+        {\"city\": \"Paris\"}";
+    let mut ids = tok.encode(generated, false).unwrap();
+    assert_eq!(ids[0], 49153, "the marker is one token");
+    ids.push(tok.token_to_id("<|call|>").unwrap());
+    let mut keeping = IncrementalDecoder::new(Arc::clone(&tok), true).keeping(markers);
+    let pieces = streamed(&mut keeping, &ids);
+    assert_eq!(pieces.concat(), generated, "<|call|> dropped, markers kept");
+
+    let mut split = ReasoningSplit::new(ReplySplit::Harmony);
+    let mut parser = ToolOutput::Parsed(ToolParserKind::Hermes).parser();
+    let (mut reasoning, mut reply) = (String::new(), ParsedReply::default());
+    let last = pieces.len() - 1;
+    for (i, piece) in pieces.iter().enumerate() {
+        let part = match i == last {
+            true => split.push_last(piece),
+            false => split.push(piece),
+        };
+        reasoning.push_str(&part.reasoning);
+        reply.apply(parser.push(&part.content));
+    }
+    reply.apply(parser.finish());
+    assert_eq!(reasoning, "Weather needed.");
+    assert_eq!(reply.content, None);
+    assert_eq!(reply.calls.len(), 1);
+    assert_eq!(reply.calls[0].0, "get_weather");
+    let args: Value = serde_json::from_str(&reply.calls[0].1).unwrap();
+    assert_eq!(args, json!({"city": "Paris"}));
 }
