@@ -16,8 +16,9 @@ use candle_core::{DType, Device, Tensor};
 use crate::config::{ModelConfig, RopeFactorTensors};
 use crate::error::{EngineError, Result};
 use crate::loader::gguf_config::config_from_content;
-use crate::loader::gguf_header::{read_gguf_header, tensor_bytes};
+use crate::loader::gguf_header::{mxfp4_bytes, read_gguf_parts, tensor_bytes, Mxfp4Tensor};
 use crate::loader::gguf_names::{locate, GgufLocation};
+use crate::loader::mxfp4::{ggml_blocks_to_q8_0, GGML_MXFP4_BLOCK_BYTES, MXFP4_BLOCK};
 use crate::loader::{Embedding, Matrix, TensorSource};
 
 /// An open GGUF file. Tensor data is read on demand.
@@ -25,6 +26,8 @@ pub struct GgufSource {
     path: PathBuf,
     file: File,
     content: Content,
+    /// MXFP4 tensors (gpt-oss's experts), read as Q8_0 blocks of the same values.
+    mxfp4: HashMap<String, Mxfp4Tensor>,
     config: ModelConfig,
 }
 
@@ -32,6 +35,7 @@ pub struct GgufSource {
 /// describes a model Tessera can run.
 pub struct GgufHeader {
     pub content: Content,
+    pub mxfp4: HashMap<String, Mxfp4Tensor>,
     pub config: ModelConfig,
 }
 
@@ -39,8 +43,8 @@ impl GgufHeader {
     /// Reads and checks the header of the GGUF file in `reader`. The error is a message
     /// for the user; nothing the file claims is allocated before it is checked.
     pub fn read<R: Read + Seek>(reader: &mut R) -> std::result::Result<Self, String> {
-        let content =
-            read_gguf_header(reader).map_err(|e| format!("not a valid GGUF file: {e}"))?;
+        let parts = read_gguf_parts(reader).map_err(|e| format!("not a valid GGUF file: {e}"))?;
+        let (content, mxfp4) = (parts.content, parts.mxfp4);
         let [freqs, long, short] =
             RopeFactorTensors::NAMES.map(|name| rope_factors(&content, reader, name));
         let factors = RopeFactorTensors {
@@ -50,7 +54,11 @@ impl GgufHeader {
         };
         let mut config = config_from_content(&content, factors).map_err(|e| e.to_string())?;
         config.tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
-        Ok(GgufHeader { content, config })
+        Ok(GgufHeader {
+            content,
+            mxfp4,
+            config,
+        })
     }
 }
 
@@ -92,11 +100,16 @@ impl GgufSource {
             message,
         };
         let mut file = File::open(path).map_err(|e| bad(e.to_string()))?;
-        let GgufHeader { content, config } = GgufHeader::read(&mut file).map_err(bad)?;
+        let GgufHeader {
+            content,
+            mxfp4,
+            config,
+        } = GgufHeader::read(&mut file).map_err(bad)?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
             content,
+            mxfp4,
             config,
         })
     }
@@ -116,7 +129,9 @@ impl GgufSource {
     fn locate(&self, canonical: &str) -> Result<GgufLocation> {
         let at = locate(&self.config.architecture, canonical)?;
         if let Some(expert) = at.expert {
-            if !self.content.tensor_infos.contains_key(&at.name) {
+            let stacked = self.content.tensor_infos.contains_key(&at.name)
+                || self.mxfp4.contains_key(&at.name);
+            if !stacked {
                 let own = at
                     .name
                     .replace("_exps.weight", &format!(".{expert}.weight"));
@@ -134,6 +149,9 @@ impl GgufSource {
     /// The data of the tensor at `at`: its type, shape (outermost first) and bytes. An
     /// expert's location reads only that expert's `[rows, cols]` slice.
     fn raw(&self, at: &GgufLocation, canonical: &str) -> Result<(GgmlDType, Vec<usize>, Vec<u8>)> {
+        if let Some(t) = self.mxfp4.get(&at.name) {
+            return self.raw_mxfp4(at, t);
+        }
         let info = self
             .content
             .tensor_infos
@@ -157,9 +175,32 @@ impl GgufSource {
         Ok((dtype, dims, data))
     }
 
+    /// An MXFP4 tensor (or an expert's slice of one) as Q8_0 blocks of the same values.
+    fn raw_mxfp4(
+        &self,
+        at: &GgufLocation,
+        t: &Mxfp4Tensor,
+    ) -> Result<(GgmlDType, Vec<usize>, Vec<u8>)> {
+        // The header reader checked the size and that the data lies inside the file.
+        let mut len = mxfp4_bytes(&t.dims).unwrap_or(0) as usize;
+        let mut start = self.content.tensor_data_offset + t.offset;
+        let mut dims = t.dims.clone();
+        if let Some(expert) = at.expert {
+            let (rows, cols) = self.expert_dims(at, &dims, MXFP4_BLOCK, expert)?;
+            len /= dims[0];
+            start += (expert * len) as u64;
+            dims = vec![rows, cols];
+        }
+        let mut blocks = vec![0u8; len];
+        self.file.read_exact_at(&mut blocks, start)?;
+        let mut data = Vec::with_capacity(len / GGML_MXFP4_BLOCK_BYTES * 34);
+        ggml_blocks_to_q8_0(&blocks, &mut data);
+        Ok((GgmlDType::Q8_0, dims, data))
+    }
+
     /// `[rows, cols]` of expert `expert` of the 3-D tensor at `at` (`dims`: `[experts,
     /// rows, cols]`), checked: the expert exists and each row is whole quantization blocks
-    /// of `block` columns.
+    /// of `block` columns. A 2-D tensor of biases (`[experts, len]`) gives `[1, len]`.
     fn expert_dims(
         &self,
         at: &GgufLocation,
@@ -167,12 +208,17 @@ impl GgufSource {
         block: usize,
         expert: usize,
     ) -> Result<(usize, usize)> {
-        let [experts, rows, cols] = dims[..] else {
-            return Err(EngineError::ShapeMismatch {
-                name: at.name.clone(),
-                expected: vec![0, 0, 0],
-                found: dims.to_vec(),
-            });
+        let (experts, rows, cols) = match dims[..] {
+            [experts, rows, cols] => (experts, rows, cols),
+            // Biases: one row per expert.
+            [experts, len] => (experts, 1, len),
+            _ => {
+                return Err(EngineError::ShapeMismatch {
+                    name: at.name.clone(),
+                    expected: vec![0, 0, 0],
+                    found: dims.to_vec(),
+                })
+            }
         };
         if expert >= experts {
             return Err(EngineError::MissingTensor(format!(
@@ -263,15 +309,24 @@ impl TensorSource for GgufSource {
 
     fn contains(&self, name: &str) -> bool {
         self.locate(name).is_ok_and(|at| {
-            self.content.tensor_infos.get(&at.name).is_some_and(|info| {
-                at.expert
-                    .is_none_or(|e| info.shape.dims().first().is_some_and(|n| e < *n))
-            })
+            let dims = match (
+                self.content.tensor_infos.get(&at.name),
+                self.mxfp4.get(&at.name),
+            ) {
+                (Some(info), _) => info.shape.dims(),
+                (None, Some(t)) => &t.dims[..],
+                (None, None) => return false,
+            };
+            at.expert
+                .is_none_or(|e| dims.first().is_some_and(|n| e < *n))
         })
     }
 
     fn block_cols(&self, name: &str) -> Result<usize> {
         let at = self.locate(name)?;
+        if self.mxfp4.contains_key(&at.name) {
+            return Ok(MXFP4_BLOCK);
+        }
         let info = self
             .content
             .tensor_infos

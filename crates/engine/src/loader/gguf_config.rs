@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::config::{
-    every_nth_layer, gemma_sliding_layers, gguf_rope_style, Activation, ExpertNames, ModelConfig,
-    MoeConfig, MoeFields, RopeFactorTensors, RopeScaling, SlidingWindow, GEMMA2_SLIDING_PATTERN,
-    GEMMA3_SLIDING_PATTERN, SMOLLM3_NOPE_INTERVAL,
+    every_nth_layer, gemma_sliding_layers, gguf_rope_style, Activation, ClampedSwiglu, ExpertNames,
+    ModelConfig, MoeConfig, MoeFields, RopeFactorTensors, RopeScaling, SlidingWindow,
+    GEMMA2_SLIDING_PATTERN, GEMMA3_SLIDING_PATTERN, SMOLLM3_NOPE_INTERVAL,
 };
 use crate::error::{EngineError, Result};
 
@@ -116,12 +116,47 @@ fn granite_config(md: &HashMap<String, Value>, mut config: ModelConfig) -> Resul
     Ok(config)
 }
 
+/// gpt-oss's clamped gate, which llama.cpp fixes for gpt-oss files.
+const GPT_OSS_SWIGLU: ClampedSwiglu = ClampedSwiglu {
+    alpha: 1.702,
+    limit: 7.0,
+};
+
+/// gpt-oss as llama.cpp's converter writes it: biases on every attention projection
+/// (where the file has them), a sink logit per query head, and a window of
+/// `attention.sliding_window` in every other layer, the first included. YaRN rotates as
+/// OpenAI's models were trained, without rounding the ramp's ends (llama.cpp rounds them).
+fn gpt_oss_config(
+    content: &Content,
+    md: &HashMap<String, Value>,
+    mut config: ModelConfig,
+) -> Result<ModelConfig> {
+    config.attention_bias = content.tensor_infos.contains_key("blk.0.attn_q.bias");
+    config.attention_out_bias = content.tensor_infos.contains_key("blk.0.attn_output.bias");
+    config.attention_sinks = true;
+    if let RopeScaling::Yarn(y) = &mut config.rope_scaling {
+        y.truncate = false;
+    }
+    config.sliding_window = Some(SlidingWindow {
+        window: meta_usize(md, "gpt-oss.attention.sliding_window")?,
+        layers: gemma_sliding_layers(config.num_layers, GPT_OSS_SLIDING_PATTERN),
+        rope_theta: config.rope_theta,
+        rope_scaling: config.rope_scaling.clone(),
+    });
+    Ok(config)
+}
+
+/// gpt-oss alternates a sliding-window layer with a global one.
+const GPT_OSS_SLIDING_PATTERN: usize = 2;
+
 /// RoPE base of gemma 3's sliding-window layers (not stored in its GGUF files).
 const GEMMA3_SLIDING_ROPE_THETA: f32 = 10_000.0;
 
 /// llama.cpp's `expert_gating_func` values that mean a softmax router (0: unset, which
 /// llama.cpp reads as softmax; 1: softmax).
 const GATING_SOFTMAX: [usize; 2] = [0, 1];
+/// llama.cpp's `expert_gating_func` of a softmax over the chosen experts' logits.
+const GATING_SOFTMAX_WEIGHT: usize = 3;
 
 /// The mixture of a `qwen3moe` file, or of a `llama` file with experts (Mixtral as
 /// llama.cpp converts it): `<arch>.expert_count` experts, `<arch>.expert_used_count` per
@@ -137,15 +172,18 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
     let count = meta_usize_opt(md, &key("expert_count"))?;
     let names = match (arch, count) {
         ("qwen3moe", _) => ExpertNames::Qwen3Moe,
+        ("gpt-oss", _) => ExpertNames::GptOss,
         (_, None | Some(0)) => return Ok(None),
         ("llama", Some(_)) => ExpertNames::Mixtral,
         (_, Some(n)) => {
             return fail(format!(
-                "{} {n}: mixtures of experts are read from qwen3moe and llama files only",
+                "{} {n}: mixtures of experts are read from qwen3moe, gpt-oss and llama files \
+                 only",
                 key("expert_count")
             ))
         }
     };
+    let gpt_oss = names == ExpertNames::GptOss;
     let Some(num_experts) = count else {
         return fail(format!("{} is missing", key("expert_count")));
     };
@@ -165,8 +203,10 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
             key("expert_shared_count")
         ));
     }
-    if let Some(gating) =
-        meta_usize_opt(md, &key("expert_gating_func"))?.filter(|g| !GATING_SOFTMAX.contains(g))
+    // gpt-oss softmaxes the chosen experts' logits (llama.cpp's "softmax weight", 3): the
+    // renormalised softmax of the others.
+    if let Some(gating) = meta_usize_opt(md, &key("expert_gating_func"))?
+        .filter(|g| !GATING_SOFTMAX.contains(g) && !(gpt_oss && *g == GATING_SOFTMAX_WEIGHT))
     {
         return fail(format!(
             "{} {gating}: only the softmax router (1) is supported",
@@ -210,8 +250,9 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
         norm_topk_prob: norm,
         layers,
         names,
-        biases: false,
-        clamped_swiglu: None,
+        // gpt-oss: llama.cpp fixes the gate's clamp, as its files state none.
+        biases: gpt_oss,
+        clamped_swiglu: gpt_oss.then_some(GPT_OSS_SWIGLU),
         fields: MoeFields {
             num_experts: key("expert_count"),
             top_k: key("expert_used_count"),
@@ -308,6 +349,7 @@ pub(crate) fn config_from_content(
     let config = match arch.as_str() {
         "gemma2" | "gemma3" => gemma_config(md, &arch, config)?,
         "granite" => granite_config(md, config)?,
+        "gpt-oss" => gpt_oss_config(content, md, config)?,
         _ => config,
     };
     config.validate()?;
@@ -387,6 +429,61 @@ mod tests {
         let c = config_from_content(&file, RopeFactorTensors::default())?;
         assert_eq!(c.final_logit_softcapping, None);
         assert!(config_from_content(&gemma("gemma3", 26), RopeFactorTensors::default())?.qk_norm);
+        Ok(())
+    }
+
+    /// A gpt-oss file as llama.cpp's converter writes gpt-oss-20b: a window in every other
+    /// layer, sinks, biases where its tensors are, YaRN without rounding, and experts with
+    /// biases and the clamp llama.cpp fixes.
+    #[test]
+    fn gpt_oss_files_read_as_the_model_is_defined() -> Result<()> {
+        let mut file = gemma("gpt-oss", 4);
+        for (k, v) in [
+            ("gpt-oss.attention.sliding_window", Value::U32(128)),
+            ("gpt-oss.attention.key_length", Value::U32(64)),
+            ("gpt-oss.expert_count", Value::U32(32)),
+            ("gpt-oss.expert_used_count", Value::U32(4)),
+            ("gpt-oss.expert_feed_forward_length", Value::U32(2880)),
+            ("gpt-oss.rope.scaling.type", Value::String("yarn".into())),
+            ("gpt-oss.rope.scaling.factor", Value::F32(32.0)),
+            (
+                "gpt-oss.rope.scaling.original_context_length",
+                Value::U32(4096),
+            ),
+            ("gpt-oss.context_length", Value::U32(131072)),
+        ] {
+            file.metadata.insert(k.into(), v);
+        }
+        let info = || candle_core::quantized::gguf_file::TensorInfo {
+            ggml_dtype: candle_core::quantized::GgmlDType::F32,
+            shape: candle_core::Shape::from(vec![32]),
+            offset: 0,
+        };
+        for l in 0..4 {
+            file.tensor_infos
+                .insert(format!("blk.{l}.ffn_gate_inp.weight"), info());
+        }
+        file.tensor_infos.insert("blk.0.attn_q.bias".into(), info());
+        let c = config_from_content(&file, RopeFactorTensors::default())?;
+        assert!(c.attention_sinks && c.attention_bias && !c.attention_out_bias);
+        assert_eq!(c.rope_style, crate::config::RopeStyle::Half);
+        let sw = c.sliding_window.expect("window");
+        assert_eq!(
+            (sw.window, sw.layers),
+            (128, vec![true, false, true, false])
+        );
+        match &c.rope_scaling {
+            RopeScaling::Yarn(y) => assert!(!y.truncate && y.factor == 32.0),
+            other => panic!("{other:?}"),
+        }
+        let moe = c.moe.expect("experts");
+        assert_eq!((moe.num_experts, moe.top_k), (32, 4));
+        assert!(moe.biases && moe.norm_topk_prob);
+        assert_eq!(moe.clamped_swiglu, Some(GPT_OSS_SWIGLU));
+        // llama.cpp's gating value for a softmax over the chosen logits is accepted.
+        file.metadata
+            .insert("gpt-oss.expert_gating_func".into(), Value::U32(3));
+        assert!(config_from_content(&file, RopeFactorTensors::default()).is_ok());
         Ok(())
     }
 

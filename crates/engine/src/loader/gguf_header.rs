@@ -13,6 +13,8 @@ use std::io::{Read, Seek, SeekFrom};
 use candle_core::quantized::gguf_file::{Content, TensorInfo, Value, VersionedMagic};
 use candle_core::quantized::GgmlDType;
 
+use super::mxfp4::{GGML_MXFP4_BLOCK_BYTES, GGML_TYPE_MXFP4, MXFP4_BLOCK};
+
 /// Longest string (key, token, chat template) a header may hold.
 const MAX_STRING_BYTES: u64 = 1 << 30;
 /// Nesting of arrays inside arrays.
@@ -24,8 +26,29 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 /// What can be wrong with a header, as a message for the user.
 pub type HeaderError = String;
 
-/// Reads the header from `reader` (positioned at the start of the file).
+/// An MXFP4 tensor (ggml type 39, which candle does not know): its shape, slowest
+/// dimension first, and its data's offset from the start of the tensor data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mxfp4Tensor {
+    pub dims: Vec<usize>,
+    pub offset: u64,
+}
+
+/// A header as candle's [`Content`], and its MXFP4 tensors, which the loader converts.
+#[derive(Debug)]
+pub struct HeaderParts {
+    pub content: Content,
+    pub mxfp4: HashMap<String, Mxfp4Tensor>,
+}
+
+/// Reads the header from `reader` (positioned at the start of the file), its MXFP4
+/// tensors left out.
 pub fn read_gguf_header<R: Read + Seek>(reader: &mut R) -> Result<Content, HeaderError> {
+    read_gguf_parts(reader).map(|parts| parts.content)
+}
+
+/// Reads the header from `reader` (positioned at the start of the file).
+pub fn read_gguf_parts<R: Read + Seek>(reader: &mut R) -> Result<HeaderParts, HeaderError> {
     let file_len = reader.seek(SeekFrom::End(0)).map_err(io)?;
     reader.seek(SeekFrom::Start(0)).map_err(io)?;
     let mut r = Bounded {
@@ -58,10 +81,13 @@ pub fn read_gguf_header<R: Read + Seek>(reader: &mut R) -> Result<Content, Heade
         metadata.insert(key, value);
     }
     let mut tensor_infos = HashMap::new();
+    let mut mxfp4 = HashMap::new();
     for _ in 0..tensor_count {
         let name = r.string()?;
-        let (name, info) = r.tensor_info(name)?;
-        tensor_infos.insert(name, info);
+        match r.tensor_info(&name)? {
+            Info::Known(info) => tensor_infos.insert(name, info).map(|_| ()),
+            Info::Mxfp4(t) => mxfp4.insert(name, t).map(|_| ()),
+        };
     }
     let alignment = match metadata.get("general.alignment") {
         None => DEFAULT_ALIGNMENT,
@@ -79,12 +105,35 @@ pub fn read_gguf_header<R: Read + Seek>(reader: &mut R) -> Result<Content, Heade
     for (name, info) in &tensor_infos {
         check_tensor_bounds(name, info, tensor_data_offset, file_len)?;
     }
-    Ok(Content {
-        magic: r.magic,
-        metadata,
-        tensor_infos,
-        tensor_data_offset,
+    for (name, t) in &mxfp4 {
+        let bytes = mxfp4_bytes(&t.dims).ok_or_else(|| {
+            format!(
+                "tensor '{name}': shape {:?} is not whole MXFP4 blocks",
+                t.dims
+            )
+        })?;
+        check_data_end(name, t.offset, bytes, tensor_data_offset, file_len)?;
+    }
+    Ok(HeaderParts {
+        content: Content {
+            magic: r.magic,
+            metadata,
+            tensor_infos,
+            tensor_data_offset,
+        },
+        mxfp4,
     })
+}
+
+/// Bytes of an MXFP4 tensor of shape `dims`, `None` when rows are not whole blocks.
+pub fn mxfp4_bytes(dims: &[usize]) -> Option<u64> {
+    let elems = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))?;
+    let block = MXFP4_BLOCK as u64;
+    let whole = dims.last().is_some_and(|c| c.is_multiple_of(MXFP4_BLOCK));
+    whole.then_some(())?;
+    (elems / block).checked_mul(GGML_MXFP4_BLOCK_BYTES as u64)
 }
 
 /// Bytes of a tensor's data, or `None` when its shape does not fit its type's blocks or
@@ -115,8 +164,19 @@ fn check_tensor_bounds(
             info.ggml_dtype
         )
     })?;
+    check_data_end(name, info.offset, bytes, data_offset, file_len)
+}
+
+/// The tensor `name`'s `bytes` at `offset` from the data start must end inside the file.
+fn check_data_end(
+    name: &str,
+    offset: u64,
+    bytes: u64,
+    data_offset: u64,
+    file_len: u64,
+) -> Result<(), HeaderError> {
     let end = data_offset
-        .checked_add(info.offset)
+        .checked_add(offset)
         .and_then(|start| start.checked_add(bytes));
     match end {
         Some(end) if end <= file_len => Ok(()),
@@ -246,7 +306,7 @@ impl<R: Read> Bounded<'_, R> {
         })
     }
 
-    fn tensor_info(&mut self, name: String) -> Result<(String, TensorInfo), HeaderError> {
+    fn tensor_info(&mut self, name: &str) -> Result<Info, HeaderError> {
         let n_dims = self.u32()?;
         if n_dims > MAX_DIMS {
             return Err(format!("tensor '{name}' has {n_dims} dimensions"));
@@ -260,18 +320,25 @@ impl<R: Read> Bounded<'_, R> {
         // GGUF lists dimensions fastest-first; candle shapes are slowest-first.
         dims.reverse();
         let code = self.u32()?;
+        if code == GGML_TYPE_MXFP4 {
+            let offset = self.u64()?;
+            return Ok(Info::Mxfp4(Mxfp4Tensor { dims, offset }));
+        }
         let ggml_dtype =
             dtype(code).ok_or_else(|| format!("tensor '{name}': unknown type {code}"))?;
         let offset = self.u64()?;
-        Ok((
-            name,
-            TensorInfo {
-                ggml_dtype,
-                shape: candle_core::Shape::from(dims),
-                offset,
-            },
-        ))
+        Ok(Info::Known(TensorInfo {
+            ggml_dtype,
+            shape: candle_core::Shape::from(dims),
+            offset,
+        }))
     }
+}
+
+/// A tensor info as read.
+enum Info {
+    Known(TensorInfo),
+    Mxfp4(Mxfp4Tensor),
 }
 
 /// GGML type codes candle knows.
@@ -300,7 +367,7 @@ fn dtype(code: u32) -> Option<GgmlDType> {
 mod tests {
     use std::io::Cursor;
 
-    use super::read_gguf_header;
+    use super::{read_gguf_header, read_gguf_parts, Mxfp4Tensor};
 
     fn header(kv: &[u8], kv_count: u64) -> Vec<u8> {
         let mut out = b"GGUF".to_vec();
@@ -331,6 +398,50 @@ mod tests {
         let bytes = header(&[], u64::MAX);
         let err = read_gguf_header(&mut Cursor::new(bytes)).err();
         assert!(err.is_some_and(|e| e.contains("metadata entries")));
+    }
+
+    /// A file of one MXFP4 tensor `w` of GGUF dimensions `dims` (fastest first) and
+    /// `data_bytes` bytes of data.
+    fn mxfp4_file(dims: &[u64], data_bytes: usize) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend_from_slice(&3u32.to_le_bytes());
+        out.extend_from_slice(&1u64.to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes());
+        out.extend_from_slice(&1u64.to_le_bytes());
+        out.push(b'w');
+        out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        for d in dims {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&39u32.to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes());
+        out.resize(out.len().next_multiple_of(32) + data_bytes, 0);
+        out
+    }
+
+    #[test]
+    fn mxfp4_tensors_are_read_aside_and_checked_against_the_file() {
+        // 3 rows of 64 columns: 6 blocks of 17 bytes.
+        let parts = read_gguf_parts(&mut Cursor::new(mxfp4_file(&[64, 3], 102)));
+        let parts = parts.expect("read");
+        assert!(parts.content.tensor_infos.is_empty());
+        assert_eq!(
+            parts.mxfp4.get("w"),
+            Some(&Mxfp4Tensor {
+                dims: vec![3, 64],
+                offset: 0
+            })
+        );
+        let short = read_gguf_parts(&mut Cursor::new(mxfp4_file(&[64, 3], 101))).err();
+        assert!(
+            short.as_ref().is_some_and(|e| e.contains("truncated")),
+            "{short:?}"
+        );
+        let partial = read_gguf_parts(&mut Cursor::new(mxfp4_file(&[48, 4], 102))).err();
+        assert!(
+            partial.as_ref().is_some_and(|e| e.contains("MXFP4 blocks")),
+            "{partial:?}"
+        );
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub fn gguf_name(canonical: &str) -> Option<String> {
         "self_attn.k_proj.weight" => "attn_k.weight",
         "self_attn.v_proj.weight" => "attn_v.weight",
         "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.o_proj.bias" => "attn_output.bias",
+        // gpt-oss's sink logits.
+        "self_attn.sinks" => "attn_sinks.weight",
         // Phi-3's fused query/key/value rows.
         "self_attn.qkv_proj.weight" => "attn_qkv.weight",
         "self_attn.q_proj.bias" => "attn_q.bias",
@@ -45,7 +48,10 @@ pub fn gguf_name(canonical: &str) -> Option<String> {
         "mlp.up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
         // The router of a mixture (Qwen3-MoE, Mixtral).
-        "mlp.gate.weight" | "block_sparse_moe.gate.weight" => "ffn_gate_inp.weight",
+        "mlp.gate.weight" | "block_sparse_moe.gate.weight" | "mlp.router.weight" => {
+            "ffn_gate_inp.weight"
+        }
+        "mlp.router.bias" => "ffn_gate_inp.bias",
         _ => return None,
     };
     Some(format!("blk.{layer}.{mapped}"))
@@ -61,14 +67,19 @@ fn expert_location(canonical: &str) -> Option<GgufLocation> {
         .strip_prefix("mlp.experts.")
         .or_else(|| suffix.strip_prefix("block_sparse_moe.experts."))?;
     let (expert, projection) = experts.split_once('.')?;
+    let (projection, part) = projection.rsplit_once('.')?;
     let kind = match projection {
-        "gate_proj.weight" | "w1.weight" => "gate",
-        "up_proj.weight" | "w3.weight" => "up",
-        "down_proj.weight" | "w2.weight" => "down",
+        "gate_proj" | "w1" => "gate",
+        "up_proj" | "w3" => "up",
+        "down_proj" | "w2" => "down",
         _ => return None,
     };
+    // gpt-oss's expert biases are rows of a 2-D `ffn_*_exps.bias`.
+    if !matches!(part, "weight" | "bias") {
+        return None;
+    }
     Some(GgufLocation {
-        name: format!("blk.{layer}.ffn_{kind}_exps.weight"),
+        name: format!("blk.{layer}.ffn_{kind}_exps.{part}"),
         expert: Some(expert.parse().ok()?),
     })
 }
@@ -109,6 +120,8 @@ pub(crate) fn locate(arch: &str, canonical: &str) -> Result<GgufLocation> {
             let mapped = match (arch, suffix) {
                 ("gemma2" | "gemma3" | "olmo2", "post_attention_layernorm.weight")
                 | ("glm4", "post_self_attn_layernorm.weight") => "post_attention_norm.weight",
+                // gpt-oss's MLP input norm, which llama.cpp's converter names so.
+                ("gpt-oss", "post_attention_layernorm.weight") => "post_attention_norm.weight",
                 ("gemma2" | "gemma3", "pre_feedforward_layernorm.weight") => "ffn_norm.weight",
                 ("gemma2" | "gemma3" | "olmo2", "post_feedforward_layernorm.weight")
                 | ("glm4", "post_mlp_layernorm.weight") => "post_ffw_norm.weight",
@@ -173,6 +186,15 @@ mod tests {
             (
                 "model.layers.4.mlp.gate.weight",
                 at("blk.4.ffn_gate_inp.weight", None),
+            ),
+            // gpt-oss's biases: of an expert, a row of a 2-D tensor.
+            (
+                "model.layers.3.mlp.experts.2.up_proj.bias",
+                at("blk.3.ffn_up_exps.bias", Some(2)),
+            ),
+            (
+                "model.layers.3.mlp.router.bias",
+                at("blk.3.ffn_gate_inp.bias", None),
             ),
             // The dense MLP of a Qwen3-MoE layer is not an expert.
             (

@@ -11,6 +11,7 @@ mod gguf_config;
 mod gguf_header;
 mod gguf_names;
 mod matrix;
+mod mxfp4;
 mod safetensors;
 mod stacked_experts;
 mod tokenizer;

@@ -143,7 +143,7 @@ impl TensorSource for SafetensorsSource {
             return Err(EngineError::MissingTensor(name.to_string()));
         }
         Ok(match super::stacked_experts::is_mxfp4(&self.files, name) {
-            true => super::stacked_experts::MXFP4_BLOCK_COLS,
+            true => super::mxfp4::MXFP4_BLOCK,
             false => 1,
         })
     }

@@ -12,13 +12,8 @@
 //! - `mlp.experts.gate_up_proj_bias` `[experts, 2·inter]` (interleaved alike) and
 //!   `mlp.experts.down_proj_bias` `[experts, hidden]`.
 //!
-//! Only the asked expert's slab is read from the mapped file. An MXFP4 block (32 e2m1
-//! codes, whose doubles are the integers 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12, and a power of
-//! two) becomes a Q8_0 block (32 int8 values and an f16 scale) of the same values: the
-//! doubled codes, and half the power of two as the scale. That is exact wherever f16
-//! holds the scale (blocks whose largest value lies between 6·2^-23 and 6·2^16); a block
-//! of smaller values rounds to multiples of 2^-24. Q8_0 runs on Tessera's CPU kernels, in
-//! about a quarter of the memory of f32 weights.
+//! Only the asked expert's slab is read from the mapped file. MXFP4 experts become Q8_0
+//! blocks of the same values (`mxfp4.rs`).
 
 use std::sync::Arc;
 
@@ -30,15 +25,7 @@ use safetensors::Dtype;
 use crate::error::{EngineError, Result};
 use crate::loader::Matrix;
 
-/// Twice the e2m1 values of the 16 MXFP4 codes (the high bit is the sign).
-const FP4_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
-/// Values per MXFP4 block (one shared scale), and the bytes holding them.
-const MXFP4_BLOCK: usize = 32;
-const MXFP4_BLOCK_BYTES: usize = MXFP4_BLOCK / 2;
-/// Bytes of a Q8_0 block: an f16 scale and 32 int8 values.
-const Q8_0_BLOCK_BYTES: usize = 2 + MXFP4_BLOCK;
-/// Quantization block of MXFP4 expert matrices (as Q8_0), in columns.
-pub(super) const MXFP4_BLOCK_COLS: usize = MXFP4_BLOCK;
+use super::mxfp4::{hf_blocks_to_q8_0, MXFP4_BLOCK, MXFP4_CODE_BYTES, Q8_0_BLOCK_BYTES};
 
 /// One expert tensor of a canonical name.
 #[derive(Debug, Clone, PartialEq)]
@@ -224,10 +211,10 @@ fn mxfp4_slab(files: &MmapedSafetensors, part: &ExpertPart, name: &str) -> Resul
         expert_bytes(&blocks_name, blocks.data(), blocks.shape(), part.expert, 1)?;
     let (exps, exp_shape) =
         expert_bytes(&scales_name, scales.data(), scales.shape(), part.expert, 1)?;
-    let [rows, groups, MXFP4_BLOCK_BYTES] = code_shape[..] else {
+    let [rows, groups, MXFP4_CODE_BYTES] = code_shape[..] else {
         return Err(EngineError::ShapeMismatch {
             name: blocks_name,
-            expected: vec![0, 0, MXFP4_BLOCK_BYTES],
+            expected: vec![0, 0, MXFP4_CODE_BYTES],
             found: code_shape,
         });
     };
@@ -248,9 +235,9 @@ fn mxfp4_slab(files: &MmapedSafetensors, part: &ExpertPart, name: &str) -> Resul
         None => (0..rows).collect(),
     };
     let mut data = Vec::with_capacity(kept.len() * groups * Q8_0_BLOCK_BYTES);
-    let row_bytes = groups * MXFP4_BLOCK_BYTES;
+    let row_bytes = groups * MXFP4_CODE_BYTES;
     for r in &kept {
-        mxfp4_to_q8_0(
+        hf_blocks_to_q8_0(
             &codes[r * row_bytes..(r + 1) * row_bytes],
             &exps[r * groups..(r + 1) * groups],
             &mut data,
@@ -263,28 +250,6 @@ fn mxfp4_slab(files: &MmapedSafetensors, part: &ExpertPart, name: &str) -> Resul
         cols: groups * MXFP4_BLOCK,
         data: Arc::new(data),
     })
-}
-
-/// MXFP4 blocks appended to `out` as Q8_0 blocks of the same values. MXFP4 block `b` (16
-/// bytes) holds 32 codes, value `2j` in the low nibble of byte `j` and `2j + 1` in its
-/// high nibble, each worth its e2m1 value times `2^(scales[b] − 127)`; its Q8_0 block
-/// holds the doubled codes and the scale `2^(scales[b] − 128)`, which f16 holds from
-/// 2^-24 to 2^15 (outside that, the nearest end, and the values rounded to it).
-fn mxfp4_to_q8_0(codes: &[u8], scales: &[u8], out: &mut Vec<u8>) {
-    for (block, &scale) in codes.chunks_exact(MXFP4_BLOCK_BYTES).zip(scales) {
-        let exponent = i32::from(scale) - 128;
-        let kept = exponent.clamp(-24, 15);
-        let rescale = 2f32.powi(exponent - kept);
-        out.extend_from_slice(&half::f16::from_f32(2f32.powi(kept)).to_le_bytes());
-        for code in block.iter().flat_map(|byte| [byte & 0x0f, byte >> 4]) {
-            let q = FP4_DOUBLED[usize::from(code)];
-            let q = match exponent == kept {
-                true => q,
-                false => (f32::from(q) * rescale).round().clamp(-127.0, 127.0) as i8,
-            };
-            out.push(q as u8);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -310,48 +275,5 @@ mod tests {
         ] {
             assert_eq!(parse(other), None, "{other}");
         }
-    }
-
-    /// The value of every weight of Q8_0 blocks.
-    fn q8_0_values(data: &[u8]) -> Vec<f32> {
-        data.chunks_exact(Q8_0_BLOCK_BYTES)
-            .flat_map(|b| {
-                let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-                b[2..].iter().map(move |q| d * f32::from(*q as i8))
-            })
-            .collect()
-    }
-
-    fn q8_0_of(codes: &[u8], scales: &[u8]) -> Vec<f32> {
-        let mut out = Vec::new();
-        mxfp4_to_q8_0(codes, scales, &mut out);
-        q8_0_values(&out)
-    }
-
-    #[test]
-    fn mxfp4_blocks_become_q8_0_blocks_of_the_same_values() {
-        let fp4 = [
-            0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0,
-            -6.0,
-        ];
-        // Every code in both nibbles, with scales from the top of f16's range to the
-        // bottom of its subnormals, in two blocks at a time.
-        let block: Vec<u8> = (0..16u8).map(|i| i | ((15 - i) << 4)).collect();
-        let codes = [block.clone(), block].concat();
-        for scales in [[127 + 16, 127], [127 - 7, 127 - 23]] {
-            let got = q8_0_of(&codes, &scales);
-            let want: Vec<f32> = scales
-                .iter()
-                .flat_map(|s| {
-                    let factor = 2f32.powi(i32::from(*s) - 127);
-                    (0..16).flat_map(move |i| [fp4[i] * factor, fp4[15 - i] * factor])
-                })
-                .collect();
-            assert_eq!(got, want, "scales {scales:?}");
-        }
-        // Below f16's range values round to multiples of 2^-24: 6·2^-26 to 2·2^-24, and
-        // 0.5·2^-26 to 0.
-        let got = q8_0_of(&[0x17; 16], &[127 - 26]);
-        assert_eq!(got[..2], [2.0 * 2f32.powi(-24), 0.0]);
     }
 }
