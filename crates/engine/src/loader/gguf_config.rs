@@ -206,7 +206,7 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
     // gpt-oss softmaxes the chosen experts' logits (llama.cpp's "softmax weight", 3): the
     // renormalised softmax of the others.
     if let Some(gating) = meta_usize_opt(md, &key("expert_gating_func"))?
-        .filter(|g| !GATING_SOFTMAX.contains(g) && !(gpt_oss && *g == GATING_SOFTMAX_WEIGHT))
+        .filter(|g| !(GATING_SOFTMAX.contains(g) || (gpt_oss && *g == GATING_SOFTMAX_WEIGHT)))
     {
         return fail(format!(
             "{} {gating}: only the softmax router (1) is supported",
