@@ -1,7 +1,8 @@
 //! How a chat's messages become its prompt, beyond the messages themselves (vLLM's
 //! fields): `add_generation_prompt`, `continue_final_message` (the prompt ends inside the
-//! final message, so the model continues it) and `chat_template_kwargs` (variables for
-//! the template, such as Qwen3's `enable_thinking`).
+//! final message, so the model continues it), `chat_template_kwargs` (variables for the
+//! template, such as Qwen3's `enable_thinking`) and OpenAI's `reasoning_effort` (for a
+//! template that reads it, as gpt-oss's does).
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -27,7 +28,12 @@ pub struct RenderFields {
     /// Default true (false with `continue_final_message`).
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
+    /// OpenAI's `low`, `medium` or `high`, given to the template as `reasoning_effort`.
+    pub reasoning_effort: Option<Value>,
 }
+
+/// The efforts a template is given (gpt-oss knows these three).
+const EFFORTS: [&str; 3] = ["low", "medium", "high"];
 
 /// The rendering fields, checked against the messages.
 #[derive(Debug, Clone)]
@@ -36,17 +42,43 @@ pub struct RenderOptions {
     kwargs: Map<String, Value>,
     /// With `continue_final_message`: the final message's text, where the prompt ends.
     continue_from: Option<String>,
+    /// Whether `reasoning_effort` was set, so the template must read it.
+    effort_set: bool,
 }
 
 impl RenderFields {
     pub fn check(&self, messages: &[ChatMessageIn]) -> Result<RenderOptions, ServerError> {
-        let kwargs = self.chat_template_kwargs.clone().unwrap_or_default();
+        let mut kwargs = self.chat_template_kwargs.clone().unwrap_or_default();
         if let Some(key) = RESERVED.iter().find(|k| kwargs.contains_key(**k)) {
             return Err(ServerError::invalid(
                 "chat_template_kwargs",
                 format!("`chat_template_kwargs` cannot set `{key}`: use the request's own field"),
             ));
         }
+        let effort_set = match &self.reasoning_effort {
+            None | Some(Value::Null) => false,
+            Some(Value::String(e)) if EFFORTS.contains(&e.as_str()) => {
+                if kwargs
+                    .get("reasoning_effort")
+                    .is_some_and(|v| v != e.as_str())
+                {
+                    return Err(ServerError::invalid(
+                        "chat_template_kwargs",
+                        "`chat_template_kwargs.reasoning_effort` differs from                          `reasoning_effort`: set one",
+                    ));
+                }
+                kwargs.insert("reasoning_effort".into(), Value::String(e.clone()));
+                true
+            }
+            Some(other) => {
+                return Err(ServerError::invalid(
+                    "reasoning_effort",
+                    format!(
+                        "`reasoning_effort` must be \"low\", \"medium\" or \"high\", not {other}"
+                    ),
+                ))
+            }
+        };
         let continue_final = self.continue_final_message.unwrap_or(false);
         let add_generation_prompt =
             match (self.add_generation_prompt, continue_final) {
@@ -81,11 +113,24 @@ impl RenderFields {
             add_generation_prompt,
             kwargs,
             continue_from,
+            effort_set,
         })
     }
 }
 
 impl RenderOptions {
+    /// A `reasoning_effort` the template (`source`) never reads would be ignored: refused.
+    pub fn check_template(&self, source: &str) -> Result<(), ServerError> {
+        if self.effort_set && !source.contains("reasoning_effort") {
+            return Err(ServerError::invalid(
+                "reasoning_effort",
+                "`reasoning_effort` is not supported: the model's chat template has no \
+                 reasoning effort setting",
+            ));
+        }
+        Ok(())
+    }
+
     /// What the template renders for `messages` and `tools`.
     pub fn request(
         &self,
@@ -185,6 +230,40 @@ mod tests {
             keep.and_then(|o| o.prompt(rendered.clone()).ok()),
             Some(rendered)
         );
+    }
+
+    /// gpt-oss's template reads `reasoning_effort`; one that does not refuses it.
+    #[test]
+    fn reasoning_effort_reaches_a_template_that_reads_it() {
+        let chat = messages(json!([{"role": "user", "content": "Hi"}]));
+        let opts = fields(json!({"reasoning_effort": "high"})).check(&chat);
+        let opts = opts.as_ref().ok();
+        assert_eq!(
+            opts.and_then(|o| o.kwargs.get("reasoning_effort")),
+            Some(&json!("high"))
+        );
+        let gpt_oss = "{{- \"Reasoning: \" + reasoning_effort + \"\\n\\n\" }}";
+        assert!(opts.is_some_and(|o| o.check_template(gpt_oss).is_ok()));
+        let other = opts.and_then(|o| o.check_template("{{ messages }}").err());
+        assert_eq!(
+            other.as_ref().and_then(|e| e.param()),
+            Some("reasoning_effort")
+        );
+        // Unset (or null): nothing to read.
+        let unset = fields(json!({"reasoning_effort": null})).check(&chat);
+        assert!(unset.is_ok_and(|o| o.check_template("{{ messages }}").is_ok()));
+        for (body, param) in [
+            (json!({"reasoning_effort": "extreme"}), "reasoning_effort"),
+            (json!({"reasoning_effort": 3}), "reasoning_effort"),
+            (
+                json!({"reasoning_effort": "low",
+                       "chat_template_kwargs": {"reasoning_effort": "high"}}),
+                "chat_template_kwargs",
+            ),
+        ] {
+            let e = fields(body.clone()).check(&chat).err();
+            assert_eq!(e.as_ref().and_then(|e| e.param()), Some(param), "{body}");
+        }
     }
 
     #[test]

@@ -308,9 +308,12 @@ pub fn refuse_unsupported(
             ));
         }
     }
-    // Settings of reasoning models: the served model has no reasoning budget or
-    // verbosity setting to honour them with.
+    // Settings of reasoning models: chat passes `reasoning_effort` to a template that
+    // reads it (gpt-oss's); nothing honours `verbosity`.
     for key in ["reasoning_effort", "verbosity"] {
+        if key == "reasoning_effort" && route == Route::Chat {
+            continue;
+        }
         if present(key).is_some() {
             return Err(ServerError::invalid(
                 key,

@@ -54,13 +54,7 @@ pub fn chat_body(body: &Value) -> Result<(Value, Vec<String>), ServerError> {
             ));
         }
     }
-    for key in [
-        "background",
-        "prompt",
-        "reasoning",
-        "max_tool_calls",
-        "truncation",
-    ] {
+    for key in ["background", "prompt", "max_tool_calls", "truncation"] {
         if present(key).is_some() {
             return Err(ServerError::invalid(
                 key,
@@ -76,6 +70,9 @@ pub fn chat_body(body: &Value) -> Result<(Value, Vec<String>), ServerError> {
     }
     if let Some(v) = present("max_output_tokens") {
         chat.insert("max_completion_tokens".into(), v.clone());
+    }
+    if let Some(effort) = reasoning_effort(present("reasoning"))? {
+        chat.insert("reasoning_effort".into(), effort);
     }
     let mut messages = Vec::new();
     match present("instructions") {
@@ -180,6 +177,27 @@ fn calls_possible(tools: Option<&Value>, choice: Option<&Value>) -> bool {
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty());
     any_tool && choice.and_then(Value::as_str) != Some("none")
+}
+
+/// `reasoning: {"effort": ...}` as chat's `reasoning_effort` (which the template must
+/// read); a reasoning summary is refused, since none is written.
+fn reasoning_effort(reasoning: Option<&Value>) -> Result<Option<Value>, ServerError> {
+    let Some(reasoning) = reasoning.filter(|r| !r.is_null()) else {
+        return Ok(None);
+    };
+    let Some(fields) = reasoning.as_object() else {
+        return Err(ServerError::invalid(
+            "reasoning",
+            "`reasoning` must be an object",
+        ));
+    };
+    if let Some((key, _)) = fields.iter().find(|(k, v)| *k != "effort" && !v.is_null()) {
+        return Err(ServerError::invalid(
+            format!("reasoning.{key}"),
+            format!("`reasoning.{key}` is not supported"),
+        ));
+    }
+    Ok(fields.get("effort").filter(|e| !e.is_null()).cloned())
 }
 
 fn add_item(messages: &mut Vec<Value>, i: usize, item: &Value) -> Result<(), ServerError> {
@@ -513,7 +531,11 @@ mod tests {
                 "tools[0].type",
             ),
             (
-                json!({"model": "m", "input": "x", "reasoning": {"effort": "low"}}),
+                json!({"model": "m", "input": "x", "reasoning": {"summary": "auto"}}),
+                "reasoning.summary",
+            ),
+            (
+                json!({"model": "m", "input": "x", "reasoning": "low"}),
                 "reasoning",
             ),
             (
@@ -534,6 +556,12 @@ mod tests {
             assert_eq!(e.param(), Some(param), "{body}");
         }
         assert!(chat_body(&json!({"model": "m", "input": "x", "store": false})).is_ok());
+        // An effort reaches chat, which gives it to a template that reads it.
+        let (chat, _) = chat_body(
+            &json!({"model": "m", "input": "x", "reasoning": {"effort": "high", "summary": null}}),
+        )
+        .unwrap();
+        assert_eq!(chat["reasoning_effort"], "high");
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub struct TokenizeRequest {
     /// Only with `messages`: see [`RenderFields`].
     pub continue_final_message: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Only with `messages`: see [`RenderFields`].
+    pub reasoning_effort: Option<Value>,
     pub return_token_strs: Option<bool>,
 }
 
@@ -30,6 +32,7 @@ impl TokenizeRequest {
             chat_template_kwargs: self.chat_template_kwargs.clone(),
             add_generation_prompt: self.add_generation_prompt,
             continue_final_message: self.continue_final_message,
+            reasoning_effort: self.reasoning_effort.clone(),
         }
     }
 }

@@ -129,6 +129,7 @@ impl ValidRequest {
         let keep = kept_prompt_tokens(&spec, ctx);
         let (text, ids, tool_output, split) = blocking(move || {
             let template = tokenizer.chat_template().map_err(template_error)?;
+            render.check_template(template.source())?;
             let (messages, template_tools, tool_output) =
                 adapt_to_template(messages, tools.as_ref(), template.source(), parser_flag);
             let text = template

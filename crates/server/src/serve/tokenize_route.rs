@@ -52,9 +52,10 @@ pub async fn tokenize(
             let ids = match job {
                 Job::Prompt(text, special) => tokenizer.encode(&text, special)?,
                 Job::Chat(messages, render, special) => {
-                    let text = tokenizer
-                        .chat_template()
-                        .and_then(|t| t.render(&render.request(messages, None)))
+                    let template = tokenizer.chat_template().map_err(template_error)?;
+                    render.check_template(template.source())?;
+                    let text = template
+                        .render(&render.request(messages, None))
                         .map_err(template_error)?;
                     tokenizer.encode(&render.prompt(text)?, special)?
                 }
