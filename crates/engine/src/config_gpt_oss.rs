@@ -95,7 +95,7 @@ mod tests {
 
     /// gpt-oss-20b's config.json as the checkpoint ships it, shrunk, with `change`.
     fn read(change: serde_json::Value) -> Result<ModelConfig> {
-        let mut json = serde_json::json!({
+        let json = serde_json::json!({
             "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
             "attention_bias": true, "experts_per_token": 4, "head_dim": 64,
             "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
@@ -112,14 +112,7 @@ mod tests {
             "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
             "tie_word_embeddings": false, "vocab_size": 201088,
         });
-        if let (Some(base), Some(extra)) = (json.as_object_mut(), change.as_object()) {
-            for (k, v) in extra {
-                base.insert(k.clone(), v.clone());
-            }
-        }
-        serde_json::from_value::<HfConfig>(json)
-            .map_err(|e| EngineError::Config(e.to_string()))?
-            .into_model_config()
+        crate::config::moe::tests::read(json, change)
     }
 
     #[test]
@@ -211,9 +204,7 @@ mod tests {
             "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
             "quantization_config": {"quant_method": "mxfp4"},
         });
-        let read = serde_json::from_value::<HfConfig>(qwen2)
-            .map_err(|e| EngineError::Config(e.to_string()))
-            .and_then(HfConfig::into_model_config);
+        let read = crate::config::moe::tests::read(qwen2, serde_json::json!({}));
         assert!(matches!(read, Err(EngineError::Config(m)) if m.contains("mxfp4")));
     }
 }

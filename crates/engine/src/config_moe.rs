@@ -246,12 +246,15 @@ impl HfConfig {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::config::ModelConfig;
 
     /// A config.json of `base` with `change` applied, read as Tessera reads it.
-    fn read(mut json: serde_json::Value, change: serde_json::Value) -> Result<ModelConfig> {
+    pub(in crate::config) fn read(
+        mut json: serde_json::Value,
+        change: serde_json::Value,
+    ) -> Result<ModelConfig> {
         if let (Some(base), Some(extra)) = (json.as_object_mut(), change.as_object()) {
             for (k, v) in extra {
                 base.insert(k.clone(), v.clone());
