@@ -3,8 +3,9 @@
 //! `layer_types`, and a mixture of experts whose router and experts carry biases and
 //! whose gate is clamped. Defaults are transformers' `GptOssConfig`'s.
 
-use super::SlidingWindow;
-use super::{ClampedSwiglu, ExpertNames, HfConfig, ModelConfig, MoeConfig, MoeFields};
+use super::{
+    ClampedSwiglu, ExpertNames, HfConfig, ModelConfig, MoeConfig, MoeFields, SlidingWindow,
+};
 use crate::error::{EngineError, Result};
 
 /// transformers' defaults for gpt-oss.
