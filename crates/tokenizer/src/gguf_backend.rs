@@ -33,6 +33,11 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 /// Qwen2's pattern: like Llama 3's, but every digit on its own.
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GPT-4o's pattern (o200k; gpt-oss's tokenizer): words split before capitals that
+/// follow lowercase, contractions kept with their word, numbers in groups of up to three,
+/// runs of punctuation with a trailing newline or slash.
+const GPT4O_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// One digit at a time: applied before GPT-2's pattern by the StarCoder family (SmolLM).
 const SINGLE_DIGIT_PATTERN: &str = r"\p{N}";
 
@@ -60,6 +65,7 @@ impl PreTokenizerSpec {
             "qwen2" | "qwen2.5" | "qwen-2.5" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => {
                 (vec![QWEN2_PATTERN], false)
             }
+            "gpt-4o" => (vec![GPT4O_PATTERN], false),
             other => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
         };
         Ok(PreTokenizerSpec {

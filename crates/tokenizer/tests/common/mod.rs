@@ -128,6 +128,10 @@ pub fn mistral_nemo_dir() -> Option<PathBuf> {
     npm_tokenizer_dir("mistral_nemo")
 }
 
+pub fn gpt4o_dir() -> Option<PathBuf> {
+    npm_tokenizer_dir("gpt4o")
+}
+
 /// The cached official tokenizer `name` that `scripts/make-token-fixtures fetch` fetched.
 fn npm_tokenizer_dir(name: &str) -> Option<PathBuf> {
     let dir = cache_dir().join("tokenizers").join(name);
