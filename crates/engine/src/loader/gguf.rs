@@ -18,7 +18,9 @@ use crate::error::{EngineError, Result};
 use crate::loader::gguf_config::config_from_content;
 use crate::loader::gguf_header::{mxfp4_bytes, read_gguf_parts, tensor_bytes, Mxfp4Tensor};
 use crate::loader::gguf_names::{locate, GgufLocation};
-use crate::loader::mxfp4::{ggml_blocks_to_q8_0, GGML_MXFP4_BLOCK_BYTES, MXFP4_BLOCK};
+use crate::loader::mxfp4::{
+    ggml_blocks_to_q8_0, GGML_MXFP4_BLOCK_BYTES, MXFP4_BLOCK, Q8_0_BLOCK_BYTES,
+};
 use crate::loader::{Embedding, Matrix, TensorSource};
 
 /// An open GGUF file. Tensor data is read on demand.
@@ -193,7 +195,7 @@ impl GgufSource {
         }
         let mut blocks = vec![0u8; len];
         self.file.read_exact_at(&mut blocks, start)?;
-        let mut data = Vec::with_capacity(len / GGML_MXFP4_BLOCK_BYTES * 34);
+        let mut data = Vec::with_capacity(len / GGML_MXFP4_BLOCK_BYTES * Q8_0_BLOCK_BYTES);
         ggml_blocks_to_q8_0(&blocks, &mut data);
         Ok((GgmlDType::Q8_0, dims, data))
     }

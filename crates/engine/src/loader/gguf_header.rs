@@ -130,10 +130,10 @@ pub fn mxfp4_bytes(dims: &[usize]) -> Option<u64> {
     let elems = dims
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))?;
-    let block = MXFP4_BLOCK as u64;
-    let whole = dims.last().is_some_and(|c| c.is_multiple_of(MXFP4_BLOCK));
-    whole.then_some(())?;
-    (elems / block).checked_mul(GGML_MXFP4_BLOCK_BYTES as u64)
+    if !dims.last().is_some_and(|c| c.is_multiple_of(MXFP4_BLOCK)) {
+        return None;
+    }
+    (elems / MXFP4_BLOCK as u64).checked_mul(GGML_MXFP4_BLOCK_BYTES as u64)
 }
 
 /// Bytes of a tensor's data, or `None` when its shape does not fit its type's blocks or

@@ -117,6 +117,19 @@ pub fn open_served(path: &Path, max_model_len: Option<usize>) -> Result<Box<dyn 
     }
 }
 
+/// The 1-D tensor `name` (f32 on the CPU), which must hold `len` values.
+pub(crate) fn vector_of_len(source: &dyn TensorSource, name: &str, len: usize) -> Result<Tensor> {
+    let v = source.vector(name)?;
+    if v.dims1()? != len {
+        return Err(EngineError::ShapeMismatch {
+            name: name.to_string(),
+            expected: vec![len],
+            found: v.dims().to_vec(),
+        });
+    }
+    Ok(v)
+}
+
 /// Canonical names of one decoder layer's tensors.
 pub(crate) fn layer_name(layer: usize, suffix: &str) -> String {
     format!("model.layers.{layer}.{suffix}")

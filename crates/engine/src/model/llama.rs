@@ -19,7 +19,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::loader::{layer_name, Embedding, Matrix, TensorSource};
+use crate::loader::{layer_name, vector_of_len, Embedding, Matrix, TensorSource};
 use crate::model::batch::Batch;
 use crate::model::cpu_ops;
 use crate::model::kv_cache::{KvCache, RankCache};
@@ -205,7 +205,9 @@ pub fn load_rank_shards(
             .transpose()?;
         let sinks = config
             .attention_sinks
-            .then(|| head_values(source, &name("self_attn.sinks"), config.num_heads))
+            .then(|| vector_of_len(source, &name("self_attn.sinks"), config.num_heads))
+            .transpose()?
+            .map(|v| v.to_vec1::<f32>())
             .transpose()?;
         bytes_read += qkv
             .iter()
@@ -588,19 +590,6 @@ impl LlamaShard {
             _ => out,
         })
     }
-}
-
-/// A vector of one value per attention head (gpt-oss's sinks), as f32.
-fn head_values(source: &dyn TensorSource, name: &str, heads: usize) -> Result<Vec<f32>> {
-    let v = source.vector(name)?.to_vec1::<f32>()?;
-    if v.len() != heads {
-        return Err(EngineError::ShapeMismatch {
-            name: name.to_string(),
-            expected: vec![heads],
-            found: vec![v.len()],
-        });
-    }
-    Ok(v)
 }
 
 /// The LM head's logits as the model ends: divided by Granite's logits scaling, and

@@ -16,7 +16,7 @@ use candle_core::{Device, Tensor};
 
 use crate::config::{Activation, ClampedSwiglu, ExpertTensor, MoeConfig};
 use crate::error::{EngineError, Result};
-use crate::loader::{Matrix, TensorSource};
+use crate::loader::{vector_of_len, Matrix, TensorSource};
 use crate::model::cpu_ops;
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::tp::split::{split_units, Segment};
@@ -99,16 +99,7 @@ pub fn load_shards(
         if !moe.biases {
             return Ok(None);
         }
-        let bias_name = moe.names.bias(layer, t);
-        let b = source.vector(&bias_name)?;
-        if b.dims1()? != len {
-            return Err(EngineError::ShapeMismatch {
-                name: bias_name,
-                expected: vec![len],
-                found: b.dims().to_vec(),
-            });
-        }
-        Ok(Some(b))
+        Ok(Some(vector_of_len(source, &moe.names.bias(layer, t), len)?))
     };
     let router_bias = bias(ExpertTensor::Router, moe.num_experts)?;
     let seg = Segment {
