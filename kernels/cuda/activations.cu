@@ -1,7 +1,8 @@
 // The gated activation of the MLP over its fused gate/up rows: `gate_up` is
 // [rows, 2 · width] (gate first), `out` is [rows, width]: SiLU(gate) · up (llama, qwen)
 // or GELU(gate) · up with GELU's tanh approximation (gemma). Computed in f32, stored in
-// the input type.
+// the input type. gpt-oss's experts clamp both halves first: with g = min(gate, limit),
+// (clamp(up, -limit, limit) + 1) · g · sigmoid(alpha · g).
 
 #include "common.cuh"
 
@@ -42,3 +43,24 @@ TESSERA_GATED(silu_mul_bf16, __nv_bfloat16, Silu)
 TESSERA_GATED(silu_mul_f16, __half, Silu)
 TESSERA_GATED(gelu_tanh_mul_bf16, __nv_bfloat16, GeluTanh)
 TESSERA_GATED(gelu_tanh_mul_f16, __half, GeluTanh)
+
+template <typename T>
+__device__ __forceinline__ void clamped_swiglu(T* __restrict__ out, const T* __restrict__ gate_up,
+                                               int width, size_t total, float alpha, float limit) {
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = e / width, c = e % width;
+        const float g = fminf(to_float(gate_up[r * 2 * width + c]), limit);
+        const float u = fminf(fmaxf(to_float(gate_up[r * 2 * width + width + c]), -limit), limit);
+        out[e] = from_float<T>((u + 1.f) * g / (1.f + __expf(-alpha * g)));
+    }
+}
+
+#define TESSERA_CLAMPED(NAME, T)                                                             \
+    extern "C" __global__ void NAME(T* out, const T* gate_up, int width, size_t total,       \
+                                    float alpha, float limit) {                              \
+        clamped_swiglu<T>(out, gate_up, width, total, alpha, limit);                         \
+    }
+
+TESSERA_CLAMPED(clamped_swiglu_mul_bf16, __nv_bfloat16)
+TESSERA_CLAMPED(clamped_swiglu_mul_f16, __half)

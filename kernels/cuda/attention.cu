@@ -7,7 +7,9 @@
 // chunked prefill and decode take the same path. With a sliding window (`window` > 0) it
 // attends to pos + 1 - window ..= pos only, and a tile reads no key before the window of
 // its first token: its partitions start there. With `softcap` > 0 (Gemma 2) each scaled
-// score s becomes softcap · tanh(s / softcap) before the softmax.
+// score s becomes softcap · tanh(s / softcap) before the softmax. With `sinks` (gpt-oss;
+// null otherwise) each query head has one more logit that joins its softmax but attends
+// to nothing: the values' weights then sum to less than one.
 //
 // One thread block serves one query head and one tile of up to QT consecutive tokens of
 // one sequence. The context is walked in chunks of CHUNK keys, one key per thread:
@@ -27,6 +29,18 @@ constexpr int NT = 128;     // threads per block
 constexpr int CHUNK = NT;   // keys per chunk: one per thread
 constexpr int NWARPS = NT / 32;
 
+// A (token, head)'s output from its weighted values `a` and weights `l`, both relative to
+// the largest score `m`; the head's sink logit, where there is one, joins the weights.
+__device__ __forceinline__ float normalized(float a, float m, float l,
+                                            const float* __restrict__ sinks, int head) {
+    if (!(l > 0.f)) return 0.f;
+    if (sinks == nullptr) return a / l;
+    const float s = sinks[head];
+    const float top = fmaxf(m, s);
+    const float f = __expf(m - top);
+    return a * f / (l * f + __expf(s - top));
+}
+
 template <typename T, int HD, int QT>
 __device__ __forceinline__ void attention_tile(
     T* __restrict__ out, int out_stride,
@@ -39,7 +53,7 @@ __device__ __forceinline__ void attention_tile(
     const uint32_t* __restrict__ block_tables, int max_blocks,
     const uint32_t* __restrict__ kv_of_q,
     int nq, int nkv, int block_size, float scale, int partition_size, int window,
-    float softcap) {
+    float softcap, const float* __restrict__ sinks) {
     static_assert(HD % 8 == 0, "head dim must be a multiple of 8");
     const int head = blockIdx.x;
     const int tile = blockIdx.y;
@@ -199,9 +213,8 @@ __device__ __forceinline__ void attention_tile(
 #pragma unroll
             for (int k = 0; k < KPB; ++k) a += red[k][d];
             if (num_parts == 1) {
-                const float l = l_s[0];
                 out[(size_t)t0 * out_stride + (size_t)head * HD + d] =
-                    from_float<T>(l > 0.f ? a / l : 0.f);
+                    from_float<T>(normalized(a, m_s[0], l_s[0], sinks, head));
             } else {
                 const size_t base = ((size_t)tile * nq + head) * num_parts + part;
                 part_acc[base * HD + d] = a;
@@ -220,9 +233,8 @@ __device__ __forceinline__ void attention_tile(
         const int i = e / HD, d = e % HD;
         if (i >= nt) continue;
         if (num_parts == 1) {
-            const float l = l_s[i];
             out[(size_t)(t0 + i) * out_stride + (size_t)head * HD + d] =
-                from_float<T>(l > 0.f ? acc[k] / l : 0.f);
+                from_float<T>(normalized(acc[k], m_s[i], l_s[i], sinks, head));
         } else {
             // Partitions are only launched with QT == 1: one token per tile.
             const size_t base = ((size_t)tile * nq + head) * num_parts + part;
@@ -236,19 +248,23 @@ __device__ __forceinline__ void attention_tile(
 }
 
 // Combines the partitions of each (token, head): every partition's weighted values are
-// rescaled from its own maximum score to the largest, then divided by the total weight.
+// rescaled from its own maximum score to the largest, then divided by the total weight
+// (the head's sink, where there is one, is a partition of weight and no values).
 template <typename T, int HD>
 __device__ __forceinline__ void merge_partitions(
     T* __restrict__ out, int out_stride,
     const float* __restrict__ part_ms, const float* __restrict__ part_acc,
-    const uint32_t* __restrict__ tile_start, int nq, int num_parts) {
+    const uint32_t* __restrict__ tile_start, int nq, int num_parts,
+    const float* __restrict__ sinks) {
     const int head = blockIdx.x;
     const int tile = blockIdx.y;
     const size_t base = ((size_t)tile * nq + head) * num_parts;
     float m = -INFINITY;
     for (int p = 0; p < num_parts; ++p)
         if (part_ms[(base + p) * 2 + 1] > 0.f) m = fmaxf(m, part_ms[(base + p) * 2]);
-    float total = 0.f;
+    const bool any = m > -INFINITY;
+    if (sinks != nullptr && any) m = fmaxf(m, sinks[head]);
+    float total = sinks != nullptr && any ? __expf(sinks[head] - m) : 0.f;
     for (int p = 0; p < num_parts; ++p) {
         const float l = part_ms[(base + p) * 2 + 1];
         if (l > 0.f) total += l * __expf(part_ms[(base + p) * 2] - m);
@@ -273,19 +289,19 @@ __device__ __forceinline__ void merge_partitions(
         const uint32_t* tile_start, const uint32_t* tile_len, const uint32_t* seq_of_token,   \
         const uint32_t* block_tables, int max_blocks, const uint32_t* kv_of_q, int nq,        \
         int nkv, int block_size, float scale, int partition_size, int window,                 \
-        float softcap) {                                                                      \
+        float softcap, const float* sinks) {                                                  \
         attention_tile<T, HD, QT>(out, out_stride, part_ms, part_acc, q, q_stride, k_cache,   \
                                   v_cache, positions, tile_start, tile_len, seq_of_token,     \
                                   block_tables, max_blocks, kv_of_q, nq, nkv, block_size,     \
-                                  scale, partition_size, window, softcap);                    \
+                                  scale, partition_size, window, softcap, sinks);             \
     }
 
 #define TESSERA_MERGE(NAME, T, HD)                                                            \
     extern "C" __global__ void NAME(T* out, int out_stride, const float* part_ms,             \
                                     const float* part_acc, const uint32_t* tile_start,        \
-                                    int nq, int num_parts) {                                  \
+                                    int nq, int num_parts, const float* sinks) {              \
         merge_partitions<T, HD>(out, out_stride, part_ms, part_acc, tile_start, nq,           \
-                                num_parts);                                                   \
+                                num_parts, sinks);                                            \
     }
 
 #define TESSERA_HEAD_DIM(HD)                                                                  \

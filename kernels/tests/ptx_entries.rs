@@ -32,6 +32,7 @@ fn every_kernel_the_planner_names_is_compiled() {
             (ptx::KV_WRITE, "rope_write_kv"),
             (ptx::ACTIVATIONS, "silu_mul"),
             (ptx::ACTIVATIONS, "gelu_tanh_mul"),
+            (ptx::ACTIVATIONS, "clamped_swiglu_mul"),
             (ptx::NORM, "add_rms_norm"),
         ] {
             let name = format!("{name}_{}", dtype.suffix());

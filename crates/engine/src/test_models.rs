@@ -68,6 +68,9 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         "tiny-olmo2" => d(256, 4, 2, 64, 192),
         // Mixtures of experts.
         "tiny-qwen3-moe" | "tiny-mixtral" => d(128, 4, 2, 64, 160),
+        // Attention sinks, biases on every projection, a window in every other layer;
+        // biased experts (stacked, transposed) with a clamped gate (gpt-oss).
+        "tiny-gpt-oss" => d(128, 4, 2, 64, 96),
         other => return Err(bad(format!("no GPU-shaped dimensions for {other}"))),
     })
 }
@@ -159,15 +162,25 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
             Some("k_norm") if across_heads => vec![dims.kv_heads * dims.head_dim],
             _ => shape_of(&name, dims, vocab, experts, moe_width)?,
         };
-        let fan_in = shape.last().copied().unwrap_or(1);
+        // gpt-oss's stacked experts are `[experts, in, out]`.
+        let fan_in = match shape.as_slice() {
+            [_, fan_in, _] => *fan_in,
+            _ => shape.last().copied().unwrap_or(1),
+        };
         let count: usize = shape.iter().product();
         let values: Vec<f32> = if name.ends_with("norm.weight") {
             (0..count).map(|_| 1.0 + 0.1 * rng.unit()).collect()
         } else if name.contains("embed_tokens") {
             rng.values(count)
-        } else if name.ends_with(".bias") {
+        } else if name.ends_with(".bias") || name.ends_with("_bias") {
             (0..count).map(|_| 0.1 * rng.unit()).collect()
-        } else if name.ends_with("mlp.gate.weight") || name.ends_with("moe.gate.weight") {
+        } else if name.ends_with("self_attn.sinks") {
+            // Sink logits of the scores' size, so that they take a share of each softmax.
+            (0..count).map(|_| 2.0 * rng.unit()).collect()
+        } else if ["mlp.gate.weight", "moe.gate.weight", "mlp.router.weight"]
+            .iter()
+            .any(|r| name.ends_with(r))
+        {
             // Routers with large weights (standard deviation 0.5).
             (0..count).map(|_| 0.5 * 3f32.sqrt() * rng.unit()).collect()
         } else {
@@ -238,7 +251,21 @@ fn shape_of(
         d.intermediate
     };
     let any = |suffixes: &[&str]| suffixes.iter().any(|s| name.ends_with(s));
-    Ok(if any(&["embed_tokens.weight", "lm_head.weight"]) {
+    Ok(if any(&["mlp.experts.gate_up_proj"]) {
+        vec![experts, d.hidden, 2 * ffn]
+    } else if any(&["mlp.experts.gate_up_proj_bias"]) {
+        vec![experts, 2 * ffn]
+    } else if any(&["mlp.experts.down_proj"]) {
+        vec![experts, ffn, d.hidden]
+    } else if any(&["mlp.experts.down_proj_bias"]) {
+        vec![experts, d.hidden]
+    } else if any(&["mlp.router.bias"]) {
+        vec![experts]
+    } else if any(&["self_attn.sinks"]) {
+        vec![d.heads]
+    } else if any(&["o_proj.bias"]) {
+        vec![d.hidden]
+    } else if any(&["embed_tokens.weight", "lm_head.weight"]) {
         vec![vocab, d.hidden]
     } else if any(&["qkv_proj.weight"]) {
         vec![q + 2 * kv, d.hidden]
@@ -267,7 +294,11 @@ fn shape_of(
         vec![ffn, d.hidden]
     } else if any(&["down_proj.weight", "w2.weight"]) {
         vec![d.hidden, ffn]
-    } else if any(&["mlp.gate.weight", "block_sparse_moe.gate.weight"]) {
+    } else if any(&[
+        "mlp.gate.weight",
+        "block_sparse_moe.gate.weight",
+        "mlp.router.weight",
+    ]) {
         vec![experts, d.hidden]
     } else {
         return Err(bad(format!("no shape rule for {name}")));

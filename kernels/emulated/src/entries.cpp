@@ -16,9 +16,10 @@ using u32 = std::uint32_t;
 #define DECLARE_ATTENTION(NAME, T)                                                          \
     extern "C" void NAME(T*, int, float*, float*, const T*, int, const T*, const T*,        \
                          const u32*, const u32*, const u32*, const u32*, const u32*, int,   \
-                         const u32*, int, int, int, float, int, int, float);
+                         const u32*, int, int, int, float, int, int, float, const float*);
 #define DECLARE_MERGE(NAME, T)                                                              \
-    extern "C" void NAME(T*, int, const float*, const float*, const u32*, int, int);
+    extern "C" void NAME(T*, int, const float*, const float*, const u32*, int, int,         \
+                         const float*);
 #define DECLARE_HEAD_DIM(HD)                                                                \
     DECLARE_ATTENTION(paged_attention_bf16_hd##HD##_q1, __nv_bfloat16)                      \
     DECLARE_ATTENTION(paged_attention_bf16_hd##HD##_q16, __nv_bfloat16)                     \
@@ -38,6 +39,9 @@ extern "C" void silu_mul_bf16(__nv_bfloat16*, const __nv_bfloat16*, int, std::si
 extern "C" void silu_mul_f16(__half*, const __half*, int, std::size_t);
 extern "C" void gelu_tanh_mul_bf16(__nv_bfloat16*, const __nv_bfloat16*, int, std::size_t);
 extern "C" void gelu_tanh_mul_f16(__half*, const __half*, int, std::size_t);
+extern "C" void clamped_swiglu_mul_bf16(__nv_bfloat16*, const __nv_bfloat16*, int, std::size_t,
+                                        float, float);
+extern "C" void clamped_swiglu_mul_f16(__half*, const __half*, int, std::size_t, float, float);
 extern "C" void add_rms_norm_bf16(float*, __nv_bfloat16*, const float*, const float*,
                                   const float*, int, float);
 extern "C" void add_rms_norm_f16(float*, __half*, const float*, const float*, const float*,
@@ -103,6 +107,8 @@ extern "C" int tessera_emu_launch(const char* name, const EmuGrid* g, void** par
     LAUNCH(silu_mul_f16)
     LAUNCH(gelu_tanh_mul_bf16)
     LAUNCH(gelu_tanh_mul_f16)
+    LAUNCH(clamped_swiglu_mul_bf16)
+    LAUNCH(clamped_swiglu_mul_f16)
     LAUNCH(add_rms_norm_bf16)
     LAUNCH(add_rms_norm_f16)
     LAUNCH(argmax_rows_f32)

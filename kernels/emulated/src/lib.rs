@@ -13,10 +13,10 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use half::{bf16, f16};
 use tessera_kernels::gpu::launch::{
     argmax_shape, attention_kernel, attention_shape, candidate_rows, candidate_slots_used,
-    column_of_key, gated_kernel, gated_shape, log_sum_exp_rows, merge_kernel, merge_shape,
-    norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, AttentionPlan, CandidateRow,
-    Gate, KernelArg, KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL,
-    EXP_SUMS_KERNEL, PREFILL_TILE,
+    clamped_gate_kernel, column_of_key, gated_kernel, gated_shape, log_sum_exp_rows, merge_kernel,
+    merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, AttentionPlan,
+    CandidateRow, Gate, KernelArg, KvDtype, LaunchShape, TileLaunch, ARGMAX_KERNEL,
+    CANDIDATES_KERNEL, EXP_SUMS_KERNEL, PREFILL_TILE,
 };
 
 /// What can go wrong launching an emulated kernel.
@@ -294,12 +294,14 @@ pub fn rope_write_kv<T: Element>(
 }
 
 /// How one attention call scores keys: `q · k · scale`, capped to `softcap · tanh(s /
-/// softcap)` where set, over the last `window` positions where set.
+/// softcap)` where set, over the last `window` positions where set; with `sinks`, one
+/// logit per query head joins its softmax (gpt-oss).
 #[derive(Debug, Clone, Copy)]
-pub struct Scores {
+pub struct Scores<'a> {
     pub scale: f32,
     pub window: Option<usize>,
     pub softcap: Option<f32>,
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Paged attention of every token of the step over its cached context (or its last
@@ -311,9 +313,12 @@ pub fn paged_attention<T: Element>(
     v_cache: &[T],
     meta: &StepTables<'_>,
     heads: Heads,
-    scores: Scores,
+    scores: Scores<'_>,
 ) -> Result<Vec<T>> {
     let window = scores.window;
+    if let Some(s) = scores.sinks {
+        at_least(s.len(), heads.num_q_heads, "sinks")?;
+    }
     let n = meta.num_tokens();
     let (nq, hd) = (heads.num_q_heads, heads.head_dim);
     at_least(qkv.len(), n * heads.qkv_width(), "qkv")?;
@@ -344,7 +349,7 @@ fn attention_launch<T: Element>(
     v_cache: &[T],
     meta: &StepTables<'_>,
     heads: Heads,
-    scores: Scores,
+    scores: Scores<'_>,
     launch: &TileLaunch,
     tile: usize,
     out: &mut [T],
@@ -387,6 +392,8 @@ fn attention_launch<T: Element>(
         arg_int(scores.window.unwrap_or(0), "window")?,
         // 0: no cap.
         KernelArg::F32(scores.softcap.unwrap_or(0.0)),
+        // Null: no sinks.
+        ptr(scores.sinks.map_or(std::ptr::null(), <[f32]>::as_ptr)),
     ];
     // SAFETY: the tables were checked against the cache, the tiles against the tokens;
     // the partial buffers hold every (tile, head, partition).
@@ -401,6 +408,7 @@ fn attention_launch<T: Element>(
             ptr(launch.start.as_ptr()),
             nq_arg,
             arg_int(parts, "partitions")?,
+            ptr(scores.sinks.map_or(std::ptr::null(), <[f32]>::as_ptr)),
         ];
         // SAFETY: as above.
         unsafe { self::launch(&name, merge_shape(nq, launch, hd), &args) }?;
@@ -425,6 +433,32 @@ pub fn gated_mul<T: Element>(gate_up: &[T], width: usize, gate: Gate) -> Result<
     ];
     // SAFETY: `gate_up` holds `rows` rows of 2 · width; `out` holds `total`.
     unsafe { launch(&name, gated_shape(total), &args) }?;
+    Ok(out)
+}
+
+/// gpt-oss's clamped gate of fused `[rows, 2 * width]` gate/up rows.
+pub fn clamped_swiglu_mul<T: Element>(
+    gate_up: &[T],
+    width: usize,
+    alpha: f32,
+    limit: f32,
+) -> Result<Vec<T>> {
+    let rows = gate_up.len() / (2 * width).max(1);
+    let total = rows * width;
+    let mut out = vec![T::default(); total];
+    if total == 0 {
+        return Ok(out);
+    }
+    let args = [
+        ptr(out.as_mut_ptr()),
+        ptr(gate_up.as_ptr()),
+        arg_int(width, "width")?,
+        KernelArg::Usize(total),
+        KernelArg::F32(alpha),
+        KernelArg::F32(limit),
+    ];
+    // SAFETY: `gate_up` holds `rows` rows of 2 · width; `out` holds `total`.
+    unsafe { launch(&clamped_gate_kernel(T::DTYPE), gated_shape(total), &args) }?;
     Ok(out)
 }
 

@@ -1,7 +1,8 @@
 //! The CUDA paged-attention kernels, run on CPU threads, against the host reference:
 //! every head dimension, both 16-bit types, grouped queries, block sizes from 1 to 128,
 //! prefill tiles, chunked prefill over cached blocks, decodes split into partitions and
-//! merged, sliding windows, other score scales and capped scores (Gemma 2). The step's
+//! merged, sliding windows, other score scales, capped scores (Gemma 2) and attention
+//! sinks (gpt-oss). The step's
 //! tables and tile plan come from the engine's own packing (`PackedMeta`).
 
 mod common;
@@ -21,6 +22,7 @@ struct Case {
     window: Option<usize>,
     scale: Option<f32>,
     softcap: Option<f32>,
+    sinks: Option<Vec<f32>>,
 }
 
 /// A case's step and random caches and queries, in the element type and as f32.
@@ -53,13 +55,13 @@ fn inputs<T: Element>(c: &Case, rng: &mut Lcg) -> Inputs<T> {
     }
 }
 
-fn kernel<T: Element>(x: &Inputs<T>, scores: Scores) -> Vec<f32> {
+fn kernel<T: Element>(x: &Inputs<T>, scores: Scores<'_>) -> Vec<f32> {
     let got = paged_attention(&x.qkv.0, &x.k.0, &x.v.0, &x.step.tables(), x.heads, scores)
         .expect("the kernel runs");
     to_f32(&got)
 }
 
-fn host<T: Element>(x: &Inputs<T>, scores: Scores) -> Vec<f32> {
+fn host<T: Element>(x: &Inputs<T>, scores: Scores<'_>) -> Vec<f32> {
     reference::attention(&AttentionInput {
         qkv: &x.qkv.1,
         k_cache: &x.k.1,
@@ -72,6 +74,7 @@ fn host<T: Element>(x: &Inputs<T>, scores: Scores) -> Vec<f32> {
         window: scores.window,
         scale: scores.scale,
         softcap: scores.softcap,
+        sinks: scores.sinks,
     })
 }
 
@@ -82,6 +85,7 @@ fn run<T: Element>(c: &Case, rng: &mut Lcg) -> (f32, usize) {
         scale: c.scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
         window: c.window,
         softcap: c.softcap,
+        sinks: c.sinks.as_deref(),
     };
     let err = max_abs_diff(&kernel(&x, scores), &host(&x, scores));
     (err, x.step.meta.plan.decode.partitions)
@@ -114,6 +118,7 @@ fn every_head_dim<T: Element>(seed: u64) {
                 window: None,
                 scale: None,
                 softcap: None,
+                sinks: None,
             };
             let (err, parts) = run::<T>(&case, &mut rng);
             assert!(parts > 1, "the long decode is split");
@@ -150,6 +155,7 @@ fn block_sizes_from_one_to_128_over_long_contexts() {
             window: None,
             scale: None,
             softcap: None,
+            sinks: None,
         };
         let (err, parts) = run::<bf16>(&case, &mut rng);
         assert_eq!(parts, 1);
@@ -166,6 +172,7 @@ fn block_sizes_from_one_to_128_over_long_contexts() {
             window: None,
             scale: None,
             softcap: None,
+            sinks: None,
         };
         let (err, _) = run::<bf16>(&case, &mut rng);
         assert!(err < 1e-2, "{seqs:?}: max |err| {err:.2e}");
@@ -190,6 +197,7 @@ fn sliding_windows_and_other_scales() {
                 window: Some(window),
                 scale: Some(0.0625),
                 softcap: None,
+                sinks: None,
             };
             let (err, _) = run::<f16>(&case, &mut rng);
             assert!(
@@ -217,6 +225,7 @@ fn capped_scores() {
                 window,
                 scale: Some(0.5),
                 softcap: Some(cap),
+                sinks: None,
             };
             let (err, _) = run::<f16>(&case, &mut rng);
             assert!(
@@ -225,6 +234,61 @@ fn capped_scores() {
             );
         }
     }
+}
+
+/// gpt-oss's sinks: with and without its alternating window, over prefill tiles, a chunk
+/// after cached blocks and split decodes (the merge adds the sink once); some sinks far
+/// above the scores (most weight to nothing), some far below (no effect).
+#[test]
+fn attention_sinks() {
+    let mut rng = Lcg(29);
+    let seqs = vec![(0, 37), (300, 21), (1500, 1), (5, 1)];
+    let sinks = vec![2.5, -1.0, 0.0, 6.0, -8.0, 0.5];
+    for window in [None, Some(128)] {
+        for (hd, bs) in [(64, 16), (128, 7)] {
+            let case = Case {
+                head_dim: hd,
+                num_q_heads: 6,
+                num_kv_heads: 2,
+                block_size: bs,
+                seqs: seqs.clone(),
+                window,
+                scale: None,
+                softcap: None,
+                sinks: Some(sinks.clone()),
+            };
+            let (err, parts) = run::<f16>(&case, &mut rng);
+            assert!(parts > 1, "the long decode is split");
+            assert!(
+                err < 2e-3,
+                "window {window:?} hd{hd} block {bs}: max |err| {err:.2e}"
+            );
+        }
+    }
+    // Without the sinks, or with each counted twice, the outputs are far off.
+    let case = Case {
+        head_dim: 64,
+        num_q_heads: 6,
+        num_kv_heads: 2,
+        block_size: 16,
+        seqs,
+        window: None,
+        scale: None,
+        softcap: None,
+        sinks: None,
+    };
+    let x = inputs::<f16>(&case, &mut rng);
+    let scores = |sinks| Scores {
+        scale: 0.125,
+        window: None,
+        softcap: None,
+        sinks,
+    };
+    let got = kernel(&x, scores(Some(&sinks)));
+    assert!(max_abs_diff(&got, &host(&x, scores(Some(&sinks)))) < 2e-3);
+    assert!(max_abs_diff(&got, &host(&x, scores(None))) > 0.05);
+    let doubled: Vec<f32> = sinks.iter().map(|s| s + std::f32::consts::LN_2).collect();
+    assert!(max_abs_diff(&got, &host(&x, scores(Some(&doubled)))) > 0.02);
 }
 
 #[test]
@@ -241,12 +305,14 @@ fn the_checks_can_fail() {
         window: Some(8),
         scale: Some(1.0),
         softcap: None,
+        sinks: None,
     };
     let x = inputs::<f16>(&case, &mut rng);
     let scores = |window, softcap| Scores {
         scale: 1.0,
         window,
         softcap,
+        sinks: None,
     };
     let got = kernel(&x, scores(Some(8), None));
     assert!(max_abs_diff(&got, &host(&x, scores(Some(8), None))) < 2e-3);

@@ -1,6 +1,6 @@
 //! The CUDA kernels around attention, run on CPU threads, against host references:
-//! RoPE with the KV-cache write, SiLU·up and GELU·up, the residual add with RMSNorm,
-//! and the arg-max of logit rows.
+//! RoPE with the KV-cache write, SiLU·up, GELU·up and gpt-oss's clamped gate, the
+//! residual add with RMSNorm, and the arg-max of logit rows.
 
 mod common;
 
@@ -12,7 +12,8 @@ use tessera_engine::RopeStyle;
 use tessera_kernels::gpu::launch::{Gate, HEAD_DIMS};
 use tessera_kernels::gpu::reference::{self, max_abs_diff, Lcg};
 use tessera_kernels_emulated::{
-    add_rms_norm, argmax_rows, gated_mul, rope_write_kv, Element, Heads, RopePairs,
+    add_rms_norm, argmax_rows, clamped_swiglu_mul, gated_mul, rope_write_kv, Element, Heads,
+    RopePairs,
 };
 
 fn rope_and_kv_write<T: Element>(bound: f32) {
@@ -139,6 +140,34 @@ fn silu_and_gelu_times_up() {
     let silu = to_f32(&gated_mul(&gu, width, Gate::Silu).expect("runs"));
     let gelu = to_f32(&gated_mul(&gu, width, Gate::GeluTanh).expect("runs"));
     assert!(max_abs_diff(&silu, &gelu) > 0.1);
+}
+
+/// gpt-oss's gate with its alpha 1.702 and a limit of 7, on values up to ±10 so that
+/// both clamps bend a share of them; a kernel without either clamp fails the bound.
+#[test]
+fn clamped_swiglu_gate() {
+    let mut rng = Lcg(23);
+    let (rows, width) = (19, 320);
+    let values: Vec<f32> = rng
+        .values(rows * 2 * width)
+        .iter()
+        .map(|v| 10.0 * v)
+        .collect();
+    let (alpha, limit) = (1.702, 7.0);
+    let (gu, gu32) = rounded::<bf16>(&values);
+    let got = to_f32(&clamped_swiglu_mul(&gu, width, alpha, limit).expect("runs"));
+    let err = max_scaled_diff(&got, &reference::clamped_gated(&gu32, width, alpha, limit));
+    assert!(err < 1e-2, "bf16: {err}");
+    let (gu, gu32) = rounded::<f16>(&values);
+    let got = to_f32(&clamped_swiglu_mul(&gu, width, alpha, limit).expect("runs"));
+    let want = reference::clamped_gated(&gu32, width, alpha, limit);
+    let err = max_scaled_diff(&got, &want);
+    assert!(err < 2e-3, "f16: {err}");
+    let unclamped = reference::clamped_gated(&gu32, width, alpha, 1e9);
+    assert!(max_scaled_diff(&got, &unclamped) > 0.5);
+    // The gate's clamp alone (up kept within ±limit by a larger limit on it) also shows.
+    let wide = to_f32(&clamped_swiglu_mul(&gu, width, alpha, 9.0).expect("runs"));
+    assert!(max_scaled_diff(&got, &wide) > 0.1);
 }
 
 #[test]

@@ -143,6 +143,13 @@ pub fn gated_kernel(dtype: KvDtype, gate: Gate) -> String {
     format!("{act}_{}", dtype.suffix())
 }
 
+/// `clamped_swiglu_mul_{dtype}`: gpt-oss's experts' gate, whose kernel also takes the
+/// gate's `alpha` and the clamp's `limit` (after the gated kernels' arguments); it runs on
+/// [`gated_shape`].
+pub fn clamped_gate_kernel(dtype: KvDtype) -> String {
+    format!("clamped_swiglu_mul_{}", dtype.suffix())
+}
+
 /// A grid-stride loop over `total` outputs: 256 threads a block, at most 65535 blocks.
 pub fn gated_shape(total: usize) -> LaunchShape {
     LaunchShape {

@@ -102,6 +102,8 @@ pub struct AttentionInput<'a> {
     pub scale: f32,
     /// Scaled scores become `cap · tanh(score / cap)` (Gemma 2).
     pub softcap: Option<f32>,
+    /// One logit per query head that joins its softmax and attends to nothing (gpt-oss).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Causal attention of every token over its sequence's positions `0..=pos` (or its
@@ -134,9 +136,14 @@ pub fn attention(a: &AttentionInput<'_>) -> Vec<f32> {
                     })
                     .map(|x| a.softcap.map_or(x, |cap| cap * (x / cap).tanh()))
                     .collect();
-                let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let sink = a.sinks.map(|s| s[h]);
+                let m = scores
+                    .iter()
+                    .chain(&sink)
+                    .cloned()
+                    .fold(f32::NEG_INFINITY, f32::max);
                 let w: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
-                let z: f32 = w.iter().sum();
+                let z: f32 = w.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - m).exp());
                 let o = &mut out[(t * nq + h) * hd..(t * nq + h + 1) * hd];
                 for (j, wj) in (lo..=pos).zip(&w) {
                     for (od, vd) in o.iter_mut().zip(at(a.v_cache, j)) {
@@ -166,6 +173,21 @@ pub fn gated(gate_up: &[f32], width: usize, gate: Gate) -> Vec<f32> {
     gate_up
         .chunks(2 * width)
         .flat_map(|r| (0..width).map(move |c| activate(gate, r[c]) * r[width + c]))
+        .collect()
+}
+
+/// gpt-oss's experts' gate over fused `[rows, 2 · width]` rows (gate first): with
+/// `g = min(gate, limit)`, `(clamp(up, ±limit) + 1) · g · σ(alpha · g)`.
+pub fn clamped_gated(gate_up: &[f32], width: usize, alpha: f32, limit: f32) -> Vec<f32> {
+    gate_up
+        .chunks(2 * width)
+        .flat_map(|r| {
+            (0..width).map(move |c| {
+                let g = r[c].min(limit);
+                let u = r[width + c].clamp(-limit, limit);
+                (u + 1.0) * g / (1.0 + (-alpha * g).exp())
+            })
+        })
         .collect()
 }
 

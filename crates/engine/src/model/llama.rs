@@ -120,8 +120,6 @@ pub fn load_rank_shards(
     let (h, hd) = (config.hidden_size, config.head_dim);
     if devices.iter().any(Device::is_cuda) {
         tessera_kernels::gpu::launch::check_head_dim(hd).map_err(EngineError::Config)?;
-        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-        cuda::check_supported(&config)?;
     }
     let started = Instant::now();
     let embedding = source.embedding()?;
@@ -369,6 +367,10 @@ pub fn load_rank_shards(
                 rope_sliding.as_deref(),
                 config.nope_layers.contains(&true),
                 &kv_of_q,
+                &blocks
+                    .iter()
+                    .map(|b| b.sinks.as_deref())
+                    .collect::<Vec<_>>(),
             )?)
         } else {
             None
@@ -409,7 +411,6 @@ impl LlamaShard {
     /// their type).
     #[cfg(feature = "gpu-emulation")]
     pub(crate) fn take_gpu_path(&mut self) -> Result<()> {
-        cuda::check_supported(&self.config)?;
         let kv_of_q = self.shard.local_kv_of_q(self.config.group_size());
         self.gpu = Some(cuda::GpuParts::new(
             &self.device,
@@ -417,6 +418,11 @@ impl LlamaShard {
             self.rope_sliding.as_deref(),
             self.config.nope_layers.contains(&true),
             &kv_of_q,
+            &self
+                .blocks
+                .iter()
+                .map(|b| b.sinks.as_deref())
+                .collect::<Vec<_>>(),
         )?);
         for block in &mut self.blocks {
             if let Some(norms) = &mut block.qk_norm {

@@ -22,7 +22,7 @@ use crate::tp::Communicator;
 
 /// What a CUDA rank keeps beside its weights: the RoPE tables on the device (and those of
 /// sliding-window layers with their own base), each local query head's local KV head,
-/// and how many thread blocks fill the GPU.
+/// each layer's attention sinks, and how many thread blocks fill the GPU.
 #[derive(Debug, Clone)]
 pub(crate) struct GpuParts {
     rope: RopeTables,
@@ -30,6 +30,8 @@ pub(crate) struct GpuParts {
     /// Tables that rotate nothing, for layers without RoPE (the kernel always rotates).
     rope_unrotated: Option<RopeTables>,
     kv_of_q: Vec<u32>,
+    /// gpt-oss: each layer's sink logits of the local query heads, f32 on the device.
+    sinks: Vec<Option<Tensor>>,
     target_blocks: usize,
 }
 
@@ -50,8 +52,16 @@ impl GpuParts {
         rope_sliding: Option<&RopeTable>,
         any_unrotated: bool,
         kv_of_q: &[usize],
+        sinks: &[Option<&[f32]>],
     ) -> Result<Self> {
         Ok(Self {
+            sinks: sinks
+                .iter()
+                .map(|s| {
+                    s.map(|s| Tensor::from_slice(s, s.len(), device))
+                        .transpose()
+                })
+                .collect::<candle_core::Result<_>>()?,
             rope: tables(device, rope)?,
             rope_sliding: rope_sliding.map(|r| tables(device, r)).transpose()?,
             rope_unrotated: any_unrotated
@@ -251,6 +261,7 @@ impl LlamaShard {
                     .flatten(),
                 scale,
                 softcap: self.config.attn_logit_softcapping,
+                sinks: gpu.sinks.get(i).and_then(Option::as_ref),
             };
             let attn = kernels::paged_attention(
                 gpu_dev,
@@ -271,7 +282,7 @@ impl LlamaShard {
             // MLP half.
             let partial = match &block.mlp {
                 super::Mlp::Dense { gate_up, down } => {
-                    gated_mlp(gate_up, down, &h, self.config.activation)?
+                    gated_mlp(gate_up, down, &h, self.config.activation.into())?
                 }
                 super::Mlp::Experts(experts) => experts.forward_cuda(&h)?,
             };
@@ -304,21 +315,4 @@ impl LlamaShard {
         let logits = final_logits(self.lm_head.forward_f32(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
     }
-}
-
-/// Refuses what the CUDA ranks' forward pass does not implement yet: gpt-oss's
-/// attention sinks, its output-projection bias and its experts' biases and clamped gate.
-pub(super) fn check_supported(config: &crate::config::ModelConfig) -> Result<()> {
-    let moe_extras = config
-        .moe
-        .as_ref()
-        .is_some_and(|m| m.biases || m.clamped_swiglu.is_some());
-    if config.attention_sinks || config.attention_out_bias || moe_extras {
-        return Err(EngineError::Config(format!(
-            "{} runs on CPU ranks only for now: the CUDA path has no attention sinks, \
-             output-projection bias or biased, clamped experts yet",
-            config.architecture
-        )));
-    }
-    Ok(())
 }

@@ -9,6 +9,7 @@ use super::MoeShard;
 use crate::config::Activation;
 use crate::error::Result;
 use crate::model::cuda::gated_mlp;
+use crate::model::cuda::kernels::MlpGate;
 
 impl MoeShard {
     /// `h`: the normed activations `[tokens, hidden]` → this rank's partial sum of the
@@ -22,6 +23,9 @@ impl MoeShard {
             .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1::<f32>()?;
+        let gate = self
+            .clamped_swiglu
+            .map_or(MlpGate::Plain(Activation::Silu), MlpGate::Clamped);
         // Every chosen expert once over its tokens' rows; their weighted outputs, in
         // expert order, are then summed per token.
         let (mut ids, mut outputs) = (Vec::new(), Vec::new());
@@ -33,8 +37,7 @@ impl MoeShard {
             let weights: Vec<f32> = group.iter().map(|(_, w)| *w).collect();
             let idx = Tensor::from_vec(tokens.clone(), group.len(), device)?;
             let rows = h.index_select(&idx, 0)?;
-            let y = gated_mlp(&expert.gate_up, &expert.down, &rows, Activation::Silu)?
-                .to_dtype(DType::F32)?;
+            let y = gated_mlp(&expert.gate_up, &expert.down, &rows, gate)?.to_dtype(DType::F32)?;
             let w = Tensor::from_vec(weights, (group.len(), 1), device)?;
             outputs.push(y.broadcast_mul(&w)?);
             ids.extend(tokens);

@@ -1,16 +1,18 @@
 //! Our CUDA kernels against plain host references on random inputs: paged attention
 //! over every head dimension, both KV dtypes, many block sizes, and contexts that span
-//! many blocks and partitions, sliding windows and other score scales; RoPE with the KV
-//! write; SiLU·up and GELU·up; the f32-output GEMM.
+//! many blocks and partitions, sliding windows, other score scales and attention sinks;
+//! RoPE with the KV write; SiLU·up, GELU·up and gpt-oss's clamped gate; the f32-output
+//! GEMM.
 
 use candle_core::{DType, Device, Tensor};
+use tessera_engine::config::ClampedSwiglu;
 use tessera_engine::config::RopeScaling;
 use tessera_engine::model::batch::Batch;
 use tessera_engine::model::cuda::buffers::Gpu;
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
     add_rms_norm, argmax_rows, candle_dtype, gated_mul, paged_attention, reduce_rows,
-    rope_write_kv, HeadLayout, LayerAttention, RopeTables,
+    rope_write_kv, HeadLayout, LayerAttention, MlpGate, RopeTables,
 };
 use tessera_engine::model::cuda::step_meta::StepMeta;
 use tessera_engine::model::rope::RopeTable;
@@ -61,6 +63,8 @@ struct AttentionCase {
     scale: Option<f32>,
     /// Gemma 2's cap on scaled scores.
     softcap: Option<f32>,
+    /// gpt-oss's sink logit of each query head.
+    sinks: Option<Vec<f32>>,
 }
 
 /// Runs one case; returns (max |error|, partitions of the decode launch).
@@ -90,6 +94,10 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         num_kv_heads: nkv,
         head_dim: hd,
     };
+    let sinks = c
+        .sinks
+        .as_ref()
+        .map(|s| Tensor::from_slice(s, s.len(), device).expect("sinks"));
     let out = paged_attention(
         launcher(device),
         c.dtype,
@@ -102,6 +110,7 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
             window: c.window,
             scale: c.scale.unwrap_or(1.0 / (hd as f32).sqrt()),
             softcap: c.softcap,
+            sinks: sinks.as_ref(),
         },
     )
     .expect("attention");
@@ -117,6 +126,7 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         window: c.window,
         scale: c.scale.unwrap_or(1.0 / (hd as f32).sqrt()),
         softcap: c.softcap,
+        sinks: c.sinks.as_deref(),
     });
     (max_abs_diff(&download(&out), &want), parts)
 }
@@ -143,6 +153,7 @@ fn paged_attention_matches_the_reference() {
                     window: None,
                     scale: None,
                     softcap: None,
+                    sinks: None,
                 };
                 let (err, parts) = attention_case(&case, &device, &mut rng);
                 check(
@@ -176,6 +187,7 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
             window: None,
             scale: None,
             softcap: None,
+            sinks: None,
         };
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
@@ -198,6 +210,7 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
             window: None,
             scale: None,
             softcap: None,
+            sinks: None,
         };
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
@@ -231,6 +244,7 @@ fn paged_attention_honours_a_sliding_window() {
                     window: Some(window),
                     scale: Some(0.0625),
                     softcap: None,
+                    sinks: None,
                 };
                 let (err, parts) = attention_case(&case, &device, &mut rng);
                 check(
@@ -265,6 +279,7 @@ fn paged_attention_caps_scores() {
                 window,
                 scale: Some(0.5),
                 softcap: Some(cap),
+                sinks: None,
             };
             let (err, parts) = attention_case(&case, &device, &mut rng);
             check(
@@ -272,6 +287,42 @@ fn paged_attention_caps_scores() {
                 format!("max |err| {err:.2e} ({parts} decode partitions)"),
                 "< 2e-3".into(),
                 err < 2e-3,
+            );
+        }
+    }
+}
+
+/// gpt-oss: one sink logit per query head joins its softmax (some far above the scores,
+/// some far below), with and without its window, over prefill tiles, a chunk after
+/// cached blocks and split decodes.
+#[test]
+fn paged_attention_with_sinks() {
+    let device = gpu();
+    let mut rng = Lcg(29);
+    let mixed = vec![(0, 37), (300, 21), (1500, 1), (5, 1)];
+    for window in [None, Some(128)] {
+        for (dtype, bound) in [(KvDtype::Bf16, 1e-2), (KvDtype::F16, 2e-3)] {
+            let case = AttentionCase {
+                dtype,
+                head_dim: 64,
+                num_q_heads: 6,
+                num_kv_heads: 2,
+                block_size: 16,
+                seqs: mixed.clone(),
+                window,
+                scale: None,
+                softcap: None,
+                sinks: Some(vec![2.5, -1.0, 0.0, 6.0, -8.0, 0.5]),
+            };
+            let (err, parts) = attention_case(&case, &device, &mut rng);
+            check(
+                &format!(
+                    "attention {} hd64, sinks, window {window:?}",
+                    dtype.suffix()
+                ),
+                format!("max |err| {err:.2e} ({parts} decode partitions)"),
+                format!("< {bound:.0e}"),
+                err < bound && parts > 1,
             );
         }
     }
@@ -367,7 +418,7 @@ fn gated_mul_and_f32_gemm_match_the_reference() {
                 dtype,
                 &upload(&gu, &[rows, 2 * width], dt, &device),
                 width,
-                activation,
+                activation.into(),
             )
             .expect("gated_mul");
             let gate = match activation {
@@ -384,6 +435,30 @@ fn gated_mul_and_f32_gemm_match_the_reference() {
                 err < bound,
             );
         }
+        // gpt-oss's clamped gate, on values that both clamps bend.
+        let wide: Vec<f32> = gu.iter().map(|v| 10.0 * v).collect();
+        let wide = rounded(&wide, dt);
+        let c = ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let out = gated_mul(
+            launcher(&device),
+            dtype,
+            &upload(&wide, &[rows, 2 * width], dt, &device),
+            width,
+            MlpGate::Clamped(c),
+        )
+        .expect("clamped gate");
+        let want = reference::clamped_gated(&wide, width, c.alpha, c.limit);
+        let err = max_abs_diff(&download(&out), &rounded(&want, dt));
+        let bound = if dtype == KvDtype::Bf16 { 1e-1 } else { 2e-2 };
+        check(
+            &format!("clamped swiglu {} (limit 7)", dtype.suffix()),
+            format!("max |err| {err:.2e}"),
+            format!("< {bound:.0e}"),
+            err < bound,
+        );
         let (m, k, n) = (19, 512, 333);
         let x = rounded(&rng.values(m * k), dt);
         let w = rounded(&rng.values(n * k), dt);

@@ -8,13 +8,13 @@
 use candle_core::{DType, Tensor};
 use tessera_kernels::gpu::launch::{
     argmax_shape, attention_kernel, attention_shape, candidate_rows, candidate_slots_used,
-    column_of_key, gated_kernel, gated_shape, log_sum_exp_rows, merge_kernel, merge_shape,
-    norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, CandidateRow, Gate, KernelArg,
-    KvDtype, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL, EXP_SUMS_KERNEL, MAX_CANDIDATES,
-    PREFILL_TILE,
+    clamped_gate_kernel, column_of_key, gated_kernel, gated_shape, log_sum_exp_rows, merge_kernel,
+    merge_shape, norm_kernel, norm_shape, rope_write_kernel, rope_write_shape, CandidateRow, Gate,
+    KernelArg, KvDtype, TileLaunch, ARGMAX_KERNEL, CANDIDATES_KERNEL, EXP_SUMS_KERNEL,
+    MAX_CANDIDATES, PREFILL_TILE,
 };
 
-use crate::config::Activation;
+use crate::config::{Activation, ClampedSwiglu};
 use crate::error::{EngineError, Result};
 use crate::model::cuda::buffers::{expect_dtype, prefix_to_host, Gpu, Held, Module};
 use crate::model::cuda::step_meta::StepMeta;
@@ -136,13 +136,16 @@ pub fn rope_write_kv(
 
 /// What a layer's attention reads and how it scales scores.
 #[derive(Debug, Clone, Copy)]
-pub struct LayerAttention {
+pub struct LayerAttention<'a> {
     /// A sliding-window layer attends to its last `window` positions only.
     pub window: Option<usize>,
     /// Scores are `q · k · scale` (1/√head_dim unless the model says otherwise).
     pub scale: f32,
     /// Scores become `cap · tanh(score / cap)` before the softmax (Gemma 2).
     pub softcap: Option<f32>,
+    /// gpt-oss's sinks: one f32 logit per local query head (`[num_q_heads]` on the
+    /// device) that joins its softmax and attends to nothing.
+    pub sinks: Option<&'a Tensor>,
 }
 
 /// Attention of every token of the step over its sequence's cached context, or over its
@@ -157,7 +160,7 @@ pub fn paged_attention(
     v_cache: &Tensor,
     meta: &StepMeta,
     heads: HeadLayout,
-    layer: LayerAttention,
+    layer: LayerAttention<'_>,
 ) -> Result<Tensor> {
     expect_all(
         dtype,
@@ -165,6 +168,15 @@ pub fn paged_attention(
     )?;
     let n = meta.num_tokens;
     let (hd, nq) = (heads.head_dim, heads.num_q_heads);
+    if let Some(s) = layer.sinks {
+        expect_dtype(s, DType::F32, "attention sinks")?;
+        if s.dims() != [nq] {
+            return Err(EngineError::Step(format!(
+                "attention sinks are {:?}, expected [{nq}]",
+                s.dims()
+            )));
+        }
+    }
     let out_width = nq * hd;
     // Every row of the output is written: each token is in exactly one tile.
     let out = gpu.output(candle_dtype(dtype), (n, out_width))?;
@@ -177,6 +189,10 @@ pub fn paged_attention(
         Held::new(k_cache, "K cache")?,
         Held::new(v_cache, "V cache")?,
     ];
+    let sinks_h = layer
+        .sinks
+        .map(|s| Held::new(s, "attention sinks"))
+        .transpose()?;
     let meta_h = meta.held()?;
     let common = AttentionArgs {
         out: held[0].arg()?,
@@ -198,6 +214,11 @@ pub fn paged_attention(
         window: i32_of(layer.window.unwrap_or(0), "attention window")?,
         // 0: no cap.
         softcap: KernelArg::F32(layer.softcap.unwrap_or(0.0)),
+        // Null: no sinks.
+        sinks: match &sinks_h {
+            Some(h) => h.arg()?,
+            None => KernelArg::Ptr(0),
+        },
     };
     // A sliding layer's decode partitions split its window, not the whole context.
     let decode = match layer.window {
@@ -219,6 +240,7 @@ pub fn paged_attention(
         launch_tiles(gpu, dtype, (nq, hd), tile, launch, tiles, &common)?;
     }
     drop(held);
+    drop(sinks_h);
     Ok(out)
 }
 
@@ -241,6 +263,7 @@ struct AttentionArgs {
     scale: KernelArg,
     window: KernelArg,
     softcap: KernelArg,
+    sinks: KernelArg,
 }
 
 fn launch_tiles(
@@ -288,6 +311,7 @@ fn launch_tiles(
         i32_of(launch.partition_size, "partition size")?,
         a.window,
         a.softcap,
+        a.sinks,
     ];
     // SAFETY: the arguments match attention.cu's signature; tiles, positions, block
     // tables and kv_of_q come from `StepMeta`, which checks them against the cache.
@@ -302,6 +326,7 @@ fn launch_tiles(
             tiles.0,
             a.nq,
             i32_of(parts, "partitions")?,
+            a.sinks,
         ];
         // SAFETY: as above; the partial buffers hold `num_tiles * nq * parts` entries.
         unsafe { gpu.launch(Module::Attention, &name, merge_shape(nq, launch, hd), &args) }?;
@@ -309,14 +334,28 @@ fn launch_tiles(
     Ok(())
 }
 
-/// act(gate) · up of a fused `[rows, 2 * width]` gate/up output: `[rows, width]`, with
-/// the model's activation (SiLU, or GELU's tanh approximation).
+/// How a gated MLP on a CUDA rank combines its gate and up halves.
+#[derive(Debug, Clone, Copy)]
+pub enum MlpGate {
+    /// `activation(gate) · up`: SiLU, or GELU's tanh approximation.
+    Plain(Activation),
+    /// gpt-oss's experts' gate, both halves clamped first.
+    Clamped(ClampedSwiglu),
+}
+
+impl From<Activation> for MlpGate {
+    fn from(a: Activation) -> Self {
+        MlpGate::Plain(a)
+    }
+}
+
+/// The gated activation of a fused `[rows, 2 * width]` gate/up output: `[rows, width]`.
 pub fn gated_mul(
     gpu: Gpu<'_>,
     dtype: KvDtype,
     gate_up: &Tensor,
     width: usize,
-    activation: Activation,
+    gate: MlpGate,
 ) -> Result<Tensor> {
     expect_all(dtype, &[(gate_up, "gate/up")])?;
     let (rows, cols) = gate_up.dims2()?;
@@ -335,17 +374,20 @@ pub fn gated_mul(
         Held::new(&out, "gated output")?,
         Held::new(gate_up, "gate/up")?,
     ];
-    let gate = match activation {
-        Activation::Silu => Gate::Silu,
-        Activation::GeluTanh => Gate::GeluTanh,
-    };
-    let name = gated_kernel(dtype, gate);
-    let args = [
+    let mut args = vec![
         held[0].arg()?,
         held[1].arg()?,
         i32_of(width, "width")?,
         KernelArg::Usize(total),
     ];
+    let name = match gate {
+        MlpGate::Plain(Activation::Silu) => gated_kernel(dtype, Gate::Silu),
+        MlpGate::Plain(Activation::GeluTanh) => gated_kernel(dtype, Gate::GeluTanh),
+        MlpGate::Clamped(c) => {
+            args.extend([KernelArg::F32(c.alpha), KernelArg::F32(c.limit)]);
+            clamped_gate_kernel(dtype)
+        }
+    };
     // SAFETY: matches activations.cu; a grid-stride loop covers `total` elements.
     unsafe { gpu.launch(Module::Activations, &name, gated_shape(total), &args) }?;
     drop(held);

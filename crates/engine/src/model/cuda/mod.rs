@@ -14,7 +14,6 @@ pub use kv_cache::CudaKvCache;
 
 use candle_core::Tensor;
 
-use crate::config::Activation;
 use crate::error::Result;
 use crate::model::cuda::buffers::Gpu;
 use crate::model::linear::{ColumnParallel, Linear};
@@ -25,13 +24,14 @@ pub const ACTIVATIONS: tessera_kernels::gpu::launch::KvDtype =
     tessera_kernels::gpu::launch::KvDtype::Bf16;
 
 /// A gated MLP (a dense one, or one expert of a mixture) on the rows `h` (`[rows,
-/// hidden]`, matmul input type): the fused gate/up matmul, `activation(gate) · up` in one
-/// kernel, and the down matmul's f32 partial sum `[rows, hidden]`.
+/// hidden]`, matmul input type): the fused gate/up matmul, the gate (`activation(gate) ·
+/// up`, or gpt-oss's clamped one) in one kernel, and the down matmul's f32 partial sum
+/// `[rows, hidden]`.
 pub(crate) fn gated_mlp(
     gate_up: &ColumnParallel,
     down: &Linear,
     h: &Tensor,
-    activation: Activation,
+    gate: kernels::MlpGate,
 ) -> Result<Tensor> {
     let gpu = Gpu::of(h.device())?;
     let fused = gate_up
@@ -39,6 +39,6 @@ pub(crate) fn gated_mlp(
         .to_dtype(kernels::candle_dtype(ACTIVATIONS))?
         .contiguous()?;
     let width = gate_up.widths().first().copied().unwrap_or(0);
-    let a = kernels::gated_mul(gpu, ACTIVATIONS, &fused, width, activation)?;
+    let a = kernels::gated_mul(gpu, ACTIVATIONS, &fused, width, gate)?;
     down.forward_f32(&a)
 }
