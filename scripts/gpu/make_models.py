@@ -44,6 +44,16 @@ from a fixed seed
   olmo2/       Olmo2ForCausalLM, bf16: no input norms, norms after attention and the MLP,
                query and key norms across all heads (8 query heads / 2 KV heads of 64, so
                TP = 3 and 4 replicate KV heads), untied LM head
+  gpt-oss/     GptOssForCausalLM, bf16: 3 layers, a window of 48 in the first and third,
+               one sink logit N(0, 1) per query head, biases on every projection, YaRN
+               (factor 4, untruncated), in every layer 8 experts of 256 columns (top 2 of
+               a biased router) with biases and the clamped gate (swiglu_limit 0.75, low
+               enough that these weights' pre-activations clamp), 8 query heads / 2 KV
+               heads of 64, untied LM head
+  gpt-oss-mxfp4/  gpt-oss/ with every layer's experts in MXFP4 as OpenAI's checkpoints
+               ship them (`*_blocks`, `*_scales`, quantization_config mxfp4; quantized by
+               tests/fixtures/models/make_gpt_oss.py's mxfp4_quantize); its reference is
+               transformers in float32 with the experts' dequantized values
 
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
@@ -58,9 +68,11 @@ import sys
 
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          Glm4Config, Glm4ForCausalLM, GraniteConfig, GraniteForCausalLM,
+                          Glm4Config, Glm4ForCausalLM, GptOssConfig, GptOssForCausalLM,
+                          GraniteConfig, GraniteForCausalLM,
                           LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
@@ -117,13 +129,17 @@ def save_tokenizer(tok, path):
 
 
 def init_weights(model, seed):
-    """Linears N(0, 1/sqrt(fan_in)), embeddings N(0, 0.25), norms 1 + N(0, 0.1)."""
+    """Linears N(0, 1/sqrt(fan_in)), embeddings N(0, 0.25), norms 1 + N(0, 0.1), biases
+    N(0, 0.1), sinks N(0, 1). Stacked experts ([experts, in, out]) take their input's fan-in,
+    which is their second dimension like a linear's."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif name.endswith(".bias"):
+            elif name.endswith("self_attn.sinks"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias") or name.endswith("_bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             elif "embed_tokens" in name or name == "lm_head.weight":
                 p.copy_(0.25 * torch.randn(p.shape, generator=gen))
@@ -136,9 +152,13 @@ def prompts(tok):
     return [tok.encode(t).ids for t in texts]
 
 
-@torch.no_grad()
 def reference(path, cls, tok):
-    model = cls.from_pretrained(path, attn_implementation="eager").float().eval()
+    write_reference(path, cls.from_pretrained(path, attn_implementation="eager").float().eval(),
+                    tok, "transformers float32 from the saved bf16 weights, eager attention")
+
+
+@torch.no_grad()
+def write_reference(path, model, tok, what):
     cases = []
     for ids in prompts(tok):
         logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
@@ -151,7 +171,7 @@ def reference(path, cls, tok):
     doc = {
         "generator": "scripts/gpu/make_models.py",
         "seed": SEED,
-        "reference": "transformers float32 from the saved bf16 weights, eager attention",
+        "reference": what,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "cases": cases,
     }
@@ -166,7 +186,7 @@ def init_routers(model, seed):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            if name.endswith("mlp.gate.weight"):
+            if name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
 
 
@@ -188,6 +208,45 @@ def build(out, name, cls, config, tok, with_reference=True):
     save_tokenizer(tok, path)
     if with_reference:
         reference(path, cls, tok)
+
+
+def build_gpt_oss_mxfp4(out, tok):
+    """gpt-oss-mxfp4/ from gpt-oss/ (made first)."""
+    if ONLY and "gpt-oss-mxfp4" not in ONLY:
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "..", "tests", "fixtures", "models"))
+    from make_gpt_oss import EXPERT_NAMES, QUANTIZATION_CONFIG, mxfp4_quantize
+
+    src, path = os.path.join(out, "gpt-oss"), os.path.join(out, "gpt-oss-mxfp4")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    stored, dequantized = {}, {}
+    for name, t in tensors.items():
+        if not name.endswith(tuple("mlp.experts." + e for e in EXPERT_NAMES)):
+            stored[name] = t
+            continue
+        # transformers holds [E, in, out]; the checkpoint stores [E, out, in / 32, 16].
+        blocks, scales, deq = mxfp4_quantize(t.float().transpose(1, 2))
+        stored[name + "_blocks"], stored[name + "_scales"] = blocks, scales
+        dequantized[name] = deq.transpose(1, 2).contiguous()
+    save_file(stored, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = QUANTIZATION_CONFIG
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    save_tokenizer(tok, path)
+    # The reference: the bf16 model in float32 with its experts replaced by the
+    # dequantized values.
+    model = GptOssForCausalLM.from_pretrained(src, attn_implementation="eager").float().eval()
+    state = model.state_dict()
+    for name, t in dequantized.items():
+        state[name] = t
+    model.load_state_dict(state, strict=True)
+    write_reference(path, model, tok, "transformers float32 from gpt-oss/'s bf16 weights, the "
+                    "experts' replaced by their MXFP4 values, eager attention")
 
 
 def main():
@@ -275,6 +334,17 @@ def main():
         num_attention_heads=8, num_key_value_heads=2,
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         attention_bias=False, tie_word_embeddings=False, pad_token_id=None, **common), tok)
+    build(out, "gpt-oss", GptOssForCausalLM, GptOssConfig(
+        hidden_size=512, intermediate_size=256, num_local_experts=8, num_experts_per_tok=2,
+        num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+        sliding_window=48,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 512, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False},
+        swiglu_limit=0.75, attention_bias=True, tie_word_embeddings=False, pad_token_id=None,
+        **common), tok)
+    build_gpt_oss_mxfp4(out, tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,

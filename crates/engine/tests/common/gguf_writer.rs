@@ -230,7 +230,7 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, vocab: Vocab, out: &Path) {
 pub const GGUF_CHECK_MODELS: [&str; 4] = ["llama", "qwen2", "mistral", "qwen3"];
 
 /// The models the GPU checks run in bf16 only (besides those above).
-pub const BF16_CHECK_MODELS: [&str; 9] = [
+pub const BF16_CHECK_MODELS: [&str; 10] = [
     "qwen3-moe",
     "gemma3",
     "phi3",
@@ -240,7 +240,12 @@ pub const BF16_CHECK_MODELS: [&str; 9] = [
     "granite",
     "glm4",
     "olmo2",
+    "gpt-oss",
 ];
+
+/// The models the GPU checks run with MXFP4 experts (served as Q8_0), from their
+/// safetensors folders.
+pub const MXFP4_CHECK_MODELS: [&str; 1] = ["gpt-oss-mxfp4"];
 
 /// The GGUF formats the GPU checks run.
 pub const GGUF_CHECK_FORMATS: [(GgmlDType, &str); 2] =
