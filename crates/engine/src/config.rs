@@ -9,6 +9,8 @@ use crate::device_map::LayerMap;
 use crate::error::{EngineError, Result};
 use crate::tp::AllReduceDtype;
 
+#[path = "config_glm4_moe.rs"]
+mod glm4_moe;
 #[path = "config_gpt_oss.rs"]
 mod gpt_oss;
 #[path = "config_hf.rs"]
@@ -18,7 +20,7 @@ mod moe;
 #[path = "config_rope.rs"]
 mod rope;
 pub(crate) use hf::HfConfig;
-pub use moe::{ClampedSwiglu, ExpertNames, ExpertTensor, MoeConfig, MoeFields};
+pub use moe::{ClampedSwiglu, ExpertNames, ExpertTensor, MoeConfig, MoeFields, SigmoidRouter};
 pub use rope::{LongRope, RopeFactorTensors, RopeScaling, Yarn};
 
 /// How rotary embeddings pair the dimensions of a head.

@@ -65,6 +65,8 @@ impl HfConfig {
             ),
             biases: true,
             clamped_swiglu: Some(ClampedSwiglu { alpha, limit }),
+            sigmoid_router: None,
+            shared_intermediate_size: None,
         })
     }
 

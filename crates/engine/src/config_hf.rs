@@ -1,6 +1,7 @@
 //! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and the
 //! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 2/3, Mistral, Phi-3,
-//! SmolLM3, Granite, GLM-4, OLMo 2 and the mixtures of experts (whose part is `config_moe.rs`).
+//! SmolLM3, Granite, GLM-4, OLMo 2 and the mixtures of experts (whose part is `config_moe.rs`;
+//! gpt-oss's and GLM-4.5's have files of their own).
 
 use serde::Deserialize;
 
@@ -115,6 +116,22 @@ pub(crate) struct HfConfig {
     pub(super) swiglu_alpha: Option<f32>,
     #[serde(default)]
     pub(super) swiglu_limit: Option<f32>,
+    // GLM-4.5's mixture (`n_routed_experts` in its checkpoints; transformers 5 also
+    // writes `num_local_experts`).
+    #[serde(default)]
+    pub(super) n_routed_experts: Option<usize>,
+    #[serde(default)]
+    pub(super) n_shared_experts: Option<usize>,
+    #[serde(default)]
+    pub(super) first_k_dense_replace: Option<usize>,
+    #[serde(default)]
+    pub(super) n_group: Option<usize>,
+    #[serde(default)]
+    pub(super) topk_group: Option<usize>,
+    #[serde(default)]
+    pub(super) routed_scaling_factor: Option<f32>,
+    #[serde(default)]
+    pub(super) use_qk_norm: Option<bool>,
     /// How the checkpoint's weights are quantized, where they are (gpt-oss: `mxfp4`).
     #[serde(default)]
     pub(super) quantization_config: Option<serde_json::Value>,
@@ -156,6 +173,7 @@ impl HfConfig {
             "glm4" | "Glm4ForCausalLM" => ("glm4", true),
             "olmo2" | "Olmo2ForCausalLM" => ("olmo2", false),
             "gpt_oss" | "GptOssForCausalLM" => ("gpt_oss", true),
+            "glm4_moe" | "Glm4MoeForCausalLM" => ("glm4_moe", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         let unsupported =
@@ -211,7 +229,8 @@ impl HfConfig {
             },
             max_position_embeddings: self.max_position_embeddings,
             attention_bias: self.attention_bias.unwrap_or(default_bias),
-            qk_norm: matches!(architecture, "qwen3" | "qwen3_moe" | "olmo2"),
+            qk_norm: matches!(architecture, "qwen3" | "qwen3_moe" | "olmo2")
+                || (architecture == "glm4_moe" && self.use_qk_norm.unwrap_or(false)),
             qk_norm_across_heads: architecture == "olmo2",
             input_norms: architecture != "olmo2",
             // GLM-4 and OLMo 2: a norm after attention and after the MLP too.
@@ -240,6 +259,7 @@ impl HfConfig {
                 "qwen3_moe" => Some(self.qwen3_moe()?),
                 "mixtral" => Some(self.mixtral()?),
                 "gpt_oss" => Some(self.gpt_oss_experts()?),
+                "glm4_moe" => Some(self.glm4_moe_experts()?),
                 _ => None,
             },
         };

@@ -33,6 +33,13 @@ pub enum ExpertTensor {
     Up(usize),
     /// Expert `e`'s down projection (`w2`), `[hidden, intermediate]`.
     Down(usize),
+    /// The shared expert's projections (GLM-4.5), shaped like an expert's with the
+    /// shared width.
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    /// The router's per-expert correction bias of a sigmoid router, `[experts]`.
+    ScoreCorrection,
 }
 
 impl ExpertNames {
@@ -53,6 +60,10 @@ impl ExpertNames {
             ExpertTensor::Gate(e) => format!("{block}.experts.{e}.{gate}.weight"),
             ExpertTensor::Up(e) => format!("{block}.experts.{e}.{up}.weight"),
             ExpertTensor::Down(e) => format!("{block}.experts.{e}.{down}.weight"),
+            ExpertTensor::SharedGate => format!("{block}.shared_experts.{gate}.weight"),
+            ExpertTensor::SharedUp => format!("{block}.shared_experts.{up}.weight"),
+            ExpertTensor::SharedDown => format!("{block}.shared_experts.{down}.weight"),
+            ExpertTensor::ScoreCorrection => format!("{block}.{router}.e_score_correction_bias"),
         };
         crate::loader::layer_name(layer, &suffix)
     }
@@ -114,6 +125,25 @@ pub struct MoeConfig {
     pub biases: bool,
     /// gpt-oss's clamped gate; `None`: `SiLU(gate) · up`.
     pub clamped_swiglu: Option<ClampedSwiglu>,
+    /// GLM-4.5's router (sigmoid scores, grouped choice, scaled weights); `None`: a
+    /// softmax over the router's logits.
+    pub sigmoid_router: Option<SigmoidRouter>,
+    /// The width of the shared expert every token passes through besides its routed ones
+    /// (GLM-4.5: `moe_intermediate_size · n_shared_experts`), where the family has one.
+    pub shared_intermediate_size: Option<usize>,
+}
+
+/// GLM-4.5's router (DeepSeek-V3's kind): each expert's score is the sigmoid of its
+/// logit; the choice reads the score plus the expert's `e_score_correction_bias`, among
+/// the experts of the `top_groups` best of `groups` equal groups (a group's worth: the sum
+/// of its two best biased scores); the chosen experts weigh by their unbiased scores,
+/// divided by their sum where `norm_topk_prob` says, times `scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SigmoidRouter {
+    pub groups: usize,
+    pub top_groups: usize,
+    /// `routed_scaling_factor`.
+    pub scale: f32,
 }
 
 /// Upper bound on the expert count, well above any published model.
@@ -143,10 +173,54 @@ impl MoeConfig {
                 f.intermediate_size, self.intermediate_size
             ));
         }
+        if let Some(width) = self.shared_intermediate_size {
+            if width == 0 || width > max_width {
+                return fail(format!(
+                    "the shared expert's width {width} must be between 1 and {max_width}"
+                ));
+            }
+        }
+        if let Some(r) = &self.sigmoid_router {
+            r.validate(self.num_experts, self.top_k)?;
+        }
         if self.layers.len() != num_layers {
             return fail(format!(
                 "mixture-of-experts layer types: {} for {num_layers} layers",
                 self.layers.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl SigmoidRouter {
+    /// The groups split the experts evenly, and the kept groups hold at least `top_k`.
+    fn validate(&self, num_experts: usize, top_k: usize) -> Result<()> {
+        let fail = |m: String| Err(EngineError::Config(m));
+        if self.groups == 0 || !num_experts.is_multiple_of(self.groups) {
+            return fail(format!(
+                "n_group {} must divide the {num_experts} routed experts",
+                self.groups
+            ));
+        }
+        if self.top_groups == 0 || self.top_groups > self.groups {
+            return fail(format!(
+                "topk_group {} must be between 1 and n_group {}",
+                self.top_groups, self.groups
+            ));
+        }
+        let kept = self.top_groups * (num_experts / self.groups);
+        if top_k > kept {
+            return fail(format!(
+                "num_experts_per_tok {top_k} exceeds the {kept} experts of the topk_group \
+                 {} groups kept",
+                self.top_groups
+            ));
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return fail(format!(
+                "routed_scaling_factor {} must be positive",
+                self.scale
             ));
         }
         Ok(())
@@ -207,6 +281,8 @@ impl HfConfig {
             names: ExpertNames::Qwen3Moe,
             biases: false,
             clamped_swiglu: None,
+            sigmoid_router: None,
+            shared_intermediate_size: None,
             fields: MoeFields::new(
                 experts_field,
                 "num_experts_per_tok",
@@ -236,6 +312,8 @@ impl HfConfig {
             names: ExpertNames::Mixtral,
             biases: false,
             clamped_swiglu: None,
+            sigmoid_router: None,
+            shared_intermediate_size: None,
             fields: MoeFields::new(
                 "num_local_experts",
                 "num_experts_per_tok",

@@ -71,6 +71,9 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         // Attention sinks, biases on every projection, a window in every other layer;
         // biased experts (stacked, transposed) with a clamped gate (gpt-oss).
         "tiny-gpt-oss" => d(128, 4, 2, 64, 96),
+        // A dense layer, then mixtures with a sigmoid router choosing in groups and a
+        // shared expert; half of each head rotating in halves; query/key norms (GLM-4.5).
+        "tiny-glm4-moe" => d(192, 4, 2, 128, 160),
         other => return Err(bad(format!("no GPU-shaped dimensions for {other}"))),
     })
 }
@@ -138,7 +141,7 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
         .get("moe_intermediate_size")
         .and_then(Value::as_u64)
         .map(|w| w as usize);
-    let experts = ["num_local_experts", "num_experts"]
+    let experts = ["num_local_experts", "num_experts", "n_routed_experts"]
         .iter()
         .find_map(|k| c.get(*k).and_then(Value::as_u64))
         .unwrap_or(0) as usize;
@@ -147,6 +150,10 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
         .and_then(Value::as_u64)
         .ok_or_else(|| bad("no vocab_size".into()))? as usize;
     let across_heads = c.get("model_type").and_then(Value::as_str) == Some("olmo2");
+    let shared = c
+        .get("n_shared_experts")
+        .and_then(Value::as_u64)
+        .unwrap_or(0) as usize;
     let text = serde_json::to_string_pretty(&config).map_err(|e| bad(e.to_string()))?;
     let tmp = temporary(out, "config.json");
     std::fs::write(&tmp, text)?;
@@ -160,6 +167,14 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
             // OLMo 2's query and key norms span all heads.
             Some("q_norm") if across_heads => vec![dims.heads * dims.head_dim],
             Some("k_norm") if across_heads => vec![dims.kv_heads * dims.head_dim],
+            // GLM-4.5's shared expert: `n_shared_experts` experts' width.
+            _ if name.contains(".shared_experts.") => {
+                let width = moe_width.unwrap_or(dims.intermediate) * shared;
+                match name.contains("down_proj") {
+                    true => vec![dims.hidden, width],
+                    false => vec![width, dims.hidden],
+                }
+            }
             _ => shape_of(&name, dims, vocab, experts, moe_width)?,
         };
         // gpt-oss's stacked experts are `[experts, in, out]`.
@@ -172,6 +187,9 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
             (0..count).map(|_| 1.0 + 0.1 * rng.unit()).collect()
         } else if name.contains("embed_tokens") {
             rng.values(count)
+        } else if name.ends_with("e_score_correction_bias") {
+            // Of the sigmoid scores' size, so that they change which experts are chosen.
+            (0..count).map(|_| 0.3 * rng.unit()).collect()
         } else if name.ends_with(".bias") || name.ends_with("_bias") {
             (0..count).map(|_| 0.1 * rng.unit()).collect()
         } else if name.ends_with("self_attn.sinks") {
@@ -259,7 +277,7 @@ fn shape_of(
         vec![experts, ffn, d.hidden]
     } else if any(&["mlp.experts.down_proj_bias"]) {
         vec![experts, d.hidden]
-    } else if any(&["mlp.router.bias"]) {
+    } else if any(&["mlp.router.bias", "mlp.gate.e_score_correction_bias"]) {
         vec![experts]
     } else if any(&["self_attn.sinks"]) {
         vec![d.heads]

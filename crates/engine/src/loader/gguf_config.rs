@@ -253,6 +253,8 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
         // gpt-oss: llama.cpp fixes the gate's clamp, as its files state none.
         biases: gpt_oss,
         clamped_swiglu: gpt_oss.then_some(GPT_OSS_SWIGLU),
+        sigmoid_router: None,
+        shared_intermediate_size: None,
         fields: MoeFields {
             num_experts: key("expert_count"),
             top_k: key("expert_used_count"),

@@ -10,6 +10,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod moe;
+pub(crate) mod moe_routing;
 pub mod paged_attention;
 pub mod rope;
 pub mod simd;

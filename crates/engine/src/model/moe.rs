@@ -1,9 +1,11 @@
-//! The mixture-of-experts MLP (Qwen3-MoE, Mixtral) as one tensor-parallel shard.
+//! The mixture-of-experts MLP (Qwen3-MoE, Mixtral, gpt-oss, GLM-4.5) as one
+//! tensor-parallel shard.
 //!
 //! A router (mirrored on every rank: `[experts, hidden]`, small, f32 on every device)
 //! scores each token; the `top_k` experts of highest softmax probability are kept, their
 //! probabilities divided by their sum where the family says so (`norm_topk_prob`; Mixtral
-//! always). Each expert is a SiLU-gated MLP.
+//! always), or GLM-4.5's sigmoid router chooses them (`moe_routing.rs`). Each expert is a
+//! SiLU-gated MLP; GLM-4.5 adds a shared expert that every token passes through.
 //!
 //! Split: every expert is cut along its intermediate dimension like a dense MLP (gate/up
 //! column-parallel, down row-parallel), so every rank holds a slice of every expert and
@@ -22,6 +24,8 @@ use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::tp::split::{split_units, Segment};
 use crate::tp::{ShardPlan, SplitState};
 
+use super::moe_routing::Routing;
+
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 #[path = "moe_cuda.rs"]
 mod cuda;
@@ -37,46 +41,64 @@ struct Expert {
 #[derive(Debug)]
 pub struct MoeShard {
     router: Linear,
+    routing: Routing,
     experts: Vec<Expert>,
-    top_k: usize,
-    norm_topk_prob: bool,
+    /// GLM-4.5's shared expert: this rank's slice, weight 1 for every token.
+    shared: Option<Expert>,
     hidden: usize,
     /// gpt-oss's gate in place of `SiLU(gate) · up`.
     clamped_swiglu: Option<ClampedSwiglu>,
 }
 
 /// Largest quantization block (in columns) of the experts' down projections in layer
-/// `layer`, whose input dimension is split. Metadata only.
+/// `layer` (the shared expert's too), whose input dimension is split. Metadata only.
 pub fn down_block(source: &dyn TensorSource, moe: &MoeConfig, layer: usize) -> Result<usize> {
     let mut block = 1;
-    for e in 0..moe.num_experts {
-        let name = moe.names.tensor(layer, ExpertTensor::Down(e));
-        block = block.max(source.block_cols(&name)?);
+    let shared = moe
+        .shared_intermediate_size
+        .map(|_| ExpertTensor::SharedDown);
+    for t in (0..moe.num_experts).map(ExpertTensor::Down).chain(shared) {
+        block = block.max(source.block_cols(&moe.names.tensor(layer, t))?);
     }
     Ok(block)
 }
 
+/// Each rank's intermediate columns of every routed expert, and of the shared expert
+/// where there is one.
+#[derive(Debug, Clone)]
+pub struct ExpertRanges {
+    routed: Vec<std::ops::Range<usize>>,
+    shared: Option<Vec<std::ops::Range<usize>>>,
+}
+
 /// How each expert's intermediate columns are split: in proportion to the ranks' shares
 /// of the dense FFN, on whole quantization blocks (`block`) of the down projections.
-pub fn expert_split(
-    moe: &MoeConfig,
-    plan: &ShardPlan,
-    block: usize,
-) -> Result<Vec<std::ops::Range<usize>>> {
+pub fn expert_split(moe: &MoeConfig, plan: &ShardPlan, block: usize) -> Result<ExpertRanges> {
     let ratios: Vec<f64> = plan
         .ranks
         .iter()
         .map(|r| r.ffn.len().max(1) as f64)
         .collect();
-    split_units(
-        moe.intermediate_size,
-        &ratios,
-        block,
-        &format!(
-            "expert intermediate columns ({})",
-            moe.fields.intermediate_size
-        ),
-    )
+    let field = &moe.fields.intermediate_size;
+    Ok(ExpertRanges {
+        routed: split_units(
+            moe.intermediate_size,
+            &ratios,
+            block,
+            &format!("expert intermediate columns ({field})"),
+        )?,
+        shared: moe
+            .shared_intermediate_size
+            .map(|width| {
+                split_units(
+                    width,
+                    &ratios,
+                    block,
+                    &format!("shared expert intermediate columns ({field} x n_shared_experts)"),
+                )
+            })
+            .transpose()?,
+    })
 }
 
 /// Loads the shards of layer `layer`'s mixture for ranks `first_rank..` (one per device),
@@ -85,7 +107,7 @@ pub fn load_shards(
     source: &dyn TensorSource,
     moe: &MoeConfig,
     layer: usize,
-    ranges: &[std::ops::Range<usize>],
+    ranges: &ExpertRanges,
     first_rank: usize,
     devices: &[Device],
 ) -> Result<Vec<MoeShard>> {
@@ -93,6 +115,41 @@ pub fn load_shards(
     let name = |t: ExpertTensor| moe.names.tensor(layer, t);
     let router = source.matrix(&name(ExpertTensor::Router))?;
     router.check_dims((moe.num_experts, h))?;
+    let correction = match moe.sigmoid_router {
+        Some(_) => {
+            let bias = vector_of_len(
+                source,
+                &name(ExpertTensor::ScoreCorrection),
+                moe.num_experts,
+            )?;
+            Some(bias.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
+        }
+        None => None,
+    };
+    let routing = Routing::new(moe, correction);
+    // GLM-4.5's shared expert, split like the routed ones (its own width).
+    let shared: Vec<Option<Expert>> = match (moe.shared_intermediate_size, &ranges.shared) {
+        (Some(width), Some(split)) => {
+            let gate_up = [
+                matrix(source, &name(ExpertTensor::SharedGate), (width, h))?,
+                matrix(source, &name(ExpertTensor::SharedUp), (width, h))?,
+            ];
+            let down = matrix(source, &name(ExpertTensor::SharedDown), (h, width))?;
+            devices
+                .iter()
+                .enumerate()
+                .map(|(i, dev)| {
+                    let slice = Slice {
+                        ranges: split,
+                        rank: first_rank + i,
+                        device: dev,
+                    };
+                    slice.expert(&gate_up, &down, &(None, None)).map(Some)
+                })
+                .collect::<Result<_>>()?
+        }
+        _ => devices.iter().map(|_| None).collect(),
+    };
     // gpt-oss: the router's bias (mirrored like it), each expert's gate/up biases (split
     // like their rows) and down bias (added by the first rank only).
     let bias = |t: ExpertTensor, len: usize| -> Result<Option<Tensor>> {
@@ -102,28 +159,14 @@ pub fn load_shards(
         Ok(Some(vector_of_len(source, &moe.names.bias(layer, t), len)?))
     };
     let router_bias = bias(ExpertTensor::Router, moe.num_experts)?;
-    let seg = Segment {
-        len: moe.intermediate_size,
-        ranges: ranges.to_vec(),
-    };
-    let gu_split = SplitState::Split {
-        axis: 0,
-        segments: vec![seg.clone(), seg],
-    };
-    let down_split = SplitState::split(1, moe.intermediate_size, ranges.to_vec());
     let mut per_rank: Vec<Vec<Expert>> = devices.iter().map(|_| Vec::new()).collect();
+    let inter = moe.intermediate_size;
     for e in 0..moe.num_experts {
-        let mat = |t: ExpertTensor, dims: (usize, usize)| -> Result<Matrix> {
-            let m = source.matrix(&name(t))?;
-            m.check_dims(dims)?;
-            Ok(m)
-        };
-        let inter = moe.intermediate_size;
         let gate_up = [
-            mat(ExpertTensor::Gate(e), (inter, h))?,
-            mat(ExpertTensor::Up(e), (inter, h))?,
+            matrix(source, &name(ExpertTensor::Gate(e)), (inter, h))?,
+            matrix(source, &name(ExpertTensor::Up(e)), (inter, h))?,
         ];
-        let down = mat(ExpertTensor::Down(e), (h, inter))?;
+        let down = matrix(source, &name(ExpertTensor::Down(e)), (h, inter))?;
         let gate_up_bias = match (
             bias(ExpertTensor::Gate(e), inter)?,
             bias(ExpertTensor::Up(e), inter)?,
@@ -131,33 +174,27 @@ pub fn load_shards(
             (Some(g), Some(u)) => Some([g, u]),
             _ => None,
         };
-        let down_bias = bias(ExpertTensor::Down(e), h)?;
+        let biases = (gate_up_bias, bias(ExpertTensor::Down(e), h)?);
         for (i, dev) in devices.iter().enumerate() {
-            let rank = first_rank + i;
-            per_rank[i].push(Expert {
-                gate_up: ColumnParallel::load(
-                    &gate_up,
-                    gate_up_bias.as_ref().map(|b| &b[..]),
-                    &gu_split,
-                    rank,
-                    dev,
-                    "expert gate_up",
-                )?,
-                down: row_parallel(&down, &down_split, rank, dev)?
-                    .with_bias(down_bias.as_ref().filter(|_| rank == 0), dev)?,
-            });
+            let slice = Slice {
+                ranges: &ranges.routed,
+                rank: first_rank + i,
+                device: dev,
+            };
+            per_rank[i].push(slice.expert(&gate_up, &down, &biases)?);
         }
     }
     per_rank
         .into_iter()
         .zip(devices)
-        .map(|(experts, dev)| {
+        .zip(shared)
+        .map(|((experts, dev), shared)| {
             Ok(MoeShard {
                 router: Linear::new(router.clone().into_f32_linear_weight(dev)?, None)
                     .with_bias(router_bias.as_ref(), dev)?,
+                routing: routing.clone(),
                 experts,
-                top_k: moe.top_k,
-                norm_topk_prob: moe.norm_topk_prob,
+                shared,
                 hidden: h,
                 clamped_swiglu: moe.clamped_swiglu,
             })
@@ -165,36 +202,60 @@ pub fn load_shards(
         .collect()
 }
 
-/// Per token, the chosen experts and their weights: softmax over the router's logits,
-/// the `k` most probable (ties to the lower index), renormalised to sum 1 if `norm`.
-pub fn route(logits: &[f32], experts: usize, k: usize, norm: bool) -> Vec<Vec<(usize, f32)>> {
-    logits
-        .chunks_exact(experts.max(1))
-        .map(|row| {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exp: Vec<f32> = row.iter().map(|v| (v - max).exp()).collect();
-            let sum: f32 = exp.iter().sum();
-            let mut order: Vec<usize> = (0..row.len()).collect();
-            order.sort_by(|a, b| exp[*b].total_cmp(&exp[*a]).then(a.cmp(b)));
-            let mut chosen: Vec<(usize, f32)> = order
-                .into_iter()
-                .take(k)
-                .map(|e| (e, exp[e] / sum))
-                .collect();
-            if norm {
-                let total: f32 = chosen.iter().map(|(_, p)| p).sum();
-                chosen.iter_mut().for_each(|(_, p)| *p /= total);
-            }
-            chosen
+/// Tensor `name` of a source, checked to be `dims`.
+fn matrix(source: &dyn TensorSource, name: &str, dims: (usize, usize)) -> Result<Matrix> {
+    let m = source.matrix(name)?;
+    m.check_dims(dims)?;
+    Ok(m)
+}
+
+/// Where one rank's slice of an expert goes: its columns of each rank's `ranges`.
+struct Slice<'a> {
+    ranges: &'a [std::ops::Range<usize>],
+    rank: usize,
+    device: &'a Device,
+}
+
+impl Slice<'_> {
+    /// This rank's slice of the expert whose gate and up projections are `gate_up` and
+    /// whose down projection is `down`: gate/up rows and their biases split alike, the
+    /// down projection's input columns split, its bias added by rank 0 only.
+    fn expert(
+        &self,
+        gate_up: &[Matrix; 2],
+        down: &Matrix,
+        (gate_up_bias, down_bias): &(Option<[Tensor; 2]>, Option<Tensor>),
+    ) -> Result<Expert> {
+        let width = down.dims()?.1;
+        let seg = Segment {
+            len: width,
+            ranges: self.ranges.to_vec(),
+        };
+        let gu_split = SplitState::Split {
+            axis: 0,
+            segments: vec![seg.clone(), seg],
+        };
+        let down_split = SplitState::split(1, width, self.ranges.to_vec());
+        Ok(Expert {
+            gate_up: ColumnParallel::load(
+                gate_up,
+                gate_up_bias.as_ref().map(|b| &b[..]),
+                &gu_split,
+                self.rank,
+                self.device,
+                "expert gate_up",
+            )?,
+            down: row_parallel(down, &down_split, self.rank, self.device)?
+                .with_bias(down_bias.as_ref().filter(|_| self.rank == 0), self.device)?,
         })
-        .collect()
+    }
 }
 
 impl MoeShard {
     /// The tokens of each expert, from the router's logits (`[tokens, experts]`, row
     /// major): `(token, weight)` pairs in token order.
     fn groups(&self, logits: &[f32]) -> Vec<Vec<(usize, f32)>> {
-        let routes = route(logits, self.experts.len(), self.top_k, self.norm_topk_prob);
+        let routes = self.routing.route(logits, self.experts.len());
         let mut groups: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.experts.len()];
         for (t, chosen) in routes.iter().enumerate() {
             for &(e, w) in chosen {
@@ -241,6 +302,14 @@ impl MoeShard {
                 }
             }
         }
+        // The shared expert, after the routed ones (transformers' order).
+        if let Some(shared) = &self.shared {
+            let act = shared.gate_up.forward_gated(x, Activation::Silu)?;
+            let y = cpu_ops::with_values(&shared.down.forward(&act)?, |v| v.to_vec())?;
+            for (o, v) in out.iter_mut().zip(y) {
+                *o += v;
+            }
+        }
         Ok(Tensor::from_vec(out, (n, h), x.device())?)
     }
 }
@@ -265,24 +334,6 @@ fn clamped_swiglu(gate: &Tensor, up: &Tensor, c: ClampedSwiglu) -> Result<Tensor
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn routing_keeps_the_top_k_and_renormalises() {
-        // Logits of 4 experts: softmax order 2, 0, 3, 1.
-        let logits = [1.0f32, -1.0, 2.0, 0.5];
-        let r = route(&logits, 4, 2, false);
-        let e: Vec<f32> = logits.iter().map(|v| v.exp()).collect();
-        let total: f32 = e.iter().sum();
-        assert_eq!(r[0][0].0, 2);
-        assert_eq!(r[0][1].0, 0);
-        assert!((r[0][0].1 - e[2] / total).abs() < 1e-6);
-        let r = route(&logits, 4, 2, true);
-        assert!((r[0][0].1 - e[2] / (e[2] + e[0])).abs() < 1e-6);
-        assert!((r[0][0].1 + r[0][1].1 - 1.0).abs() < 1e-6);
-        // Equal logits: the lower index wins.
-        let r = route(&[0.0, 0.0, 0.0], 3, 1, true);
-        assert_eq!(r[0], vec![(0, 1.0)]);
-    }
 
     #[test]
     fn clamped_swiglu_clamps_the_gate_above_and_up_both_ways() -> Result<()> {

@@ -1,7 +1,8 @@
 //! The mixture of experts on a CUDA rank. The router's logits (`[tokens, experts]`, f32)
 //! come to the host, which routes as CPU ranks do; each chosen expert then runs once over
 //! the rows of its tokens, gathered on the device, and each token's weighted outputs are
-//! added there in expert order (the CPU's order).
+//! added there in expert order (the CPU's order), then the shared expert's output where
+//! the family has one.
 
 use candle_core::{DType, Tensor};
 
@@ -42,8 +43,22 @@ impl MoeShard {
             outputs.push(y.broadcast_mul(&w)?);
             ids.extend(tokens);
         }
+        // GLM-4.5's shared expert over every row, added after the routed experts.
+        let shared = match &self.shared {
+            Some(s) => Some(
+                gated_mlp(&s.gate_up, &s.down, h, MlpGate::Plain(Activation::Silu))?
+                    .to_dtype(DType::F32)?,
+            ),
+            None => None,
+        };
+        let with_shared = |routed: Tensor| -> Result<Tensor> {
+            Ok(match &shared {
+                Some(s) => (routed + s)?,
+                None => routed,
+            })
+        };
         if ids.is_empty() {
-            return Ok(Tensor::zeros((n, hidden), DType::F32, device)?);
+            return with_shared(Tensor::zeros((n, hidden), DType::F32, device)?);
         }
         // Slot j of every token: its j-th output row (expert order), or a zero row. One
         // gather, then the slots added one after another: the CPU's order, and parallel
@@ -63,7 +78,7 @@ impl MoeShard {
         for j in 1..depth {
             out = (out + gathered.narrow(0, j * n, n)?)?;
         }
-        Ok(out)
+        with_shared(out)
     }
 }
 

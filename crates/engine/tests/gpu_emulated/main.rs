@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 17] = [
+const MODELS: [&str; 18] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -63,6 +63,7 @@ const MODELS: [&str; 17] = [
     "tiny-glm4",
     "tiny-olmo2",
     "tiny-gpt-oss",
+    "tiny-glm4-moe",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that
@@ -168,7 +169,13 @@ fn batched_steps_match_the_cpu_engine_row_by_row() {
 #[test]
 fn gpu_path_tensor_parallel_equals_tp1() {
     let mut compared = 0;
-    for fixture in ["tiny-llama", "tiny-qwen3", "tiny-mixtral", "tiny-gpt-oss"] {
+    for fixture in [
+        "tiny-llama",
+        "tiny-qwen3",
+        "tiny-mixtral",
+        "tiny-gpt-oss",
+        "tiny-glm4-moe",
+    ] {
         let path = model(fixture);
         let mut tp1 = engine(&path, 1, true);
         let vocab = tp1.model_config().vocab_size;
