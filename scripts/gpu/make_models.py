@@ -50,6 +50,12 @@ from a fixed seed
                a biased router) with biases and the clamped gate (swiglu_limit 0.75, low
                enough that these weights' pre-activations clamp), 8 query heads / 2 KV
                heads of 64, untied LM head
+  glm4-moe/    Glm4MoeForCausalLM, bf16: 3 layers, the first dense, then 8 routed experts
+               of 256 columns and a shared one; the sigmoid router chooses 2 by its scores
+               plus correction biases N(0, 0.3) in the better of 2 groups, weights
+               renormalised and times 2.5; 8 query heads / 2 KV heads of 128 of which the
+               first 64 dimensions rotate (in halves), q/k norms and q/k/v biases, untied
+               LM head
   gpt-oss-mxfp4/  gpt-oss/ with every layer's experts in MXFP4 as OpenAI's checkpoints
                ship them (`*_blocks`, `*_scales`, quantization_config mxfp4; quantized by
                tests/fixtures/models/make_gpt_oss.py's mxfp4_quantize); its reference is
@@ -71,7 +77,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          Glm4Config, Glm4ForCausalLM, GptOssConfig, GptOssForCausalLM,
+                          Glm4Config, Glm4ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM,
+                          GptOssConfig, GptOssForCausalLM,
                           GraniteConfig, GraniteForCausalLM,
                           LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
@@ -183,11 +190,16 @@ def write_reference(path, model, tok, what):
 
 
 def init_routers(model, seed):
+    """Router weights N(0, 0.5); a sigmoid router's correction biases (buffers) N(0, 0.3),
+    so that they change the choice."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+        for name, b in sorted(model.named_buffers()):
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.3 * torch.randn(b.shape, generator=gen))
 
 
 # The models to make (python3 make_models.py OUT [NAME...]); all when none are named.
@@ -345,6 +357,15 @@ def main():
         swiglu_limit=0.75, attention_bias=True, tie_word_embeddings=False, pad_token_id=None,
         **common), tok)
     build_gpt_oss_mxfp4(out, tok)
+    build(out, "glm4-moe", Glm4MoeForCausalLM, Glm4MoeConfig(
+        hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+        n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5},
+        use_qk_norm=True, attention_bias=True, tie_word_embeddings=False, pad_token_id=None,
+        **common), tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,
