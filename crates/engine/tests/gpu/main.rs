@@ -3,13 +3,15 @@
 //! `GPU-CHECK | <check> | <figure> | <bound>` that the script gathers into
 //! `docs/gpu-verification.md`, and fails when its figure is outside its bound.
 //!
-//! - `kernels`: our CUDA kernels against plain host references on random inputs.
+//! - `attention`, `kernels`: our CUDA kernels against plain host references on random
+//!   inputs.
 //! - `nccl`: the NCCL communicator at world size 1 (the GPU machines have one GPU).
 //! - `models`: random-weight models made by `scripts/gpu/make_models.py` (folder in
 //!   `TESSERA_GPU_MODELS`): CUDA logits against the CPU engine and transformers, greedy
 //!   text against the CPU engine, and tensor parallelism on one GPU against TP = 1.
 #![cfg(feature = "cuda")]
 
+mod attention;
 mod bench_files;
 #[path = "../common/mod.rs"]
 mod common;
