@@ -5,7 +5,7 @@
 //! sigmoid router chooses 2 by its scores plus correction biases within the better of 2
 //! groups, weights renormalised and scaled by 2.5, and a shared expert. At TP = 1..4: 4
 //! query heads and 2 KV heads (replicated from TP = 3 on), experts and the shared expert
-//! split unevenly.
+//! split unevenly. The same weights in a GGUF file as llama.cpp's converter writes them.
 
 mod common;
 
@@ -19,6 +19,19 @@ fn tiny_glm4_moe_matches_transformers_at_every_tp_size() {
     for tp in 1..=4 {
         let cfg = EngineConfig::new(fixtures().join(MODEL)).with_cpu_ranks(tp);
         check_cases_against_transformers(MODEL, &cfg, &[], 1e-5);
+    }
+}
+
+/// The same weights as llama.cpp's converter writes glm4moe (byte-identical to its
+/// output): experts stacked in `ffn_*_exps`, the shared expert in `ffn_*_shexp`, the
+/// correction biases as `exp_probs_b`, the groups as `expert_group_count` /
+/// `expert_group_used_count`, and `block_count` 4 counting the multi-token-prediction
+/// layer `nextn_predict_layers` says the model has (the file holds none of its tensors).
+#[test]
+fn tiny_glm4_moe_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-glm4-moe.gguf");
+    for tp in 1..=4 {
+        check_against_transformers(MODEL, &path, tp, 1e-5);
     }
 }
 

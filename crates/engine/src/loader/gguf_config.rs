@@ -7,8 +7,8 @@ use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::config::{
     every_nth_layer, gemma_sliding_layers, gguf_rope_style, Activation, ClampedSwiglu, ExpertNames,
-    ModelConfig, MoeConfig, MoeFields, RopeFactorTensors, RopeScaling, SlidingWindow,
-    GEMMA2_SLIDING_PATTERN, GEMMA3_SLIDING_PATTERN, SMOLLM3_NOPE_INTERVAL,
+    ModelConfig, MoeConfig, MoeFields, RopeFactorTensors, RopeScaling, SigmoidRouter,
+    SlidingWindow, GEMMA2_SLIDING_PATTERN, GEMMA3_SLIDING_PATTERN, SMOLLM3_NOPE_INTERVAL,
 };
 use crate::error::{EngineError, Result};
 
@@ -157,6 +157,9 @@ const GEMMA3_SLIDING_ROPE_THETA: f32 = 10_000.0;
 const GATING_SOFTMAX: [usize; 2] = [0, 1];
 /// llama.cpp's `expert_gating_func` of a softmax over the chosen experts' logits.
 const GATING_SOFTMAX_WEIGHT: usize = 3;
+/// llama.cpp's `expert_gating_func` of a sigmoid router (GLM-4.5; llama.cpp's default
+/// for glm4moe files).
+const GATING_SIGMOID: usize = 2;
 
 /// The mixture of a `qwen3moe` file, or of a `llama` file with experts (Mixtral as
 /// llama.cpp converts it): `<arch>.expert_count` experts, `<arch>.expert_used_count` per
@@ -173,17 +176,19 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
     let names = match (arch, count) {
         ("qwen3moe", _) => ExpertNames::Qwen3Moe,
         ("gpt-oss", _) => ExpertNames::GptOss,
+        ("glm4moe", _) => ExpertNames::Qwen3Moe,
         (_, None | Some(0)) => return Ok(None),
         ("llama", Some(_)) => ExpertNames::Mixtral,
         (_, Some(n)) => {
             return fail(format!(
-                "{} {n}: mixtures of experts are read from qwen3moe, gpt-oss and llama files \
-                 only",
+                "{} {n}: mixtures of experts are read from qwen3moe, gpt-oss, glm4moe and \
+                 llama files only",
                 key("expert_count")
             ))
         }
     };
     let gpt_oss = names == ExpertNames::GptOss;
+    let glm = arch == "glm4moe";
     let Some(num_experts) = count else {
         return fail(format!("{} is missing", key("expert_count")));
     };
@@ -197,30 +202,36 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
             ),
             None => return fail(format!("{} is missing", key("expert_feed_forward_length"))),
         };
-    if let Some(shared) = meta_usize_opt(md, &key("expert_shared_count"))?.filter(|n| *n > 0) {
+    let shared = meta_usize_opt(md, &key("expert_shared_count"))?.filter(|n| *n > 0);
+    if let Some(shared) = shared.filter(|_| !glm) {
         return fail(format!(
-            "{} {shared}: shared experts are not supported",
+            "{} {shared}: shared experts are read from glm4moe files only",
             key("expert_shared_count")
         ));
     }
     // gpt-oss softmaxes the chosen experts' logits (llama.cpp's "softmax weight", 3): the
-    // renormalised softmax of the others.
-    if let Some(gating) = meta_usize_opt(md, &key("expert_gating_func"))?
-        .filter(|g| !(GATING_SOFTMAX.contains(g) || (gpt_oss && *g == GATING_SOFTMAX_WEIGHT)))
-    {
+    // renormalised softmax of the others. GLM-4.5's router is a sigmoid, which llama.cpp
+    // assumes where a glm4moe file says nothing.
+    let gating = meta_usize_opt(md, &key("expert_gating_func"))?;
+    let sigmoid = glm && matches!(gating, None | Some(0) | Some(GATING_SIGMOID));
+    if let Some(gating) = gating.filter(|g| {
+        !(sigmoid
+            || (!glm && GATING_SOFTMAX.contains(g))
+            || (gpt_oss && *g == GATING_SOFTMAX_WEIGHT))
+    }) {
         return fail(format!(
-            "{} {gating}: only the softmax router (1) is supported",
-            key("expert_gating_func")
+            "{} {gating}: {arch} files are read with the {} router only",
+            key("expert_gating_func"),
+            if glm { "sigmoid (2)" } else { "softmax (1)" }
         ));
     }
-    if let Some(scale) = md
+    let scale = md
         .contains_key(&key("expert_weights_scale"))
         .then(|| meta_f32(md, &key("expert_weights_scale")))
-        .transpose()?
-        .filter(|s| *s != 1.0)
-    {
+        .transpose()?;
+    if let Some(scale) = scale.filter(|s| *s != 1.0 && !sigmoid) {
         return fail(format!(
-            "{} {scale}: scaled expert weights are not supported",
+            "{} {scale}: scaled expert weights are read from glm4moe files only",
             key("expert_weights_scale")
         ));
     }
@@ -253,8 +264,15 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
         // gpt-oss: llama.cpp fixes the gate's clamp, as its files state none.
         biases: gpt_oss,
         clamped_swiglu: gpt_oss.then_some(GPT_OSS_SWIGLU),
-        sigmoid_router: None,
-        shared_intermediate_size: None,
+        sigmoid_router: match sigmoid {
+            true => Some(SigmoidRouter {
+                groups: meta_usize_opt(md, &key("expert_group_count"))?.unwrap_or(1),
+                top_groups: meta_usize_opt(md, &key("expert_group_used_count"))?.unwrap_or(1),
+                scale: scale.unwrap_or(1.0),
+            }),
+            false => None,
+        },
+        shared_intermediate_size: shared.map(|n| n * intermediate_size),
         fields: MoeFields {
             num_experts: key("expert_count"),
             top_k: key("expert_used_count"),
@@ -297,7 +315,17 @@ pub(crate) fn config_from_content(
             _ => return Err(EngineError::Config("vocabulary size unknown".into())),
         },
     };
-    let num_layers = meta_usize(md, &key("block_count"))?;
+    // GLM-4.5's files count their multi-token-prediction layers among the blocks (after
+    // the others); Tessera reads the others only.
+    let blocks = meta_usize(md, &key("block_count"))?;
+    let prediction_layers = meta_usize_opt(md, &key("nextn_predict_layers"))?.unwrap_or(0);
+    let Some(num_layers) = blocks.checked_sub(prediction_layers) else {
+        return Err(EngineError::Config(format!(
+            "{} {prediction_layers} exceeds {} {blocks}",
+            key("nextn_predict_layers"),
+            key("block_count")
+        )));
+    };
     let moe = moe_config(content, &arch, num_layers)?;
     // A model whose every layer is a mixture need not state a dense MLP width.
     let intermediate_size = match (meta_usize(md, &key("feed_forward_length")), &moe) {
@@ -322,10 +350,16 @@ pub(crate) fn config_from_content(
         rope_scaling: RopeScaling::from_gguf(md, &arch, rope_factors)?,
         rope_style,
         max_position_embeddings: meta_usize(md, &key("context_length")).unwrap_or(4096),
-        // GLM-4 files hold the biases its checkpoints have (attention_bias).
+        // GLM-4 and GLM-4.5 files hold the biases their checkpoints have
+        // (attention_bias), and GLM-4.5's the query/key norms (use_qk_norm).
         attention_bias: arch == "qwen2"
-            || (arch == "glm4" && content.tensor_infos.contains_key("blk.0.attn_q.bias")),
-        qk_norm: matches!(arch.as_str(), "qwen3" | "qwen3moe" | "olmo2"),
+            || (matches!(arch.as_str(), "glm4" | "glm4moe")
+                && content.tensor_infos.contains_key("blk.0.attn_q.bias")),
+        qk_norm: matches!(arch.as_str(), "qwen3" | "qwen3moe" | "olmo2")
+            || (arch == "glm4moe"
+                && content
+                    .tensor_infos
+                    .contains_key("blk.0.attn_q_norm.weight")),
         qk_norm_across_heads: arch == "olmo2",
         input_norms: arch != "olmo2",
         sandwich_norms: matches!(arch.as_str(), "glm4" | "olmo2"),

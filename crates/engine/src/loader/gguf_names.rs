@@ -52,6 +52,11 @@ pub fn gguf_name(canonical: &str) -> Option<String> {
             "ffn_gate_inp.weight"
         }
         "mlp.router.bias" => "ffn_gate_inp.bias",
+        // GLM-4.5's router correction biases and shared expert.
+        "mlp.gate.e_score_correction_bias" => "exp_probs_b.bias",
+        "mlp.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_experts.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_experts.down_proj.weight" => "ffn_down_shexp.weight",
         _ => return None,
     };
     Some(format!("blk.{layer}.{mapped}"))
@@ -120,8 +125,11 @@ pub(crate) fn locate(arch: &str, canonical: &str) -> Result<GgufLocation> {
             let mapped = match (arch, suffix) {
                 ("gemma2" | "gemma3" | "olmo2", "post_attention_layernorm.weight")
                 | ("glm4", "post_self_attn_layernorm.weight") => "post_attention_norm.weight",
-                // gpt-oss's MLP input norm, which llama.cpp's converter names so.
-                ("gpt-oss", "post_attention_layernorm.weight") => "post_attention_norm.weight",
+                // gpt-oss's and GLM-4.5's MLP input norm, which llama.cpp's converter
+                // names so.
+                ("gpt-oss" | "glm4moe", "post_attention_layernorm.weight") => {
+                    "post_attention_norm.weight"
+                }
                 ("gemma2" | "gemma3", "pre_feedforward_layernorm.weight") => "ffn_norm.weight",
                 ("gemma2" | "gemma3" | "olmo2", "post_feedforward_layernorm.weight")
                 | ("glm4", "post_mlp_layernorm.weight") => "post_ffw_norm.weight",
