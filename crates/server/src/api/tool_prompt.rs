@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use tessera_tokenizer::{ChatMessage, MessageContent, Tokenizer};
 
 use crate::api::tool_parsers::forced::{ForcedArrayParser, ForcedNamedParser};
+use crate::api::tool_parsers::glm45::{Glm45Parser, StringParams};
 use crate::api::tool_parsers::{ToolCallParser, ToolParserKind};
 use crate::api::tools::{ForcedCalls, ToolChoice, ToolRequest};
 
@@ -22,6 +23,9 @@ pub enum ToolOutput {
     Forced(ForcedCalls),
     /// The model wrote them in its family's form (`auto`).
     Parsed(ToolParserKind),
+    /// In GLM-4.5's form, whose string arguments are bare text: the tools' string-typed
+    /// parameters.
+    Glm45(StringParams),
 }
 
 impl ToolOutput {
@@ -33,14 +37,17 @@ impl ToolOutput {
                 Box::new(ForcedNamedParser::new(name.clone()))
             }
             ToolOutput::Parsed(kind) => kind.parser(),
+            ToolOutput::Glm45(strings) => Box::new(Glm45Parser::new(strings.clone())),
         }
     }
 
     /// The ids of the special tokens the parser reads as markers, for the detokenizer
     /// to keep in the text.
     pub fn marker_ids(&self, tokenizer: &Tokenizer) -> Vec<u32> {
-        let ToolOutput::Parsed(kind) = self else {
-            return Vec::new();
+        let kind = match self {
+            ToolOutput::Parsed(kind) => *kind,
+            ToolOutput::Glm45(_) => ToolParserKind::Glm45,
+            ToolOutput::Forced(_) => return Vec::new(),
         };
         special_ids(tokenizer, kind.marker_tokens())
     }
@@ -86,9 +93,12 @@ pub fn adapt_to_template(
     let output = match (&tools.choice, tools.forced()) {
         (_, Some(forced)) => Some(ToolOutput::Forced(forced)),
         (ToolChoice::None, None) => None,
-        (_, None) => Some(ToolOutput::Parsed(
-            parser_flag.unwrap_or_else(|| ToolParserKind::from_template(source)),
-        )),
+        (_, None) => Some(
+            match parser_flag.unwrap_or_else(|| ToolParserKind::from_template(source)) {
+                ToolParserKind::Glm45 => ToolOutput::Glm45(StringParams::of(tools)),
+                kind => ToolOutput::Parsed(kind),
+            },
+        ),
     };
     if knows_tools {
         return (messages, Some(tools.template_tools()), output);

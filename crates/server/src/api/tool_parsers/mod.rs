@@ -13,6 +13,8 @@
 //!   calls separated by `;`.
 //! - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": ...}, ...]`, and the form of
 //!   Mistral's v11+ templates, `[TOOL_CALLS]name[ARGS]{...}` once per call.
+//! - `glm45`: GLM-4.5's `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>
+//!   </tool_call>`, values typed by the tools' schemas.
 //!
 //! Forced calls (`tool_choice` `required` or named) are read by [`forced`]'s parsers,
 //! from the JSON the grammar made.
@@ -20,6 +22,7 @@
 mod call_array;
 mod call_object;
 pub mod forced;
+pub mod glm45;
 mod hermes;
 mod llama3;
 mod markers;
@@ -56,16 +59,19 @@ pub enum ToolParserKind {
     Hermes,
     Llama3Json,
     Mistral,
+    Glm45,
 }
 
 impl ToolParserKind {
-    pub const NAMES: [&'static str; 3] = ["hermes", "llama3_json", "mistral"];
+    pub const NAMES: [&'static str; 4] = ["hermes", "llama3_json", "mistral", "glm45"];
 
     /// The family a chat template writes tool calls in. Templates that show no form of
     /// their own get the Hermes form, which the server then asks for in the prompt.
     pub fn from_template(source: &str) -> Self {
         if source.contains("[TOOL_CALLS]") {
             ToolParserKind::Mistral
+        } else if source.contains("<arg_key>") {
+            ToolParserKind::Glm45
         } else if source.contains("<tool_call>") {
             ToolParserKind::Hermes
         } else if source.contains("<|python_tag|>")
@@ -82,13 +88,17 @@ impl ToolParserKind {
     pub fn marker_tokens(self) -> &'static [&'static str] {
         match self {
             ToolParserKind::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
+            ToolParserKind::Glm45 => &glm45::MARKERS,
             ToolParserKind::Hermes | ToolParserKind::Llama3Json => &[],
         }
     }
 
-    /// A fresh parser for one choice.
+    /// A fresh parser for one choice (GLM-4.5's, without the tools' schemas, reads every
+    /// value that is JSON as JSON: [`ToolOutput`](crate::api::tool_prompt::ToolOutput)
+    /// gives it the schemas).
     pub fn parser(self) -> Box<dyn ToolCallParser> {
         match self {
+            ToolParserKind::Glm45 => Box::new(glm45::Glm45Parser::new(Default::default())),
             ToolParserKind::Hermes => Box::new(hermes::HermesParser::default()),
             ToolParserKind::Llama3Json => Box::new(llama3::Llama3JsonParser::default()),
             ToolParserKind::Mistral => Box::new(mistral::MistralParser::default()),
@@ -100,6 +110,7 @@ impl ToolParserKind {
             ToolParserKind::Hermes => "hermes",
             ToolParserKind::Llama3Json => "llama3_json",
             ToolParserKind::Mistral => "mistral",
+            ToolParserKind::Glm45 => "glm45",
         }
     }
 }
@@ -118,6 +129,7 @@ impl FromStr for ToolParserKind {
             "hermes" => Ok(ToolParserKind::Hermes),
             "llama3_json" => Ok(ToolParserKind::Llama3Json),
             "mistral" => Ok(ToolParserKind::Mistral),
+            "glm45" => Ok(ToolParserKind::Glm45),
             other => Err(format!(
                 "unknown tool call parser `{other}`: use one of {}",
                 Self::NAMES.join(", ")

@@ -236,9 +236,87 @@ fn parser_follows_the_template() {
         ToolParserKind::from_template("<|im_start|>"),
         ToolParserKind::Hermes
     );
+    // GLM-4.5's template shows both its call tag and its argument tags.
+    assert_eq!(
+        ToolParserKind::from_template("<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>"),
+        ToolParserKind::Glm45
+    );
+    assert_eq!("glm45".parse::<ToolParserKind>(), Ok(ToolParserKind::Glm45));
     assert_eq!(
         "mistral".parse::<ToolParserKind>(),
         Ok(ToolParserKind::Mistral)
     );
     assert!("nope".parse::<ToolParserKind>().is_err());
+}
+
+/// `get_weather(city: string, days: integer)` and `set(zip: string, opts: object)`: their
+/// string parameters stay strings whatever their text looks like.
+fn glm45() -> Box<dyn ToolCallParser> {
+    use crate::api::tool_parsers::glm45::{Glm45Parser, StringParams};
+    use crate::api::tools::{FunctionTool, ToolChoice, ToolRequest};
+    let tool = |name: &str, parameters: serde_json::Value| FunctionTool {
+        name: name.into(),
+        description: None,
+        parameters,
+    };
+    let tools = ToolRequest {
+        tools: vec![
+            tool(
+                "get_weather",
+                serde_json::json!({"type": "object", "properties": {
+                    "city": {"type": "string"}, "days": {"type": "integer"}}}),
+            ),
+            tool(
+                "set",
+                serde_json::json!({"type": "object", "properties": {
+                    "zip": {"type": ["string", "null"]}, "opts": {"type": "object"}}}),
+            ),
+        ],
+        choice: ToolChoice::Auto,
+        parallel: true,
+    };
+    Box::new(Glm45Parser::new(StringParams::of(&tools)))
+}
+
+#[test]
+fn glm45_recorded_outputs() {
+    // GLM-4.6 calling one tool, as its template writes calls, after its thinking.
+    check(
+        glm45,
+        "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+        None,
+        &[("get_weather", r#"{"city": "Paris", "days": 3}"#)],
+    );
+    // Text, then two calls; a string that looks like a number stays a string, JSON
+    // values of other types are read as JSON, text that is not JSON is a string.
+    check(
+        glm45,
+        "Both, then.\n<tool_call>set\n<arg_key>zip</arg_key>\n<arg_value>75001</arg_value>\n<arg_key>opts</arg_key>\n<arg_value>{\"a\": [1, true]}</arg_value>\n</tool_call>\n<tool_call>unknown\n<arg_key>x</arg_key>\n<arg_value>not json</arg_value>\n<arg_key>y</arg_key>\n<arg_value>null</arg_value>\n</tool_call>",
+        Some("Both, then."),
+        &[
+            ("set", r#"{"zip": "75001", "opts": {"a":[1,true]}}"#),
+            ("unknown", r#"{"x": "not json", "y": null}"#),
+        ],
+    );
+    // A call with no arguments; a value holding the closing tag of a key.
+    check(
+        glm45,
+        "<tool_call>now\n</tool_call><tool_call>get_weather<arg_key>city</arg_key><arg_value>a</arg_key>b</arg_value></tool_call>",
+        None,
+        &[("now", "{}"), ("get_weather", r#"{"city": "a</arg_key>b"}"#)],
+    );
+    // Tags that open no call are text.
+    check(
+        glm45,
+        "Use <tool_call> like <tool_call><arg_key>",
+        Some("Use <tool_call> like <tool_call><arg_key>"),
+        &[],
+    );
+    // Cut by max_tokens inside a value: the call keeps its complete arguments.
+    check(
+        glm45,
+        "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n<arg_key>city</arg_key>\n<arg_value>Ly",
+        None,
+        &[("get_weather", r#"{"days": 2}"#)],
+    );
 }

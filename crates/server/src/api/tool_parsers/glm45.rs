@@ -1,0 +1,338 @@
+//! GLM-4.5's form (GLM-4.5, GLM-4.5-Air, GLM-4.6): a call is the function's name and then
+//! its arguments as key/value tags,
+//!
+//! ```text
+//! <tool_call>get_weather
+//! <arg_key>city</arg_key>
+//! <arg_value>Paris</arg_value>
+//! </tool_call>
+//! ```
+//!
+//! any number of times, with content around the calls. Its template writes a string
+//! argument as bare text and any other value as JSON, so a value becomes a JSON string
+//! where the tool's schema says the parameter is a string, and otherwise is read as JSON
+//! (bare text that is not JSON stays a string). Each argument is sent once its value is
+//! closed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use crate::api::tool_parsers::markers::{find_marker, ContentOut, MarkerScan};
+use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
+use crate::api::tools::ToolRequest;
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+const KEY: (&str, &str) = ("<arg_key>", "</arg_key>");
+const VALUE: (&str, &str) = ("<arg_value>", "</arg_value>");
+
+/// The markers of the form, which GLM's vocabularies may hold as special tokens.
+pub const MARKERS: [&str; 6] = [OPEN, CLOSE, KEY.0, KEY.1, VALUE.0, VALUE.1];
+
+/// Per function, the parameters whose schema type is `string`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StringParams(BTreeMap<String, BTreeSet<String>>);
+
+impl StringParams {
+    pub fn of(tools: &ToolRequest) -> Self {
+        let mut map = BTreeMap::new();
+        for tool in &tools.tools {
+            let names = tool
+                .parameters
+                .get("properties")
+                .and_then(Value::as_object)
+                .map(|props| {
+                    props
+                        .iter()
+                        .filter(|(_, schema)| is_string_schema(schema))
+                        .map(|(name, _)| name.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            map.insert(tool.name.clone(), names);
+        }
+        StringParams(map)
+    }
+
+    fn is_string(&self, function: &str, param: &str) -> bool {
+        self.0.get(function).is_some_and(|p| p.contains(param))
+    }
+}
+
+/// `{"type": "string"}`, or a type list of `string` and `null` only.
+fn is_string_schema(schema: &Value) -> bool {
+    match schema.get("type") {
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(types)) => {
+            types.iter().any(|t| t == "string")
+                && types.iter().all(|t| t == "string" || t == "null")
+        }
+        _ => false,
+    }
+}
+
+/// A value as the arguments' JSON holds it.
+fn argument_json(raw: &str, as_string: bool) -> String {
+    let parsed = (!as_string)
+        .then(|| serde_json::from_str::<Value>(raw.trim()).ok())
+        .flatten();
+    parsed
+        .unwrap_or_else(|| Value::String(raw.to_string()))
+        .to_string()
+}
+
+#[derive(Debug)]
+enum State {
+    Text,
+    /// After `<tool_call>`: the function's name, up to a line end or the first tag.
+    Name,
+    /// Between arguments: the next `<arg_key>`, or `</tool_call>`.
+    Args {
+        index: usize,
+        name: String,
+        sent: usize,
+    },
+    Key {
+        index: usize,
+        name: String,
+        sent: usize,
+    },
+    /// After a key: its `<arg_value>`, then the value up to `</arg_value>`.
+    Value {
+        index: usize,
+        name: String,
+        sent: usize,
+        key: String,
+        open: bool,
+    },
+}
+
+#[derive(Debug)]
+pub struct Glm45Parser {
+    state: State,
+    pending: String,
+    content: ContentOut,
+    strings: StringParams,
+}
+
+impl Glm45Parser {
+    pub fn new(strings: StringParams) -> Self {
+        Glm45Parser {
+            state: State::Text,
+            pending: String::new(),
+            content: ContentOut::default(),
+            strings,
+        }
+    }
+
+    /// Takes `pending` up to `marker` (removing both), or `None` while it has not come.
+    fn take_until(&mut self, marker: &str) -> Option<String> {
+        match find_marker(&self.pending, marker) {
+            MarkerScan::Found(at) => {
+                let text: String = self.pending.drain(..at).collect();
+                self.pending.drain(..marker.len());
+                Some(text)
+            }
+            MarkerScan::NotYet { .. } => None,
+        }
+    }
+
+    /// Skips blanks, then takes the first of `tags` that `pending` starts with:
+    /// `Some(Some(i))` for `tags[i]`; `Some(None)` if it can start with none of them;
+    /// `None` while undecided.
+    fn take_tag(&mut self, tags: &[&str]) -> Option<Option<usize>> {
+        let trimmed = self.pending.trim_start();
+        if let Some(i) = tags.iter().position(|t| trimmed.starts_with(t)) {
+            let skip = self.pending.len() - trimmed.len() + tags[i].len();
+            self.pending.drain(..skip);
+            return Some(Some(i));
+        }
+        if trimmed.is_empty() || tags.iter().any(|t| t.starts_with(trimmed)) {
+            return None;
+        }
+        Some(None)
+    }
+
+    /// Processes `pending` as far as it can be decided.
+    fn run(&mut self, out: &mut Vec<ToolEvent>) {
+        loop {
+            match std::mem::replace(&mut self.state, State::Text) {
+                State::Text => match find_marker(&self.pending, OPEN) {
+                    MarkerScan::Found(at) => {
+                        let before: String = self.pending.drain(..at + OPEN.len()).collect();
+                        self.content.push(&before[..at], out);
+                        self.state = State::Name;
+                    }
+                    MarkerScan::NotYet { safe } => {
+                        let text: String = self.pending.drain(..safe).collect();
+                        self.content.push(&text, out);
+                        return;
+                    }
+                },
+                State::Name => {
+                    let end = ["\n", KEY.0, CLOSE]
+                        .iter()
+                        .filter_map(|m| self.pending.find(m))
+                        .min();
+                    let Some(end) = end else {
+                        self.state = State::Name;
+                        return;
+                    };
+                    let name = self.pending[..end].trim().to_string();
+                    if name.is_empty() || name.contains('<') {
+                        // Not a call: the marker and the text are content.
+                        let text = format!("{OPEN}{}", self.pending);
+                        self.pending = text;
+                        let head: String = self.pending.drain(..OPEN.len()).collect();
+                        self.content.push(&head, out);
+                        continue;
+                    }
+                    self.pending.drain(..end);
+                    let index = self.content.call();
+                    out.push(ToolEvent::CallStart {
+                        index,
+                        name: name.clone(),
+                    });
+                    self.state = State::Args {
+                        index,
+                        name,
+                        sent: 0,
+                    };
+                }
+                State::Args { index, name, sent } => match self.take_tag(&[KEY.0, CLOSE]) {
+                    Some(Some(0)) => self.state = State::Key { index, name, sent },
+                    None => {
+                        self.state = State::Args { index, name, sent };
+                        return;
+                    }
+                    // The end of the call, or neither another argument nor the end: the
+                    // call ends here and what follows is content.
+                    Some(_) => self.close(index, sent, out),
+                },
+                State::Key { index, name, sent } => match self.take_until(KEY.1) {
+                    Some(key) => {
+                        self.state = State::Value {
+                            index,
+                            name,
+                            sent,
+                            key: key.trim().to_string(),
+                            open: false,
+                        }
+                    }
+                    None => {
+                        self.state = State::Key { index, name, sent };
+                        return;
+                    }
+                },
+                State::Value {
+                    index,
+                    name,
+                    sent,
+                    key,
+                    open: false,
+                } => match self.take_tag(&[VALUE.0]) {
+                    Some(Some(_)) => {
+                        self.state = State::Value {
+                            index,
+                            name,
+                            sent,
+                            key,
+                            open: true,
+                        }
+                    }
+                    None => {
+                        self.state = State::Value {
+                            index,
+                            name,
+                            sent,
+                            key,
+                            open: false,
+                        };
+                        return;
+                    }
+                    Some(None) => self.close(index, sent, out),
+                },
+                State::Value {
+                    index,
+                    name,
+                    sent,
+                    key,
+                    open: true,
+                } => match self.take_until(VALUE.1) {
+                    Some(raw) => {
+                        let value = argument_json(&raw, self.strings.is_string(&name, &key));
+                        let lead = if sent == 0 { "{" } else { ", " };
+                        out.push(ToolEvent::CallArguments {
+                            index,
+                            fragment: format!("{lead}{}: {value}", Value::String(key)),
+                        });
+                        self.state = State::Args {
+                            index,
+                            name,
+                            sent: sent + 1,
+                        };
+                    }
+                    None => {
+                        self.state = State::Value {
+                            index,
+                            name,
+                            sent,
+                            key,
+                            open: true,
+                        };
+                        return;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Ends call `index` after its `sent` arguments.
+    fn close(&mut self, index: usize, sent: usize, out: &mut Vec<ToolEvent>) {
+        let fragment = if sent == 0 { "{}" } else { "}" };
+        out.push(ToolEvent::CallArguments {
+            index,
+            fragment: fragment.into(),
+        });
+        self.state = State::Text;
+    }
+}
+
+impl ToolCallParser for Glm45Parser {
+    fn push(&mut self, text: &str) -> Vec<ToolEvent> {
+        let mut out = Vec::new();
+        self.pending.push_str(text);
+        self.run(&mut out);
+        out
+    }
+
+    fn finish(&mut self) -> Vec<ToolEvent> {
+        let mut out = Vec::new();
+        match std::mem::replace(&mut self.state, State::Text) {
+            State::Text => {
+                let rest = std::mem::take(&mut self.pending);
+                self.content.push(&rest, &mut out);
+            }
+            State::Name => {
+                // A name that never ended: the call, if it is one, has no arguments.
+                let name = self.pending.trim().to_string();
+                if name.is_empty() || name.contains('<') {
+                    let text = format!("{OPEN}{}", self.pending);
+                    self.content.push(&text, &mut out);
+                } else {
+                    let index = self.content.call();
+                    out.push(ToolEvent::CallStart { index, name });
+                    self.close(index, 0, &mut out);
+                }
+            }
+            // A call cut off: its complete arguments stand.
+            State::Args { index, sent, .. }
+            | State::Key { index, sent, .. }
+            | State::Value { index, sent, .. } => self.close(index, sent, &mut out),
+        }
+        self.pending.clear();
+        self.content.finish(&mut out);
+        out
+    }
+}
