@@ -17,6 +17,8 @@ mod gpt_oss;
 mod hf;
 #[path = "config_moe.rs"]
 mod moe;
+#[path = "config_olmo3.rs"]
+mod olmo3;
 #[path = "config_rope.rs"]
 mod rope;
 pub(crate) use hf::HfConfig;

@@ -172,6 +172,7 @@ impl HfConfig {
             "granite" | "GraniteForCausalLM" => ("granite", false),
             "glm4" | "Glm4ForCausalLM" => ("glm4", true),
             "olmo2" | "Olmo2ForCausalLM" => ("olmo2", false),
+            "olmo3" | "Olmo3ForCausalLM" => ("olmo3", false),
             "gpt_oss" | "GptOssForCausalLM" => ("gpt_oss", true),
             "glm4_moe" | "Glm4MoeForCausalLM" => ("glm4_moe", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
@@ -180,6 +181,8 @@ impl HfConfig {
             |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
         self.check_quantization(architecture)?;
         let gemma = matches!(architecture, "gemma2" | "gemma3");
+        // OLMo 3 is OLMo 2's layer with sliding windows.
+        let olmo = matches!(architecture, "olmo2" | "olmo3");
         if let Some(act) = self
             .hidden_act
             .as_deref()
@@ -229,12 +232,13 @@ impl HfConfig {
             },
             max_position_embeddings: self.max_position_embeddings,
             attention_bias: self.attention_bias.unwrap_or(default_bias),
-            qk_norm: matches!(architecture, "qwen3" | "qwen3_moe" | "olmo2")
+            qk_norm: matches!(architecture, "qwen3" | "qwen3_moe")
+                || olmo
                 || (architecture == "glm4_moe" && self.use_qk_norm.unwrap_or(false)),
-            qk_norm_across_heads: architecture == "olmo2",
-            input_norms: architecture != "olmo2",
+            qk_norm_across_heads: olmo,
+            input_norms: !olmo,
             // GLM-4 and OLMo 2: a norm after attention and after the MLP too.
-            sandwich_norms: matches!(architecture, "glm4" | "olmo2"),
+            sandwich_norms: architecture == "glm4" || olmo,
             norm_weight_offset: 0.0,
             embed_scale: None,
             attention_scale: None,
@@ -289,6 +293,9 @@ impl HfConfig {
         }
         if architecture == "gpt_oss" {
             self.set_gpt_oss_attention(&mut config)?;
+        }
+        if architecture == "olmo3" {
+            self.set_olmo3_layers(&mut config)?;
         }
         if let Some(g) = gemma_parts {
             config.rope_theta = g.rope_theta;
@@ -417,12 +424,12 @@ impl HfConfig {
         // layer type; 4: rope_theta and rope_local_base_freq, with rope_scaling for the
         // full-attention layers only.
         let gemma2 = arch == "gemma2";
-        let mut full =
+        let full =
             self.rope(
                 self.rope_theta
                     .unwrap_or(if gemma2 { 10_000.0 } else { 1_000_000.0 }),
             )?;
-        let mut sliding = if gemma2 {
+        let sliding = if gemma2 {
             full.clone()
         } else {
             (
@@ -430,31 +437,7 @@ impl HfConfig {
                 RopeScaling::None,
             )
         };
-        if let Some(params) = &self.rope_parameters {
-            for (kind, rope) in [
-                ("full_attention", &mut full),
-                ("sliding_attention", &mut sliding),
-            ] {
-                let Some(p) = params.get(kind) else { continue };
-                let field = format!("rope_parameters.{kind}");
-                if let Some(f) =
-                    super::rope::partial_rotary_factor(p, &field)?.filter(|f| *f != 1.0)
-                {
-                    return Err(EngineError::Config(format!(
-                        "{field}.partial_rotary_factor {f} is not supported in {arch}"
-                    )));
-                }
-                rope.1 = RopeScaling::from_hf(
-                    p,
-                    &field,
-                    self.max_position_embeddings,
-                    self.original_max_position_embeddings,
-                )?;
-                if let Some(t) = p.get("rope_theta").and_then(|t| t.as_f64()) {
-                    rope.0 = t as f32;
-                }
-            }
-        }
+        let [full, sliding] = self.layer_type_ropes(arch, [full, sliding])?;
         let window = self
             .sliding_window
             .ok_or_else(|| EngineError::Config(format!("{arch} config has no sliding_window")))?;
@@ -485,6 +468,41 @@ impl HfConfig {
 }
 
 impl HfConfig {
+    /// The RoPE base and scaling of the full-attention and the sliding-window layers:
+    /// `[full, sliding]` as given, each replaced by its entry of transformers 5's
+    /// per-layer-type `rope_parameters` where the config has one.
+    pub(super) fn layer_type_ropes(
+        &self,
+        arch: &str,
+        mut ropes: [(f32, RopeScaling); 2],
+    ) -> Result<[(f32, RopeScaling); 2]> {
+        let Some(params) = &self.rope_parameters else {
+            return Ok(ropes);
+        };
+        for (kind, rope) in ["full_attention", "sliding_attention"]
+            .into_iter()
+            .zip(ropes.iter_mut())
+        {
+            let Some(p) = params.get(kind) else { continue };
+            let field = format!("rope_parameters.{kind}");
+            if let Some(f) = super::rope::partial_rotary_factor(p, &field)?.filter(|f| *f != 1.0) {
+                return Err(EngineError::Config(format!(
+                    "{field}.partial_rotary_factor {f} is not supported in {arch}"
+                )));
+            }
+            rope.1 = RopeScaling::from_hf(
+                p,
+                &field,
+                self.max_position_embeddings,
+                self.original_max_position_embeddings,
+            )?;
+            if let Some(t) = p.get("rope_theta").and_then(|t| t.as_f64()) {
+                rope.0 = t as f32;
+            }
+        }
+        Ok(ropes)
+    }
+
     /// `layer_types` read as which layers slide, where the config lists them.
     pub(super) fn sliding_layer_types(&self) -> Result<Option<Vec<bool>>> {
         let Some(types) = &self.layer_types else {

@@ -66,6 +66,8 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         "tiny-glm4" => d(256, 4, 2, 128, 192),
         // No input norms; query/key norms across all heads (OLMo 2).
         "tiny-olmo2" => d(256, 4, 2, 64, 192),
+        // OLMo 2's layer with a window in three layers of four, YaRN on the full one.
+        "tiny-olmo3" => d(256, 4, 2, 64, 192),
         // Mixtures of experts.
         "tiny-qwen3-moe" | "tiny-mixtral" => d(128, 4, 2, 64, 160),
         // Attention sinks, biases on every projection, a window in every other layer;
@@ -149,7 +151,10 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
         .get("vocab_size")
         .and_then(Value::as_u64)
         .ok_or_else(|| bad("no vocab_size".into()))? as usize;
-    let across_heads = c.get("model_type").and_then(Value::as_str) == Some("olmo2");
+    let across_heads = matches!(
+        c.get("model_type").and_then(Value::as_str),
+        Some("olmo2" | "olmo3")
+    );
     let shared = c
         .get("n_shared_experts")
         .and_then(Value::as_u64)

@@ -320,3 +320,36 @@ fn tiny_olmo2_gguf_matches_transformers_at_every_tp_size() {
         check_against_transformers("tiny-olmo2", &path, tp, 1e-5);
     }
 }
+
+/// OLMo 3: OLMo 2's layer with a window of 8 in three layers of four, and YaRN (factor
+/// 4) on the full-attention layer only, the sliding ones rotating plainly with the same
+/// base (transformers 5's per-layer-type `rope_parameters`).
+#[test]
+fn tiny_olmo3_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        check("tiny-olmo3", tp, 1e-5);
+    }
+}
+
+/// The reference depends on the window and on the full layer's YaRN: without either the
+/// 60-token case moves far.
+#[test]
+fn tiny_olmo3_reference_depends_on_the_window_and_the_full_layers_yarn() {
+    type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+    let edits: [(&str, Edit); 2] = [
+        ("no window", Box::new(|c| c["sliding_window"] = 512.into())),
+        (
+            "plain RoPE in the full layer",
+            Box::new(|c| {
+                c["rope_parameters"]["full_attention"] =
+                    serde_json::json!({"rope_type": "default", "rope_theta": 500000.0})
+            }),
+        ),
+    ];
+    for (what, edit) in edits {
+        let dir = edited_copy("tiny-olmo3", edit);
+        let err = long_case_error("tiny-olmo3", &dir.0);
+        println!("tiny-olmo3 with {what}: rel L2 {err:.2e}");
+        assert!(err > 5e-2, "{what}: {err}");
+    }
+}

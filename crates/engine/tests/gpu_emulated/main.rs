@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 18] = [
+const MODELS: [&str; 19] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -64,6 +64,7 @@ const MODELS: [&str; 18] = [
     "tiny-olmo2",
     "tiny-gpt-oss",
     "tiny-glm4-moe",
+    "tiny-olmo3",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that
