@@ -12,7 +12,9 @@ use serde_json::{json, Map, Value};
 use tessera_tokenizer::{ChatMessage, MessageContent, Tokenizer};
 
 use crate::api::tool_parsers::forced::{ForcedArrayParser, ForcedNamedParser};
-use crate::api::tool_parsers::glm45::{Glm45Parser, StringParams};
+use crate::api::tool_parsers::glm45::Glm45Parser;
+use crate::api::tool_parsers::param_types::ParamTypes;
+use crate::api::tool_parsers::qwen3_coder::Qwen3CoderParser;
 use crate::api::tool_parsers::{ToolCallParser, ToolParserKind};
 use crate::api::tools::{ForcedCalls, ToolChoice, ToolRequest};
 
@@ -23,9 +25,9 @@ pub enum ToolOutput {
     Forced(ForcedCalls),
     /// The model wrote them in its family's form (`auto`).
     Parsed(ToolParserKind),
-    /// In GLM-4.5's form, whose string arguments are bare text: the tools' string-typed
-    /// parameters.
-    Glm45(StringParams),
+    /// In a form whose argument values are bare text (GLM-4.5's, Qwen3-Coder's): its
+    /// parser, given the tools' parameter types.
+    Typed(ToolParserKind, ParamTypes),
 }
 
 impl ToolOutput {
@@ -37,7 +39,10 @@ impl ToolOutput {
                 Box::new(ForcedNamedParser::new(name.clone()))
             }
             ToolOutput::Parsed(kind) => kind.parser(),
-            ToolOutput::Glm45(strings) => Box::new(Glm45Parser::new(strings.clone())),
+            ToolOutput::Typed(ToolParserKind::Qwen3Coder, types) => {
+                Box::new(Qwen3CoderParser::new(types.clone()))
+            }
+            ToolOutput::Typed(_, types) => Box::new(Glm45Parser::new(types.clone())),
         }
     }
 
@@ -45,8 +50,7 @@ impl ToolOutput {
     /// to keep in the text.
     pub fn marker_ids(&self, tokenizer: &Tokenizer) -> Vec<u32> {
         let kind = match self {
-            ToolOutput::Parsed(kind) => *kind,
-            ToolOutput::Glm45(_) => ToolParserKind::Glm45,
+            ToolOutput::Parsed(kind) | ToolOutput::Typed(kind, _) => *kind,
             ToolOutput::Forced(_) => return Vec::new(),
         };
         special_ids(tokenizer, kind.marker_tokens())
@@ -95,7 +99,9 @@ pub fn adapt_to_template(
         (ToolChoice::None, None) => None,
         (_, None) => Some(
             match parser_flag.unwrap_or_else(|| ToolParserKind::from_template(source)) {
-                ToolParserKind::Glm45 => ToolOutput::Glm45(StringParams::of(tools)),
+                kind @ (ToolParserKind::Glm45 | ToolParserKind::Qwen3Coder) => {
+                    ToolOutput::Typed(kind, ParamTypes::of(tools))
+                }
                 kind => ToolOutput::Parsed(kind),
             },
         ),

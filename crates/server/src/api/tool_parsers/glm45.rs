@@ -9,18 +9,14 @@
 //! ```
 //!
 //! any number of times, with content around the calls. Its template writes a string
-//! argument as bare text and any other value as JSON, so a value becomes a JSON string
-//! where the tool's schema says the parameter is a string, and otherwise is read as JSON
-//! (bare text that is not JSON stays a string). Each argument is sent once its value is
-//! closed.
-
-use std::collections::{BTreeMap, BTreeSet};
+//! argument as bare text and any other value as JSON, so values are typed by the tools'
+//! schemas ([`ParamTypes`]). Each argument is sent once its value is closed.
 
 use serde_json::Value;
 
 use crate::api::tool_parsers::markers::{find_marker, ContentOut, MarkerScan};
+use crate::api::tool_parsers::param_types::ParamTypes;
 use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
-use crate::api::tools::ToolRequest;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -29,58 +25,6 @@ const VALUE: (&str, &str) = ("<arg_value>", "</arg_value>");
 
 /// The markers of the form, which GLM's vocabularies may hold as special tokens.
 pub const MARKERS: [&str; 6] = [OPEN, CLOSE, KEY.0, KEY.1, VALUE.0, VALUE.1];
-
-/// Per function, the parameters whose schema type is `string`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StringParams(BTreeMap<String, BTreeSet<String>>);
-
-impl StringParams {
-    pub fn of(tools: &ToolRequest) -> Self {
-        let mut map = BTreeMap::new();
-        for tool in &tools.tools {
-            let names = tool
-                .parameters
-                .get("properties")
-                .and_then(Value::as_object)
-                .map(|props| {
-                    props
-                        .iter()
-                        .filter(|(_, schema)| is_string_schema(schema))
-                        .map(|(name, _)| name.clone())
-                        .collect()
-                })
-                .unwrap_or_default();
-            map.insert(tool.name.clone(), names);
-        }
-        StringParams(map)
-    }
-
-    fn is_string(&self, function: &str, param: &str) -> bool {
-        self.0.get(function).is_some_and(|p| p.contains(param))
-    }
-}
-
-/// `{"type": "string"}`, or a type list of `string` and `null` only.
-fn is_string_schema(schema: &Value) -> bool {
-    match schema.get("type") {
-        Some(Value::String(t)) => t == "string",
-        Some(Value::Array(types)) => {
-            types.iter().any(|t| t == "string")
-                && types.iter().all(|t| t == "string" || t == "null")
-        }
-        _ => false,
-    }
-}
-
-/// A value as the arguments' JSON holds it.
-fn argument_json(raw: &str, as_string: bool) -> String {
-    let parsed = (!as_string)
-        .then(|| serde_json::from_str::<Value>(raw.trim()).ok())
-        .flatten();
-    parsed
-        .unwrap_or_else(|| Value::String(raw.to_string()))
-        .to_string()
-}
 
 #[derive(Debug)]
 enum State {
@@ -113,16 +57,16 @@ pub struct Glm45Parser {
     state: State,
     pending: String,
     content: ContentOut,
-    strings: StringParams,
+    types: ParamTypes,
 }
 
 impl Glm45Parser {
-    pub fn new(strings: StringParams) -> Self {
+    pub fn new(types: ParamTypes) -> Self {
         Glm45Parser {
             state: State::Text,
             pending: String::new(),
             content: ContentOut::default(),
-            strings,
+            types,
         }
     }
 
@@ -261,7 +205,7 @@ impl Glm45Parser {
                     open: true,
                 } => match self.take_until(VALUE.1) {
                     Some(raw) => {
-                        let value = argument_json(&raw, self.strings.is_string(&name, &key));
+                        let value = self.types.argument_json(&name, &key, &raw);
                         let lead = if sent == 0 { "{" } else { ", " };
                         out.push(ToolEvent::CallArguments {
                             index,

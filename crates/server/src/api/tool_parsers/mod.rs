@@ -15,6 +15,8 @@
 //!   Mistral's v11+ templates, `[TOOL_CALLS]name[ARGS]{...}` once per call.
 //! - `glm45`: GLM-4.5's `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>
 //!   </tool_call>`, values typed by the tools' schemas.
+//! - `qwen3_coder`: Qwen3-Coder's `<tool_call><function=name><parameter=k>v</parameter>
+//!   </function></tool_call>`, values typed likewise.
 //!
 //! Forced calls (`tool_choice` `required` or named) are read by [`forced`]'s parsers,
 //! from the JSON the grammar made.
@@ -27,6 +29,8 @@ mod hermes;
 mod llama3;
 mod markers;
 mod mistral;
+pub mod param_types;
+pub mod qwen3_coder;
 mod value_scan;
 
 use std::fmt;
@@ -60,10 +64,12 @@ pub enum ToolParserKind {
     Llama3Json,
     Mistral,
     Glm45,
+    Qwen3Coder,
 }
 
 impl ToolParserKind {
-    pub const NAMES: [&'static str; 4] = ["hermes", "llama3_json", "mistral", "glm45"];
+    pub const NAMES: [&'static str; 5] =
+        ["hermes", "llama3_json", "mistral", "glm45", "qwen3_coder"];
 
     /// The family a chat template writes tool calls in. Templates that show no form of
     /// their own get the Hermes form, which the server then asks for in the prompt.
@@ -72,6 +78,8 @@ impl ToolParserKind {
             ToolParserKind::Mistral
         } else if source.contains("<arg_key>") {
             ToolParserKind::Glm45
+        } else if source.contains("<function=") {
+            ToolParserKind::Qwen3Coder
         } else if source.contains("<tool_call>") {
             ToolParserKind::Hermes
         } else if source.contains("<|python_tag|>")
@@ -89,16 +97,20 @@ impl ToolParserKind {
         match self {
             ToolParserKind::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
             ToolParserKind::Glm45 => &glm45::MARKERS,
+            ToolParserKind::Qwen3Coder => &[],
             ToolParserKind::Hermes | ToolParserKind::Llama3Json => &[],
         }
     }
 
-    /// A fresh parser for one choice (GLM-4.5's, without the tools' schemas, reads every
-    /// value that is JSON as JSON: [`ToolOutput`](crate::api::tool_prompt::ToolOutput)
+    /// A fresh parser for one choice (GLM-4.5's and Qwen3-Coder's, without the tools'
+    /// schemas, read every value that is JSON as JSON: [`ToolOutput`](crate::api::tool_prompt::ToolOutput)
     /// gives it the schemas).
     pub fn parser(self) -> Box<dyn ToolCallParser> {
         match self {
             ToolParserKind::Glm45 => Box::new(glm45::Glm45Parser::new(Default::default())),
+            ToolParserKind::Qwen3Coder => {
+                Box::new(qwen3_coder::Qwen3CoderParser::new(Default::default()))
+            }
             ToolParserKind::Hermes => Box::new(hermes::HermesParser::default()),
             ToolParserKind::Llama3Json => Box::new(llama3::Llama3JsonParser::default()),
             ToolParserKind::Mistral => Box::new(mistral::MistralParser::default()),
@@ -111,6 +123,7 @@ impl ToolParserKind {
             ToolParserKind::Llama3Json => "llama3_json",
             ToolParserKind::Mistral => "mistral",
             ToolParserKind::Glm45 => "glm45",
+            ToolParserKind::Qwen3Coder => "qwen3_coder",
         }
     }
 }
@@ -130,6 +143,7 @@ impl FromStr for ToolParserKind {
             "llama3_json" => Ok(ToolParserKind::Llama3Json),
             "mistral" => Ok(ToolParserKind::Mistral),
             "glm45" => Ok(ToolParserKind::Glm45),
+            "qwen3_coder" => Ok(ToolParserKind::Qwen3Coder),
             other => Err(format!(
                 "unknown tool call parser `{other}`: use one of {}",
                 Self::NAMES.join(", ")

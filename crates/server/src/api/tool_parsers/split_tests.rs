@@ -242,6 +242,11 @@ fn parser_follows_the_template() {
         ToolParserKind::Glm45
     );
     assert_eq!("glm45".parse::<ToolParserKind>(), Ok(ToolParserKind::Glm45));
+    // Qwen3-Coder's shows its function tags inside <tool_call>.
+    assert_eq!(
+        ToolParserKind::from_template("<tool_call>\n<function=example_function_name>"),
+        ToolParserKind::Qwen3Coder
+    );
     assert_eq!(
         "mistral".parse::<ToolParserKind>(),
         Ok(ToolParserKind::Mistral)
@@ -251,8 +256,8 @@ fn parser_follows_the_template() {
 
 /// `get_weather(city: string, days: integer)` and `set(zip: string, opts: object)`: their
 /// string parameters stay strings whatever their text looks like.
-fn glm45() -> Box<dyn ToolCallParser> {
-    use crate::api::tool_parsers::glm45::{Glm45Parser, StringParams};
+fn weather_tools() -> crate::api::tool_parsers::param_types::ParamTypes {
+    use crate::api::tool_parsers::param_types::ParamTypes;
     use crate::api::tools::{FunctionTool, ToolChoice, ToolRequest};
     let tool = |name: &str, parameters: serde_json::Value| FunctionTool {
         name: name.into(),
@@ -269,13 +274,66 @@ fn glm45() -> Box<dyn ToolCallParser> {
             tool(
                 "set",
                 serde_json::json!({"type": "object", "properties": {
-                    "zip": {"type": ["string", "null"]}, "opts": {"type": "object"}}}),
+                    "zip": {"type": ["string", "null"]}, "opts": {"type": "object"},
+                    "on": {"type": "boolean"}}}),
             ),
         ],
         choice: ToolChoice::Auto,
         parallel: true,
     };
-    Box::new(Glm45Parser::new(StringParams::of(&tools)))
+    ParamTypes::of(&tools)
+}
+
+fn glm45() -> Box<dyn ToolCallParser> {
+    Box::new(crate::api::tool_parsers::glm45::Glm45Parser::new(
+        weather_tools(),
+    ))
+}
+
+fn qwen3_coder() -> Box<dyn ToolCallParser> {
+    Box::new(crate::api::tool_parsers::qwen3_coder::Qwen3CoderParser::new(weather_tools()))
+}
+
+#[test]
+fn qwen3_coder_recorded_outputs() {
+    // One call as Qwen3-Coder's template writes calls.
+    check(
+        qwen3_coder,
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+        None,
+        &[("get_weather", r#"{"city": "Paris", "days": 3}"#)],
+    );
+    // Text, then two calls: a string that looks like a number, an object as JSON, a
+    // boolean as Python writes it, a multi-line string; an unknown tool's text.
+    check(
+        qwen3_coder,
+        "I'll do both.\n<tool_call>\n<function=set>\n<parameter=zip>\n75001\n</parameter>\n<parameter=opts>\n{\"a\": [1]}\n</parameter>\n<parameter=on>\nTrue\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=note>\n<parameter=text>\nline 1\nline 2\n</parameter>\n</function>\n</tool_call>",
+        Some("I'll do both."),
+        &[
+            ("set", r#"{"zip": "75001", "opts": {"a":[1]}, "on": true}"#),
+            ("note", r#"{"text": "line 1\nline 2"}"#),
+        ],
+    );
+    // No parameters; a block that opens no function is text.
+    check(
+        qwen3_coder,
+        "<tool_call>\n<function=now>\n</function>\n</tool_call>",
+        None,
+        &[("now", "{}")],
+    );
+    check(
+        qwen3_coder,
+        "Use <tool_call> then <function name>",
+        Some("Use <tool_call> then <function name>"),
+        &[],
+    );
+    // Cut by max_tokens inside a value: the call keeps its complete arguments.
+    check(
+        qwen3_coder,
+        "<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n<parameter=city>\nLy",
+        None,
+        &[("get_weather", r#"{"days": 2}"#)],
+    );
 }
 
 #[test]

@@ -1,0 +1,281 @@
+//! Qwen3-Coder's form: each call in its own `<tool_call>` block, the function and each
+//! parameter as tags, every value on its own lines,
+//!
+//! ```text
+//! <tool_call>
+//! <function=get_weather>
+//! <parameter=city>
+//! Paris
+//! </parameter>
+//! </function>
+//! </tool_call>
+//! ```
+//!
+//! with content before the calls. Its template writes objects and lists as JSON and
+//! anything else as Python's `str()` of it, so values are typed by the tools' schemas
+//! ([`ParamTypes`]). Each argument is sent once its value is closed.
+
+use serde_json::Value;
+
+use crate::api::tool_parsers::markers::{find_marker, ContentOut, MarkerScan};
+use crate::api::tool_parsers::param_types::ParamTypes;
+use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+const FUNCTION: (&str, &str) = ("<function=", "</function>");
+const PARAMETER: (&str, &str) = ("<parameter=", "</parameter>");
+
+#[derive(Debug)]
+enum State {
+    Text,
+    /// After `<tool_call>`: `<function=`, then the name up to `>`. `held` is the text
+    /// taken since the block opened, content again if no call follows.
+    Function {
+        held: String,
+        named: bool,
+    },
+    /// Between parameters: the next `<parameter=`, or `</function>`.
+    Params {
+        index: usize,
+        name: String,
+        sent: usize,
+    },
+    /// A parameter's name (`key: None`, up to `>`), then its value up to `</parameter>`.
+    Param {
+        index: usize,
+        name: String,
+        sent: usize,
+        key: Option<String>,
+    },
+    /// After `</function>`: the block's `</tool_call>`.
+    Closing,
+}
+
+#[derive(Debug)]
+pub struct Qwen3CoderParser {
+    state: State,
+    pending: String,
+    content: ContentOut,
+    types: ParamTypes,
+}
+
+impl Qwen3CoderParser {
+    pub fn new(types: ParamTypes) -> Self {
+        Qwen3CoderParser {
+            state: State::Text,
+            pending: String::new(),
+            content: ContentOut::default(),
+            types,
+        }
+    }
+
+    /// Takes `pending` up to `marker` (removing both), or `None` while it has not come.
+    fn take_until(&mut self, marker: &str) -> Option<String> {
+        let at = self.pending.find(marker)?;
+        let text: String = self.pending.drain(..at).collect();
+        self.pending.drain(..marker.len());
+        Some(text)
+    }
+
+    /// Skips blanks, then takes the first of `tags` that `pending` starts with:
+    /// `Some(Some(i))` for `tags[i]`; `Some(None)` if it can start with none of them;
+    /// `None` while undecided. The blanks and the tag taken are returned in `taken`.
+    fn take_tag(&mut self, tags: &[&str], taken: &mut String) -> Option<Option<usize>> {
+        let trimmed = self.pending.trim_start();
+        if let Some(i) = tags.iter().position(|t| trimmed.starts_with(t)) {
+            let skip = self.pending.len() - trimmed.len() + tags[i].len();
+            taken.extend(self.pending.drain(..skip));
+            return Some(Some(i));
+        }
+        if trimmed.is_empty() || tags.iter().any(|t| t.starts_with(trimmed)) {
+            return None;
+        }
+        Some(None)
+    }
+
+    /// Ends call `index` after its `sent` arguments.
+    fn close(index: usize, sent: usize, out: &mut Vec<ToolEvent>) {
+        let fragment = if sent == 0 { "{}" } else { "}" };
+        out.push(ToolEvent::CallArguments {
+            index,
+            fragment: fragment.into(),
+        });
+    }
+
+    /// Processes `pending` as far as it can be decided.
+    fn run(&mut self, out: &mut Vec<ToolEvent>) {
+        loop {
+            match std::mem::replace(&mut self.state, State::Text) {
+                State::Text => match find_marker(&self.pending, OPEN) {
+                    MarkerScan::Found(at) => {
+                        let before: String = self.pending.drain(..at + OPEN.len()).collect();
+                        self.content.push(&before[..at], out);
+                        self.state = State::Function {
+                            held: OPEN.into(),
+                            named: false,
+                        };
+                    }
+                    MarkerScan::NotYet { safe } => {
+                        let text: String = self.pending.drain(..safe).collect();
+                        self.content.push(&text, out);
+                        return;
+                    }
+                },
+                State::Function {
+                    mut held,
+                    named: false,
+                } => match self.take_tag(&[FUNCTION.0], &mut held) {
+                    Some(Some(_)) => {
+                        self.state = State::Function { held, named: true };
+                    }
+                    None => {
+                        self.state = State::Function { held, named: false };
+                        return;
+                    }
+                    Some(None) => {
+                        // Not a call: the block's opening is content.
+                        self.content.push(&held, out);
+                    }
+                },
+                State::Function { held, named: true } => match self.take_until(">") {
+                    Some(name) if !name.trim().is_empty() && !name.contains('<') => {
+                        let index = self.content.call();
+                        let name = name.trim().to_string();
+                        out.push(ToolEvent::CallStart {
+                            index,
+                            name: name.clone(),
+                        });
+                        self.state = State::Params {
+                            index,
+                            name,
+                            sent: 0,
+                        };
+                    }
+                    Some(name) => {
+                        self.content.push(&format!("{held}{name}>"), out);
+                    }
+                    None => {
+                        self.state = State::Function { held, named: true };
+                        return;
+                    }
+                },
+                State::Params { index, name, sent } => {
+                    let mut taken = String::new();
+                    match self.take_tag(&[PARAMETER.0, FUNCTION.1], &mut taken) {
+                        Some(Some(0)) => {
+                            self.state = State::Param {
+                                index,
+                                name,
+                                sent,
+                                key: None,
+                            }
+                        }
+                        Some(Some(_)) => {
+                            Self::close(index, sent, out);
+                            self.state = State::Closing;
+                        }
+                        None => {
+                            self.state = State::Params { index, name, sent };
+                            return;
+                        }
+                        // Neither another parameter nor the end: the call ends here.
+                        Some(None) => Self::close(index, sent, out),
+                    }
+                }
+                State::Param {
+                    index,
+                    name,
+                    sent,
+                    key: None,
+                } => match self.take_until(">") {
+                    Some(key) => {
+                        self.state = State::Param {
+                            index,
+                            name,
+                            sent,
+                            key: Some(key.trim().to_string()),
+                        }
+                    }
+                    None => {
+                        self.state = State::Param {
+                            index,
+                            name,
+                            sent,
+                            key: None,
+                        };
+                        return;
+                    }
+                },
+                State::Param {
+                    index,
+                    name,
+                    sent,
+                    key: Some(key),
+                } => match self.take_until(PARAMETER.1) {
+                    Some(raw) => {
+                        // The template puts the value on lines of its own.
+                        let raw = raw.strip_prefix('\n').unwrap_or(&raw);
+                        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+                        let value = self.types.argument_json(&name, &key, raw);
+                        let lead = if sent == 0 { "{" } else { ", " };
+                        out.push(ToolEvent::CallArguments {
+                            index,
+                            fragment: format!("{lead}{}: {value}", Value::String(key)),
+                        });
+                        self.state = State::Params {
+                            index,
+                            name,
+                            sent: sent + 1,
+                        };
+                    }
+                    None => {
+                        self.state = State::Param {
+                            index,
+                            name,
+                            sent,
+                            key: Some(key),
+                        };
+                        return;
+                    }
+                },
+                State::Closing => {
+                    // With or without its closing tag, what follows is content.
+                    if self.take_tag(&[CLOSE], &mut String::new()).is_none() {
+                        self.state = State::Closing;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl ToolCallParser for Qwen3CoderParser {
+    fn push(&mut self, text: &str) -> Vec<ToolEvent> {
+        let mut out = Vec::new();
+        self.pending.push_str(text);
+        self.run(&mut out);
+        out
+    }
+
+    fn finish(&mut self) -> Vec<ToolEvent> {
+        let mut out = Vec::new();
+        let rest = std::mem::take(&mut self.pending);
+        match std::mem::replace(&mut self.state, State::Text) {
+            State::Text => self.content.push(&rest, &mut out),
+            State::Function { held, .. } => self.content.push(&format!("{held}{rest}"), &mut out),
+            // A call cut off: its complete arguments stand.
+            State::Params { index, sent, .. } | State::Param { index, sent, .. } => {
+                Self::close(index, sent, &mut out)
+            }
+            State::Closing => {
+                if !CLOSE.starts_with(rest.trim_start()) {
+                    self.content.push(&rest, &mut out);
+                }
+            }
+        }
+        self.content.finish(&mut out);
+        out
+    }
+}
