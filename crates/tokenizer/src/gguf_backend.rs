@@ -59,9 +59,12 @@ impl PreTokenizerSpec {
             "default" | "gpt2" | "gpt-2" | "mpt" | "olmo" | "jais" => (vec![GPT2_PATTERN], false),
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
             | "minerva" => (vec![SINGLE_DIGIT_PATTERN, GPT2_PATTERN], false),
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => {
+            // GLM-4 and GLM-4.5 split as Llama 3 does (llama.cpp's CHATGLM4 rules), the
+            // older ChatGLM vocabularies without the whole-piece lookup.
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "glm4" | "glm5" => {
                 (vec![LLAMA3_PATTERN], true)
             }
+            "chatglm-bpe" => (vec![LLAMA3_PATTERN], false),
             "qwen2" | "qwen2.5" | "qwen-2.5" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => {
                 (vec![QWEN2_PATTERN], false)
             }
@@ -264,6 +267,16 @@ mod tests {
         assert_eq!(
             PreTokenizerSpec::for_name(None).unwrap().patterns,
             vec![GPT2_PATTERN]
+        );
+        // GLM's files: Llama 3's split, with its whole-piece lookup for glm4.
+        assert_eq!(
+            PreTokenizerSpec::for_name(Some("glm4")).unwrap(),
+            PreTokenizerSpec::for_name(Some("llama-bpe")).unwrap()
+        );
+        assert!(
+            !PreTokenizerSpec::for_name(Some("chatglm-bpe"))
+                .unwrap()
+                .ignore_merges
         );
     }
 }
