@@ -331,6 +331,17 @@ fn tiny_olmo3_matches_transformers_at_every_tp_size() {
     }
 }
 
+/// The same weights as llama.cpp's converter writes OLMo 3: architecture olmo2 with
+/// `attention.sliding_window` and its per-layer pattern, and YaRN's keys, which the full
+/// layer alone applies.
+#[test]
+fn tiny_olmo3_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-olmo3.gguf");
+    for tp in 1..=4 {
+        check_against_transformers("tiny-olmo3", &path, tp, 1e-5);
+    }
+}
+
 /// The reference depends on the window and on the full layer's YaRN: without either the
 /// 60-token case moves far.
 #[test]
