@@ -4,7 +4,7 @@
 //! YaRN without truncation, and in every layer 6 experts (top 2 of a biased router) with
 //! biases and the clamped gate (`swiglu_limit` 1 clamps a quarter of the
 //! pre-activations); its experts stacked as `save_pretrained` writes them, and again in
-//! MXFP4 as OpenAI's checkpoints ship them (run as Q8_0), and in a GGUF file as
+//! MXFP4 as OpenAI's checkpoints ship them (run as Q5_0), and in a GGUF file as
 //! llama.cpp's converter writes it. At TP = 1..4 (MXFP4: 1 and 2):
 //! 4 query heads and 2 KV heads (replicated from TP = 3 on), each expert's 64
 //! intermediate columns split unevenly.
@@ -25,7 +25,7 @@ fn tiny_gpt_oss_matches_transformers_at_every_tp_size() {
     }
 }
 
-/// MXFP4 experts, read as Q8_0 blocks of the same values, run on the Q8_0 kernels, which
+/// MXFP4 experts, read as Q5_0 blocks of the same values, run on the Q5_0 kernels, which
 /// quantize each expert's input to 8 bits as llama.cpp does for MXFP4 on CPUs: within
 /// 2% of transformers (which multiplies the dequantized weights in f32; quantizing the
 /// experts moved the logits by 10-50%), and no further from it at TP 2 than at TP 1.

@@ -19,7 +19,7 @@ use crate::loader::gguf_config::config_from_content;
 use crate::loader::gguf_header::{mxfp4_bytes, read_gguf_parts, tensor_bytes, Mxfp4Tensor};
 use crate::loader::gguf_names::{locate, GgufLocation};
 use crate::loader::mxfp4::{
-    ggml_blocks_to_q8_0, GGML_MXFP4_BLOCK_BYTES, MXFP4_BLOCK, Q8_0_BLOCK_BYTES,
+    ggml_blocks_to_q5_0, GGML_MXFP4_BLOCK_BYTES, MXFP4_BLOCK, Q5_0_BLOCK_BYTES,
 };
 use crate::loader::{Embedding, Matrix, TensorSource};
 
@@ -28,7 +28,7 @@ pub struct GgufSource {
     path: PathBuf,
     file: File,
     content: Content,
-    /// MXFP4 tensors (gpt-oss's experts), read as Q8_0 blocks of the same values.
+    /// MXFP4 tensors (gpt-oss's experts), read as Q5_0 blocks of the same values.
     mxfp4: HashMap<String, Mxfp4Tensor>,
     config: ModelConfig,
 }
@@ -177,7 +177,7 @@ impl GgufSource {
         Ok((dtype, dims, data))
     }
 
-    /// An MXFP4 tensor (or an expert's slice of one) as Q8_0 blocks of the same values.
+    /// An MXFP4 tensor (or an expert's slice of one) as Q5_0 blocks of the same values.
     fn raw_mxfp4(
         &self,
         at: &GgufLocation,
@@ -195,9 +195,9 @@ impl GgufSource {
         }
         let mut blocks = vec![0u8; len];
         self.file.read_exact_at(&mut blocks, start)?;
-        let mut data = Vec::with_capacity(len / GGML_MXFP4_BLOCK_BYTES * Q8_0_BLOCK_BYTES);
-        ggml_blocks_to_q8_0(&blocks, &mut data);
-        Ok((GgmlDType::Q8_0, dims, data))
+        let mut data = Vec::with_capacity(len / GGML_MXFP4_BLOCK_BYTES * Q5_0_BLOCK_BYTES);
+        ggml_blocks_to_q5_0(&blocks, &mut data);
+        Ok((GgmlDType::Q5_0, dims, data))
     }
 
     /// `[rows, cols]` of expert `expert` of the 3-D tensor at `at` (`dims`: `[experts,

@@ -2,7 +2,7 @@
 //! `model.safetensors.index.json`. Matrices and the embedding table keep the file's float
 //! type (f32, f16 or bf16) until a device takes its shard; vectors are read as f32.
 //! gpt-oss's stacked experts are read per expert (`stacked_experts`), its MXFP4 ones as
-//! Q8_0 matrices.
+//! Q5_0 matrices.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

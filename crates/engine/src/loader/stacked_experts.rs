@@ -12,7 +12,7 @@
 //! - `mlp.experts.gate_up_proj_bias` `[experts, 2·inter]` (interleaved alike) and
 //!   `mlp.experts.down_proj_bias` `[experts, hidden]`.
 //!
-//! Only the asked expert's slab is read from the mapped file. MXFP4 experts become Q8_0
+//! Only the asked expert's slab is read from the mapped file. MXFP4 experts become Q5_0
 //! blocks of the same values (`mxfp4.rs`).
 
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use safetensors::Dtype;
 use crate::error::{EngineError, Result};
 use crate::loader::Matrix;
 
-use super::mxfp4::{hf_blocks_to_q8_0, MXFP4_BLOCK, MXFP4_CODE_BYTES, Q8_0_BLOCK_BYTES};
+use super::mxfp4::{hf_blocks_to_q5_0, MXFP4_BLOCK, MXFP4_CODE_BYTES, Q5_0_BLOCK_BYTES};
 
 /// One expert tensor of a canonical name.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,7 +116,7 @@ pub(super) fn load(files: &MmapedSafetensors, name: &str) -> Option<Result<Tenso
     Some(load_part(files, &part, &stacked))
 }
 
-/// The expert matrix `name` from MXFP4 blocks, as Q8_0; `None` when it is not so stored.
+/// The expert matrix `name` from MXFP4 blocks, as Q5_0; `None` when it is not so stored.
 pub(super) fn mxfp4_matrix(files: &MmapedSafetensors, name: &str) -> Option<Result<Matrix>> {
     if !is_mxfp4(files, name) {
         return None;
@@ -194,7 +194,7 @@ fn expert_bytes<'a>(
     Ok((bytes, inner.to_vec()))
 }
 
-/// Expert `e`'s MXFP4 weight as Q8_0 `[out, in]` (the gate's or up's rows of an
+/// Expert `e`'s MXFP4 weight as Q5_0 `[out, in]` (the gate's or up's rows of an
 /// interleaved gate/up).
 fn mxfp4_slab(files: &MmapedSafetensors, part: &ExpertPart, name: &str) -> Result<Matrix> {
     let (blocks_name, scales_name) = (part.stacked("_blocks"), part.stacked("_scales"));
@@ -234,10 +234,10 @@ fn mxfp4_slab(files: &MmapedSafetensors, part: &ExpertPart, name: &str) -> Resul
         }
         None => (0..rows).collect(),
     };
-    let mut data = Vec::with_capacity(kept.len() * groups * Q8_0_BLOCK_BYTES);
+    let mut data = Vec::with_capacity(kept.len() * groups * Q5_0_BLOCK_BYTES);
     let row_bytes = groups * MXFP4_CODE_BYTES;
     for r in &kept {
-        hf_blocks_to_q8_0(
+        hf_blocks_to_q5_0(
             &codes[r * row_bytes..(r + 1) * row_bytes],
             &exps[r * groups..(r + 1) * groups],
             &mut data,
@@ -245,7 +245,7 @@ fn mxfp4_slab(files: &MmapedSafetensors, part: &ExpertPart, name: &str) -> Resul
     }
     Ok(Matrix::Quantized {
         name: name.to_string(),
-        dtype: GgmlDType::Q8_0,
+        dtype: GgmlDType::Q5_0,
         rows: kept.len(),
         cols: groups * MXFP4_BLOCK,
         data: Arc::new(data),

@@ -244,7 +244,7 @@ pub const BF16_CHECK_MODELS: [&str; 11] = [
     "glm4-moe",
 ];
 
-/// The models the GPU checks run with MXFP4 experts (served as Q8_0), from their
+/// The models the GPU checks run with MXFP4 experts (served as Q5_0), from their
 /// safetensors folders.
 pub const MXFP4_CHECK_MODELS: [&str; 1] = ["gpt-oss-mxfp4"];
 

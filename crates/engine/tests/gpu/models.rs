@@ -1,7 +1,7 @@
 //! Whole models on the GPU: random-weight Llama- and Qwen2-shaped models made by
 //! `scripts/gpu/make_models.py` (bf16 safetensors with transformers' float32 logits),
 //! the same weights as GGUF Q4_1 and Q8_0 (written here), and a gpt-oss-shaped model
-//! with MXFP4 experts (served as Q8_0; candle's quantized CUDA matmuls, so held to the
+//! with MXFP4 experts (served as Q5_0; candle's quantized CUDA matmuls, so held to the
 //! GGUF bound).
 //!
 //! Bounds: CUDA computes matmul inputs in bf16 (f32 accumulation, f32 residual stream and
