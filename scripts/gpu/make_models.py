@@ -44,6 +44,9 @@ from a fixed seed
   olmo2/       Olmo2ForCausalLM, bf16: no input norms, norms after attention and the MLP,
                query and key norms across all heads (8 query heads / 2 KV heads of 64, so
                TP = 3 and 4 replicate KV heads), untied LM head
+  olmo3/       Olmo3ForCausalLM, bf16: OLMo 2's layer with a window of 48 in three layers
+               of four and YaRN (factor 4) on the fourth only, 8 query heads / 2 KV heads
+               of 64, untied LM head
   gpt-oss/     GptOssForCausalLM, bf16: 3 layers, a window of 48 in the first and third,
                one sink logit N(0, 1) per query head, biases on every projection, YaRN
                (factor 4, untruncated), in every layer 8 experts of 256 columns (top 2 of
@@ -81,6 +84,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
                           GptOssConfig, GptOssForCausalLM,
                           GraniteConfig, GraniteForCausalLM,
                           LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM,
+                          Olmo3Config, Olmo3ForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config,
@@ -366,6 +370,16 @@ def main():
                          "partial_rotary_factor": 0.5},
         use_qk_norm=True, attention_bias=True, tie_word_embeddings=False, pad_token_id=None,
         **common), tok)
+    build(out, "olmo3", Olmo3ForCausalLM, Olmo3Config(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2, sliding_window=48,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 512, "beta_fast": 32.0,
+                               "beta_slow": 1.0}},
+        attention_bias=False, tie_word_embeddings=False, pad_token_id=None, **common), tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,
