@@ -137,12 +137,13 @@ fn bad_mixture_metadata_in_gguf_is_refused_by_key() {
         (
             "qwen3moe.expert_gating_func",
             Value::U32(2),
-            "qwen3moe.expert_gating_func 2: only the softmax router",
+            "qwen3moe.expert_gating_func 2: qwen3moe files are read with the softmax (1) \
+             router only",
         ),
         (
             "qwen3moe.expert_shared_count",
             Value::U32(1),
-            "qwen3moe.expert_shared_count 1: shared experts are not supported",
+            "qwen3moe.expert_shared_count 1: shared experts are read from glm4moe files only",
         ),
         (
             "qwen3moe.expert_weights_scale",
