@@ -12,10 +12,8 @@
 //! argument as bare text and any other value as JSON, so values are typed by the tools'
 //! schemas ([`ParamTypes`]). Each argument is sent once its value is closed.
 
-use serde_json::Value;
-
 use crate::api::tool_parsers::markers::{find_marker, ContentOut, MarkerScan};
-use crate::api::tool_parsers::param_types::ParamTypes;
+use crate::api::tool_parsers::param_types::{close_call, ParamTypes};
 use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
 
 const OPEN: &str = "<tool_call>";
@@ -205,11 +203,9 @@ impl Glm45Parser {
                     open: true,
                 } => match self.take_until(VALUE.1) {
                     Some(raw) => {
-                        let value = self.types.argument_json(&name, &key, &raw);
-                        let lead = if sent == 0 { "{" } else { ", " };
                         out.push(ToolEvent::CallArguments {
                             index,
-                            fragment: format!("{lead}{}: {value}", Value::String(key)),
+                            fragment: self.types.fragment(&name, &key, &raw, sent),
                         });
                         self.state = State::Args {
                             index,
@@ -234,11 +230,7 @@ impl Glm45Parser {
 
     /// Ends call `index` after its `sent` arguments.
     fn close(&mut self, index: usize, sent: usize, out: &mut Vec<ToolEvent>) {
-        let fragment = if sent == 0 { "{}" } else { "}" };
-        out.push(ToolEvent::CallArguments {
-            index,
-            fragment: fragment.into(),
-        });
+        out.push(close_call(index, sent));
         self.state = State::Text;
     }
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::api::tool_parsers::ToolEvent;
 use crate::api::tools::ToolRequest;
 
 /// Per function, each parameter's schema types (`type`, a name or a list).
@@ -42,8 +43,17 @@ impl ParamTypes {
         types.iter().any(|t| t == "string") && types.iter().all(|t| t == "string" || t == "null")
     }
 
+    /// The arguments' JSON text for `function`'s `param` with the bare value `raw`, after
+    /// `sent` earlier arguments of the call: `{"param": value` for the first, `, "param":
+    /// value` after.
+    pub fn fragment(&self, function: &str, param: &str, raw: &str, sent: usize) -> String {
+        let lead = if sent == 0 { "{" } else { ", " };
+        let value = self.argument_json(function, param, raw);
+        format!("{lead}{}: {value}", Value::String(param.to_string()))
+    }
+
     /// The JSON text of the bare `raw` value of `function`'s `param`.
-    pub fn argument_json(&self, function: &str, param: &str, raw: &str) -> String {
+    fn argument_json(&self, function: &str, param: &str, raw: &str) -> String {
         if self.is_string(function, param) {
             return Value::String(raw.to_string()).to_string();
         }
@@ -71,5 +81,14 @@ fn schema_types(schema: &Value) -> Vec<String> {
             .map(str::to_string)
             .collect(),
         _ => Vec::new(),
+    }
+}
+
+/// The event that ends call `index`'s arguments after `sent` of them.
+pub fn close_call(index: usize, sent: usize) -> ToolEvent {
+    let fragment = if sent == 0 { "{}" } else { "}" };
+    ToolEvent::CallArguments {
+        index,
+        fragment: fragment.into(),
     }
 }

@@ -15,10 +15,8 @@
 //! anything else as Python's `str()` of it, so values are typed by the tools' schemas
 //! ([`ParamTypes`]). Each argument is sent once its value is closed.
 
-use serde_json::Value;
-
 use crate::api::tool_parsers::markers::{find_marker, ContentOut, MarkerScan};
-use crate::api::tool_parsers::param_types::ParamTypes;
+use crate::api::tool_parsers::param_types::{close_call, ParamTypes};
 use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
 
 const OPEN: &str = "<tool_call>";
@@ -94,15 +92,6 @@ impl Qwen3CoderParser {
         Some(None)
     }
 
-    /// Ends call `index` after its `sent` arguments.
-    fn close(index: usize, sent: usize, out: &mut Vec<ToolEvent>) {
-        let fragment = if sent == 0 { "{}" } else { "}" };
-        out.push(ToolEvent::CallArguments {
-            index,
-            fragment: fragment.into(),
-        });
-    }
-
     /// Processes `pending` as far as it can be decided.
     fn run(&mut self, out: &mut Vec<ToolEvent>) {
         loop {
@@ -172,7 +161,7 @@ impl Qwen3CoderParser {
                             }
                         }
                         Some(Some(_)) => {
-                            Self::close(index, sent, out);
+                            out.push(close_call(index, sent));
                             self.state = State::Closing;
                         }
                         None => {
@@ -180,7 +169,7 @@ impl Qwen3CoderParser {
                             return;
                         }
                         // Neither another parameter nor the end: the call ends here.
-                        Some(None) => Self::close(index, sent, out),
+                        Some(None) => out.push(close_call(index, sent)),
                     }
                 }
                 State::Param {
@@ -217,11 +206,9 @@ impl Qwen3CoderParser {
                         // The template puts the value on lines of its own.
                         let raw = raw.strip_prefix('\n').unwrap_or(&raw);
                         let raw = raw.strip_suffix('\n').unwrap_or(raw);
-                        let value = self.types.argument_json(&name, &key, raw);
-                        let lead = if sent == 0 { "{" } else { ", " };
                         out.push(ToolEvent::CallArguments {
                             index,
-                            fragment: format!("{lead}{}: {value}", Value::String(key)),
+                            fragment: self.types.fragment(&name, &key, raw, sent),
                         });
                         self.state = State::Params {
                             index,
@@ -267,7 +254,7 @@ impl ToolCallParser for Qwen3CoderParser {
             State::Function { held, .. } => self.content.push(&format!("{held}{rest}"), &mut out),
             // A call cut off: its complete arguments stand.
             State::Params { index, sent, .. } | State::Param { index, sent, .. } => {
-                Self::close(index, sent, &mut out)
+                out.push(close_call(index, sent))
             }
             State::Closing => {
                 if !CLOSE.starts_with(rest.trim_start()) {
