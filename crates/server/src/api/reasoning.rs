@@ -12,6 +12,10 @@ use super::reasoning_harmony::{HarmonySplit, CHANNEL};
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
+/// The thinking block's markers, which some vocabularies (GLM's) hold as special tokens:
+/// the detokenizer keeps them for the split to read.
+pub const THINK_MARKERS: [&str; 2] = [OPEN, CLOSE];
+
 /// How one request's replies are split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplySplit {

@@ -18,6 +18,7 @@ use tessera_tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
 
 use crate::api::error::ServerError;
 use crate::api::reasoning::ReplySplit;
+use crate::api::reasoning::THINK_MARKERS;
 use crate::api::reasoning_harmony::KEPT_MARKERS;
 use crate::api::response::TokenLogprob;
 use crate::api::tool_prompt::special_ids;
@@ -159,9 +160,12 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
         .tool_output()
         .map(|t| t.marker_ids(tokenizer))
         .unwrap_or_default();
-    if req.reasoning() == Some(ReplySplit::Harmony) {
-        // Harmony's channel markers stay in the text, where the split reads them.
-        markers.extend(special_ids(tokenizer, &KEPT_MARKERS));
+    // The reply's split reads its markers in the text: harmony's channels, or a
+    // thinking block's tags where the vocabulary makes them special tokens.
+    match req.reasoning() {
+        Some(ReplySplit::Harmony) => markers.extend(special_ids(tokenizer, &KEPT_MARKERS)),
+        Some(ReplySplit::Think { .. }) => markers.extend(special_ids(tokenizer, &THINK_MARKERS)),
+        None => {}
     }
     let stops = TextStops {
         // A tool-call marker stays in the text, where the tool parser reads it.

@@ -1,6 +1,6 @@
-//! Mistral's markers are special tokens: generated ids detokenized the way the server
-//! streams them keep the markers for the parser, and the calls come out; without them
-//! the reply would be plain text.
+//! Mistral's, harmony's and GLM-4.5's markers are special tokens: generated ids
+//! detokenized the way the server streams them keep the markers for the parser (and the
+//! reasoning split), and the calls come out; without them the reply would be plain text.
 
 #![allow(clippy::unwrap_used)]
 
@@ -151,4 +151,68 @@ fn harmony_markers_survive_detokenizing_and_split_the_reply() {
     assert_eq!(reply.calls[0].0, "get_weather");
     let args: Value = serde_json::from_str(&reply.calls[0].1).unwrap();
     assert_eq!(args, json!({"city": "Paris"}));
+}
+
+/// GLM-4.5's vocabulary holds its call tags and thinking tags as special tokens: the
+/// server keeps the ids the glm45 parser and the thinking split read, and a streamed reply
+/// splits into its reasoning and a typed call.
+#[test]
+fn glm45_markers_survive_detokenizing_and_make_calls() {
+    use crate::api::reasoning::{ReasoningSplit, ReplySplit, THINK_MARKERS};
+    use crate::api::tool_parsers::param_types::ParamTypes;
+    use crate::api::tool_prompt::special_ids;
+    use crate::api::tools::ToolRequest;
+
+    let tok = tokenizer_with_special(&[
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+        "<think>",
+        "</think>",
+    ]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
+    let tools = ToolRequest::parse(Some(&tools), None, None)
+        .unwrap()
+        .unwrap();
+    let output = ToolOutput::Typed(ToolParserKind::Glm45, ParamTypes::of(&tools));
+    let mut markers = output.marker_ids(&tok);
+    markers.extend(special_ids(&tok, &THINK_MARKERS));
+    assert_eq!(markers, (49152..49160).collect::<Vec<u32>>());
+    let generated = "<think>Need the weather.</think>\n<tool_call>get_weather\n<arg_key>city\
+        </arg_key>\n<arg_value>10</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2\
+        </arg_value>\n</tool_call>";
+    let ids = tok.encode(generated, false).unwrap();
+    assert_eq!(ids[0], 49158, "the marker is one token");
+    let plain = streamed(&mut IncrementalDecoder::new(Arc::clone(&tok), true), &ids);
+    assert!(
+        !plain.concat().contains("<arg_key>"),
+        "dropped when not kept"
+    );
+    let mut keeping = IncrementalDecoder::new(Arc::clone(&tok), true).keeping(markers);
+    let pieces = streamed(&mut keeping, &ids);
+    assert_eq!(pieces.concat(), generated);
+
+    let mut split = ReasoningSplit::new(ReplySplit::Think { open: false });
+    let mut parser = output.parser();
+    let (mut reasoning, mut reply) = (String::new(), ParsedReply::default());
+    let last = pieces.len() - 1;
+    for (i, piece) in pieces.iter().enumerate() {
+        let part = match i == last {
+            true => split.push_last(piece),
+            false => split.push(piece),
+        };
+        reasoning.push_str(&part.reasoning);
+        reply.apply(parser.push(&part.content));
+    }
+    reply.apply(parser.finish());
+    assert_eq!(reasoning, "Need the weather.");
+    assert_eq!(reply.content, None);
+    assert_eq!(reply.calls.len(), 1);
+    let args: Value = serde_json::from_str(&reply.calls[0].1).unwrap();
+    assert_eq!(args, json!({"city": "10", "days": 2}));
 }
