@@ -12,7 +12,7 @@
 //! argument as bare text and any other value as JSON, so values are typed by the tools'
 //! schemas ([`ParamTypes`]). Each argument is sent once its value is closed.
 
-use crate::api::tool_parsers::markers::{find_marker, ContentOut, MarkerScan};
+use crate::api::tool_parsers::markers::{content_until, take_tag, take_until, ContentOut};
 use crate::api::tool_parsers::param_types::{close_call, ParamTypes};
 use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
 
@@ -68,50 +68,16 @@ impl Glm45Parser {
         }
     }
 
-    /// Takes `pending` up to `marker` (removing both), or `None` while it has not come.
-    fn take_until(&mut self, marker: &str) -> Option<String> {
-        match find_marker(&self.pending, marker) {
-            MarkerScan::Found(at) => {
-                let text: String = self.pending.drain(..at).collect();
-                self.pending.drain(..marker.len());
-                Some(text)
-            }
-            MarkerScan::NotYet { .. } => None,
-        }
-    }
-
-    /// Skips blanks, then takes the first of `tags` that `pending` starts with:
-    /// `Some(Some(i))` for `tags[i]`; `Some(None)` if it can start with none of them;
-    /// `None` while undecided.
-    fn take_tag(&mut self, tags: &[&str]) -> Option<Option<usize>> {
-        let trimmed = self.pending.trim_start();
-        if let Some(i) = tags.iter().position(|t| trimmed.starts_with(t)) {
-            let skip = self.pending.len() - trimmed.len() + tags[i].len();
-            self.pending.drain(..skip);
-            return Some(Some(i));
-        }
-        if trimmed.is_empty() || tags.iter().any(|t| t.starts_with(trimmed)) {
-            return None;
-        }
-        Some(None)
-    }
-
     /// Processes `pending` as far as it can be decided.
     fn run(&mut self, out: &mut Vec<ToolEvent>) {
         loop {
             match std::mem::replace(&mut self.state, State::Text) {
-                State::Text => match find_marker(&self.pending, OPEN) {
-                    MarkerScan::Found(at) => {
-                        let before: String = self.pending.drain(..at + OPEN.len()).collect();
-                        self.content.push(&before[..at], out);
-                        self.state = State::Name;
-                    }
-                    MarkerScan::NotYet { safe } => {
-                        let text: String = self.pending.drain(..safe).collect();
-                        self.content.push(&text, out);
+                State::Text => {
+                    if !content_until(&mut self.pending, OPEN, &mut self.content, out) {
                         return;
                     }
-                },
+                    self.state = State::Name;
+                }
                 State::Name => {
                     let end = ["\n", KEY.0, CLOSE]
                         .iter()
@@ -142,17 +108,19 @@ impl Glm45Parser {
                         sent: 0,
                     };
                 }
-                State::Args { index, name, sent } => match self.take_tag(&[KEY.0, CLOSE]) {
-                    Some(Some(0)) => self.state = State::Key { index, name, sent },
-                    None => {
-                        self.state = State::Args { index, name, sent };
-                        return;
+                State::Args { index, name, sent } => {
+                    match take_tag(&mut self.pending, &[KEY.0, CLOSE], &mut String::new()) {
+                        Some(Some(0)) => self.state = State::Key { index, name, sent },
+                        None => {
+                            self.state = State::Args { index, name, sent };
+                            return;
+                        }
+                        // The end of the call, or neither another argument nor the end: the
+                        // call ends here and what follows is content.
+                        Some(_) => self.close(index, sent, out),
                     }
-                    // The end of the call, or neither another argument nor the end: the
-                    // call ends here and what follows is content.
-                    Some(_) => self.close(index, sent, out),
-                },
-                State::Key { index, name, sent } => match self.take_until(KEY.1) {
+                }
+                State::Key { index, name, sent } => match take_until(&mut self.pending, KEY.1) {
                     Some(key) => {
                         self.state = State::Value {
                             index,
@@ -173,7 +141,7 @@ impl Glm45Parser {
                     sent,
                     key,
                     open: false,
-                } => match self.take_tag(&[VALUE.0]) {
+                } => match take_tag(&mut self.pending, &[VALUE.0], &mut String::new()) {
                     Some(Some(_)) => {
                         self.state = State::Value {
                             index,
@@ -201,7 +169,7 @@ impl Glm45Parser {
                     sent,
                     key,
                     open: true,
-                } => match self.take_until(VALUE.1) {
+                } => match take_until(&mut self.pending, VALUE.1) {
                     Some(raw) => {
                         out.push(ToolEvent::CallArguments {
                             index,

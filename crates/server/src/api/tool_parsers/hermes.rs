@@ -2,7 +2,7 @@
 //! </tool_call>`, any number of times, with content around the calls.
 
 use crate::api::tool_parsers::call_object::CallObject;
-use crate::api::tool_parsers::markers::{find_marker, ContentOut, MarkerScan};
+use crate::api::tool_parsers::markers::{content_until, ContentOut};
 use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
 
 const OPEN: &str = "<tool_call>";
@@ -40,21 +40,15 @@ impl HermesParser {
     fn run(&mut self, out: &mut Vec<ToolEvent>) {
         loop {
             match &mut self.state {
-                State::Text => match find_marker(&self.pending, OPEN) {
-                    MarkerScan::Found(at) => {
-                        let before: String = self.pending.drain(..at + OPEN.len()).collect();
-                        self.content.push(&before[..at], out);
-                        self.state = State::InCall {
-                            call: CallObject::new(),
-                            index: None,
-                        };
-                    }
-                    MarkerScan::NotYet { safe } => {
-                        let text: String = self.pending.drain(..safe).collect();
-                        self.content.push(&text, out);
+                State::Text => {
+                    if !content_until(&mut self.pending, OPEN, &mut self.content, out) {
                         return;
                     }
-                },
+                    self.state = State::InCall {
+                        call: CallObject::new(),
+                        index: None,
+                    };
+                }
                 State::InCall { call, index } => {
                     let used = call.feed(&self.pending);
                     self.pending.drain(..used);

@@ -48,6 +48,28 @@ fn tokenizer_with_special(markers: &[&str]) -> Arc<Tokenizer> {
     Arc::new(tokenizer)
 }
 
+/// Streamed `pieces` as the server reads them: split into reasoning and content by
+/// `split`, the content's calls read by `parser`.
+fn split_and_parse(
+    pieces: &[String],
+    split: crate::api::reasoning::ReplySplit,
+    mut parser: Box<dyn crate::api::tool_parsers::ToolCallParser>,
+) -> (String, ParsedReply) {
+    let mut split = crate::api::reasoning::ReasoningSplit::new(split);
+    let (mut reasoning, mut reply) = (String::new(), ParsedReply::default());
+    let last = pieces.len() - 1;
+    for (i, piece) in pieces.iter().enumerate() {
+        let part = match i == last {
+            true => split.push_last(piece),
+            false => split.push(piece),
+        };
+        reasoning.push_str(&part.reasoning);
+        reply.apply(parser.push(&part.content));
+    }
+    reply.apply(parser.finish());
+    (reasoning, reply)
+}
+
 /// The text the server streams for `ids`, token by token.
 fn streamed(decoder: &mut IncrementalDecoder, ids: &[u32]) -> Vec<String> {
     let mut pieces: Vec<String> = ids.iter().map(|&id| decoder.push(id).unwrap()).collect();
@@ -107,7 +129,7 @@ fn mistral_markers_survive_detokenizing_and_make_calls() {
 /// answer and call come apart.
 #[test]
 fn harmony_markers_survive_detokenizing_and_split_the_reply() {
-    use crate::api::reasoning::{ReasoningSplit, ReplySplit};
+    use crate::api::reasoning::ReplySplit;
     use crate::api::reasoning_harmony::KEPT_MARKERS;
     use crate::api::tool_prompt::special_ids;
 
@@ -132,19 +154,11 @@ fn harmony_markers_survive_detokenizing_and_split_the_reply() {
     let pieces = streamed(&mut keeping, &ids);
     assert_eq!(pieces.concat(), generated, "<|call|> dropped, markers kept");
 
-    let mut split = ReasoningSplit::new(ReplySplit::Harmony);
-    let mut parser = ToolOutput::Parsed(ToolParserKind::Hermes).parser();
-    let (mut reasoning, mut reply) = (String::new(), ParsedReply::default());
-    let last = pieces.len() - 1;
-    for (i, piece) in pieces.iter().enumerate() {
-        let part = match i == last {
-            true => split.push_last(piece),
-            false => split.push(piece),
-        };
-        reasoning.push_str(&part.reasoning);
-        reply.apply(parser.push(&part.content));
-    }
-    reply.apply(parser.finish());
+    let (reasoning, reply) = split_and_parse(
+        &pieces,
+        ReplySplit::Harmony,
+        ToolOutput::Parsed(ToolParserKind::Hermes).parser(),
+    );
     assert_eq!(reasoning, "Weather needed.");
     assert_eq!(reply.content, None);
     assert_eq!(reply.calls.len(), 1);
@@ -158,7 +172,7 @@ fn harmony_markers_survive_detokenizing_and_split_the_reply() {
 /// splits into its reasoning and a typed call.
 #[test]
 fn glm45_markers_survive_detokenizing_and_make_calls() {
-    use crate::api::reasoning::{ReasoningSplit, ReplySplit, THINK_MARKERS};
+    use crate::api::reasoning::{ReplySplit, THINK_MARKERS};
     use crate::api::tool_parsers::param_types::ParamTypes;
     use crate::api::tool_prompt::special_ids;
     use crate::api::tools::ToolRequest;
@@ -197,19 +211,8 @@ fn glm45_markers_survive_detokenizing_and_make_calls() {
     let pieces = streamed(&mut keeping, &ids);
     assert_eq!(pieces.concat(), generated);
 
-    let mut split = ReasoningSplit::new(ReplySplit::Think { open: false });
-    let mut parser = output.parser();
-    let (mut reasoning, mut reply) = (String::new(), ParsedReply::default());
-    let last = pieces.len() - 1;
-    for (i, piece) in pieces.iter().enumerate() {
-        let part = match i == last {
-            true => split.push_last(piece),
-            false => split.push(piece),
-        };
-        reasoning.push_str(&part.reasoning);
-        reply.apply(parser.push(&part.content));
-    }
-    reply.apply(parser.finish());
+    let (reasoning, reply) =
+        split_and_parse(&pieces, ReplySplit::Think { open: false }, output.parser());
     assert_eq!(reasoning, "Need the weather.");
     assert_eq!(reply.content, None);
     assert_eq!(reply.calls.len(), 1);

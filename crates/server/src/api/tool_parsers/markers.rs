@@ -27,6 +27,52 @@ pub fn find_marker(text: &str, marker: &str) -> MarkerScan {
     }
 }
 
+/// Takes `pending` up to `marker`, removing both; `None` while the marker has not come.
+pub fn take_until(pending: &mut String, marker: &str) -> Option<String> {
+    let at = pending.find(marker)?;
+    let text: String = pending.drain(..at).collect();
+    pending.drain(..marker.len());
+    Some(text)
+}
+
+/// Skips blanks, then takes the first of `tags` that `pending` starts with, appending the
+/// blanks and the tag to `taken`: `Some(Some(i))` for `tags[i]`; `Some(None)` if `pending`
+/// can start with none of them; `None` while undecided.
+pub fn take_tag(pending: &mut String, tags: &[&str], taken: &mut String) -> Option<Option<usize>> {
+    let trimmed = pending.trim_start();
+    if let Some(i) = tags.iter().position(|t| trimmed.starts_with(t)) {
+        let skip = pending.len() - trimmed.len() + tags[i].len();
+        taken.extend(pending.drain(..skip));
+        return Some(Some(i));
+    }
+    if trimmed.is_empty() || tags.iter().any(|t| t.starts_with(trimmed)) {
+        return None;
+    }
+    Some(None)
+}
+
+/// Sends the content of `pending` up to `open`, taking the marker too: `true` once it is
+/// found; `false` while it is not there (the text that cannot start it is sent).
+pub fn content_until(
+    pending: &mut String,
+    open: &str,
+    content: &mut ContentOut,
+    out: &mut Vec<ToolEvent>,
+) -> bool {
+    match find_marker(pending, open) {
+        MarkerScan::Found(at) => {
+            let before: String = pending.drain(..at + open.len()).collect();
+            content.push(&before[..at], out);
+            true
+        }
+        MarkerScan::NotYet { safe } => {
+            let text: String = pending.drain(..safe).collect();
+            content.push(&text, out);
+            false
+        }
+    }
+}
+
 /// Content as it goes out: trailing blanks wait until more text shows they are inside
 /// the reply; blanks before a call, or left at the end of a reply with calls, are
 /// dropped.

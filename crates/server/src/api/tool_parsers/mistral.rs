@@ -10,7 +10,7 @@
 //! read as calls too.
 
 use crate::api::tool_parsers::call_array::CallArray;
-use crate::api::tool_parsers::markers::{find_marker, ContentOut, MarkerScan};
+use crate::api::tool_parsers::markers::{content_until, find_marker, ContentOut, MarkerScan};
 use crate::api::tool_parsers::value_scan::ValueScan;
 use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
 
@@ -113,18 +113,12 @@ impl MistralParser {
                         self.state = State::Text;
                     }
                 }
-                State::Text => match find_marker(&self.pending, MARKER) {
-                    MarkerScan::Found(at) => {
-                        let before: String = self.pending.drain(..at + MARKER.len()).collect();
-                        self.content.push(&before[..at], out);
-                        self.state = State::AfterMarker;
-                    }
-                    MarkerScan::NotYet { safe } => {
-                        let text: String = self.pending.drain(..safe).collect();
-                        self.content.push(&text, out);
+                State::Text => {
+                    if !content_until(&mut self.pending, MARKER, &mut self.content, out) {
                         return;
                     }
-                },
+                    self.state = State::AfterMarker;
+                }
                 State::AfterMarker => {
                     let trimmed = self.pending.trim_start();
                     let Some(first) = trimmed.chars().next() else {

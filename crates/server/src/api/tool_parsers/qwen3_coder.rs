@@ -15,7 +15,7 @@
 //! anything else as Python's `str()` of it, so values are typed by the tools' schemas
 //! ([`ParamTypes`]). Each argument is sent once its value is closed.
 
-use crate::api::tool_parsers::markers::{find_marker, ContentOut, MarkerScan};
+use crate::api::tool_parsers::markers::{content_until, take_tag, take_until, ContentOut};
 use crate::api::tool_parsers::param_types::{close_call, ParamTypes};
 use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
 
@@ -68,53 +68,23 @@ impl Qwen3CoderParser {
         }
     }
 
-    /// Takes `pending` up to `marker` (removing both), or `None` while it has not come.
-    fn take_until(&mut self, marker: &str) -> Option<String> {
-        let at = self.pending.find(marker)?;
-        let text: String = self.pending.drain(..at).collect();
-        self.pending.drain(..marker.len());
-        Some(text)
-    }
-
-    /// Skips blanks, then takes the first of `tags` that `pending` starts with:
-    /// `Some(Some(i))` for `tags[i]`; `Some(None)` if it can start with none of them;
-    /// `None` while undecided. The blanks and the tag taken are returned in `taken`.
-    fn take_tag(&mut self, tags: &[&str], taken: &mut String) -> Option<Option<usize>> {
-        let trimmed = self.pending.trim_start();
-        if let Some(i) = tags.iter().position(|t| trimmed.starts_with(t)) {
-            let skip = self.pending.len() - trimmed.len() + tags[i].len();
-            taken.extend(self.pending.drain(..skip));
-            return Some(Some(i));
-        }
-        if trimmed.is_empty() || tags.iter().any(|t| t.starts_with(trimmed)) {
-            return None;
-        }
-        Some(None)
-    }
-
     /// Processes `pending` as far as it can be decided.
     fn run(&mut self, out: &mut Vec<ToolEvent>) {
         loop {
             match std::mem::replace(&mut self.state, State::Text) {
-                State::Text => match find_marker(&self.pending, OPEN) {
-                    MarkerScan::Found(at) => {
-                        let before: String = self.pending.drain(..at + OPEN.len()).collect();
-                        self.content.push(&before[..at], out);
-                        self.state = State::Function {
-                            held: OPEN.into(),
-                            named: false,
-                        };
-                    }
-                    MarkerScan::NotYet { safe } => {
-                        let text: String = self.pending.drain(..safe).collect();
-                        self.content.push(&text, out);
+                State::Text => {
+                    if !content_until(&mut self.pending, OPEN, &mut self.content, out) {
                         return;
                     }
-                },
+                    self.state = State::Function {
+                        held: OPEN.into(),
+                        named: false,
+                    };
+                }
                 State::Function {
                     mut held,
                     named: false,
-                } => match self.take_tag(&[FUNCTION.0], &mut held) {
+                } => match take_tag(&mut self.pending, &[FUNCTION.0], &mut held) {
                     Some(Some(_)) => {
                         self.state = State::Function { held, named: true };
                     }
@@ -127,7 +97,7 @@ impl Qwen3CoderParser {
                         self.content.push(&held, out);
                     }
                 },
-                State::Function { held, named: true } => match self.take_until(">") {
+                State::Function { held, named: true } => match take_until(&mut self.pending, ">") {
                     Some(name) if !name.trim().is_empty() && !name.contains('<') => {
                         let index = self.content.call();
                         let name = name.trim().to_string();
@@ -151,7 +121,7 @@ impl Qwen3CoderParser {
                 },
                 State::Params { index, name, sent } => {
                     let mut taken = String::new();
-                    match self.take_tag(&[PARAMETER.0, FUNCTION.1], &mut taken) {
+                    match take_tag(&mut self.pending, &[PARAMETER.0, FUNCTION.1], &mut taken) {
                         Some(Some(0)) => {
                             self.state = State::Param {
                                 index,
@@ -177,7 +147,7 @@ impl Qwen3CoderParser {
                     name,
                     sent,
                     key: None,
-                } => match self.take_until(">") {
+                } => match take_until(&mut self.pending, ">") {
                     Some(key) => {
                         self.state = State::Param {
                             index,
@@ -201,7 +171,7 @@ impl Qwen3CoderParser {
                     name,
                     sent,
                     key: Some(key),
-                } => match self.take_until(PARAMETER.1) {
+                } => match take_until(&mut self.pending, PARAMETER.1) {
                     Some(raw) => {
                         // The template puts the value on lines of its own.
                         let raw = raw.strip_prefix('\n').unwrap_or(&raw);
@@ -228,7 +198,7 @@ impl Qwen3CoderParser {
                 },
                 State::Closing => {
                     // With or without its closing tag, what follows is content.
-                    if self.take_tag(&[CLOSE], &mut String::new()).is_none() {
+                    if take_tag(&mut self.pending, &[CLOSE], &mut String::new()).is_none() {
                         self.state = State::Closing;
                         return;
                     }
