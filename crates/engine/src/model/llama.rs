@@ -363,14 +363,10 @@ pub fn load_rank_shards(
         let gpu = if dev.is_cuda() {
             Some(cuda::GpuParts::new(
                 dev,
-                &rope,
-                rope_sliding.as_deref(),
-                config.nope_layers.contains(&true),
+                &config,
+                (&rope, rope_sliding.as_deref()),
                 &kv_of_q,
-                &blocks
-                    .iter()
-                    .map(|b| b.sinks.as_deref())
-                    .collect::<Vec<_>>(),
+                &blocks,
             )?)
         } else {
             None
@@ -414,15 +410,10 @@ impl LlamaShard {
         let kv_of_q = self.shard.local_kv_of_q(self.config.group_size());
         self.gpu = Some(cuda::GpuParts::new(
             &self.device,
-            &self.rope,
-            self.rope_sliding.as_deref(),
-            self.config.nope_layers.contains(&true),
+            &self.config,
+            (&self.rope, self.rope_sliding.as_deref()),
             &kv_of_q,
-            &self
-                .blocks
-                .iter()
-                .map(|b| b.sinks.as_deref())
-                .collect::<Vec<_>>(),
+            &self.blocks,
         )?);
         for block in &mut self.blocks {
             if let Some(norms) = &mut block.qk_norm {

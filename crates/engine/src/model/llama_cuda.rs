@@ -8,7 +8,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{final_logits, LlamaShard};
+use super::{final_logits, Block, LlamaShard};
+use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
 use crate::model::cuda::buffers::Gpu;
@@ -46,25 +47,31 @@ fn tables(device: &Device, rope: &RopeTable) -> Result<RopeTables> {
 }
 
 impl GpuParts {
-    pub(crate) fn new(
+    /// The parts of a shard of `config` with `blocks` on `device`: its RoPE tables
+    /// (`(all layers, sliding layers)`), each local query head's local KV head, and each
+    /// block's sinks.
+    pub(super) fn new(
         device: &Device,
-        rope: &RopeTable,
-        rope_sliding: Option<&RopeTable>,
-        any_unrotated: bool,
+        config: &ModelConfig,
+        (rope, rope_sliding): (&RopeTable, Option<&RopeTable>),
         kv_of_q: &[usize],
-        sinks: &[Option<&[f32]>],
+        blocks: &[Block],
     ) -> Result<Self> {
         Ok(Self {
-            sinks: sinks
+            sinks: blocks
                 .iter()
-                .map(|s| {
-                    s.map(|s| Tensor::from_slice(s, s.len(), device))
+                .map(|b| {
+                    b.sinks
+                        .as_ref()
+                        .map(|s| Tensor::from_slice(s, s.len(), device))
                         .transpose()
                 })
                 .collect::<candle_core::Result<_>>()?,
             rope: tables(device, rope)?,
             rope_sliding: rope_sliding.map(|r| tables(device, r)).transpose()?,
-            rope_unrotated: any_unrotated
+            rope_unrotated: config
+                .nope_layers
+                .contains(&true)
                 .then(|| tables(device, &rope.identity_like()))
                 .transpose()?,
             kv_of_q: kv_of_q.iter().map(|k| *k as u32).collect(),

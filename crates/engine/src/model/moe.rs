@@ -115,18 +115,22 @@ pub fn load_shards(
     let name = |t: ExpertTensor| moe.names.tensor(layer, t);
     let router = source.matrix(&name(ExpertTensor::Router))?;
     router.check_dims((moe.num_experts, h))?;
-    let correction = match moe.sigmoid_router {
-        Some(_) => {
+    // GLM-4.5's router chooses with its per-expert correction biases.
+    let sigmoid = match moe.sigmoid_router {
+        Some(router) => {
             let bias = vector_of_len(
                 source,
                 &name(ExpertTensor::ScoreCorrection),
                 moe.num_experts,
             )?;
-            Some(bias.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
+            Some((
+                router,
+                bias.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?,
+            ))
         }
         None => None,
     };
-    let routing = Routing::new(moe, correction);
+    let routing = Routing::new(moe, sigmoid);
     // GLM-4.5's shared expert, split like the routed ones (its own width).
     let shared: Vec<Option<Expert>> = match (moe.shared_intermediate_size, &ranges.shared) {
         (Some(width), Some(split)) => {

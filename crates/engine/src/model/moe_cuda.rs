@@ -10,7 +10,7 @@ use super::MoeShard;
 use crate::config::Activation;
 use crate::error::Result;
 use crate::model::cuda::gated_mlp;
-use crate::model::cuda::kernels::MlpGate;
+use crate::model::cuda::MlpGate;
 
 impl MoeShard {
     /// `h`: the normed activations `[tokens, hidden]` → this rank's partial sum of the

@@ -15,13 +15,13 @@ pub(crate) struct Routing {
 }
 
 impl Routing {
-    /// The rule of `moe`; `correction` holds the layer's correction biases where its
-    /// router is a sigmoid.
-    pub fn new(moe: &MoeConfig, correction: Option<Vec<f32>>) -> Self {
+    /// The rule of `moe`; `sigmoid` is its sigmoid router with the layer's correction
+    /// biases, where it has one.
+    pub fn new(moe: &MoeConfig, sigmoid: Option<(SigmoidRouter, Vec<f32>)>) -> Self {
         Self {
             top_k: moe.top_k,
             norm: moe.norm_topk_prob,
-            sigmoid: moe.sigmoid_router.zip(correction),
+            sigmoid,
         }
     }
 

@@ -11,9 +11,10 @@ use tessera_engine::model::cuda::buffers::Gpu;
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
     add_rms_norm, argmax_rows, candle_dtype, gated_mul, reduce_rows, rope_write_kv, HeadLayout,
-    MlpGate, RopeTables,
+    RopeTables,
 };
 use tessera_engine::model::cuda::step_meta::StepMeta;
+use tessera_engine::model::cuda::MlpGate;
 use tessera_engine::model::rope::RopeTable;
 use tessera_engine::model::step_meta::PackedMeta;
 use tessera_engine::Activation;

@@ -14,10 +14,11 @@ use tessera_kernels::gpu::launch::{
     MAX_CANDIDATES, PREFILL_TILE,
 };
 
-use crate::config::{Activation, ClampedSwiglu};
+use crate::config::Activation;
 use crate::error::{EngineError, Result};
 use crate::model::cuda::buffers::{expect_dtype, prefix_to_host, Gpu, Held, Module};
 use crate::model::cuda::step_meta::StepMeta;
+use crate::model::cuda::MlpGate;
 use crate::model::step_meta::Part;
 
 /// Checks that every tensor has the element type of `dtype`.
@@ -332,21 +333,6 @@ fn launch_tiles(
         unsafe { gpu.launch(Module::Attention, &name, merge_shape(nq, launch, hd), &args) }?;
     }
     Ok(())
-}
-
-/// How a gated MLP on a CUDA rank combines its gate and up halves.
-#[derive(Debug, Clone, Copy)]
-pub enum MlpGate {
-    /// `activation(gate) · up`: SiLU, or GELU's tanh approximation.
-    Plain(Activation),
-    /// gpt-oss's experts' gate, both halves clamped first.
-    Clamped(ClampedSwiglu),
-}
-
-impl From<Activation> for MlpGate {
-    fn from(a: Activation) -> Self {
-        MlpGate::Plain(a)
-    }
 }
 
 /// The gated activation of a fused `[rows, 2 * width]` gate/up output: `[rows, width]`.

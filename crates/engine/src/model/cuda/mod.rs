@@ -14,6 +14,7 @@ pub use kv_cache::CudaKvCache;
 
 use candle_core::Tensor;
 
+use crate::config::{Activation, ClampedSwiglu};
 use crate::error::Result;
 use crate::model::cuda::buffers::Gpu;
 use crate::model::linear::{ColumnParallel, Linear};
@@ -23,6 +24,21 @@ use crate::model::linear::{ColumnParallel, Linear};
 pub const ACTIVATIONS: tessera_kernels::gpu::launch::KvDtype =
     tessera_kernels::gpu::launch::KvDtype::Bf16;
 
+/// How a gated MLP on a CUDA rank combines its gate and up halves.
+#[derive(Debug, Clone, Copy)]
+pub enum MlpGate {
+    /// `activation(gate) · up`: SiLU, or GELU's tanh approximation.
+    Plain(Activation),
+    /// gpt-oss's experts' gate, both halves clamped first.
+    Clamped(ClampedSwiglu),
+}
+
+impl From<Activation> for MlpGate {
+    fn from(a: Activation) -> Self {
+        MlpGate::Plain(a)
+    }
+}
+
 /// A gated MLP (a dense one, or one expert of a mixture) on the rows `h` (`[rows,
 /// hidden]`, matmul input type): the fused gate/up matmul, the gate (`activation(gate) ·
 /// up`, or gpt-oss's clamped one) in one kernel, and the down matmul's f32 partial sum
@@ -31,7 +47,7 @@ pub(crate) fn gated_mlp(
     gate_up: &ColumnParallel,
     down: &Linear,
     h: &Tensor,
-    gate: kernels::MlpGate,
+    gate: MlpGate,
 ) -> Result<Tensor> {
     let gpu = Gpu::of(h.device())?;
     let fused = gate_up
