@@ -56,6 +56,13 @@ pub enum TokenizerError {
     #[error("tokenizer: {0}")]
     Backend(String),
 
+    /// Fill-in-the-middle was asked of a vocabulary without its sentinel tokens.
+    #[error(
+        "the model's vocabulary has no fill-in-the-middle tokens (such as <|fim_prefix|>, \
+         <fim_prefix> or <PRE>): it was not trained to fill in text before a suffix"
+    )]
+    NoFimTokens,
+
     /// The tokenizer has no chat template (neither in GGUF metadata nor in tokenizer_config.json).
     #[error("the model has no chat template")]
     NoChatTemplate,

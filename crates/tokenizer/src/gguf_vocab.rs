@@ -6,6 +6,7 @@
 //! numbering (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
 
 use crate::error::{Result, TokenizerError};
+use crate::fim::{FimOrder, FimTokens};
 
 /// One GGUF metadata value, in a form that does not tie this crate to a GGUF reader.
 ///
@@ -86,6 +87,10 @@ pub struct GgufVocab {
     pub add_space_prefix: Option<bool>,
     /// `tokenizer.chat_template`, when present.
     pub chat_template: Option<String>,
+    /// Fill-in-the-middle sentinels the file names (`tokenizer.ggml.fim_pre_token_id`,
+    /// `fim_suf_token_id` and `fim_mid_token_id`, or the older `prefix_token_id`,
+    /// `suffix_token_id` and `middle_token_id`), when it names all three.
+    pub fim: Option<FimTokens>,
 }
 
 impl GgufVocab {
@@ -150,6 +155,23 @@ impl GgufVocab {
                 }
             }
         };
+        let declared = |new: &str, old: &str| -> Result<Option<u32>> {
+            Ok(id(&format!("tokenizer.ggml.{new}_token_id"))?
+                .or(id(&format!("tokenizer.ggml.{old}_token_id"))?))
+        };
+        let fim = match (
+            declared("fim_pre", "prefix")?,
+            declared("fim_suf", "suffix")?,
+            declared("fim_mid", "middle")?,
+        ) {
+            (Some(prefix), Some(suffix), Some(middle)) => Some(FimTokens {
+                prefix,
+                suffix,
+                middle: Some(middle),
+                order: FimOrder::PrefixFirst,
+            }),
+            _ => None,
+        };
         let flag =
             |key: &str| -> Result<Option<bool>> { get(key).map(|v| as_bool(key, v)).transpose() };
         let vocab = GgufVocab {
@@ -165,6 +187,7 @@ impl GgufVocab {
             chat_template: get("tokenizer.chat_template")
                 .map(|v| as_string("tokenizer.chat_template", v))
                 .transpose()?,
+            fim,
             model,
             pre,
             tokens,

@@ -7,6 +7,7 @@
 //!   with bounded execution.
 //! * [`IncrementalDecoder`]: token ids in, text deltas out, never half a character.
 //! * [`StopMatcher`]: stop strings across delta boundaries.
+//! * [`FimTokens`]: a code model's fill-in-the-middle sentinels ([`Tokenizer::encode_infill`]).
 //!
 //! Errors are one enum, [`TokenizerError`].
 
@@ -16,6 +17,7 @@
 mod chat_message;
 mod chat_template;
 mod error;
+mod fim;
 mod gguf_backend;
 mod gguf_spm;
 mod gguf_vocab;
@@ -30,6 +32,7 @@ mod tokenizer;
 pub use chat_message::{ChatMessage, ContentFormat, MessageContent};
 pub use chat_template::{ChatRenderRequest, ChatTemplate, ChatTemplateConfig, SpecialTokenStrings};
 pub use error::{Result, TokenizerError};
+pub use fim::{FimOrder, FimTokens, INFILL_END_MARKERS};
 pub use gguf_vocab::{GgufVocab, MetaValue, TokenType};
 pub use hf_config::HfTokenizerConfig;
 pub use incremental_decoder::IncrementalDecoder;

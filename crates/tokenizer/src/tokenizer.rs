@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use crate::chat_template::{ChatTemplate, ChatTemplateConfig, SpecialTokenStrings};
 use crate::error::{Result, TokenizerError};
+use crate::fim::FimTokens;
 use crate::gguf_vocab::GgufVocab;
 use crate::hf_config::{self, HfTokenizerConfig};
 use crate::sandbox::SandboxLauncher;
@@ -79,6 +80,7 @@ pub struct Tokenizer {
     add_eos_id: Option<u32>,
     clean_up_tokenization_spaces: bool,
     special_strings: SpecialTokenStrings,
+    fim: Option<FimTokens>,
     chat_template: Option<std::result::Result<ChatTemplate, String>>,
     /// Bytes the byte-level vocabulary has no token for (GGUF path; none for
     /// tokenizer.json, whose pipeline handles them itself).
@@ -118,6 +120,7 @@ impl Tokenizer {
                 .filter(|_| vocab.add_eos_token.unwrap_or(false)),
             clean_up_tokenization_spaces: false,
             special_strings,
+            fim: vocab.fim,
             chat_template: vocab.chat_template.clone(),
         };
         let mut tokenizer = Self::assemble(inner, parts);
@@ -167,6 +170,7 @@ impl Tokenizer {
                 unk_token: config.unk_token,
                 pad_token: config.pad_token,
             },
+            fim: None,
             chat_template,
         };
         Ok(Self::assemble(inner, parts))
@@ -193,6 +197,9 @@ impl Tokenizer {
                 }
             }
         }
+        let fim = parts
+            .fim
+            .or_else(|| FimTokens::find(|text| inner.token_to_id(text)));
         let chat_template = parts.chat_template.map(|source| {
             ChatTemplate::new(
                 &source,
@@ -210,6 +217,7 @@ impl Tokenizer {
             add_eos_id: parts.add_eos_id,
             clean_up_tokenization_spaces: parts.clean_up_tokenization_spaces,
             special_strings: parts.special_strings,
+            fim,
             chat_template,
             unrepresentable: [false; 256],
         }
@@ -244,6 +252,36 @@ impl Tokenizer {
         ids.extend_from_slice(body);
         ids.extend(self.add_eos_id);
         Ok(ids)
+    }
+
+    /// The prompt that asks a code model for the text between `prefix` and `suffix`: the
+    /// BOS the model adds to a sequence, then each part encoded as `encode(.., false)`
+    /// encodes it, placed around the vocabulary's fill-in-the-middle sentinels
+    /// ([`FimTokens`]). `NoFimTokens` when the vocabulary has none.
+    pub fn encode_infill(&self, prefix: &str, suffix: &str) -> Result<Vec<u32>> {
+        let fim = self.fim.ok_or(TokenizerError::NoFimTokens)?;
+        let lead: Vec<u32> = self
+            .encode("", true)?
+            .into_iter()
+            .take_while(|&id| Some(id) == self.bos_token_id)
+            .collect();
+        let prefix = self.encode(prefix, false)?;
+        let suffix = self.encode(suffix, false)?;
+        Ok(fim.assemble(&lead, &prefix, &suffix))
+    }
+
+    /// The ids of [`crate::fim::INFILL_END_MARKERS`] this vocabulary has: with its end of
+    /// sequence, what ends an infill.
+    pub fn infill_end_ids(&self) -> Vec<u32> {
+        crate::fim::INFILL_END_MARKERS
+            .iter()
+            .filter_map(|text| self.inner.token_to_id(text))
+            .collect()
+    }
+
+    /// The vocabulary's fill-in-the-middle sentinels, when it has them.
+    pub fn fim_tokens(&self) -> Option<FimTokens> {
+        self.fim
     }
 
     /// Ids to text. With `skip_special_tokens`, special tokens (`<|im_end|>`) are dropped.
@@ -350,6 +388,8 @@ struct Parts {
     add_eos_id: Option<u32>,
     clean_up_tokenization_spaces: bool,
     special_strings: SpecialTokenStrings,
+    /// Sentinels the model files name; found by their text otherwise.
+    fim: Option<FimTokens>,
     chat_template: Option<String>,
 }
 

@@ -165,3 +165,63 @@ fn metadata_is_validated() {
     let err = vocab_from(&meta).unwrap_err();
     assert!(err.to_string().contains("expected a string"), "{err}");
 }
+
+#[test]
+fn fill_in_the_middle_ids_the_file_names() {
+    let base = metadata("llama-bpe");
+    let id_of = |tokenizer: &Tokenizer, text: &str| tokenizer.token_to_id(text).unwrap();
+    let plain = tokenizer("llama-bpe");
+    assert!(plain.fim_tokens().is_none());
+    assert!(matches!(
+        plain.encode_infill("hello", "12"),
+        Err(TokenizerError::NoFimTokens)
+    ));
+    let (pre, suf, mid) = (
+        id_of(&plain, "<|ctl|>"),
+        id_of(&plain, "<tool>"),
+        id_of(&plain, "45"),
+    );
+    // llama.cpp's keys, then the older ones its converter wrote for CodeLlama.
+    for names in [
+        ["fim_pre", "fim_suf", "fim_mid"],
+        ["prefix", "suffix", "middle"],
+    ] {
+        let mut meta = base.clone();
+        for (name, id) in names.iter().zip([pre, suf, mid]) {
+            meta.insert(
+                format!("tokenizer.ggml.{name}_token_id"),
+                MetaValue::Int(i64::from(id)),
+            );
+        }
+        let t = Tokenizer::from_gguf(&vocab_from(&meta).unwrap()).unwrap();
+        let bos = t.bos_token_id().unwrap();
+        let mut want = vec![bos, pre];
+        want.extend(t.encode("hello", false).unwrap());
+        want.push(suf);
+        want.extend(t.encode("12", false).unwrap());
+        want.push(mid);
+        assert_eq!(t.encode_infill("hello", "12").unwrap(), want, "{names:?}");
+    }
+    // Two of three name no layout; an id past the vocabulary is refused by key.
+    let mut meta = base.clone();
+    meta.insert(
+        "tokenizer.ggml.fim_pre_token_id".into(),
+        MetaValue::Int(i64::from(pre)),
+    );
+    meta.insert(
+        "tokenizer.ggml.fim_suf_token_id".into(),
+        MetaValue::Int(i64::from(suf)),
+    );
+    let t = Tokenizer::from_gguf(&vocab_from(&meta).unwrap()).unwrap();
+    assert!(t.fim_tokens().is_none());
+    meta.insert(
+        "tokenizer.ggml.fim_mid_token_id".into(),
+        MetaValue::Int(1 << 20),
+    );
+    match vocab_from(&meta) {
+        Err(TokenizerError::InvalidMetadata { key, .. }) => {
+            assert_eq!(key, "tokenizer.ggml.fim_mid_token_id")
+        }
+        other => panic!("{other:?}"),
+    }
+}
