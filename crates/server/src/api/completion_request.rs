@@ -32,6 +32,9 @@ pub struct CompletionFields {
     pub echo: Option<bool>,
     /// Number of alternatives to return per token (0 returns only the chosen one).
     pub logprobs: Option<u64>,
+    /// Text that follows the completion: the model fills in what goes between the prompt
+    /// and it ([`crate::api::infill`]).
+    pub suffix: Option<String>,
 }
 
 #[derive(Debug, Clone)]

@@ -164,6 +164,9 @@ impl From<tessera_tokenizer::TokenizerError> for ServerError {
             tessera_tokenizer::TokenizerError::Unrepresentable { .. } => {
                 ServerError::invalid("prompt", e.to_string())
             }
+            tessera_tokenizer::TokenizerError::NoFimTokens => {
+                ServerError::invalid("suffix", e.to_string())
+            }
             other => ServerError::Internal(format!("tokenizer: {other}")),
         }
     }

@@ -283,9 +283,6 @@ pub fn refuse_unsupported(
             }
         }
     }
-    if route == Route::Completion && present("suffix").is_some_and(non_empty) {
-        return Err(ServerError::invalid("suffix", "`suffix` is not supported"));
-    }
     if let Some(modalities) = present("modalities") {
         if modalities != &serde_json::json!(["text"]) {
             return Err(ServerError::invalid(

@@ -263,7 +263,9 @@ fn schemas() -> Value {
                     { "type": "array", "items": { "type": "array", "items": { "type": "integer" } } }
                 ] },
                 "echo": { "type": ["boolean", "null"] },
-                "logprobs": { "type": ["integer", "null"], "minimum": 0, "maximum": 20 }
+                "logprobs": { "type": ["integer", "null"], "minimum": 0, "maximum": 20 },
+                "suffix": { "type": ["string", "null"],
+                    "description": "Text after the completion: the model writes what goes between `prompt` and it, through its vocabulary's fill-in-the-middle tokens (a 400 when it has none)" }
             }))
         },
         "ChatTokenLogprob": {

@@ -13,6 +13,7 @@ use crate::api::chat_request::ChatRequest;
 use crate::api::completion_request::{CompletionRequest, PromptInput};
 use crate::api::error::ServerError;
 use crate::api::generation_spec::{check_in_vocab, check_top_logprobs, GenerationSpec};
+use crate::api::infill::requested_suffix;
 use crate::api::reasoning::{ReasoningParser, ReplySplit};
 use crate::api::request_limits::RequestLimits;
 use crate::api::response_format::constraint_error;
@@ -189,6 +190,8 @@ impl ValidRequest {
                 "`max_tokens: 0` (the echoed prompt alone) is supported without `stream` only",
             ));
         }
+        let suffix = requested_suffix(&req, &spec, &ctx.tokenizer)?;
+        let infill = suffix.is_some();
         let inputs = req.prompts()?;
         let max_choices = ctx.limits.max_choices;
         if inputs.len().saturating_mul(spec.n) > max_choices {
@@ -214,6 +217,10 @@ impl ValidRequest {
                 .map(|p| {
                     let ids = match p {
                         PromptInput::Text(text) => {
+                            if let Some(suffix) = &suffix {
+                                let ids = tokenizer.encode_infill(&text, suffix)?;
+                                return Ok((text, ids));
+                            }
                             let ids = tokenizer.encode(&text, true)?;
                             match truncated(&ids, keep) {
                                 None => return Ok((text, ids)),
@@ -242,6 +249,11 @@ impl ValidRequest {
         }
         let mut valid = Self::assemble(prompts, spec, logprobs, echo, ctx);
         valid.score_only = score_only;
+        if infill {
+            valid.stop_token_ids.extend(ctx.tokenizer.infill_end_ids());
+            valid.stop_token_ids.sort_unstable();
+            valid.stop_token_ids.dedup();
+        }
         Ok(valid)
     }
 

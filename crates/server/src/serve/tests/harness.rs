@@ -268,6 +268,17 @@ pub fn fake_state<E: Executor + 'static>(
     max_waiting: usize,
 ) -> AppState {
     let tokenizer = Arc::clone(&model_state().validation.tokenizer);
+    fake_state_with_tokenizer(executor, tokenizer, num_blocks, max_model_len, max_waiting)
+}
+
+/// As [`fake_state`], with `tokenizer` in place of the real model's.
+pub fn fake_state_with_tokenizer<E: Executor + 'static>(
+    executor: E,
+    tokenizer: Arc<tessera_tokenizer::Tokenizer>,
+    num_blocks: usize,
+    max_model_len: usize,
+    max_waiting: usize,
+) -> AppState {
     let scheduler = EngineLoop::spawn(
         SchedulerConfig {
             max_waiting,

@@ -6,6 +6,7 @@
 
 mod fake_engine_tests;
 mod harness;
+mod infill_tests;
 mod limits_tests;
 mod mask_metrics_tests;
 mod model_tests;
