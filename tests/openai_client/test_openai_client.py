@@ -123,6 +123,11 @@ def test_errors_surface_as_openai_exceptions(client, model):
     assert e.value.body["param"] == "tools[0].function.name"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=FRANCE, max_tokens=1)
+    # SmolLM2 was not trained to fill in the middle: its vocabulary has no such tokens.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="def f(", suffix="    return x\n", max_tokens=4)
+    assert e.value.body["param"] == "suffix"
+    assert "fill-in-the-middle" in e.value.body["message"]
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
 
