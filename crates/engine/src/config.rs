@@ -15,6 +15,8 @@ mod glm4_moe;
 mod gpt_oss;
 #[path = "config_hf.rs"]
 mod hf;
+#[path = "config_minimax_m2.rs"]
+mod minimax_m2;
 #[path = "config_moe.rs"]
 mod moe;
 #[path = "config_olmo3.rs"]

@@ -1,7 +1,7 @@
 //! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and the
 //! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 2/3, Mistral, Phi-3,
 //! SmolLM3, Granite, GLM-4, OLMo 2 and the mixtures of experts (whose part is `config_moe.rs`;
-//! gpt-oss's and GLM-4.5's have files of their own).
+//! gpt-oss's, GLM-4.5's and MiniMax-M2's have files of their own).
 
 use serde::Deserialize;
 
@@ -132,6 +132,21 @@ pub(crate) struct HfConfig {
     pub(super) routed_scaling_factor: Option<f32>,
     #[serde(default)]
     pub(super) use_qk_norm: Option<bool>,
+    // MiniMax-M2.
+    /// Dimensions of each head that rotate (transformers 5 turns it into
+    /// `partial_rotary_factor`).
+    #[serde(default)]
+    pub(super) rotary_dim: Option<usize>,
+    /// "per_layer": query and key norms over all heads.
+    #[serde(default)]
+    pub(super) qk_norm_type: Option<String>,
+    /// Per layer: 1 for softmax attention, 0 for MiniMax-01's lightning attention.
+    #[serde(default)]
+    pub(super) attn_type_list: Option<Vec<u8>>,
+    #[serde(default)]
+    pub(super) shared_intermediate_size: Option<usize>,
+    #[serde(default)]
+    pub(super) use_routing_bias: Option<bool>,
     /// How the checkpoint's weights are quantized, where they are (gpt-oss: `mxfp4`).
     #[serde(default)]
     pub(super) quantization_config: Option<serde_json::Value>,
@@ -175,6 +190,7 @@ impl HfConfig {
             "olmo3" | "Olmo3ForCausalLM" => ("olmo3", false),
             "gpt_oss" | "GptOssForCausalLM" => ("gpt_oss", true),
             "glm4_moe" | "Glm4MoeForCausalLM" => ("glm4_moe", false),
+            "minimax_m2" | "MiniMaxM2ForCausalLM" => ("minimax_m2", false),
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
         };
         let unsupported =
@@ -196,11 +212,25 @@ impl HfConfig {
         if self.mlp_bias {
             return unsupported("mlp_bias".into());
         }
-        let (rope_theta, rope_scaling) = self.rope(self.rope_theta.unwrap_or(10_000.0))?;
+        let minimax = architecture == "minimax_m2";
+        if minimax {
+            self.check_minimax_m2()?;
+        }
+        let default_theta = if minimax {
+            super::minimax_m2::DEFAULT_ROPE_THETA
+        } else {
+            10_000.0
+        };
+        let (rope_theta, rope_scaling) = self.rope(self.rope_theta.unwrap_or(default_theta))?;
         let head_dim = self
             .head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
-        let rotary_dim = match self.rotary_share()? {
+        let share = if minimax {
+            Some(self.minimax_m2_rotary_share(head_dim)?)
+        } else {
+            self.rotary_share()?
+        };
+        let rotary_dim = match share {
             Some(factor) if !gemma => super::rope::rotary_dim(head_dim, factor)?,
             Some(factor) if factor != 1.0 => {
                 return unsupported(format!("partial_rotary_factor {factor} in {architecture}"))
@@ -234,8 +264,9 @@ impl HfConfig {
             attention_bias: self.attention_bias.unwrap_or(default_bias),
             qk_norm: matches!(architecture, "qwen3" | "qwen3_moe")
                 || olmo
-                || (architecture == "glm4_moe" && self.use_qk_norm.unwrap_or(false)),
-            qk_norm_across_heads: olmo,
+                || (architecture == "glm4_moe" && self.use_qk_norm.unwrap_or(false))
+                || minimax,
+            qk_norm_across_heads: olmo || minimax,
             input_norms: !olmo,
             // GLM-4 and OLMo 2: a norm after attention and after the MLP too.
             sandwich_norms: architecture == "glm4" || olmo,
@@ -264,6 +295,7 @@ impl HfConfig {
                 "mixtral" => Some(self.mixtral()?),
                 "gpt_oss" => Some(self.gpt_oss_experts()?),
                 "glm4_moe" => Some(self.glm4_moe_experts()?),
+                "minimax_m2" => Some(self.minimax_m2_experts()?),
                 _ => None,
             },
         };
@@ -347,7 +379,7 @@ impl HfConfig {
 
     /// The share of each head that rotates: the flat `rope_parameters`' (transformers
     /// 5), else the top level's (transformers 4), as transformers resolves both.
-    fn rotary_share(&self) -> Result<Option<f64>> {
+    pub(super) fn rotary_share(&self) -> Result<Option<f64>> {
         let from_parameters = match self.flat_rope_parameters() {
             Some(p) => super::rope::partial_rotary_factor(p, "rope_parameters")?,
             None => None,

@@ -20,6 +20,9 @@ pub enum ExpertNames {
     /// `mlp.router`, and Qwen3-MoE's expert names, which the safetensors loader reads
     /// from gpt-oss's stacked `mlp.experts.{gate_up,down}_proj` tensors.
     GptOss,
+    /// Mixtral's names, with the router's correction bias beside the router
+    /// (`block_sparse_moe.e_score_correction_bias`; MiniMax-M2).
+    MiniMaxM2,
 }
 
 /// One tensor of a mixture.
@@ -49,7 +52,9 @@ impl ExpertNames {
             ExpertNames::Qwen3Moe | ExpertNames::GptOss => {
                 ("mlp", ["gate_proj", "up_proj", "down_proj"])
             }
-            ExpertNames::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            ExpertNames::Mixtral | ExpertNames::MiniMaxM2 => {
+                ("block_sparse_moe", ["w1", "w3", "w2"])
+            }
         };
         let router = match self {
             ExpertNames::GptOss => "router",
@@ -63,6 +68,9 @@ impl ExpertNames {
             ExpertTensor::SharedGate => format!("{block}.shared_experts.{gate}.weight"),
             ExpertTensor::SharedUp => format!("{block}.shared_experts.{up}.weight"),
             ExpertTensor::SharedDown => format!("{block}.shared_experts.{down}.weight"),
+            ExpertTensor::ScoreCorrection if self == ExpertNames::MiniMaxM2 => {
+                format!("{block}.e_score_correction_bias")
+            }
             ExpertTensor::ScoreCorrection => format!("{block}.{router}.e_score_correction_bias"),
         };
         crate::loader::layer_name(layer, &suffix)
