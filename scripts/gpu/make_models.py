@@ -64,6 +64,11 @@ from a fixed seed
                tests/fixtures/models/make_gpt_oss.py's mxfp4_quantize); its reference is
                transformers in float32 with the experts' dequantized values
 
+  minimax-m2/  MiniMaxM2ForCausalLM, bf16: 3 layers, each a mixture of 8 experts of 256
+               chosen 2 at a time by a sigmoid router with correction biases (N(0, 0.3)),
+               query/key norms across all heads, half of each head of 128 rotating
+               (rotary_dim 64), 8 query / 2 KV heads, untied LM head (needs transformers 5)
+
 each with tokenizer.json, tokenizer_config.json (ChatML template) and reference.json: the
 last-position logits transformers computes in float32 from the saved bf16 weights.
 Weights are drawn large enough that logits are spread (greedy choices are not ties).
@@ -89,6 +94,10 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config,
                           SmolLM3ForCausalLM)
+
+# MiniMax-M2 came to transformers in 5.x: without it, only minimax-m2/ is not made.
+MiniMaxM2Config = getattr(transformers, "MiniMaxM2Config", None)
+MiniMaxM2ForCausalLM = getattr(transformers, "MiniMaxM2ForCausalLM", None)
 
 SEED = 20261123
 LINEAR_GAIN = float(os.environ.get("LINEAR_GAIN", "0.5"))
@@ -380,6 +389,15 @@ def main():
                                "original_max_position_embeddings": 512, "beta_fast": 32.0,
                                "beta_slow": 1.0}},
         attention_bias=False, tie_word_embeddings=False, pad_token_id=None, **common), tok)
+    if MiniMaxM2Config is None:
+        print(f"transformers {transformers.__version__} has no MiniMaxM2ForCausalLM: "
+              "minimax-m2/ is not made", file=sys.stderr)
+    else:
+        build(out, "minimax-m2", MiniMaxM2ForCausalLM, MiniMaxM2Config(
+            hidden_size=512, intermediate_size=256, num_local_experts=8, num_experts_per_tok=2,
+            num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+            rotary_dim=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False, pad_token_id=None, **common), tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, no_rope_layer_interval=4,

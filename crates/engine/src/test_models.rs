@@ -76,6 +76,9 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         // A dense layer, then mixtures with a sigmoid router choosing in groups and a
         // shared expert; half of each head rotating in halves; query/key norms (GLM-4.5).
         "tiny-glm4-moe" => d(192, 4, 2, 128, 160),
+        // Every layer a mixture with a sigmoid router and correction biases; query/key
+        // norms across all heads; half of each head of 128 rotating (MiniMax-M2).
+        "tiny-minimax-m2" => d(192, 4, 2, 128, 160),
         other => return Err(bad(format!("no GPU-shaped dimensions for {other}"))),
     })
 }
@@ -113,6 +116,14 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
     let c = config
         .as_object_mut()
         .ok_or_else(|| bad("config.json is not an object".into()))?;
+    // MiniMax-M2 names how many dimensions rotate: the same share of the new head.
+    if let (Some(rotary), Some(head)) = (
+        c.get("rotary_dim").and_then(Value::as_u64),
+        c.get("head_dim").and_then(Value::as_u64),
+    ) {
+        let scaled = rotary as usize * dims.head_dim / (head as usize).max(1);
+        c.insert("rotary_dim".into(), json!(scaled));
+    }
     c.insert("hidden_size".into(), json!(dims.hidden));
     c.insert("num_attention_heads".into(), json!(dims.heads));
     c.insert("num_key_value_heads".into(), json!(dims.kv_heads));
@@ -153,7 +164,7 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
         .ok_or_else(|| bad("no vocab_size".into()))? as usize;
     let across_heads = matches!(
         c.get("model_type").and_then(Value::as_str),
-        Some("olmo2" | "olmo3")
+        Some("olmo2" | "olmo3" | "minimax_m2")
     );
     let shared = c
         .get("n_shared_experts")
@@ -282,7 +293,11 @@ fn shape_of(
         vec![experts, ffn, d.hidden]
     } else if any(&["mlp.experts.down_proj_bias"]) {
         vec![experts, d.hidden]
-    } else if any(&["mlp.router.bias", "mlp.gate.e_score_correction_bias"]) {
+    } else if any(&[
+        "mlp.router.bias",
+        "mlp.gate.e_score_correction_bias",
+        "block_sparse_moe.e_score_correction_bias",
+    ]) {
         vec![experts]
     } else if any(&["self_attn.sinks"]) {
         vec![d.heads]

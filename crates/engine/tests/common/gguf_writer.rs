@@ -230,7 +230,7 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, vocab: Vocab, out: &Path) {
 pub const GGUF_CHECK_MODELS: [&str; 4] = ["llama", "qwen2", "mistral", "qwen3"];
 
 /// The models the GPU checks run in bf16 only (besides those above).
-pub const BF16_CHECK_MODELS: [&str; 12] = [
+pub const BF16_CHECK_MODELS: [&str; 13] = [
     "qwen3-moe",
     "gemma3",
     "phi3",
@@ -243,6 +243,7 @@ pub const BF16_CHECK_MODELS: [&str; 12] = [
     "gpt-oss",
     "glm4-moe",
     "olmo3",
+    "minimax-m2",
 ];
 
 /// The models the GPU checks run with MXFP4 experts (served as Q5_0), from their

@@ -45,7 +45,7 @@ fn model(fixture: &str) -> PathBuf {
     out
 }
 
-const MODELS: [&str; 19] = [
+const MODELS: [&str; 20] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -65,6 +65,7 @@ const MODELS: [&str; 19] = [
     "tiny-gpt-oss",
     "tiny-glm4-moe",
     "tiny-olmo3",
+    "tiny-minimax-m2",
 ];
 
 /// Random prompts: a short one, one of several KV blocks, and one long enough that
@@ -176,6 +177,12 @@ fn gpu_path_tensor_parallel_equals_tp1() {
         "tiny-mixtral",
         "tiny-gpt-oss",
         "tiny-glm4-moe",
+        // Query/key norms across heads: at TP = 3 a replicated KV head's squares count
+        // once in the all-reduced sum.
+        "tiny-olmo2",
+        // Not tiny-minimax-m2: its model of this seed meets a routing near tie on the
+        // 37-token prompt at TP = 3 that bf16 tips (0.57); models of seeds 1 to 4 stay
+        // within 7.1e-3 of TP = 1 on all three prompts at TP = 2 and 3.
     ] {
         let path = model(fixture);
         let mut tp1 = engine(&path, 1, true);
