@@ -14,9 +14,15 @@ const DEFAULT_SWIGLU_ALPHA: f32 = 1.702;
 const DEFAULT_SWIGLU_LIMIT: f32 = 7.0;
 
 impl HfConfig {
+    /// The checkpoint's `quantization_config`, where it has one.
+    pub(crate) fn quantization_config(&self) -> Option<&serde_json::Value> {
+        self.quantization_config.as_ref()
+    }
+
     /// A `quantization_config` is read only where Tessera reads its weights as they are
-    /// stored: gpt-oss's MXFP4 experts. Any other method (GPTQ, AWQ, bitsandbytes, ...)
-    /// stores tensors this loader would misread, so it is refused by name.
+    /// stored: gpt-oss's MXFP4 experts, and block-scaled FP8 weights in any family. Any
+    /// other method (GPTQ, AWQ, bitsandbytes, ...) stores tensors this loader would
+    /// misread, so it is refused by name.
     pub(super) fn check_quantization(&self, architecture: &str) -> Result<()> {
         let Some(q) = &self.quantization_config else {
             return Ok(());
@@ -24,10 +30,12 @@ impl HfConfig {
         let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
         match (architecture, method) {
             ("gpt_oss", "mxfp4") => Ok(()),
+            // Block-scaled e4m3 weights, dequantized at load (`loader::fp8`).
+            (_, "fp8") => crate::loader::fp8::Fp8Blocks::from_config(q).map(|_| ()),
             _ => Err(EngineError::Config(format!(
                 "quantization_config.quant_method '{method}' is not supported for \
-                 {architecture} (Tessera reads float safetensors, gpt-oss's MXFP4 experts, \
-                 and GGUF files)"
+                 {architecture} (Tessera reads float safetensors, block-scaled FP8 ones, \
+                 gpt-oss's MXFP4 experts, and GGUF files)"
             ))),
         }
     }

@@ -32,3 +32,44 @@ fn tiny_minimax_m2_reference_depends_on_rotary_dim() {
     println!("{MODEL} with rotary_dim 32: rel L2 {err:.2e}");
     assert!(err > 5e-2, "{err}");
 }
+
+/// The official checkpoints' format: every attention and expert projection in e4m3 with
+/// one scale per block (`<weight>_scale_inv`, here blocks of 32 × 48 so that matrices
+/// span several, partial ones included), dequantized at load. The reference is
+/// transformers on the dequantized weights; the quantization itself moved it 0.05 to 0.1
+/// from the float model's.
+#[test]
+fn tiny_minimax_m2_fp8_matches_transformers_at_every_tp_size() {
+    for tp in 1..=4 {
+        let cfg = EngineConfig::new(fixtures().join("tiny-minimax-m2-fp8")).with_cpu_ranks(tp);
+        check_cases_against_transformers("tiny-minimax-m2-fp8", &cfg, &[], 1e-5);
+    }
+}
+
+#[test]
+fn fp8_weights_need_their_quantization_config_and_its_block_shape() {
+    let load = |dir: &std::path::Path| {
+        tessera_engine::Engine::load(&EngineConfig::new(dir).with_cpu_ranks(1))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let bare = edited_copy("tiny-minimax-m2-fp8", |c| {
+        c.as_object_mut().map(|o| o.remove("quantization_config"));
+    });
+    let message = load(&bare.0);
+    assert!(
+        message.contains("is FP8") && message.contains("weight_block_size"),
+        "{message}"
+    );
+    let other_blocks = edited_copy("tiny-minimax-m2-fp8", |c| {
+        c["quantization_config"]["weight_block_size"] = serde_json::json!([64, 48]);
+    });
+    let message = load(&other_blocks.0);
+    assert!(message.contains("_scale_inv"), "{message}");
+    let static_scales = edited_copy("tiny-minimax-m2-fp8", |c| {
+        c["quantization_config"]["activation_scheme"] = "static".into();
+    });
+    let message = load(&static_scales.0);
+    assert!(message.contains("activation_scheme"), "{message}");
+}

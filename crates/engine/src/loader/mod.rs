@@ -5,6 +5,7 @@
 
 mod cache;
 mod context_limit;
+pub(crate) mod fp8;
 mod fused;
 mod gguf;
 mod gguf_config;

@@ -2,7 +2,7 @@
 //! `model.safetensors.index.json`. Matrices and the embedding table keep the file's float
 //! type (f32, f16 or bf16) until a device takes its shard; vectors are read as f32.
 //! gpt-oss's stacked experts are read per expert (`stacked_experts`), its MXFP4 ones as
-//! Q5_0 matrices.
+//! Q5_0 matrices; FP8 weights are dequantized with their block scales (`fp8`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,11 +12,14 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::{HfConfig, ModelConfig};
 use crate::error::{EngineError, Result};
+use crate::loader::fp8::{scale_name, Fp8Blocks};
 use crate::loader::{Embedding, Matrix, TensorSource};
 
 pub struct SafetensorsSource {
     files: MmapedSafetensors,
     config: ModelConfig,
+    /// Block shape of an FP8 checkpoint's weight scales.
+    fp8: Option<Fp8Blocks>,
 }
 
 impl SafetensorsSource {
@@ -34,6 +37,10 @@ impl SafetensorsSource {
             path: config_path.clone(),
             message: e.to_string(),
         })?;
+        let fp8 = match hf.quantization_config() {
+            Some(q) => Fp8Blocks::from_config(q)?,
+            None => None,
+        };
         let config = hf.into_model_config()?;
         let files = weight_files(dir)?;
         if files.is_empty() {
@@ -50,7 +57,7 @@ impl SafetensorsSource {
         // them not to change while the model is loaded (the usual contract of mmap loaders).
         let files = unsafe { MmapedSafetensors::multi(&files) }
             .map_err(|e| bad(format!("cannot read safetensors: {e}")))?;
-        Ok(Self { files, config })
+        Ok(Self { files, config, fp8 })
     }
 
     /// The tensor in the file's float type (other types as f32).
@@ -64,8 +71,25 @@ impl SafetensorsSource {
         let t = self.files.load(name, &Device::Cpu)?;
         Ok(match t.dtype() {
             DType::F32 | DType::F16 | DType::BF16 => t,
+            DType::F8E4M3 => self.dequantize_fp8(name, &t)?,
             _ => t.to_dtype(DType::F32)?,
         })
+    }
+
+    /// An FP8 weight times its block scales (`fp8`), as f32.
+    fn dequantize_fp8(&self, name: &str, weight: &Tensor) -> Result<Tensor> {
+        let blocks = self.fp8.ok_or_else(|| {
+            EngineError::Config(format!(
+                "{name} is FP8 but config.json has no quantization_config of method \"fp8\" \
+             giving its weight_block_size"
+            ))
+        })?;
+        let scale = scale_name(name);
+        if self.files.get(&scale).is_err() {
+            return Err(EngineError::MissingTensor(scale));
+        }
+        let scales = self.files.load(&scale, &Device::Cpu)?;
+        blocks.dequantize(name, weight, &scales)
     }
 }
 
