@@ -13,6 +13,7 @@ use tessera_tokenizer::{ChatMessage, MessageContent, Tokenizer};
 
 use crate::api::tool_parsers::forced::{ForcedArrayParser, ForcedNamedParser};
 use crate::api::tool_parsers::glm45::Glm45Parser;
+use crate::api::tool_parsers::minimax_m2::MiniMaxM2Parser;
 use crate::api::tool_parsers::param_types::ParamTypes;
 use crate::api::tool_parsers::qwen3_coder::Qwen3CoderParser;
 use crate::api::tool_parsers::{ToolCallParser, ToolParserKind};
@@ -25,7 +26,8 @@ pub enum ToolOutput {
     Forced(ForcedCalls),
     /// The model wrote them in its family's form (`auto`).
     Parsed(ToolParserKind),
-    /// In a form whose argument values are bare text (GLM-4.5's, Qwen3-Coder's): its
+    /// In a form whose argument values are bare text (GLM-4.5's, Qwen3-Coder's,
+    /// MiniMax-M2's): its
     /// parser, given the tools' parameter types.
     Typed(ToolParserKind, ParamTypes),
 }
@@ -41,6 +43,9 @@ impl ToolOutput {
             ToolOutput::Parsed(kind) => kind.parser(),
             ToolOutput::Typed(ToolParserKind::Qwen3Coder, types) => {
                 Box::new(Qwen3CoderParser::new(types.clone()))
+            }
+            ToolOutput::Typed(ToolParserKind::MiniMaxM2, types) => {
+                Box::new(MiniMaxM2Parser::new(types.clone()))
             }
             ToolOutput::Typed(_, types) => Box::new(Glm45Parser::new(types.clone())),
         }
@@ -99,9 +104,9 @@ pub fn adapt_to_template(
         (ToolChoice::None, None) => None,
         (_, None) => Some(
             match parser_flag.unwrap_or_else(|| ToolParserKind::from_template(source)) {
-                kind @ (ToolParserKind::Glm45 | ToolParserKind::Qwen3Coder) => {
-                    ToolOutput::Typed(kind, ParamTypes::of(tools))
-                }
+                kind @ (ToolParserKind::Glm45
+                | ToolParserKind::Qwen3Coder
+                | ToolParserKind::MiniMaxM2) => ToolOutput::Typed(kind, ParamTypes::of(tools)),
                 kind => ToolOutput::Parsed(kind),
             },
         ),

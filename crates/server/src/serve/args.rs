@@ -46,8 +46,8 @@ pub struct ServeArgs {
     pub api_key_file: Option<std::path::PathBuf>,
 
     /// How tool calls are found in replies under `tool_choice` "auto": hermes,
-    /// llama3_json, mistral, glm45 or qwen3_coder (default: chosen from the chat
-    /// template).
+    /// llama3_json, mistral, glm45, qwen3_coder or minimax_m2 (default: chosen from the
+    /// chat template).
     #[arg(long)]
     pub tool_call_parser: Option<crate::api::tool_parsers::ToolParserKind>,
 

@@ -17,6 +17,8 @@
 //!   </tool_call>`, values typed by the tools' schemas.
 //! - `qwen3_coder`: Qwen3-Coder's `<tool_call><function=name><parameter=k>v</parameter>
 //!   </function></tool_call>`, values typed likewise.
+//! - `minimax_m2`: MiniMax-M2's `<minimax:tool_call><invoke name="f"><parameter
+//!   name="k">v</parameter></invoke></minimax:tool_call>`, values typed likewise.
 //!
 //! Forced calls (`tool_choice` `required` or named) are read by [`forced`]'s parsers,
 //! from the JSON the grammar made.
@@ -28,6 +30,7 @@ pub mod glm45;
 mod hermes;
 mod llama3;
 mod markers;
+pub mod minimax_m2;
 mod mistral;
 pub mod param_types;
 pub mod qwen3_coder;
@@ -65,17 +68,26 @@ pub enum ToolParserKind {
     Mistral,
     Glm45,
     Qwen3Coder,
+    MiniMaxM2,
 }
 
 impl ToolParserKind {
-    pub const NAMES: [&'static str; 5] =
-        ["hermes", "llama3_json", "mistral", "glm45", "qwen3_coder"];
+    pub const NAMES: [&'static str; 6] = [
+        "hermes",
+        "llama3_json",
+        "mistral",
+        "glm45",
+        "qwen3_coder",
+        "minimax_m2",
+    ];
 
     /// The family a chat template writes tool calls in. Templates that show no form of
     /// their own get the Hermes form, which the server then asks for in the prompt.
     pub fn from_template(source: &str) -> Self {
         if source.contains("[TOOL_CALLS]") {
             ToolParserKind::Mistral
+        } else if source.contains("<minimax:tool_call>") {
+            ToolParserKind::MiniMaxM2
         } else if source.contains("<arg_key>") {
             ToolParserKind::Glm45
         } else if source.contains("<function=") {
@@ -98,11 +110,12 @@ impl ToolParserKind {
             ToolParserKind::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
             ToolParserKind::Glm45 => &glm45::MARKERS,
             ToolParserKind::Qwen3Coder => &[],
+            ToolParserKind::MiniMaxM2 => &minimax_m2::MARKERS,
             ToolParserKind::Hermes | ToolParserKind::Llama3Json => &[],
         }
     }
 
-    /// A fresh parser for one choice (GLM-4.5's and Qwen3-Coder's, without the tools'
+    /// A fresh parser for one choice (GLM-4.5's, Qwen3-Coder's and MiniMax-M2's, without the tools'
     /// schemas, read every value that is JSON as JSON: [`ToolOutput`](crate::api::tool_prompt::ToolOutput)
     /// gives it the schemas).
     pub fn parser(self) -> Box<dyn ToolCallParser> {
@@ -110,6 +123,9 @@ impl ToolParserKind {
             ToolParserKind::Glm45 => Box::new(glm45::Glm45Parser::new(Default::default())),
             ToolParserKind::Qwen3Coder => {
                 Box::new(qwen3_coder::Qwen3CoderParser::new(Default::default()))
+            }
+            ToolParserKind::MiniMaxM2 => {
+                Box::new(minimax_m2::MiniMaxM2Parser::new(Default::default()))
             }
             ToolParserKind::Hermes => Box::new(hermes::HermesParser::default()),
             ToolParserKind::Llama3Json => Box::new(llama3::Llama3JsonParser::default()),
@@ -124,6 +140,7 @@ impl ToolParserKind {
             ToolParserKind::Mistral => "mistral",
             ToolParserKind::Glm45 => "glm45",
             ToolParserKind::Qwen3Coder => "qwen3_coder",
+            ToolParserKind::MiniMaxM2 => "minimax_m2",
         }
     }
 }
@@ -144,6 +161,7 @@ impl FromStr for ToolParserKind {
             "mistral" => Ok(ToolParserKind::Mistral),
             "glm45" => Ok(ToolParserKind::Glm45),
             "qwen3_coder" => Ok(ToolParserKind::Qwen3Coder),
+            "minimax_m2" => Ok(ToolParserKind::MiniMaxM2),
             other => Err(format!(
                 "unknown tool call parser `{other}`: use one of {}",
                 Self::NAMES.join(", ")

@@ -251,6 +251,17 @@ fn parser_follows_the_template() {
         "mistral".parse::<ToolParserKind>(),
         Ok(ToolParserKind::Mistral)
     );
+    // MiniMax-M2's names its block, which no other form's tag matches.
+    assert_eq!(
+        ToolParserKind::from_template(
+            "<minimax:tool_call>\n<invoke name=\"tool-name-1\">\n<parameter name=\"k\">"
+        ),
+        ToolParserKind::MiniMaxM2
+    );
+    assert_eq!(
+        "minimax_m2".parse::<ToolParserKind>(),
+        Ok(ToolParserKind::MiniMaxM2)
+    );
     assert!("nope".parse::<ToolParserKind>().is_err());
 }
 
@@ -374,6 +385,54 @@ fn glm45_recorded_outputs() {
     check(
         glm45,
         "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n<arg_key>city</arg_key>\n<arg_value>Ly",
+        None,
+        &[("get_weather", r#"{"days": 2}"#)],
+    );
+}
+
+fn minimax_m2() -> Box<dyn ToolCallParser> {
+    Box::new(crate::api::tool_parsers::minimax_m2::MiniMaxM2Parser::new(
+        weather_tools(),
+    ))
+}
+
+#[test]
+fn minimax_m2_recorded_outputs() {
+    // One call as MiniMax-M2's guide shows calls, after the thinking the reply keeps.
+    check(
+        minimax_m2,
+        "<think>\nThe user wants Paris.\n</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">3</parameter>\n</invoke>\n</minimax:tool_call>",
+        Some("<think>\nThe user wants Paris.\n</think>"),
+        &[("get_weather", r#"{"city": "Paris", "days": 3}"#)],
+    );
+    // Two calls in one block: a string that looks like a number, an object and a list as
+    // JSON, a boolean; an unknown tool's text; unquoted names; text after the block.
+    check(
+        minimax_m2,
+        "Both.\n<minimax:tool_call>\n<invoke name=\"set\">\n<parameter name=\"zip\">75001</parameter>\n<parameter name=\"opts\">{\"a\": [1]}</parameter>\n<parameter name=\"on\">true</parameter>\n</invoke>\n<invoke name=note>\n<parameter name=text>\nline 1\nline 2\n</parameter>\n<parameter name=\"tags\">[\"x\", \"y\"]</parameter>\n</invoke>\n</minimax:tool_call>\nDone.",
+        Some("Both.\nDone."),
+        &[
+            ("set", r#"{"zip": "75001", "opts": {"a":[1]}, "on": true}"#),
+            ("note", r#"{"text": "line 1\nline 2", "tags": ["x","y"]}"#),
+        ],
+    );
+    // No parameters; a block that opens no call is text.
+    check(
+        minimax_m2,
+        "<minimax:tool_call><invoke name=\"now\"></invoke></minimax:tool_call>",
+        None,
+        &[("now", "{}")],
+    );
+    check(
+        minimax_m2,
+        "Write <minimax:tool_call> then <invoke",
+        Some("Write <minimax:tool_call> then <invoke"),
+        &[],
+    );
+    // Cut by max_tokens inside a value: the call keeps its complete arguments.
+    check(
+        minimax_m2,
+        "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"days\">2</parameter>\n<parameter name=\"city\">Ly",
         None,
         &[("get_weather", r#"{"days": 2}"#)],
     );
