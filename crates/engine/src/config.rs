@@ -329,7 +329,7 @@ pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
         // glm4: GLM's rotation pairs neighbours, and its files keep the rows as trained.
         "llama" | "mistral" | "smollm3" | "granite" | "glm4" => Ok(RopeStyle::Interleaved),
         "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" | "olmo2" | "gpt-oss"
-        | "glm4moe" => Ok(RopeStyle::Half),
+        | "glm4moe" | "minimax-m2" => Ok(RopeStyle::Half),
         other => Err(EngineError::UnknownArchitecture(other.to_string())),
     }
 }

@@ -83,7 +83,12 @@ struct GgufParts {
 
 /// A copy of tiny-qwen3-moe.gguf in a scratch file, edited by `edit`.
 fn edited_moe_gguf(name: &str, edit: impl FnOnce(&mut GgufParts)) -> PathBuf {
-    let src = fixtures().join("tiny-qwen3-moe.gguf");
+    edited_gguf("tiny-qwen3-moe.gguf", name, edit)
+}
+
+/// A copy of the fixture GGUF file `fixture` in a scratch file, edited by `edit`.
+fn edited_gguf(fixture: &str, name: &str, edit: impl FnOnce(&mut GgufParts)) -> PathBuf {
+    let src = fixtures().join(fixture);
     let mut file = std::fs::File::open(&src).expect("open gguf");
     let content = gguf_file::Content::read(&mut file).expect("read gguf");
     let mut parts = GgufParts {
@@ -165,6 +170,37 @@ fn bad_mixture_metadata_in_gguf_is_refused_by_key() {
         err.contains("qwen3moe.expert_feed_forward_length is missing"),
         "{err}"
     );
+}
+
+/// MiniMax-M2's router is a sigmoid: a minimax-m2 file stating another is refused (one
+/// stating none, as its converter's first version wrote them, is read as a sigmoid).
+#[test]
+fn a_minimax_m2_file_with_a_softmax_router_is_refused() {
+    use gguf_file::Value;
+    let key = "minimax-m2.expert_gating_func";
+    let path = edited_gguf("tiny-minimax-m2.gguf", "minimax-softmax", |g| {
+        g.metadata.insert(key.into(), Value::U32(1));
+    });
+    let err = load_error_tp(path, 1);
+    assert!(
+        err.contains(
+            "minimax-m2.expert_gating_func 1: minimax-m2 files are read with the \
+             sigmoid (2) router only"
+        ),
+        "{err}"
+    );
+    let path = edited_gguf("tiny-minimax-m2.gguf", "minimax-unstated", |g| {
+        g.metadata.remove(key);
+    });
+    let mut cfg = EngineConfig::new(path).with_cpu_ranks(1);
+    cfg.kv_cache_bytes = 1 << 20;
+    let engine = Engine::load(&cfg).expect("a file stating no gating loads");
+    let router = engine
+        .model_config()
+        .moe
+        .as_ref()
+        .and_then(|m| m.sigmoid_router);
+    assert!(router.is_some(), "{router:?}");
 }
 
 #[test]

@@ -22,6 +22,18 @@ fn tiny_minimax_m2_matches_transformers_at_every_tp_size() {
     }
 }
 
+/// The same weights as llama.cpp's converter writes minimax-m2 (byte-identical to its
+/// output): experts stacked in `ffn_*_exps`, the correction biases as `exp_probs_b`, the
+/// sigmoid router as `expert_gating_func` 2, the rotated dimensions as
+/// `rope.dimension_count`, the whole-projection query/key norms as they are.
+#[test]
+fn tiny_minimax_m2_gguf_matches_transformers_at_every_tp_size() {
+    let path = fixtures().join("tiny-minimax-m2.gguf");
+    for tp in 1..=4 {
+        check_against_transformers(MODEL, &path, tp, 1e-5);
+    }
+}
+
 /// The reference depends on the rotation the config sets: with every dimension rotating
 /// (`rotary_dim` 32) the 60-token case moves far. The fixture maker measured the rest on
 /// this case: 0.42 without the correction biases, 0.38 with per-head query/key norms.

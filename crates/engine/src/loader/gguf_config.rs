@@ -224,18 +224,21 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
         ("qwen3moe", _) => ExpertNames::Qwen3Moe,
         ("gpt-oss", _) => ExpertNames::GptOss,
         ("glm4moe", _) => ExpertNames::Qwen3Moe,
+        ("minimax-m2", _) => ExpertNames::MiniMaxM2,
         (_, None | Some(0)) => return Ok(None),
         ("llama", Some(_)) => ExpertNames::Mixtral,
         (_, Some(n)) => {
             return fail(format!(
-                "{} {n}: mixtures of experts are read from qwen3moe, gpt-oss, glm4moe and \
-                 llama files only",
+                "{} {n}: mixtures of experts are read from qwen3moe, gpt-oss, glm4moe, \
+                 minimax-m2 and llama files only",
                 key("expert_count")
             ))
         }
     };
     let gpt_oss = names == ExpertNames::GptOss;
     let glm = arch == "glm4moe";
+    // MiniMax-M2's router is a sigmoid too; files of its first converter state none.
+    let sigmoid_family = glm || arch == "minimax-m2";
     let Some(num_experts) = count else {
         return fail(format!("{} is missing", key("expert_count")));
     };
@@ -260,16 +263,20 @@ fn moe_config(content: &Content, arch: &str, num_layers: usize) -> Result<Option
     // renormalised softmax of the others. GLM-4.5's router is a sigmoid, which llama.cpp
     // assumes where a glm4moe file says nothing.
     let gating = meta_usize_opt(md, &key("expert_gating_func"))?;
-    let sigmoid = glm && matches!(gating, None | Some(0) | Some(GATING_SIGMOID));
+    let sigmoid = sigmoid_family && matches!(gating, None | Some(0) | Some(GATING_SIGMOID));
     if let Some(gating) = gating.filter(|g| {
         !(sigmoid
-            || (!glm && GATING_SOFTMAX.contains(g))
+            || (!sigmoid_family && GATING_SOFTMAX.contains(g))
             || (gpt_oss && *g == GATING_SOFTMAX_WEIGHT))
     }) {
         return fail(format!(
             "{} {gating}: {arch} files are read with the {} router only",
             key("expert_gating_func"),
-            if glm { "sigmoid (2)" } else { "softmax (1)" }
+            if sigmoid_family {
+                "sigmoid (2)"
+            } else {
+                "softmax (1)"
+            }
         ));
     }
     let scale = md
@@ -402,12 +409,13 @@ pub(crate) fn config_from_content(
         attention_bias: arch == "qwen2"
             || (matches!(arch.as_str(), "glm4" | "glm4moe")
                 && content.tensor_infos.contains_key("blk.0.attn_q.bias")),
-        qk_norm: matches!(arch.as_str(), "qwen3" | "qwen3moe" | "olmo2")
+        qk_norm: matches!(arch.as_str(), "qwen3" | "qwen3moe" | "olmo2" | "minimax-m2")
             || (arch == "glm4moe"
                 && content
                     .tensor_infos
                     .contains_key("blk.0.attn_q_norm.weight")),
-        qk_norm_across_heads: arch == "olmo2",
+        // MiniMax-M2's norms span all heads, as OLMo 2's.
+        qk_norm_across_heads: matches!(arch.as_str(), "olmo2" | "minimax-m2"),
         input_norms: arch != "olmo2",
         sandwich_norms: matches!(arch.as_str(), "glm4" | "olmo2"),
         norm_weight_offset: 0.0,

@@ -52,8 +52,10 @@ pub fn gguf_name(canonical: &str) -> Option<String> {
             "ffn_gate_inp.weight"
         }
         "mlp.router.bias" => "ffn_gate_inp.bias",
-        // GLM-4.5's router correction biases and shared expert.
-        "mlp.gate.e_score_correction_bias" => "exp_probs_b.bias",
+        // GLM-4.5's and MiniMax-M2's router correction biases; GLM-4.5's shared expert.
+        "mlp.gate.e_score_correction_bias" | "block_sparse_moe.e_score_correction_bias" => {
+            "exp_probs_b.bias"
+        }
         "mlp.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
         "mlp.shared_experts.up_proj.weight" => "ffn_up_shexp.weight",
         "mlp.shared_experts.down_proj.weight" => "ffn_down_shexp.weight",
