@@ -68,7 +68,9 @@ impl PreTokenizerSpec {
             "qwen2" | "qwen2.5" | "qwen-2.5" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => {
                 (vec![QWEN2_PATTERN], false)
             }
-            "gpt-4o" => (vec![GPT4O_PATTERN], false),
+            // MiniMax-M2's tokenizer.json splits with o200k's pattern (llama.cpp's
+            // MINIMAX_M2 rules are the same regex).
+            "gpt-4o" | "minimax-m2" => (vec![GPT4O_PATTERN], false),
             other => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
         };
         Ok(PreTokenizerSpec {
@@ -219,6 +221,14 @@ fn parse_merges(merges: &[String]) -> Result<Vec<(String, String)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn minimax_m2_splits_as_gpt_4o() {
+        assert_eq!(
+            PreTokenizerSpec::for_name(Some("minimax-m2")).ok(),
+            PreTokenizerSpec::for_name(Some("gpt-4o")).ok()
+        );
+    }
 
     #[test]
     fn byte_symbols_follow_gpt2() {
