@@ -39,6 +39,8 @@ pub const END_OF_TURN_MARKERS: &[&str] = &[
     "<|return|>",
     "<EOT>",
     "<｜end▁of▁sentence｜>",
+    // MiniMax-M2's end of message.
+    "[e~[",
 ];
 
 /// The files of a Hugging Face tokenizer.
