@@ -16,13 +16,20 @@
 //! value is closed.
 
 use crate::api::tool_parsers::markers::{content_until, take_tag, take_until, ContentOut};
-use crate::api::tool_parsers::param_types::{close_call, ParamTypes};
+use crate::api::tool_parsers::param_types::ParamTypes;
+use crate::api::tool_parsers::tagged_args::{ArgTags, ArgsEnd, TaggedArgs};
 use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
 
 const OPEN: &str = "<minimax:tool_call>";
 const CLOSE: &str = "</minimax:tool_call>";
 const INVOKE: (&str, &str) = ("<invoke name=", "</invoke>");
-const PARAMETER: (&str, &str) = ("<parameter name=", "</parameter>");
+const ARGS: ArgTags = ArgTags {
+    open: "<parameter name=",
+    close: "</parameter>",
+    end: INVOKE.1,
+    key: unquote,
+    value: str::trim,
+};
 
 /// The special tokens of the form, which the detokenizer must keep.
 pub const MARKERS: [&str; 2] = [OPEN, CLOSE];
@@ -41,19 +48,8 @@ enum State {
     Name {
         held: String,
     },
-    /// Between a call's parameters: the next `<parameter name=`, or `</invoke>`.
-    Params {
-        index: usize,
-        name: String,
-        sent: usize,
-    },
-    /// A parameter's name (`key: None`, up to `>`), then its value up to `</parameter>`.
-    Param {
-        index: usize,
-        name: String,
-        sent: usize,
-        key: Option<String>,
-    },
+    /// The call's arguments, up to `</invoke>`.
+    Args(TaggedArgs),
 }
 
 #[derive(Debug)]
@@ -119,11 +115,7 @@ impl MiniMaxM2Parser {
                             index,
                             name: name.clone(),
                         });
-                        self.state = State::Params {
-                            index,
-                            name,
-                            sent: 0,
-                        };
+                        self.state = State::Args(TaggedArgs::new(index, name));
                     }
                     Some(raw) => self.content.push(&format!("{held}{raw}>"), out),
                     None => {
@@ -131,83 +123,23 @@ impl MiniMaxM2Parser {
                         return;
                     }
                 },
-                State::Params { index, name, sent } => {
-                    let mut taken = String::new();
-                    match take_tag(&mut self.pending, &[PARAMETER.0, INVOKE.1], &mut taken) {
-                        Some(Some(0)) => {
-                            self.state = State::Param {
-                                index,
-                                name,
-                                sent,
-                                key: None,
-                            }
-                        }
-                        Some(Some(_)) => {
-                            out.push(close_call(index, sent));
+                State::Args(mut args) => {
+                    match args.run(&mut self.pending, &ARGS, &self.types, out) {
+                        // Another call may follow in the block.
+                        Some(ArgsEnd::Closed) => {
                             self.state = State::Block {
                                 held: String::new(),
-                                calls: index + 1,
-                            };
-                        }
-                        None => {
-                            self.state = State::Params { index, name, sent };
-                            return;
+                                calls: self.content.calls,
+                            }
                         }
                         // Neither another parameter nor the end: the call ends here.
-                        Some(None) => out.push(close_call(index, sent)),
-                    }
-                }
-                State::Param {
-                    index,
-                    name,
-                    sent,
-                    key: None,
-                } => match take_until(&mut self.pending, ">") {
-                    Some(key) => {
-                        self.state = State::Param {
-                            index,
-                            name,
-                            sent,
-                            key: Some(unquote(&key)),
+                        Some(ArgsEnd::Broken) => {}
+                        None => {
+                            self.state = State::Args(args);
+                            return;
                         }
                     }
-                    None => {
-                        self.state = State::Param {
-                            index,
-                            name,
-                            sent,
-                            key: None,
-                        };
-                        return;
-                    }
-                },
-                State::Param {
-                    index,
-                    name,
-                    sent,
-                    key: Some(key),
-                } => match take_until(&mut self.pending, PARAMETER.1) {
-                    Some(raw) => {
-                        out.push(ToolEvent::CallArguments {
-                            index,
-                            fragment: self.types.fragment(&name, &key, raw.trim(), sent),
-                        });
-                        self.state = State::Params {
-                            index,
-                            name,
-                            sent: sent + 1,
-                        };
-                    }
-                    None => {
-                        self.state = State::Param {
-                            index,
-                            name,
-                            sent,
-                            key: Some(key),
-                        };
-                        return;
-                    }
-                },
+                }
             }
         }
     }
@@ -232,9 +164,7 @@ impl ToolCallParser for MiniMaxM2Parser {
             // The block cut off between calls, or its end not written: nothing more.
             State::Block { .. } => {}
             // A call cut off: its complete arguments stand.
-            State::Params { index, sent, .. } | State::Param { index, sent, .. } => {
-                out.push(close_call(index, sent))
-            }
+            State::Args(args) => args.finish(&mut out),
         }
         self.content.finish(&mut out);
         out

@@ -34,6 +34,7 @@ pub mod minimax_m2;
 mod mistral;
 pub mod param_types;
 pub mod qwen3_coder;
+mod tagged_args;
 mod value_scan;
 
 use std::fmt;

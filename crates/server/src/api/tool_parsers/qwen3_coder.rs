@@ -16,13 +16,24 @@
 //! ([`ParamTypes`]). Each argument is sent once its value is closed.
 
 use crate::api::tool_parsers::markers::{content_until, take_tag, take_until, ContentOut};
-use crate::api::tool_parsers::param_types::{close_call, ParamTypes};
+use crate::api::tool_parsers::param_types::ParamTypes;
+use crate::api::tool_parsers::tagged_args::{ArgTags, ArgsEnd, TaggedArgs};
 use crate::api::tool_parsers::{ToolCallParser, ToolEvent};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 const FUNCTION: (&str, &str) = ("<function=", "</function>");
-const PARAMETER: (&str, &str) = ("<parameter=", "</parameter>");
+const ARGS: ArgTags = ArgTags {
+    open: "<parameter=",
+    close: "</parameter>",
+    end: FUNCTION.1,
+    key: |k| k.trim().to_string(),
+    // The template puts the value on lines of its own.
+    value: |v| {
+        let v = v.strip_prefix('\n').unwrap_or(v);
+        v.strip_suffix('\n').unwrap_or(v)
+    },
+};
 
 #[derive(Debug)]
 enum State {
@@ -33,19 +44,8 @@ enum State {
         held: String,
         named: bool,
     },
-    /// Between parameters: the next `<parameter=`, or `</function>`.
-    Params {
-        index: usize,
-        name: String,
-        sent: usize,
-    },
-    /// A parameter's name (`key: None`, up to `>`), then its value up to `</parameter>`.
-    Param {
-        index: usize,
-        name: String,
-        sent: usize,
-        key: Option<String>,
-    },
+    /// The call's arguments, up to `</function>`.
+    Args(TaggedArgs),
     /// After `</function>`: the block's `</tool_call>`.
     Closing,
 }
@@ -105,11 +105,7 @@ impl Qwen3CoderParser {
                             index,
                             name: name.clone(),
                         });
-                        self.state = State::Params {
-                            index,
-                            name,
-                            sent: 0,
-                        };
+                        self.state = State::Args(TaggedArgs::new(index, name));
                     }
                     Some(name) => {
                         self.content.push(&format!("{held}{name}>"), out);
@@ -119,83 +115,17 @@ impl Qwen3CoderParser {
                         return;
                     }
                 },
-                State::Params { index, name, sent } => {
-                    let mut taken = String::new();
-                    match take_tag(&mut self.pending, &[PARAMETER.0, FUNCTION.1], &mut taken) {
-                        Some(Some(0)) => {
-                            self.state = State::Param {
-                                index,
-                                name,
-                                sent,
-                                key: None,
-                            }
-                        }
-                        Some(Some(_)) => {
-                            out.push(close_call(index, sent));
-                            self.state = State::Closing;
-                        }
+                State::Args(mut args) => {
+                    match args.run(&mut self.pending, &ARGS, &self.types, out) {
+                        Some(ArgsEnd::Closed) => self.state = State::Closing,
+                        // Neither another parameter nor the end: the call ends here.
+                        Some(ArgsEnd::Broken) => {}
                         None => {
-                            self.state = State::Params { index, name, sent };
+                            self.state = State::Args(args);
                             return;
                         }
-                        // Neither another parameter nor the end: the call ends here.
-                        Some(None) => out.push(close_call(index, sent)),
                     }
                 }
-                State::Param {
-                    index,
-                    name,
-                    sent,
-                    key: None,
-                } => match take_until(&mut self.pending, ">") {
-                    Some(key) => {
-                        self.state = State::Param {
-                            index,
-                            name,
-                            sent,
-                            key: Some(key.trim().to_string()),
-                        }
-                    }
-                    None => {
-                        self.state = State::Param {
-                            index,
-                            name,
-                            sent,
-                            key: None,
-                        };
-                        return;
-                    }
-                },
-                State::Param {
-                    index,
-                    name,
-                    sent,
-                    key: Some(key),
-                } => match take_until(&mut self.pending, PARAMETER.1) {
-                    Some(raw) => {
-                        // The template puts the value on lines of its own.
-                        let raw = raw.strip_prefix('\n').unwrap_or(&raw);
-                        let raw = raw.strip_suffix('\n').unwrap_or(raw);
-                        out.push(ToolEvent::CallArguments {
-                            index,
-                            fragment: self.types.fragment(&name, &key, raw, sent),
-                        });
-                        self.state = State::Params {
-                            index,
-                            name,
-                            sent: sent + 1,
-                        };
-                    }
-                    None => {
-                        self.state = State::Param {
-                            index,
-                            name,
-                            sent,
-                            key: Some(key),
-                        };
-                        return;
-                    }
-                },
                 State::Closing => {
                     // With or without its closing tag, what follows is content.
                     if take_tag(&mut self.pending, &[CLOSE], &mut String::new()).is_none() {
@@ -223,9 +153,7 @@ impl ToolCallParser for Qwen3CoderParser {
             State::Text => self.content.push(&rest, &mut out),
             State::Function { held, .. } => self.content.push(&format!("{held}{rest}"), &mut out),
             // A call cut off: its complete arguments stand.
-            State::Params { index, sent, .. } | State::Param { index, sent, .. } => {
-                out.push(close_call(index, sent))
-            }
+            State::Args(args) => args.finish(&mut out),
             State::Closing => {
                 if !CLOSE.starts_with(rest.trim_start()) {
                     self.content.push(&rest, &mut out);
