@@ -23,7 +23,9 @@ pub(crate) struct Fp8Blocks {
 impl Fp8Blocks {
     /// The block shape of a `quantization_config` of method "fp8"; `None` for another
     /// method. What this loader cannot honour is refused by field: other formats than
-    /// e4m3, static activation scales, and per-tensor scales (no `weight_block_size`).
+    /// e4m3, static activation scales, per-tensor scales (no `weight_block_size`), and
+    /// experts stored otherwise (`expert_dtype`). Power-of-two scales (`scale_fmt`
+    /// "ue8m0") stored as f32 are ordinary scales.
     pub(crate) fn from_config(q: &Value) -> Result<Option<Self>> {
         if q.get("quant_method").and_then(Value::as_str) != Some("fp8") {
             return Ok(None);
@@ -39,6 +41,15 @@ impl Fp8Blocks {
                 return fail(format!(
                     "activation_scheme '{other}' (only \"dynamic\": no stored activation \
                      scales)"
+                ))
+            }
+        }
+        // DeepSeek's later checkpoints pack their experts in another format.
+        match q.get("expert_dtype").and_then(Value::as_str) {
+            None | Some("fp8") => {}
+            Some(other) => {
+                return fail(format!(
+                    "expert_dtype '{other}' (only experts in the same e4m3 blocks are read)"
                 ))
             }
         }
@@ -165,6 +176,11 @@ mod tests {
             (
                 serde_json::json!({"quant_method": "fp8"}),
                 "weight_block_size",
+            ),
+            (
+                serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128],
+                    "expert_dtype": "fp4"}),
+                "expert_dtype",
             ),
             (
                 serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 0]}),
