@@ -30,9 +30,36 @@ fn responses_response() -> Value {
         "description": "The response, or with `stream` its events (server-sent events)",
         "content": {
             "application/json": { "schema": reference("Response") },
-            "text/event-stream": { "schema": { "type": "string" } }
+            "text/event-stream": { "schema": sse_event(json_data(json!({ "type": "object" }))) }
         }
     })
+}
+
+/// One server-sent event, as OpenAPI's sequential media types describe an event: an
+/// object of its fields, whose `data` is described by `data`.
+fn sse_event(data: Value) -> Value {
+    json!({
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "event": { "type": "string" },
+            "data": data
+        }
+    })
+}
+
+/// Event data that is JSON text of `schema`.
+fn json_data(schema: Value) -> Value {
+    json!({ "type": "string", "contentMediaType": "application/json", "contentSchema": schema })
+}
+
+/// The data of a completion stream's events: a chunk of `chunk_schema`, an error envelope
+/// (a failure after the stream began), or `[DONE]` last.
+fn chunk_stream_data(chunk_schema: &str) -> Value {
+    json!({ "anyOf": [
+        { "const": "[DONE]" },
+        json_data(json!({ "anyOf": [reference(chunk_schema), reference("ErrorResponse")] }))
+    ] })
 }
 
 /// The schemas of `/v1/responses`.
@@ -468,7 +495,7 @@ pub fn document() -> Value {
             "description": "The completion, or with `stream: true` server-sent events: `data: <chunk>` lines, then `data: [DONE]`",
             "content": {
                 "application/json": { "schema": reference(json_schema) },
-                "text/event-stream": { "schema": reference(chunk_schema) }
+                "text/event-stream": { "schema": sse_event(chunk_stream_data(chunk_schema)) }
             }
         })
     };

@@ -75,6 +75,19 @@ fn check(doc: &Value, schema: &Value, v: &Value, path: &str) {
     }
 }
 
+/// The chunk schema of a completion route's event stream: each event an object whose
+/// `data` is `[DONE]` or JSON text of a chunk or an error envelope.
+fn stream_chunk_schema<'a>(doc: &'a Value, path: &str) -> &'a Value {
+    let event = response_schema(doc, path, "post", "200", "text/event-stream");
+    assert_eq!(event["required"], json!(["data"]));
+    let data = &event["properties"]["data"]["anyOf"];
+    assert_eq!(data[0], json!({"const": "[DONE]"}));
+    assert_eq!(data[1]["contentMediaType"], "application/json");
+    let schema = &data[1]["contentSchema"]["anyOf"][0];
+    assert!(schema["$ref"].is_string(), "{event}");
+    schema
+}
+
 fn response_schema<'a>(
     doc: &'a Value,
     path: &str,
@@ -144,13 +157,7 @@ async fn real_responses_validate_against_the_document() {
         ),
     )
     .await;
-    let chunk_schema = response_schema(
-        &doc,
-        "/v1/chat/completions",
-        "post",
-        "200",
-        "text/event-stream",
-    );
+    let chunk_schema = stream_chunk_schema(&doc, "/v1/chat/completions");
     for e in events.iter().filter(|e| *e != "[DONE]") {
         check(
             &doc,
@@ -175,7 +182,7 @@ async fn real_responses_validate_against_the_document() {
         &json!({"model": "smollm2", "prompt": "Hi", "max_tokens": 2, "stream": true}),
     )
     .await;
-    let chunk_schema = response_schema(&doc, "/v1/completions", "post", "200", "text/event-stream");
+    let chunk_schema = stream_chunk_schema(&doc, "/v1/completions");
     for e in events.iter().filter(|e| *e != "[DONE]") {
         check(
             &doc,
