@@ -38,11 +38,11 @@ pub const MARKERS: [&str; 2] = [OPEN, CLOSE];
 enum State {
     Text,
     /// Inside a block, between calls: the next `<invoke name=`, or the block's end.
-    /// `held` is the text taken since the block opened while it has no call, content
-    /// again if none follows.
+    /// `held` is the text taken since the block opened while it has no call (`called`
+    /// false), content again if none follows.
     Block {
         held: String,
-        calls: usize,
+        called: bool,
     },
     /// A call's name, up to `>`.
     Name {
@@ -90,20 +90,20 @@ impl MiniMaxM2Parser {
                     }
                     self.state = State::Block {
                         held: OPEN.into(),
-                        calls: 0,
+                        called: false,
                     };
                 }
-                State::Block { mut held, calls } => {
+                State::Block { mut held, called } => {
                     match take_tag(&mut self.pending, &[INVOKE.0, CLOSE], &mut held) {
                         Some(Some(0)) => self.state = State::Name { held },
                         // The block ends; what follows is content.
                         Some(Some(_)) => {}
                         None => {
-                            self.state = State::Block { held, calls };
+                            self.state = State::Block { held, called };
                             return;
                         }
                         // Not a call: a block that opened none is content.
-                        Some(None) if calls == 0 => self.content.push(&held, out),
+                        Some(None) if !called => self.content.push(&held, out),
                         Some(None) => {}
                     }
                 }
@@ -129,7 +129,7 @@ impl MiniMaxM2Parser {
                         Some(ArgsEnd::Closed) => {
                             self.state = State::Block {
                                 held: String::new(),
-                                calls: self.content.calls,
+                                called: true,
                             }
                         }
                         // Neither another parameter nor the end: the call ends here.
@@ -158,9 +158,11 @@ impl ToolCallParser for MiniMaxM2Parser {
         let rest = std::mem::take(&mut self.pending);
         match std::mem::replace(&mut self.state, State::Text) {
             State::Text => self.content.push(&rest, &mut out),
-            State::Block { held, calls: 0 } | State::Name { held } => {
-                self.content.push(&format!("{held}{rest}"), &mut out)
+            State::Block {
+                held,
+                called: false,
             }
+            | State::Name { held } => self.content.push(&format!("{held}{rest}"), &mut out),
             // The block cut off between calls, or its end not written: nothing more.
             State::Block { .. } => {}
             // A call cut off: its complete arguments stand.
