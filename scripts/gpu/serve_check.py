@@ -20,6 +20,8 @@ MAX_TOKENS = 40
 
 def check(name, figure, bound, ok):
     print(f"GPU-CHECK | {name} | {figure} | {bound}", flush=True)
+    if not ok:
+        print(f"GPU-CHECK-FAILED | {name}", flush=True)
     return ok
 
 

@@ -1,6 +1,7 @@
 """Writes docs/gpu-verification.md from the log of scripts/test-gpu: the machine's facts,
 then one row per `GPU-CHECK | check | figure | bound` line of the log (which may follow
-other output on its line, as the test harness prints `test name ... ` before it).
+other output on its line, as the test harness prints `test name ... ` before it), its
+figure marked where a `GPU-CHECK-FAILED | check` line names it.
 
   python3 write_report.py LOG REPORT STATUS COMMIT GPU DRIVER CUDA NCCL
 """
@@ -15,8 +16,12 @@ def cell(text):
 
 def main():
     log, report, status, commit, gpu, driver, cuda, nccl = sys.argv[1:9]
-    rows = []
+    rows, failed_checks = [], set()
     for line in open(log, errors="replace"):
+        f = re.search(r"GPU-CHECK-FAILED \| (.*)$", line.rstrip("\n"))
+        if f:
+            failed_checks.add(f.group(1).strip())
+            continue
         m = re.search(r"GPU-CHECK \| (.*)$", line.rstrip("\n"))
         if m:
             parts = m.group(1).split(" | ")
@@ -34,7 +39,8 @@ def main():
         out.write(f"| result | {'FAILED' if failed else 'all checks passed'} ({len(rows)} checks) |\n\n")
         out.write("| check | figure | bound |\n|---|---|---|\n")
         for name, figure, bound in rows:
-            out.write(f"| {cell(name)} | {cell(figure)} | {cell(bound)} |\n")
+            mark = " **(failed)**" if name.strip() in failed_checks else ""
+            out.write(f"| {cell(name)} | {cell(figure)}{mark} | {cell(bound)} |\n")
         out.write("\nMulti-GPU NCCL (world size above 1) has not run: these machines have one GPU.\n"
                   "Tensor parallelism on one GPU runs the same sharded code through the same-GPU\n"
                   "communicator.\n")

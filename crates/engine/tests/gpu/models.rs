@@ -37,15 +37,35 @@ fn models_dir() -> PathBuf {
 }
 
 /// Whether to check model `name`: `TESSERA_GPU_ONLY` (comma-separated names, as
-/// `scripts/test-gpu` passes it) narrows the checks to those models.
+/// `scripts/test-gpu` passes it) narrows the checks to those models, and
+/// `TESSERA_GPU_SHARD=K/N` (its parallel parts) keeps every Nth model from the Kth, so that
+/// no two parts write the same GGUF files.
 fn selected(name: &str) -> bool {
     let only = std::env::var("TESSERA_GPU_ONLY").unwrap_or_default();
-    only.is_empty() || only.split(',').any(|o| o.trim() == name)
+    let listed = only.is_empty() || only.split(',').any(|o| o.trim() == name);
+    listed && in_shard(name)
+}
+
+fn in_shard(name: &str) -> bool {
+    let Ok(spec) = std::env::var("TESSERA_GPU_SHARD") else {
+        return true;
+    };
+    let (k, n) = spec
+        .split_once('/')
+        .and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?)))
+        .filter(|&(k, n)| k < n)
+        .unwrap_or_else(|| panic!("TESSERA_GPU_SHARD={spec}: expected K/N with K < N"));
+    let mut all = GGUF_CHECK_MODELS
+        .iter()
+        .chain(BF16_CHECK_MODELS.iter())
+        .chain(MXFP4_CHECK_MODELS.iter());
+    all.position(|m| *m == name)
+        .is_some_and(|index| index % n == k)
 }
 
 /// The models under test: (label, path, folder with the transformers reference).
-fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
-    static MODELS: OnceLock<Vec<(String, PathBuf, PathBuf)>> = OnceLock::new();
+fn models() -> &'static Vec<Model> {
+    static MODELS: OnceLock<Vec<Model>> = OnceLock::new();
     MODELS.get_or_init(|| {
         let dir = models_dir();
         let mut out = Vec::new();
@@ -78,6 +98,26 @@ fn models() -> &'static Vec<(String, PathBuf, PathBuf)> {
     })
 }
 
+type Model = (String, PathBuf, PathBuf);
+
+/// Runs `body` for each model, going on past one whose checks fail (a failed check
+/// panics), then fails naming every model that failed: one device run reports on every
+/// model rather than stopping at the first failure.
+fn each_model<'a>(models: impl IntoIterator<Item = &'a Model>, body: impl Fn(&'a Model)) {
+    let mut failed = Vec::new();
+    for model in models {
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(model)));
+        if run.is_err() {
+            failed.push(model.0.clone());
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "checks failed for: {}",
+        failed.join(", ")
+    );
+}
+
 fn devices(spec: &str) -> Vec<DeviceSpec> {
     DeviceSpec::parse_list(spec).expect("device list")
 }
@@ -91,7 +131,7 @@ fn engine(path: &Path, spec: &str) -> Engine {
 
 #[test]
 fn cuda_logits_match_cpu_and_transformers() {
-    for (label, path, ref_dir) in models() {
+    each_model(models(), |(label, path, ref_dir)| {
         let mut cpu = engine(path, "cpu:0");
         let mut gpu = engine(path, "cuda:0");
         let vocab = cpu.model_config().vocab_size;
@@ -127,14 +167,15 @@ fn cuda_logits_match_cpu_and_transformers() {
                 worst_hf < bound,
             );
         }
-    }
+    });
 }
 
 #[test]
 fn greedy_text_on_cuda_equals_the_cpu_engine() {
     // bf16 moves these logits by about 0.02: a gap of 0.1 is safely decided.
     let margin = 0.1;
-    for (label, path, ref_dir) in models().iter().filter(|m| m.0.contains("bf16")) {
+    let dense = models().iter().filter(|m| m.0.contains("bf16"));
+    each_model(dense, |(label, path, ref_dir)| {
         let mut cpu = engine(path, "cpu:0");
         let mut gpu = engine(path, "cuda:0");
         let vocab = cpu.model_config().vocab_size;
@@ -169,12 +210,13 @@ fn greedy_text_on_cuda_equals_the_cpu_engine() {
             format!(">= {}", 2 * MIN_COMPARED),
             compared_tokens >= 2 * MIN_COMPARED,
         );
-    }
+    });
 }
 
 #[test]
 fn tensor_parallel_on_one_gpu_equals_tp1() {
-    for (label, path, ref_dir) in models().iter().filter(|m| !m.0.contains("q8_0")) {
+    let checked = models().iter().filter(|m| !m.0.contains("q8_0"));
+    each_model(checked, |(label, path, ref_dir)| {
         let dense = label.contains("bf16");
         let mut tp1 = engine(path, "cuda:0");
         let vocab = tp1.model_config().vocab_size;
@@ -211,7 +253,7 @@ fn tensor_parallel_on_one_gpu_equals_tp1() {
                 );
             }
         }
-    }
+    });
 }
 
 #[test]

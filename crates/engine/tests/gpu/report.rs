@@ -5,6 +5,9 @@ use candle_core::{DType, Device, Tensor};
 /// Prints the check's line and fails it when `ok` is false.
 pub fn check(name: &str, figure: String, bound: String, ok: bool) {
     println!("GPU-CHECK | {name} | {figure} | {bound}");
+    if !ok {
+        println!("GPU-CHECK-FAILED | {name}");
+    }
     assert!(ok, "{name}: {figure} is outside {bound}");
 }
 
