@@ -79,6 +79,7 @@ import json
 import os
 import shutil
 import sys
+import traceback
 
 import torch
 import transformers
@@ -219,6 +220,24 @@ def init_routers(model, seed):
 ONLY = set(sys.argv[2:])
 
 
+# Models whose making failed: the others are still made (one GPU run checks them), and the
+# script exits non-zero naming these.
+FAILED = []
+
+
+def each_model(make):
+    """`make` for one model, its failure recorded (with the traceback) rather than raised."""
+    def run(out, name, *args, **kwargs):
+        try:
+            make(out, name, *args, **kwargs)
+        except Exception:
+            traceback.print_exc()
+            print(f"error: {name} was not made", file=sys.stderr)
+            FAILED.append(name)
+    return run
+
+
+@each_model
 def build(out, name, cls, config, tok, with_reference=True):
     if ONLY and name not in ONLY:
         return
@@ -235,7 +254,8 @@ def build(out, name, cls, config, tok, with_reference=True):
         reference(path, cls, tok)
 
 
-def build_gpt_oss_mxfp4(out, tok):
+@each_model
+def build_gpt_oss_mxfp4(out, name, tok):
     """gpt-oss-mxfp4/ from gpt-oss/ (made first)."""
     if ONLY and "gpt-oss-mxfp4" not in ONLY:
         return
@@ -369,7 +389,7 @@ def main():
                          "beta_slow": 1.0, "truncate": False},
         swiglu_limit=0.75, attention_bias=True, tie_word_embeddings=False, pad_token_id=None,
         **common), tok)
-    build_gpt_oss_mxfp4(out, tok)
+    build_gpt_oss_mxfp4(out, "gpt-oss-mxfp4", tok)
     build(out, "glm4-moe", Glm4MoeForCausalLM, Glm4MoeConfig(
         hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
         n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
@@ -407,3 +427,5 @@ def main():
 
 if __name__ == "__main__":
     main()
+    if FAILED:
+        sys.exit(f"not made: {', '.join(FAILED)}")
