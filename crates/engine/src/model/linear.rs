@@ -99,7 +99,10 @@ impl Linear {
                 Tensor::from_vec(y, (m, w.rows()), x.device())?
             }
         };
+        // The bias is kept in the device's compute type; a product in another type (an
+        // f32 router on a GPU, a quantized matmul's f32 output) takes it in its own.
         Ok(match &self.bias {
+            Some(b) if b.dtype() != y.dtype() => y.broadcast_add(&b.to_dtype(y.dtype())?)?,
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
@@ -261,4 +264,27 @@ pub fn row_parallel(
         matrix.select_cols(range)?.into_linear_weight(device)?,
         None,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::QMatMul;
+    use candle_core::{DType, Device, Tensor};
+
+    use super::{Linear, LinearWeight};
+    use crate::error::Result;
+
+    /// A bias kept in another type than the product (a GPU's bf16 bias beside an f32
+    /// router) is added in the product's type.
+    #[test]
+    fn a_bias_in_another_type_is_added_in_the_products() -> Result<()> {
+        let w = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu)?;
+        let bias = Tensor::new(&[0.5f32, -1.0], &Device::Cpu)?.to_dtype(DType::BF16)?;
+        let layer = Linear::new(LinearWeight::Candle(QMatMul::Tensor(w)), Some(bias));
+        let x = Tensor::new(&[[1f32, 1.0]], &Device::Cpu)?;
+        let y = layer.forward(&x)?;
+        assert_eq!(y.dtype(), DType::F32);
+        assert_eq!(y.to_vec2::<f32>()?, vec![vec![3.5, 6.0]]);
+        Ok(())
+    }
 }

@@ -14,7 +14,7 @@
 //! needs (the caller's), not one per expert. Tokens are grouped by expert, so one step
 //! reads each chosen expert's weights once for all its tokens.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::config::{Activation, ClampedSwiglu, ExpertTensor, MoeConfig};
 use crate::error::{EngineError, Result};
@@ -194,8 +194,14 @@ pub fn load_shards(
         .zip(shared)
         .map(|((experts, dev), shared)| {
             Ok(MoeShard {
-                router: Linear::new(router.clone().into_f32_linear_weight(dev)?, None)
-                    .with_bias(router_bias.as_ref(), dev)?,
+                // The router runs in f32 on every device, its bias too.
+                router: Linear::new(
+                    router.clone().into_f32_linear_weight(dev)?,
+                    router_bias
+                        .as_ref()
+                        .map(|b| b.to_dtype(DType::F32)?.to_device(dev))
+                        .transpose()?,
+                ),
                 routing: routing.clone(),
                 experts,
                 shared,
