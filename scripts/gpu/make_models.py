@@ -416,7 +416,11 @@ def main():
         build(out, "minimax-m2", MiniMaxM2ForCausalLM, MiniMaxM2Config(
             hidden_size=512, intermediate_size=256, num_local_experts=8, num_experts_per_tok=2,
             num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-            rotary_dim=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            # transformers before 5.2x ignores `rotary_dim` (MiniMax's own field) and rotates
+            # every dimension; the factor in the RoPE parameters says the same to every
+            # version, and config.json keeps both.
+            rotary_dim=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                            "partial_rotary_factor": 0.5},
             tie_word_embeddings=False, pad_token_id=None, **common), tok)
     build(out, "smollm3", SmolLM3ForCausalLM, SmolLM3Config(
         hidden_size=512, intermediate_size=1024, num_hidden_layers=4,

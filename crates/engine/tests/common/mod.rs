@@ -255,9 +255,11 @@ pub const GPU_LOGITS_BOUND: f32 = 2e-2;
 pub const GPU_GEMMA_LOGITS_BOUND: f32 = 3e-2;
 /// Tensor parallelism changes f32 summation orders and so some bf16 roundings: the
 /// pre-flight saw TP = 3 move the Qwen2-shaped model's logits across a top-2 gap of
-/// 0.029, and none across a larger one. Greedy text is compared up to the first gap
-/// under this margin.
-pub const GPU_TP_MARGIN: f32 = 0.05;
+/// 0.029. On an H200, TP = 2..4 moved the checks' logits by 2e-3 to 4e-3 (relative L2)
+/// from TP = 1's, as much as CUDA moves them from the CPU engine, so greedy text is
+/// compared up to the first gap under the same margin as there (0.1); at 0.05, two
+/// models' runs parted at gaps above it.
+pub const GPU_TP_MARGIN: f32 = 0.1;
 /// GGUF weights on CUDA ranks: candle's quantized CUDA matmuls round activations
 /// differently from the CPU engine's, on top of bf16.
 pub const GPU_GGUF_LOGITS_BOUND: f32 = 5e-2;
