@@ -14,6 +14,23 @@ def cell(text):
     return text.strip().replace("|", "\\|")
 
 
+MODEL_ROW = re.compile(r"^([\w.-]+ (?:bf16|MXFP4|\w+ GGUF)): ")
+
+
+def grouped(rows):
+    """The rows with each model's together (parts that ran side by side interleave their
+    lines): the checks of no model first, in their order, then each model's in the order
+    the models first appear."""
+    plain, models = [], {}
+    for row in rows:
+        m = MODEL_ROW.match(row[0])
+        if m:
+            models.setdefault(m.group(1), []).append(row)
+        else:
+            plain.append(row)
+    return plain + [row for rows in models.values() for row in rows]
+
+
 def main():
     log, report, status, commit, gpu, driver, cuda, nccl = sys.argv[1:9]
     rows, failed_checks = [], set()
@@ -27,6 +44,7 @@ def main():
             parts = m.group(1).split(" | ")
             if len(parts) >= 3:
                 rows.append((parts[0], " | ".join(parts[1:-1]), parts[-1]))
+    rows = grouped(rows)
     failed = status != "0"
     with open(report, "w") as out:
         out.write("# GPU verification\n\n")
