@@ -178,8 +178,21 @@ def reference(path, cls, tok):
                     tok, "transformers float32 from the saved bf16 weights, eager attention")
 
 
+def as_configured(model):
+    """transformers before 5.2x runs gpt-oss's clamped gate at 7.0 and 1.702 whatever the
+    config says; the modules take the config's swiglu_limit (and alpha) here, so that every
+    version computes what config.json asks for."""
+    limit = getattr(model.config, "swiglu_limit", None)
+    for module in model.modules():
+        if limit is not None and hasattr(module, "limit") and hasattr(module, "alpha"):
+            module.limit = limit
+            module.alpha = getattr(model.config, "swiglu_alpha", module.alpha)
+    return model
+
+
 @torch.no_grad()
 def write_reference(path, model, tok, what):
+    model = as_configured(model)
     cases = []
     for ids in prompts(tok):
         logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
