@@ -343,11 +343,15 @@ async fn client_disconnect_mid_stream_frees_the_sequence() {
 async fn client_disconnect_without_stream_frees_the_sequence() {
     let _gate = SCHEDULER_GATE.write().await;
     let s = model_server();
-    let body = france(json!({"max_tokens": 400, "ignore_eos": true}));
+    // 1000 tokens take seconds on a CPU; the client gives up after 800 ms. (400 tokens
+    // once finished inside the client's earlier 1.5 s.)
+    let max_tokens = 1000;
+    let body = france(json!({"max_tokens": max_tokens, "ignore_eos": true}));
     let client = reqwest::Client::builder()
-        .timeout(Duration::from_millis(1500))
+        .timeout(Duration::from_millis(800))
         .build()
         .unwrap();
+    let before = s.state.scheduler.metrics().generation_tokens_total;
     let result = client
         .post(s.url("/v1/chat/completions"))
         .json(&body)
@@ -355,6 +359,9 @@ async fn client_disconnect_without_stream_frees_the_sequence() {
         .await;
     assert!(result.is_err(), "the request should time out on the client");
     wait_for_idle(&s.state).await;
+    // Freed because the client left, not because the reply ran to its end.
+    let generated = s.state.scheduler.metrics().generation_tokens_total - before;
+    assert!(generated < max_tokens, "{generated} tokens generated");
 }
 
 /// The text of the first `n` of `tokens` (a `logprobs.tokens` array).
