@@ -3,7 +3,8 @@
 //! Start-up: the port is bound first so orchestrators can probe a loading server
 //! (`/livez` 200, `/startupz` and `/readyz` 503, every API route 503 `model_loading`);
 //! the model loads on the blocking pool, a warm-up generation runs through the real
-//! scheduler, and only then does the API router take over and readiness turn true.
+//! scheduler, and only then does the API router take over and, after it, readiness turn
+//! true.
 //!
 //! Shutdown (SIGTERM or Ctrl-C): readiness turns false and admission closes (new
 //! generations get 503 `shutting_down`) while the listener keeps answering probes and
@@ -212,7 +213,8 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
 const WARM_UP_TOKENS: usize = 4;
 
 /// Run a short greedy generation through the real scheduler (first-touch allocations,
-/// thread pools, caches), then mark the server started. Blocking.
+/// thread pools, caches). Blocking. The caller marks the server started once its API
+/// routes are in place.
 pub fn warm_up(state: &AppState) -> Result<()> {
     let started = Instant::now();
     let prompt_ids = state
@@ -253,7 +255,6 @@ pub fn warm_up(state: &AppState) -> Result<()> {
         "warm-up: {tokens} tokens in {:.3}s",
         started.elapsed().as_secs_f64()
     );
-    state.lifecycle.set_started();
     Ok(())
 }
 
@@ -323,6 +324,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         tracing::info!("API keys required ({} configured)", state.api_keys.len());
     }
     let _ = api.set(router::build_router(state.clone(), &args.allowed_origins));
+    // Started (so `/readyz` answers 200) only once the API routes are in place: a probe
+    // that passed before would send requests to a 503 `model_loading`.
+    state.lifecycle.set_started();
     tracing::info!("ready on http://{local}");
 
     let engine_failed = tokio::select! {

@@ -98,6 +98,7 @@ pub fn model_state() -> &'static AppState {
             .join()
             .unwrap()
             .expect("warm-up generation");
+        state.lifecycle.set_started();
         state
     })
 }
