@@ -239,8 +239,11 @@ FAILED = []
 
 
 def each_model(make):
-    """`make` for one model, its failure recorded (with the traceback) rather than raised."""
+    """`make` for one model (when ONLY names it or is empty), its failure recorded (with
+    the traceback) rather than raised."""
     def run(out, name, *args, **kwargs):
+        if ONLY and name not in ONLY:
+            return
         try:
             make(out, name, *args, **kwargs)
         except Exception:
@@ -252,8 +255,6 @@ def each_model(make):
 
 @each_model
 def build(out, name, cls, config, tok, with_reference=True):
-    if ONLY and name not in ONLY:
-        return
     path = os.path.join(out, name)
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
@@ -269,14 +270,12 @@ def build(out, name, cls, config, tok, with_reference=True):
 
 @each_model
 def build_gpt_oss_mxfp4(out, name, tok):
-    """gpt-oss-mxfp4/ from gpt-oss/ (made first)."""
-    if ONLY and "gpt-oss-mxfp4" not in ONLY:
-        return
+    """gpt-oss-mxfp4/ (`name`) from gpt-oss/ (made first)."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.join(here, "..", "..", "tests", "fixtures", "models"))
     from make_gpt_oss import EXPERT_NAMES, QUANTIZATION_CONFIG, mxfp4_quantize
 
-    src, path = os.path.join(out, "gpt-oss"), os.path.join(out, "gpt-oss-mxfp4")
+    src, path = os.path.join(out, "gpt-oss"), os.path.join(out, name)
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     tensors = load_file(os.path.join(src, "model.safetensors"))
