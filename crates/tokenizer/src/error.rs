@@ -30,6 +30,10 @@ pub enum TokenizerError {
     #[error("the text contains byte 0x{byte:02X}, which the model's vocabulary cannot represent")]
     Unrepresentable { byte: u8 },
 
+    /// The text has more tokens than it may (see `Tokenizer::encode_within`).
+    #[error("the text has more than {max_tokens} tokens")]
+    TooLong { max_tokens: usize },
+
     /// A GGUF metadata key that the tokenizer needs is absent.
     #[error("GGUF metadata key `{key}` is missing")]
     MissingMetadata { key: String },

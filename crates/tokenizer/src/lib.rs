@@ -14,6 +14,7 @@
 // Unit tests state their expectations by unwrapping; library code never does.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod bounded;
 mod chat_message;
 mod chat_template;
 mod error;

@@ -87,6 +87,8 @@ pub struct Tokenizer {
     /// Bytes the byte-level vocabulary has no token for (GGUF path; none for
     /// tokenizer.json, whose pipeline handles them itself).
     unrepresentable: [bool; 256],
+    /// Length of the longest token's text in the vocabulary, added tokens included.
+    longest_token_bytes: usize,
 }
 
 impl Tokenizer {
@@ -210,8 +212,16 @@ impl Tokenizer {
             )
             .map_err(|e| e.to_string())
         });
+        let longest_token_bytes = inner
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Tokenizer {
             inner,
+            longest_token_bytes,
             bos_token_id: parts.bos_token_id,
             eos_token_ids: eos.into_iter().collect(),
             special_ids,
@@ -294,6 +304,16 @@ impl Tokenizer {
         } else {
             text
         })
+    }
+
+    /// Length in bytes of the vocabulary's longest token text.
+    pub fn longest_token_bytes(&self) -> usize {
+        self.longest_token_bytes
+    }
+
+    /// Whether the pipeline normalizes text before splitting it.
+    pub fn has_normalizer(&self) -> bool {
+        self.inner.get_normalizer().is_some()
     }
 
     /// The id of the BOS token, if the model has one.
