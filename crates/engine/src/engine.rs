@@ -20,7 +20,7 @@ use crate::placement;
 use crate::prompt_logprobs::PromptLogprobs;
 use crate::sampler::Sampler;
 use crate::stats::EngineStats;
-use crate::structured::GrammarCompiler;
+use crate::structured::start_constraint;
 use crate::tp::ShardPlan;
 use crate::worker::{self, Fault, Job, Reduced, WorkerHandle, WorkerState};
 
@@ -46,9 +46,6 @@ pub struct Engine {
     /// How to give the ranks fresh communicators after a step-only failure.
     groups: placement::CommGroups,
     stats: EngineStats,
-    /// Compiles `response_format` constraints; without it constrained sequences are
-    /// refused.
-    grammar: Option<Arc<GrammarCompiler>>,
     /// On a worker node of a group of nodes: the connection its steps come from.
     pub(crate) leader: Option<crate::cluster::LeaderLink>,
     /// On the leader of a group of nodes: word of a worker node lost while idle.
@@ -205,7 +202,6 @@ impl Engine {
             failed: None,
             groups,
             stats,
-            grammar: None,
             leader: attached.leader,
             node_loss: attached.node_loss,
         };
@@ -232,12 +228,6 @@ impl Engine {
     /// after the engine has moved to its loop.
     pub fn stats(&self) -> EngineStats {
         self.stats.clone()
-    }
-
-    /// Enables constrained decoding (`SamplingParams::constraint`) with `compiler`, built
-    /// from this model's tokenizer.
-    pub fn set_grammar_compiler(&mut self, compiler: Arc<GrammarCompiler>) {
-        self.grammar = Some(compiler);
     }
 
     pub fn model_config(&self) -> &ModelConfig {
@@ -397,18 +387,24 @@ impl Engine {
         for id in &plan.finished {
             self.sequences.remove(id);
         }
+        // A sequence that cannot start fails alone; the rest of the step runs.
+        let mut failed = Vec::new();
         for new in &plan.new_sequences {
             let mut sampler = Sampler::new(new.sampling.clone(), &new.prompt_ids);
-            if let Some(constraint) = &new.sampling.constraint {
-                // The server compiled the same constraint with the same compiler before
-                // admitting the request, so this fails only on a misconfigured engine.
-                let compiler = self.grammar.as_ref().ok_or_else(|| {
-                    EngineError::Step(format!(
-                        "{} asks for structured output but the engine has no grammar compiler",
-                        new.id
-                    ))
-                })?;
-                sampler = sampler.with_constraint(compiler.compile(constraint)?);
+            if new.sampling.constraint.is_some() {
+                // Compiled once per request, off this thread, before submission.
+                match start_constraint(new.sampling.prepared_constraint.as_ref()) {
+                    Ok(constraint) => sampler = sampler.with_constraint(constraint),
+                    Err(message) => {
+                        tracing::warn!("{}: {message}; the sequence fails alone", new.id);
+                        failed.push(FailedSequence {
+                            id: new.id,
+                            message,
+                            by_request: false,
+                        });
+                        continue;
+                    }
+                }
             }
             let prompt = new
                 .sampling
@@ -422,9 +418,11 @@ impl Engine {
             max_positions: self.config.max_position_embeddings,
             vocab_rows: self.config.vocab_size,
         };
-        let mut failed = Vec::new();
         let mut runnable = Vec::with_capacity(plan.scheduled.len());
         for chunk in &plan.scheduled {
+            if failed.iter().any(|f: &FailedSequence| f.id == chunk.id) {
+                continue;
+            }
             let refusal = match self.sequences.get(&chunk.id) {
                 None => Err(format!("{} was never announced", chunk.id)),
                 Some(_) => limits.check(chunk),
@@ -437,6 +435,7 @@ impl Engine {
                     failed.push(FailedSequence {
                         id: chunk.id,
                         message,
+                        by_request: false,
                     });
                 }
             }
@@ -502,11 +501,12 @@ impl Engine {
             };
             if let Some(fault) = state.sampler.grammar_fault() {
                 // The sequence fails alone, with the reason; the rest of the step goes on.
-                let message = fault.to_string();
+                let (message, by_request) = (fault.message.clone(), fault.by_request);
                 self.sequences.remove(&chunk.id);
                 failed.push(FailedSequence {
                     id: chunk.id,
                     message,
+                    by_request,
                 });
                 continue;
             }
@@ -534,7 +534,11 @@ impl Engine {
                 .and_then(|st| st.prompt.as_mut());
             match prompt.and_then(PromptLogprobs::take) {
                 Some(Ok(lp)) => s.prompt_logprobs = Some(lp),
-                Some(Err(message)) => incomplete.push(FailedSequence { id: s.id, message }),
+                Some(Err(message)) => incomplete.push(FailedSequence {
+                    id: s.id,
+                    message,
+                    by_request: false,
+                }),
                 None => {}
             }
         }

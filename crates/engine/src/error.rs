@@ -72,6 +72,19 @@ pub enum EngineError {
     #[error("invalid grammar: {0}")]
     GrammarInvalid(String),
 
+    /// A constraint larger or deeper than the bounds the server sets.
+    #[error("the structured output format is too large: {0}")]
+    GrammarTooLarge(String),
+
+    /// A constraint that compiles but is too complex to compute the mask of its first
+    /// token within the grammar engine's limits.
+    #[error("the structured output format is too complex to enforce: {0}")]
+    GrammarTooComplex(String),
+
+    /// A constraint no output can satisfy under the request's other parameters.
+    #[error("the structured output format cannot be satisfied: {0}")]
+    GrammarUnsatisfiable(String),
+
     /// The tokenizer cannot be turned into the token trie constrained decoding needs.
     #[error("structured output is unavailable for this tokenizer: {0}")]
     TokenTrie(String),

@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 use tessera_protocol::{SamplingParams, TokenLogprobs};
 
 use crate::model::batch::RowReduce;
-use crate::structured::{ThinkingGate, TokenConstraint};
+use crate::structured::{GrammarFault, ThinkingGate, TokenConstraint};
 
 /// Sampling state of one sequence, kept by the engine for the sequence's whole life
 /// (across preemptions), so seeded sampling does not depend on batching.
@@ -63,7 +63,7 @@ impl Sampler {
     }
 
     /// Why the sequence's grammar engine failed, if it did (the sequence must fail).
-    pub fn grammar_fault(&self) -> Option<&str> {
+    pub fn grammar_fault(&self) -> Option<&GrammarFault> {
         self.constraint.as_ref().and_then(TokenConstraint::fault)
     }
 
@@ -90,6 +90,10 @@ impl Sampler {
             c.apply_mask(logits);
             if let Some((t, logit)) = open {
                 logits[t as usize] = logit;
+            }
+            if logits.iter().all(|l| *l == f32::NEG_INFINITY) {
+                // Bias and `bad_words` took away every token the grammar allows.
+                c.no_token_left();
             }
         }
         let token = if self.params.is_greedy() {

@@ -27,8 +27,10 @@ pub fn tokenizer() -> Arc<Tokenizer> {
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
+        // Timers: structured output compiles under a time limit.
         match tokio::runtime::Builder::new_current_thread()
             .max_blocking_threads(1)
+            .enable_time()
             .build()
         {
             Ok(rt) => rt,

@@ -8,6 +8,7 @@ use tessera_engine::GrammarCompiler;
 use tessera_server::api::chat_request::ChatRequest;
 use tessera_server::api::completion_request::CompletionRequest;
 use tessera_server::api::error::ServerError;
+use tessera_server::api::grammar_prep::GrammarService;
 use tessera_server::api::request_limits::RequestLimits;
 use tessera_server::api::valid_request::{ValidRequest, ValidationContext};
 use tessera_server::serve::json_body::parse_json_body;
@@ -33,9 +34,10 @@ fn context() -> &'static ValidationContext {
             max_model_len: MAX_MODEL_LEN,
             kv_sequence_tokens: 4 * MAX_MODEL_LEN,
             limits: RequestLimits::default(),
-            grammar,
+            grammar: GrammarService::new(grammar, Default::default()),
             tool_parser: None,
             reasoning: Default::default(),
+            work_slots: Default::default(),
         }
     })
 }

@@ -6,11 +6,13 @@
 
 mod executor;
 mod histogram;
+mod prepared;
 mod sampling;
 mod step;
 
 pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape, RELEASED_BLOCK};
 pub use histogram::{DurationHistogram, HistogramSnapshot};
+pub use prepared::PreparedConstraint;
 pub use sampling::{
     FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition, ThinkingTags,
 };

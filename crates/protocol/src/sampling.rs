@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::prepared::PreparedConstraint;
+
 /// Parameters of the sampler for one sequence. Every field is honoured by the engine's
 /// sampler; values are validated by the server before they get here.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +31,11 @@ pub struct SamplingParams {
     /// Constrained decoding: every token must keep the output a prefix of this format.
     #[serde(default)]
     pub constraint: Option<OutputConstraint>,
+    /// `constraint` compiled, once for every sequence of the request, before it was
+    /// submitted; a constrained sequence without it is refused by the engine. Stays in
+    /// the process that compiled it (the leader, where sequences are sampled).
+    #[serde(skip)]
+    pub prepared_constraint: Option<PreparedConstraint>,
     /// Also return the log-probability of every prompt token after the first (from the
     /// model's logits at the position before it) with this many alternatives. The whole
     /// prompt is then computed: no prefix-cache hit skips part of it.
@@ -95,6 +102,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             logprobs: None,
             constraint: None,
+            prepared_constraint: None,
             prompt_logprobs: None,
             min_tokens: 0,
             min_tokens_blocked: Vec::new(),

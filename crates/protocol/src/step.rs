@@ -94,6 +94,11 @@ pub struct SampledToken {
 pub struct FailedSequence {
     pub id: SeqId,
     pub message: String,
+    /// The sequence's own request cannot be carried out (a structured output format
+    /// too complex to enforce, or one its other parameters make unsatisfiable): the
+    /// client's error, not the engine's.
+    #[serde(default)]
+    pub by_request: bool,
 }
 
 /// The result of a step: one sample per chunk with `sample == true`, in plan order,
@@ -127,4 +132,7 @@ pub enum TokenEvent {
     /// This sequence failed (its step, or its own input), and the engine keeps serving:
     /// no further events follow.
     Failed(String),
+    /// This sequence's request cannot be carried out as asked (see
+    /// [`FailedSequence::by_request`]): a client error; no further events follow.
+    Refused(String),
 }

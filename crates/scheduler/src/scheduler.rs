@@ -196,10 +196,10 @@ impl Scheduler {
     /// send events, and end finished sequences (their ids go into the next plan).
     pub fn update(&mut self, output: &StepOutput) -> Result<(), SchedulerError> {
         let chunks = mem::take(&mut self.in_flight);
-        let failed: HashMap<SeqId, &str> = output
+        let failed: HashMap<SeqId, (&str, bool)> = output
             .failed
             .iter()
-            .map(|f| (f.id, f.message.as_str()))
+            .map(|f| (f.id, (f.message.as_str(), f.by_request)))
             .collect();
         if let Some(stray) = failed
             .keys()
@@ -220,9 +220,18 @@ impl Scheduler {
         }
         // A sequence that failed alone ends here; its blocks hold nothing anyone shares
         // (only full, committed blocks are shared, and a step writes past them).
-        for (id, message) in failed {
-            tracing::warn!(seq = %id, "sequence failed: {message}");
-            self.end_with(id, TokenEvent::Failed(message.to_string()));
+        for (id, (message, by_request)) in failed {
+            let event = match by_request {
+                true => {
+                    tracing::info!(seq = %id, "sequence refused: {message}");
+                    TokenEvent::Refused(message.to_string())
+                }
+                false => {
+                    tracing::warn!(seq = %id, "sequence failed: {message}");
+                    TokenEvent::Failed(message.to_string())
+                }
+            };
+            self.end_with(id, event);
         }
         // The step succeeded: the KV of every other scheduled chunk now exists and its
         // full blocks may be shared. Then the blocks that every layer's window has left

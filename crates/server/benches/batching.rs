@@ -76,7 +76,11 @@ fn run(
                                 first.get_or_insert_with(|| start.elapsed());
                             }
                             TokenEvent::Finished { .. } => break,
-                            TokenEvent::Error(e) | TokenEvent::Failed(e) => panic!("{e}"),
+                            TokenEvent::Error(e)
+                            | TokenEvent::Failed(e)
+                            | TokenEvent::Refused(e) => {
+                                panic!("{e}")
+                            }
                         }
                     }
                     first.unwrap_or_default()

@@ -3,16 +3,20 @@
 
 use std::sync::Arc;
 
+use std::sync::Mutex;
+
 use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::SimpleVob;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
-use tessera_protocol::OutputConstraint;
+use tessera_protocol::{OutputConstraint, SamplingParams};
 use tessera_tokenizer::Tokenizer;
 
 use crate::error::{EngineError, Result};
 use crate::structured::constraint::TokenConstraint;
 use tessera_protocol::{DurationHistogram, HistogramSnapshot};
 
+use crate::structured::bounds::{check_bounds, GrammarBounds};
 use crate::structured::mask_timing::mask_histogram;
 use crate::structured::token_env::token_env;
 
@@ -48,8 +52,52 @@ impl GrammarCompiler {
         }))
     }
 
-    /// Compiles `constraint` into a fresh matcher at the start of the output.
+    /// Compiles `constraint` once, for every sequence of a request: bounds first, then
+    /// the grammar, then the mask of the output's first token, so a grammar too complex
+    /// to mask (or one whose every first token `params` rules out) is refused here rather
+    /// than failing a sequence in the engine. Recurses up to `bounds.max_depth` deep: run
+    /// it on a thread with [`compile_stack_bytes`] of stack.
+    pub fn prepare(
+        &self,
+        constraint: &OutputConstraint,
+        bounds: &GrammarBounds,
+        params: &SamplingParams,
+    ) -> Result<PreparedGrammar> {
+        check_bounds(constraint, bounds)?;
+        let mut matcher = self.matcher(constraint)?;
+        let mut first = matcher
+            .compute_mask_or_eos()
+            .map_err(|e| EngineError::GrammarTooComplex(format!("{e:#}")))?;
+        // A thinking block comes before the grammar: its first token is not masked.
+        if params.thinking.is_none() {
+            rule_out_first_tokens(&mut first, params);
+            if first.num_set() == 0 {
+                return Err(EngineError::GrammarUnsatisfiable(
+                    "no token can begin the output: every token the format allows first is \
+                     ruled out by `bad_words`, `allowed_token_ids` or `min_tokens`"
+                        .into(),
+                ));
+            }
+        }
+        Ok(PreparedGrammar {
+            matcher: Mutex::new(matcher),
+            counters: Arc::clone(&self.counters),
+        })
+    }
+
+    /// Compiles `constraint` into a fresh matcher at the start of the output, within
+    /// the default bounds (tests and tools; the server prepares once per request).
     pub fn compile(&self, constraint: &OutputConstraint) -> Result<TokenConstraint> {
+        self.prepare(
+            constraint,
+            &GrammarBounds::default(),
+            &SamplingParams::default(),
+        )
+        .map(|p| p.start())
+    }
+
+    /// A matcher for `constraint`, at the start of the output.
+    fn matcher(&self, constraint: &OutputConstraint) -> Result<Matcher> {
         let (grammar, classify): (_, fn(&str) -> EngineError) = match constraint {
             OutputConstraint::JsonObject | OutputConstraint::JsonSchema { .. } => (
                 TopLevelGrammar::from_json_schema(schema_of(constraint)?),
@@ -77,7 +125,7 @@ impl GrammarCompiler {
         if let Some(message) = matcher.get_error() {
             return Err(classify(&message));
         }
-        Ok(TokenConstraint::new(matcher, Arc::clone(&self.counters)))
+        Ok(matcher)
     }
 
     /// Masks computed for every sequence this compiler constrained, and their times.
@@ -85,9 +133,65 @@ impl GrammarCompiler {
         self.counters.snapshot()
     }
 
-    /// Checks that `constraint` compiles (the server's validation), discarding the result.
+    /// Checks that `constraint` compiles, discarding the result.
     pub fn check(&self, constraint: &OutputConstraint) -> Result<()> {
         self.compile(constraint).map(drop)
+    }
+}
+
+/// A constraint compiled for one request, from which each of its sequences starts a
+/// matcher of its own.
+pub struct PreparedGrammar {
+    matcher: Mutex<Matcher>,
+    counters: Arc<DurationHistogram>,
+}
+
+impl std::fmt::Debug for PreparedGrammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedGrammar").finish_non_exhaustive()
+    }
+}
+
+impl PreparedGrammar {
+    /// A matcher at the start of the output, for one sequence.
+    pub fn start(&self) -> TokenConstraint {
+        // The lock is never held across anything that panics.
+        let matcher = match self.matcher.lock() {
+            Ok(m) => m.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        TokenConstraint::new(matcher, Arc::clone(&self.counters))
+    }
+}
+
+/// Removes from `mask` the tokens `params` never lets a sequence start with: those
+/// outside `allowed_token_ids`, one-token `bad_words`, and with `min_tokens` the tokens
+/// it blocks.
+fn rule_out_first_tokens(mask: &mut SimpleVob, params: &SamplingParams) {
+    if !params.allowed_token_ids.is_empty() {
+        let mut allowed = SimpleVob::alloc(mask.len());
+        for &t in &params.allowed_token_ids {
+            if (t as usize) < mask.len() {
+                allowed.allow_token(t);
+            }
+        }
+        mask.and(&allowed);
+    }
+    let blocked = params
+        .bad_words
+        .iter()
+        .filter(|w| w.len() == 1)
+        .flatten()
+        .chain(
+            params
+                .min_tokens_blocked
+                .iter()
+                .filter(|_| params.min_tokens > 0),
+        );
+    for &t in blocked {
+        if (t as usize) < mask.len() {
+            mask.disallow_token(t);
+        }
     }
 }
 
@@ -224,7 +328,8 @@ mod tests {
             .expect("compiles");
         bad.advance(word[0]);
         assert!(
-            bad.fault().is_some_and(|f| f.contains("refused token")),
+            bad.fault()
+                .is_some_and(|f| f.message.contains("refused token") && !f.by_request),
             "{:?}",
             bad.fault()
         );
@@ -353,6 +458,117 @@ mod tests {
         assert!(matches!(
             schema_of(&not_json),
             Err(EngineError::SchemaInvalid(_))
+        ));
+    }
+    fn prepare(
+        compiler: &GrammarCompiler,
+        c: &OutputConstraint,
+        params: &SamplingParams,
+    ) -> Result<PreparedGrammar> {
+        compiler.prepare(c, &GrammarBounds::default(), params)
+    }
+
+    #[test]
+    fn formats_too_complex_for_the_first_mask_are_refused_when_prepared() {
+        let (_, compiler) = smollm2_compiler();
+        let params = SamplingParams::default();
+        let repeated = OutputConstraint::Regex {
+            pattern: "a{1000}{1000}".into(),
+        };
+        let doubly_recursive = OutputConstraint::JsonSchema {
+            schema:
+                r##"{"$defs": {"a": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/a"}},
+                {"type": "array", "items": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/a"}]}]}},
+                "$ref": "#/$defs/a"}"##
+                    .into(),
+        };
+        for c in [repeated, doubly_recursive] {
+            match prepare(&compiler, &c, &params) {
+                Err(EngineError::GrammarTooComplex(m) | EngineError::GrammarInvalid(m))
+                | Err(EngineError::SchemaInvalid(m)) => assert!(!m.is_empty()),
+                other => panic!("{c:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_format_whose_first_tokens_the_request_rules_out_is_unsatisfiable() {
+        let (tokenizer, compiler) = smollm2_compiler();
+        let digits = OutputConstraint::Regex {
+            pattern: "[0-9]".into(),
+        };
+        let all_digits: Vec<Vec<u32>> = (0..10)
+            .map(|d| tokenizer.encode(&d.to_string(), false).expect("encode"))
+            .collect();
+        assert!(all_digits.iter().all(|w| w.len() == 1));
+        let banned = SamplingParams {
+            bad_words: all_digits.clone(),
+            ..SamplingParams::default()
+        };
+        assert!(matches!(
+            prepare(&compiler, &digits, &banned),
+            Err(EngineError::GrammarUnsatisfiable(_))
+        ));
+        let allowed_elsewhere = SamplingParams {
+            allowed_token_ids: tokenizer.encode("hello", false).expect("encode"),
+            ..SamplingParams::default()
+        };
+        assert!(matches!(
+            prepare(&compiler, &digits, &allowed_elsewhere),
+            Err(EngineError::GrammarUnsatisfiable(_))
+        ));
+        // One digit left: satisfiable.
+        let most = SamplingParams {
+            bad_words: all_digits[1..].to_vec(),
+            ..SamplingParams::default()
+        };
+        assert!(prepare(&compiler, &digits, &most).is_ok());
+        // A thinking block comes first: the grammar's first token is not the output's.
+        let thinking = SamplingParams {
+            thinking: Some(tessera_protocol::ThinkingTags {
+                open: None,
+                close: "</think>".into(),
+                starts_open: true,
+            }),
+            ..banned
+        };
+        assert!(prepare(&compiler, &digits, &thinking).is_ok());
+    }
+
+    #[test]
+    fn each_sequence_starts_its_own_matcher_from_one_compilation() {
+        let (tokenizer, compiler) = smollm2_compiler();
+        let c = OutputConstraint::Choice {
+            choices: vec!["yes".into(), "no".into()],
+        };
+        let prepared = prepare(&compiler, &c, &SamplingParams::default()).expect("prepared");
+        let mut a = prepared.start();
+        let mut b = prepared.start();
+        let yes = tokenizer.encode("yes", false).expect("encode");
+        for &t in &yes {
+            a.advance(t);
+        }
+        assert!(a.is_complete());
+        assert!(!b.is_complete(), "b did not move with a");
+        let no = tokenizer.encode("no", false).expect("encode");
+        for &t in &no {
+            b.advance(t);
+        }
+        assert!(b.is_complete() && a.fault().is_none() && b.fault().is_none());
+    }
+
+    #[test]
+    fn bounds_are_checked_before_compiling() {
+        let (_, compiler) = smollm2_compiler();
+        let mut g = String::from("start: r0\n");
+        for i in 0..3000 {
+            g.push_str(&format!("r{i}: \"a\" r{}\n", i + 1));
+        }
+        let deep = OutputConstraint::Grammar { lark: g };
+        // On this test thread's small stack, compiling it would overflow.
+        assert!(matches!(
+            prepare(&compiler, &deep, &SamplingParams::default()),
+            Err(EngineError::GrammarTooLarge(_))
         ));
     }
 }

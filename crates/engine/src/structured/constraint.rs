@@ -18,7 +18,30 @@ pub struct TokenConstraint {
     mask_time: Duration,
     masks: u64,
     /// Set when the grammar engine failed; the sequence must then fail.
-    fault: Option<String>,
+    fault: Option<GrammarFault>,
+}
+
+/// Why a constrained sequence cannot go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrammarFault {
+    pub message: String,
+    /// The request is at fault, not the server: its format is too complex for the
+    /// grammar engine's limits, or its other parameters rule out every token the format
+    /// allows next. A client error, not worth retrying as it is.
+    pub by_request: bool,
+}
+
+impl GrammarFault {
+    /// A failure of the grammar engine on `error`: the request's when the engine stopped
+    /// at its complexity limits (llguidance names the stop reason in the error).
+    /// Only the error's first line is kept: the rest is the grammar engine's state.
+    fn from_engine(context: &str, error: &str) -> Self {
+        let first = error.lines().next().unwrap_or(error);
+        Self {
+            message: format!("{context}: {first}"),
+            by_request: error.contains("TooComplex") || first.contains("too many"),
+        }
+    }
 }
 
 impl std::fmt::Debug for TokenConstraint {
@@ -52,9 +75,10 @@ impl TokenConstraint {
                 // A token the mask allowed was refused: a grammar engine fault. The
                 // sequence fails (see `fault`); masking to end-of-sequence keeps this
                 // step's row inside the grammar meanwhile.
-                tracing::error!("constrained decoding failed: {e}");
-                self.fault
-                    .get_or_insert_with(|| format!("constrained decoding failed: {e}"));
+                tracing::warn!("constrained decoding failed: {e}");
+                self.fault.get_or_insert_with(|| {
+                    GrammarFault::from_engine("constrained decoding failed", &format!("{e:#}"))
+                });
                 self.eos_only()
             }
         };
@@ -72,16 +96,32 @@ impl TokenConstraint {
             return;
         }
         if let Err(e) = self.matcher.consume_token(token) {
-            tracing::error!("constrained decoding refused token {token}: {e}");
-            self.fault
-                .get_or_insert_with(|| format!("constrained decoding refused token {token}: {e}"));
+            tracing::warn!("constrained decoding refused token {token}: {e}");
+            self.fault.get_or_insert_with(|| {
+                GrammarFault::from_engine(
+                    &format!("constrained decoding refused token {token}"),
+                    &format!("{e:#}"),
+                )
+            });
         }
+    }
+
+    /// Records that the request's other parameters (`bad_words`, `allowed_token_ids`,
+    /// `min_tokens`) left none of the tokens the grammar allows next.
+    pub fn no_token_left(&mut self) {
+        self.fault.get_or_insert_with(|| GrammarFault {
+            message: "the structured output format cannot be satisfied: every token it \
+                      allows next is ruled out by `bad_words`, `allowed_token_ids` or \
+                      `min_tokens`"
+                .into(),
+            by_request: true,
+        });
     }
 
     /// Why the grammar engine failed, if it did: the sequence cannot go on under its
     /// grammar and must end with an error, not as if it had finished.
-    pub fn fault(&self) -> Option<&str> {
-        self.fault.as_deref()
+    pub fn fault(&self) -> Option<&GrammarFault> {
+        self.fault.as_ref()
     }
 
     /// Whether the output so far is a complete value of the grammar.

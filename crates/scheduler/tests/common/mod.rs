@@ -106,6 +106,7 @@ impl Executor for FakeExecutor {
                 failed.push(FailedSequence {
                     id: c.id,
                     message: format!("token {bad} is outside the embedding"),
+                    by_request: false,
                 });
                 continue;
             }

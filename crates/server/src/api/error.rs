@@ -44,9 +44,24 @@ pub enum ServerError {
     /// larger than its buffer (431).
     #[error("the request headers are too many (at most 100) or too large for the server to parse")]
     HeadersRejected,
+    /// hyper could not parse the request as HTTP (400).
+    #[error("the request is not valid HTTP")]
+    MalformedRequest,
+    /// The request URI is longer than the HTTP parser takes (414).
+    #[error("the request URI is too long")]
+    UriTooLong,
+    /// The request head did not arrive within `--header-read-timeout` (408).
+    #[error("the request head did not arrive within {limit_secs} seconds")]
+    HeadTimeout { limit_secs: u64 },
+    /// The request body did not arrive within `--body-read-timeout` (408).
+    #[error("the request body did not arrive within {limit_secs} seconds")]
+    BodyTimeout { limit_secs: u64 },
     /// The request ran longer than `--request-timeout`; it was cancelled (408).
     #[error("the request took longer than the limit of {limit_secs} seconds and was cancelled")]
     RequestTimeout { limit_secs: u64 },
+    /// Every grammar compile slot stayed busy for the whole compile time limit (503).
+    #[error("the server is busy compiling other structured output formats; retry shortly")]
+    CompilerBusy,
     /// Every connection slot is taken (`--max-connections`) (503).
     #[error("the server has too many open connections; retry shortly")]
     TooManyConnections,
@@ -115,7 +130,12 @@ impl ServerError {
                 ("invalid_request_error", Some("headers_too_large"))
             }
             ServerError::RequestTimeout { .. } => ("timeout_error", Some("request_timeout")),
+            ServerError::HeadTimeout { .. } => ("timeout_error", Some("header_read_timeout")),
+            ServerError::BodyTimeout { .. } => ("timeout_error", Some("body_read_timeout")),
+            ServerError::MalformedRequest => ("invalid_request_error", Some("malformed_request")),
+            ServerError::UriTooLong => ("invalid_request_error", Some("uri_too_long")),
             ServerError::TooManyConnections => ("server_error", Some("too_many_connections")),
+            ServerError::CompilerBusy => ("server_error", Some("server_busy")),
             ServerError::Admission(a) => match a {
                 AdmissionError::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
                 AdmissionError::NeverFits { .. } => {

@@ -9,6 +9,7 @@ pub mod error;
 pub mod error_body;
 pub mod generation_params;
 pub mod generation_spec;
+pub mod grammar_prep;
 pub mod infill;
 pub mod models;
 pub mod openapi;

@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use tessera_engine::GrammarCompiler;
-use tessera_protocol::{GenerationRequest, StopCondition, ThinkingTags};
+use tessera_protocol::{GenerationRequest, SamplingParams, StopCondition, ThinkingTags};
 use tessera_tokenizer::{Tokenizer, TokenizerError};
 
 use crate::api::chat_render::template_error;
@@ -13,10 +12,10 @@ use crate::api::chat_request::ChatRequest;
 use crate::api::completion_request::{CompletionRequest, PromptInput};
 use crate::api::error::ServerError;
 use crate::api::generation_spec::{check_in_vocab, check_top_logprobs, GenerationSpec};
+use crate::api::grammar_prep::GrammarService;
 use crate::api::infill::requested_suffix;
 use crate::api::reasoning::{ReasoningParser, ReplySplit};
 use crate::api::request_limits::RequestLimits;
-use crate::api::response_format::constraint_error;
 use crate::api::tool_parsers::ToolParserKind;
 use crate::api::tool_prompt::{adapt_to_template, ToolOutput};
 
@@ -40,13 +39,28 @@ pub struct ValidationContext {
     pub vocab_rows: usize,
     /// Limits on `n`, `stop` and `logit_bias`.
     pub limits: RequestLimits,
-    /// Compiles `response_format` schemas; `Err` says why this model has none.
-    pub grammar: Result<Arc<GrammarCompiler>, String>,
+    /// Compiles constraints (`response_format` and the like), within their bounds.
+    pub grammar: GrammarService,
     /// How tool calls are found in free text (`--tool-call-parser`); `None` chooses
     /// from the chat template.
     pub tool_parser: Option<ToolParserKind>,
     /// Whether chat replies are split into thinking and answer (`--reasoning-parser`).
     pub reasoning: ReasoningParser,
+    /// Templating and tokenizing running at once, across requests.
+    pub work_slots: WorkSlots,
+}
+
+/// Bounds how many requests are templated and tokenized at once: that work is CPU-bound
+/// and costs memory in proportion to the text, so more at once than there are cores
+/// only adds to the peak. Requests beyond wait for a slot.
+#[derive(Debug, Clone)]
+pub struct WorkSlots(Arc<tokio::sync::Semaphore>);
+
+impl Default for WorkSlots {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self(Arc::new(tokio::sync::Semaphore::new(cores.max(2))))
+    }
 }
 
 /// A tokenized prompt and its completion budget.
@@ -109,7 +123,7 @@ impl ValidRequest {
             }
             spec.constrain(forced, "tools")?;
         }
-        check_constraint(&spec, ctx).await?;
+        check_constraint_bounds(&spec, ctx)?;
         let logprobs = match (req.chat.logprobs, req.chat.top_logprobs) {
             (Some(true), top) => Some(LogprobsShape::Chat {
                 top: check_top_logprobs("top_logprobs", top.unwrap_or(0))?,
@@ -122,13 +136,27 @@ impl ValidRequest {
             }
             _ => None,
         };
+        // Every template writes each message with at least a role marker: more messages
+        // than the context has tokens cannot fit, whatever they hold.
+        if req.chat.messages.len() >= ctx.max_model_len {
+            return Err(ServerError::invalid(
+                "messages",
+                format!(
+                    "{} messages cannot fit the model's context length of {} tokens",
+                    req.chat.messages.len(),
+                    ctx.max_model_len
+                ),
+            ));
+        }
         let messages = req.template_messages()?;
         let render = req.render.check(&req.chat.messages)?;
         let tokenizer = Arc::clone(&ctx.tokenizer);
         let parser_flag = ctx.tool_parser;
         let reasoning = ctx.reasoning;
         let keep = kept_prompt_tokens(&spec, ctx);
-        let (text, ids, tool_output, split) = blocking(move || {
+        let max_model_len = ctx.max_model_len;
+        let max_prompt = max_model_len.saturating_sub(1);
+        let (text, ids, tool_output, split) = blocking(&ctx.work_slots, move || {
             let template = tokenizer.chat_template().map_err(template_error)?;
             render.check_template(template.source())?;
             let (messages, template_tools, tool_output) =
@@ -138,10 +166,12 @@ impl ValidRequest {
                 .map_err(template_error)?;
             let text = render.prompt(text)?;
             let split = reasoning.reply_split(template.source(), &text);
-            let mut ids = tokenizer.encode(&text, false)?;
-            if let Some(kept) = truncated(&ids, keep) {
-                ids = kept.to_vec();
-            }
+            let ids = match keep {
+                Some(keep) => tokenizer.encode_tail(&text, false, keep)?,
+                None => tokenizer
+                    .encode_within(&text, false, max_prompt)
+                    .map_err(|e| too_long(e, "messages", max_model_len))?,
+            };
             Ok::<_, ServerError>((text, ids, tool_output, split))
         })
         .await??;
@@ -157,6 +187,7 @@ impl ValidRequest {
         {
             valid.spec.sampling.thinking = Some(thinking_tags(&ctx.tokenizer, open));
         }
+        valid.prepare_constraint(ctx).await?;
         Ok(valid)
     }
 
@@ -177,7 +208,7 @@ impl ValidRequest {
         let mut spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
         spec.sampling.bad_words = bad_word_tokens(&spec.bad_words, &ctx.tokenizer)?;
         check_model(&spec.model, ctx)?;
-        check_constraint(&spec, ctx).await?;
+        check_constraint_bounds(&spec, ctx)?;
         let logprobs = match req.completion.logprobs {
             Some(top) => Some(LogprobsShape::Completion {
                 top: check_top_logprobs("logprobs", top)?,
@@ -211,20 +242,31 @@ impl ValidRequest {
         }
         let tokenizer = Arc::clone(&ctx.tokenizer);
         let keep = kept_prompt_tokens(&spec, ctx);
-        let tokenized = blocking(move || {
+        let max_model_len = ctx.max_model_len;
+        let max_prompt = max_model_len.saturating_sub(1);
+        let tokenized = blocking(&ctx.work_slots, move || {
             inputs
                 .into_iter()
                 .map(|p| {
                     let ids = match p {
                         PromptInput::Text(text) => {
                             if let Some(suffix) = &suffix {
+                                let bound =
+                                    max_prompt.saturating_mul(tokenizer.max_bytes_per_token());
+                                if text.len() + suffix.len() > bound {
+                                    return Err(TokenizerError::TooLong {
+                                        max_tokens: max_prompt,
+                                    });
+                                }
                                 let ids = tokenizer.encode_infill(&text, suffix)?;
                                 return Ok((text, ids));
                             }
-                            let ids = tokenizer.encode(&text, true)?;
-                            match truncated(&ids, keep) {
-                                None => return Ok((text, ids)),
-                                Some(kept) => kept.to_vec(),
+                            match keep {
+                                None => {
+                                    let ids = tokenizer.encode_within(&text, true, max_prompt)?;
+                                    return Ok((text, ids));
+                                }
+                                Some(keep) => tokenizer.encode_tail(&text, true, keep)?,
                             }
                         }
                         PromptInput::Ids(ids) => truncated(&ids, keep).unwrap_or(&ids).to_vec(),
@@ -234,7 +276,8 @@ impl ValidRequest {
                 })
                 .collect::<Result<Vec<_>, TokenizerError>>()
         })
-        .await??;
+        .await?
+        .map_err(|e| too_long(e, "prompt", max_model_len))?;
         let mut prompts = Vec::with_capacity(tokenized.len());
         for (text, ids) in tokenized {
             check_token_ids(&ids, "prompt", ctx)?;
@@ -254,6 +297,7 @@ impl ValidRequest {
             valid.stop_token_ids.sort_unstable();
             valid.stop_token_ids.dedup();
         }
+        valid.prepare_constraint(ctx).await?;
         Ok(valid)
     }
 
@@ -312,6 +356,10 @@ impl ValidRequest {
     pub fn model(&self) -> &str {
         &self.spec.model
     }
+    /// The field that asked for the request's constraint.
+    pub fn constraint_param(&self) -> &'static str {
+        self.spec.constraint_param
+    }
 
     /// When a choice with a budget of `max_tokens` ends, by tokens.
     fn stop_condition(&self, max_tokens: usize) -> StopCondition {
@@ -344,30 +392,50 @@ impl ValidRequest {
         self.spec.skip_special_tokens
     }
 
+    /// Compiles the request's constraint, if it has one, once for all its choices.
+    async fn prepare_constraint(&mut self, ctx: &ValidationContext) -> Result<(), ServerError> {
+        let Some(constraint) = self.spec.sampling.constraint.clone() else {
+            return Ok(());
+        };
+        let first = self.choice_sampling(0);
+        let prepared = ctx
+            .grammar
+            .prepare(&constraint, &first, self.spec.constraint_param)
+            .await?;
+        self.spec.sampling.prepared_constraint = Some(prepared);
+        Ok(())
+    }
+
+    /// The sampling parameters of sample `i` of a prompt.
+    fn choice_sampling(&self, i: usize) -> SamplingParams {
+        let mut sampling = self.spec.sampling.clone();
+        sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+        sampling.logprobs = self.logprobs.map(|l| match l {
+            LogprobsShape::Chat { top } | LogprobsShape::Completion { top } => top,
+        });
+        // An echoed prompt is scored too.
+        sampling.prompt_logprobs = sampling.logprobs.filter(|_| self.echo);
+        if self.spec.min_tokens > 0 {
+            sampling.min_tokens = self.spec.min_tokens;
+            sampling.min_tokens_blocked = self.stopping_tokens();
+        }
+        sampling
+    }
+
     /// One generation per choice: prompt `p`, sample `i` is choice `p * n + i`; with a
-    /// seed, sample `i` uses `seed + i` so the choices differ but are reproducible.
+    /// seed, sample `i` uses `seed + i` so the choices differ but are reproducible. The
+    /// choices share one compiled constraint.
     pub fn planned_choices(&self) -> Vec<PlannedChoice> {
         let n = self.spec.n;
         let mut out = Vec::with_capacity(self.prompts.len() * n);
         for (p, prompt) in self.prompts.iter().enumerate() {
             for i in 0..n {
-                let mut sampling = self.spec.sampling.clone();
-                sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
-                sampling.logprobs = self.logprobs.map(|l| match l {
-                    LogprobsShape::Chat { top } | LogprobsShape::Completion { top } => top,
-                });
-                // An echoed prompt is scored too.
-                sampling.prompt_logprobs = sampling.logprobs.filter(|_| self.echo);
-                if self.spec.min_tokens > 0 {
-                    sampling.min_tokens = self.spec.min_tokens;
-                    sampling.min_tokens_blocked = self.stopping_tokens();
-                }
                 out.push(PlannedChoice {
                     index: p * n + i,
                     prompt_index: p,
                     request: GenerationRequest {
                         prompt_ids: prompt.ids.clone(),
-                        sampling,
+                        sampling: self.choice_sampling(i),
                         stop: self.stop_condition(prompt.max_tokens),
                         cache_salt: self.spec.cache_salt.clone(),
                     },
@@ -416,6 +484,20 @@ fn thinking_tags(tokenizer: &Tokenizer, starts_open: bool) -> ThinkingTags {
     }
 }
 
+/// A text that cannot fit the context is the client's error, naming `param`.
+pub(crate) fn too_long(e: TokenizerError, param: &str, max_model_len: usize) -> ServerError {
+    match e {
+        TokenizerError::TooLong { .. } => ServerError::invalid(
+            param,
+            format!(
+                "the prompt is longer than the model's context length of {max_model_len} \
+                 tokens (it must leave room for at least one generated token)"
+            ),
+        ),
+        other => other.into(),
+    }
+}
+
 /// Every token id must have a row in the model's embedding (and in the tokenizer, to
 /// be decoded): the smaller of the two bounds them.
 fn check_token_ids(ids: &[u32], param: &str, ctx: &ValidationContext) -> Result<(), ServerError> {
@@ -429,25 +511,16 @@ fn check_model(model: &str, ctx: &ValidationContext) -> Result<(), ServerError> 
     Ok(())
 }
 
-/// Compile the constraint, if any, so one the engine cannot enforce is refused here with
-/// a 400 naming the field that asked for it, rather than failing in the engine.
-async fn check_constraint(
+/// A constraint over the size and depth bounds is refused before anything else is done
+/// for the request; it is compiled once the request is otherwise valid.
+fn check_constraint_bounds(
     spec: &GenerationSpec,
     ctx: &ValidationContext,
 ) -> Result<(), ServerError> {
-    let Some(constraint) = spec.sampling.constraint.clone() else {
-        return Ok(());
-    };
-    let param = spec.constraint_param;
-    let compiler = ctx.grammar.clone().map_err(|why| {
-        ServerError::invalid(
-            param,
-            format!("structured output is not available for this model: {why}"),
-        )
-    })?;
-    blocking(move || compiler.check(&constraint))
-        .await?
-        .map_err(|e| constraint_error(param, e))
+    match &spec.sampling.constraint {
+        Some(c) => ctx.grammar.check_bounds(c, spec.constraint_param),
+        None => Ok(()),
+    }
 }
 
 /// Check the prompt against the context and settle `max_tokens` (default: `default`,
@@ -502,11 +575,20 @@ fn budget(
     })
 }
 
-/// Run CPU-heavy work (templating, tokenizing) on the blocking pool.
-async fn blocking<T: Send + 'static>(
+/// Run CPU-heavy work (templating, tokenizing) on the blocking pool, in one of `slots`.
+pub(crate) async fn blocking<T: Send + 'static>(
+    slots: &WorkSlots,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ServerError> {
-    tokio::task::spawn_blocking(f)
+    let slot = Arc::clone(&slots.0)
+        .acquire_owned()
         .await
-        .map_err(|e| ServerError::Internal(format!("blocking task failed: {e}")))
+        .map_err(|_| ServerError::Internal("the validation slots were closed".into()))?;
+    // The slot is free once the work ends, even if the request stopped waiting for it.
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        f()
+    })
+    .await
+    .map_err(|e| ServerError::Internal(format!("blocking task failed: {e}")))
 }

@@ -6,8 +6,12 @@ use std::time::Duration;
 use clap::Args;
 use tessera_engine::DeviceSpec;
 
+use tessera_engine::structured::GrammarBounds;
+
+use crate::api::grammar_prep::GrammarLimits;
 use crate::api::request_limits::RequestLimits;
 use crate::model_args::ModelArgs;
+use crate::serve::connection::ConnTimeouts;
 #[cfg(feature = "fault-injection")]
 use crate::serve::fault_injection;
 use crate::serve::limits::ServerLimits;
@@ -91,9 +95,28 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 32 << 10)]
     pub max_header_bytes: usize,
 
-    /// Most connections open at once; more are answered 503 and closed.
+    /// Most connections open at once. When all are taken, the one that has waited
+    /// longest without a request in progress is closed for a new one; when every one
+    /// serves a request, more are answered 503 and closed. Capped to fit the open-file
+    /// limit (which start-up raises to its hard limit).
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
+
+    /// Seconds a request head may take to arrive, from the connection's accept (or the
+    /// next request's first byte); past it the connection gets a 408 and is closed
+    /// (0: no limit).
+    #[arg(long, default_value_t = crate::serve::connection::DEFAULT_HEADER_READ_TIMEOUT_SECS)]
+    pub header_read_timeout: u64,
+
+    /// Seconds a kept-alive connection may wait for its next request before it is
+    /// closed (0: no limit).
+    #[arg(long, default_value_t = crate::serve::connection::DEFAULT_KEEP_ALIVE_TIMEOUT_SECS)]
+    pub keep_alive_timeout: u64,
+
+    /// Seconds from a request's head to the last byte of its body; past it: 408
+    /// (0: only --request-timeout bounds it).
+    #[arg(long, default_value_t = crate::serve::limits::DEFAULT_BODY_READ_TIMEOUT_SECS)]
+    pub body_read_timeout: u64,
 
     /// Longest wall time of a request, streams included, in seconds (0: no limit).
     /// Past it the request is cancelled and answered 408 (or, mid-stream, a
@@ -116,6 +139,22 @@ pub struct ServeArgs {
     /// Most `logit_bias` entries per request; more: 400.
     #[arg(long, default_value_t = 300)]
     pub max_logit_bias: usize,
+
+    /// Largest structured output format (a JSON schema, grammar, regex or choice list)
+    /// in bytes; larger: 400.
+    #[arg(long, default_value_t = tessera_engine::structured::bounds::DEFAULT_MAX_GRAMMAR_BYTES)]
+    pub max_grammar_bytes: usize,
+
+    /// Deepest nesting of a structured output format (nested schema values, `$ref`
+    /// hops, grammar rule chains); deeper: 400.
+    #[arg(long, default_value_t = tessera_engine::structured::bounds::DEFAULT_MAX_GRAMMAR_DEPTH)]
+    pub max_grammar_depth: usize,
+
+    /// Seconds a structured output format may take to compile (waiting for a free
+    /// compiler included); longer: 400 (too complex), or 503 when other formats kept
+    /// every compiler busy.
+    #[arg(long, default_value_t = crate::api::grammar_prep::DEFAULT_COMPILE_TIMEOUT_SECS)]
+    pub grammar_compile_timeout: u64,
 
     /// Events a streamed response buffers for a client that reads slowly.
     #[arg(long, default_value_t = 64)]
@@ -159,16 +198,40 @@ impl ServeArgs {
         }
     }
 
+    /// How long connections may wait for request heads.
+    pub fn conn_timeouts(&self) -> ConnTimeouts {
+        ConnTimeouts {
+            header_read: secs(self.header_read_timeout),
+            keep_alive: secs(self.keep_alive_timeout),
+        }
+    }
+
+    /// The bounds of structured output formats and the time they may take to compile.
+    pub fn grammar_limits(&self) -> GrammarLimits {
+        GrammarLimits {
+            bounds: GrammarBounds {
+                max_bytes: self.max_grammar_bytes,
+                max_depth: self.max_grammar_depth,
+            },
+            compile_timeout: Duration::from_secs(self.grammar_compile_timeout.max(1)),
+        }
+    }
+
     /// The header, time and stream limits.
     pub fn server_limits(&self) -> ServerLimits {
         ServerLimits {
-            request_timeout: (self.request_timeout > 0)
-                .then(|| Duration::from_secs(self.request_timeout)),
+            request_timeout: secs(self.request_timeout),
+            body_read_timeout: secs(self.body_read_timeout),
             max_header_bytes: self.max_header_bytes,
             stream_buffer_events: self.stream_buffer_events.max(1),
             stream_stall_timeout: Duration::from_secs(self.stream_stall_timeout),
         }
     }
+}
+
+/// `secs` seconds; 0 means no limit.
+fn secs(secs: u64) -> Option<Duration> {
+    (secs > 0).then(|| Duration::from_secs(secs))
 }
 
 /// Tokens per step when `--max-batch-tokens` is not given. On CPU ranks a prefill runs at

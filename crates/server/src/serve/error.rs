@@ -7,7 +7,7 @@ use tessera_scheduler::AdmissionError;
 
 use crate::api::error::ServerError;
 use crate::api::error_body::ErrorBody;
-use crate::serve::request_context::current_request_id;
+use crate::serve::middleware::request_context::current_request_id;
 
 /// Seconds a client is told to wait after a 429 or 503.
 const RETRY_AFTER_SECS: &str = "1";
@@ -28,8 +28,14 @@ impl ServerError {
             ServerError::HeadersTooLarge { .. } | ServerError::HeadersRejected => {
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
             }
-            ServerError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ServerError::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::RequestTimeout { .. }
+            | ServerError::HeadTimeout { .. }
+            | ServerError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ServerError::MalformedRequest => StatusCode::BAD_REQUEST,
+            ServerError::UriTooLong => StatusCode::URI_TOO_LONG,
+            ServerError::TooManyConnections | ServerError::CompilerBusy => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ServerError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ServerError::Admission(a) => match a {
                 AdmissionError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,

@@ -66,6 +66,9 @@ pub struct ChoiceRun {
     pending_logprobs: Vec<TokenLogprob>,
     queued: VecDeque<ChoiceEvent>,
     timing: SeqTiming,
+    /// The field that asked for the request's constraint (named when the engine refuses
+    /// the sequence because of it).
+    constraint_param: &'static str,
 }
 
 /// The request's stop rules as the text sees them.
@@ -200,6 +203,7 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
             pending_logprobs: Vec::new(),
             queued: VecDeque::new(),
             timing,
+            constraint_param: req.constraint_param(),
         });
     }
     Ok(runs)
@@ -285,6 +289,10 @@ impl ChoiceRun {
             }
             Some(TokenEvent::Error(message)) => Err(ServerError::EngineFailed(message)),
             Some(TokenEvent::Failed(message)) => Err(ServerError::GenerationFailed(message)),
+            // Only a constraint makes the engine refuse a request's sequence.
+            Some(TokenEvent::Refused(message)) => {
+                Err(ServerError::invalid(self.constraint_param, message))
+            }
             // Closed without `Finished`: a submit that raced shutdown.
             None => Err(ServerError::Admission(AdmissionError::ShuttingDown)),
         }

@@ -1,5 +1,6 @@
 //! `JsonBody`: the request body as JSON, with OpenAI-shaped errors for a wrong content
-//! type (415), a body over the limit (413) and malformed JSON (400).
+//! type (415), a body over the limit (413), a body that does not arrive within
+//! `--body-read-timeout` (408) and malformed JSON (400).
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -35,7 +36,17 @@ impl FromRequest<AppState> for JsonBody {
                 content_type.unwrap_or_else(|| "no Content-Type".to_string()),
             ));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+        let read = Bytes::from_request(req, state);
+        let read =
+            match state.limits.body_read_timeout {
+                Some(limit) => tokio::time::timeout(limit, read).await.map_err(|_| {
+                    ServerError::BodyTimeout {
+                        limit_secs: limit.as_secs(),
+                    }
+                })?,
+                None => read.await,
+            };
+        let bytes = read.map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ServerError::PayloadTooLarge {
                     limit_bytes: state.max_body_bytes,

@@ -1,7 +1,8 @@
 //! Server-wide limits applied around every request: the size of the request headers
-//! (431), the whole request's wall time (408), and the bounds of a streamed response
-//! (its buffer of events and how long a client may leave it full). The connection
-//! limit is the listener's ([`crate::serve::conn_limit`]).
+//! (431), the time to receive the body and the whole request's wall time (408), and the
+//! bounds of a streamed response (its buffer of events and how long a client may leave
+//! it full). The connection limit and the waits for request heads are the
+//! connections' ([`crate::serve::connection`]).
 
 use std::time::Duration;
 
@@ -12,6 +13,9 @@ use axum::http::HeaderMap;
 pub struct ServerLimits {
     /// Longest wall time of a whole request (streams included); `None`: no limit.
     pub request_timeout: Option<Duration>,
+    /// Longest time from the request head to the last byte of its body; `None`: no
+    /// limit beyond `request_timeout`.
+    pub body_read_timeout: Option<Duration>,
     /// Largest total size of the request headers (names, values and separators).
     pub max_header_bytes: usize,
     /// Events a streamed response buffers for a client that reads slowly.
@@ -25,12 +29,16 @@ impl Default for ServerLimits {
     fn default() -> Self {
         Self {
             request_timeout: Some(Duration::from_secs(600)),
+            body_read_timeout: Some(Duration::from_secs(DEFAULT_BODY_READ_TIMEOUT_SECS)),
             max_header_bytes: 32 << 10,
             stream_buffer_events: 64,
             stream_stall_timeout: Duration::from_secs(30),
         }
     }
 }
+
+/// `--body-read-timeout` when none is given: a 4 MiB body at 140 KiB/s.
+pub const DEFAULT_BODY_READ_TIMEOUT_SECS: u64 = 30;
 
 /// Size of `headers` as sent: `name: value\r\n` for each.
 pub fn header_bytes(headers: &HeaderMap) -> usize {

@@ -299,7 +299,7 @@ pub fn render(app: &AppState) -> String {
             }
         }
     }
-    if let Ok(grammar) = &app.validation.grammar {
+    if let Some(grammar) = app.validation.grammar.compiler() {
         let masks = grammar.mask_times();
         w.histogram(
             "tessera_structured_output_mask_seconds",

@@ -25,11 +25,10 @@
 
 pub mod api_keys;
 mod args;
-pub mod auth;
 pub mod chat_route;
 pub mod chat_tools;
 pub mod completion_route;
-pub mod conn_limit;
+pub mod connection;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault_injection;
@@ -39,8 +38,7 @@ pub mod json_body;
 pub mod lifecycle;
 pub mod limits;
 pub mod metrics;
-pub mod parser_refusal;
-pub mod request_context;
+pub mod middleware;
 pub mod responses_route;
 pub mod router;
 pub mod state;
@@ -65,10 +63,12 @@ use tessera_scheduler::{
     EngineLoop, ExecutorLossNotifier, SchedulerConfig, SchedulerError, SchedulerHandle,
 };
 
+use crate::api::grammar_prep::GrammarService;
 use crate::api::valid_request::ValidationContext;
-use crate::serve::conn_limit::LimitedListener;
+use crate::serve::connection::{fit_connections_to_open_files, ConnHandle, LimitedListener};
 use crate::serve::lifecycle::Lifecycle;
 use crate::serve::metrics::ServerMetrics;
+use crate::serve::middleware::Front;
 use crate::serve::state::{unix_now, AppState};
 
 /// Exit status of `tessera serve` after the engine failed (a device rank errored,
@@ -119,9 +119,22 @@ fn watch_nodes(node_loss: NodeLoss, loop_: ExecutorLossNotifier) -> Result<()> {
     Ok(())
 }
 
+/// The layers in front of every route, from the flags: ready before the model loads.
+pub fn front_of(args: &ServeArgs) -> Result<Front> {
+    Ok(Front {
+        metrics: Arc::new(ServerMetrics::default()),
+        limits: args.server_limits(),
+        api_keys: Arc::new(api_keys::collect(
+            &args.api_keys,
+            args.api_key_file.as_deref(),
+        )?),
+        max_body_bytes: args.max_body_bytes,
+    })
+}
+
 /// Load the tokenizer and the model and start the engine loop. `lifecycle` moves to
 /// "warming up"; [`warm_up`] finishes start-up.
-pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppState> {
+pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) -> Result<AppState> {
     let started = Instant::now();
     let mut cfg = args.model.engine_config()?;
     cfg.max_model_len = args.max_model_len;
@@ -138,9 +151,8 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
     check_vocabulary(&tokenizer, engine.model_config()).context("checking the tokenizer")?;
     let vocab_rows = engine.model_config().vocab_size;
     let grammar = GrammarCompiler::new(&tokenizer, engine.model_config().vocab_size);
-    match &grammar {
-        Ok(compiler) => engine.set_grammar_compiler(Arc::clone(compiler)),
-        Err(e) => tracing::warn!("response_format json_object/json_schema will be refused: {e}"),
+    if let Err(e) = &grammar {
+        tracing::warn!("response_format json_object/json_schema will be refused: {e}");
     }
     let max_model_len = args
         .max_model_len
@@ -192,19 +204,17 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>) -> Result<AppStat
             kv_sequence_tokens,
             vocab_rows,
             limits: args.request_limits(),
-            grammar: grammar.map_err(|e| e.to_string()),
+            grammar: GrammarService::new(grammar.map_err(|e| e.to_string()), args.grammar_limits()),
             tool_parser: args.tool_call_parser,
             reasoning: args.reasoning_parser,
+            work_slots: Default::default(),
         }),
-        api_keys: Arc::new(api_keys::collect(
-            &args.api_keys,
-            args.api_key_file.as_deref(),
-        )?),
-        max_body_bytes: args.max_body_bytes,
-        limits: args.server_limits(),
+        api_keys: Arc::clone(&front.api_keys),
+        max_body_bytes: front.max_body_bytes,
+        limits: front.limits,
         started_unix: unix_now(),
         lifecycle,
-        metrics: Arc::new(ServerMetrics::default()),
+        metrics: Arc::clone(&front.metrics),
         engine_stats: Some(engine_stats),
     })
 }
@@ -245,7 +255,7 @@ pub fn warm_up(state: &AppState) -> Result<()> {
         match events.blocking_recv() {
             Some(TokenEvent::Token { .. }) => tokens += 1,
             Some(TokenEvent::Finished { .. }) => break,
-            Some(TokenEvent::Error(e) | TokenEvent::Failed(e)) => {
+            Some(TokenEvent::Error(e) | TokenEvent::Failed(e) | TokenEvent::Refused(e)) => {
                 anyhow::bail!("warm-up generation failed: {e}")
             }
             None => anyhow::bail!("warm-up generation ended without finishing"),
@@ -290,25 +300,29 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("binding {addr}"))?;
     let local = listener.local_addr()?;
-    let listener = LimitedListener::new(listener, args.max_connections);
+    let max_connections = fit_connections_to_open_files(args.max_connections);
+    let listener = LimitedListener::new(listener, max_connections, args.conn_timeouts());
     let lifecycle = Arc::new(Lifecycle::default());
     let api = Arc::new(OnceLock::new());
-    let app = router::startup_router(Arc::clone(&lifecycle), Arc::clone(&api));
+    let front = front_of(&args)?;
+    let app = router::startup_router(
+        Arc::clone(&lifecycle),
+        &front,
+        &args.allowed_origins,
+        Arc::clone(&api),
+    );
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_stopped.await;
-            })
-            .await
-    });
+    let http = tokio::spawn(serve_http(listener, app, async move {
+        let _ = http_stopped.await;
+    }));
     tracing::info!("listening on http://{local} (loading the model)");
 
     let load = {
         let args = args.clone();
         let lifecycle = Arc::clone(&lifecycle);
+        let front = front.clone();
         tokio::task::spawn_blocking(move || {
-            let state = load_state(&args, lifecycle)?;
+            let state = load_state(&args, lifecycle, &front)?;
             warm_up(&state)?;
             Ok::<_, anyhow::Error>(state)
         })
@@ -323,7 +337,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if !state.api_keys.is_empty() {
         tracing::info!("API keys required ({} configured)", state.api_keys.len());
     }
-    let _ = api.set(router::build_router(state.clone(), &args.allowed_origins));
+    let _ = api.set(router::api_router(state.clone()));
     // Started (so `/readyz` answers 200) only once the API routes are in place: a probe
     // that passed before would send requests to a 503 `model_loading`.
     state.lifecycle.set_started();
@@ -354,6 +368,21 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("engine loop: {e}"))?;
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// Serves `app` on `listener` (each request knowing its connection) until `shutdown`
+/// resolves, then lets open connections finish.
+pub async fn serve_http(
+    listener: LimitedListener,
+    app: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<ConnHandle>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 /// How long HTTP connections get to flush after every sequence has ended.

@@ -1,11 +1,11 @@
-//! The route table and the layers around it. [`routes`] is the single list the router
-//! is built from, so tests can check it against the OpenAPI document.
+//! The route table. [`routes`] is the single list the router is built from, the layers
+//! in front read (route labels, which paths are open) and tests check against the
+//! OpenAPI document.
 
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{header, HeaderValue, Method};
-use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
@@ -14,10 +14,10 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::api::error::ServerError;
 use crate::serve::lifecycle::{self, Lifecycle};
+use crate::serve::middleware::{front, Front};
 use crate::serve::state::AppState;
 use crate::serve::{
-    auth, chat_route, completion_route, info_routes, metrics, request_context, responses_route,
-    tokenize_route,
+    chat_route, completion_route, info_routes, metrics, responses_route, tokenize_route,
 };
 
 /// A route: method, path as the OpenAPI document writes it, and its handler.
@@ -96,28 +96,61 @@ pub fn routes() -> Vec<Route> {
     ]
 }
 
-/// The route template a path falls under, for metric labels (bounded cardinality:
-/// unknown paths are all `unmatched`).
-pub fn route_template(path: &str) -> &'static str {
-    const PATHS: &[&str] = &[
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/models",
-        "/tokenize",
-        "/detokenize",
-        "/metrics",
-        "/openapi.json",
-        "/health",
-        "/livez",
-        "/readyz",
-        "/startupz",
-    ];
-    if let Some(p) = PATHS.iter().copied().find(|p| *p == path) {
-        return p;
+/// The path templates of [`routes`] and which are open, read by the layers in front of
+/// the routes (metric labels, authentication): one list for both.
+#[derive(Debug)]
+pub struct RouteTable(Vec<(&'static str, bool)>);
+
+/// The table of [`routes`], made once.
+pub fn route_table() -> &'static RouteTable {
+    static TABLE: OnceLock<RouteTable> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut paths: Vec<(&'static str, bool)> = Vec::new();
+        for route in routes() {
+            if !paths.iter().any(|(p, _)| *p == route.path) {
+                paths.push((route.path, route.open));
+            }
+        }
+        RouteTable(paths)
+    })
+}
+
+impl RouteTable {
+    /// The template `path` falls under, for metric labels (bounded cardinality: unknown
+    /// paths are all `unmatched`).
+    pub fn template(&self, path: &str) -> &'static str {
+        self.find(path).map_or("unmatched", |(p, _)| p)
     }
-    match path.strip_prefix("/v1/models/") {
-        Some(id) if !id.is_empty() && !id.contains('/') => "/v1/models/{id}",
-        _ => "unmatched",
+
+    /// Whether `path` is reachable without an API key (the probes).
+    pub fn is_open(&self, path: &str) -> bool {
+        self.find(path).is_some_and(|(_, open)| open)
+    }
+
+    fn find(&self, path: &str) -> Option<(&'static str, bool)> {
+        self.0
+            .iter()
+            .copied()
+            .find(|(template, _)| template_matches(template, path))
+    }
+}
+
+/// Whether `path` fits `template`, where a `{name}` segment stands for any one
+/// non-empty segment.
+fn template_matches(template: &str, path: &str) -> bool {
+    let mut want = template.split('/');
+    let mut got = path.split('/');
+    loop {
+        match (want.next(), got.next()) {
+            (None, None) => return true,
+            (Some(w), Some(g)) if w.starts_with('{') && w.ends_with('}') => {
+                if g.is_empty() {
+                    return false;
+                }
+            }
+            (Some(w), Some(g)) if w == g => {}
+            _ => return false,
+        }
     }
 }
 
@@ -143,37 +176,35 @@ pub fn cors_layer(allowed_origins: &[String]) -> Option<CorsLayer> {
     )
 }
 
-pub fn build_router(state: AppState, allowed_origins: &[String]) -> Router {
-    let mut protected = Router::new();
-    let mut open = Router::new();
+/// Every route with its handler, the JSON 404/405 fallbacks and the body limit; the
+/// layers in front of them are [`front`]'s.
+pub fn api_router(state: AppState) -> Router {
+    let mut router = Router::new();
     for route in routes() {
-        if route.open {
-            open = open.route(route.path, route.handler);
-        } else {
-            protected = protected.route(route.path, route.handler);
-        }
+        router = router.route(route.path, route.handler);
     }
-    let protected = protected.route_layer(from_fn_with_state(state.clone(), auth::require_api_key));
-    let mut router = protected
-        .merge(open)
+    router
         .fallback(info_routes::not_found)
         .method_not_allowed_fallback(info_routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
-        .layer(from_fn_with_state(
-            state.clone(),
-            request_context::request_context,
-        ))
-        .with_state(state);
-    if let Some(cors) = cors_layer(allowed_origins) {
-        router = router.layer(cors);
-    }
-    router
+        .with_state(state)
 }
 
-/// The router served from the moment the port is bound: the probes answer from
-/// `lifecycle`, and everything else goes to `app` once it is set (after loading and
-/// warm-up), or gets a 503 `model_loading` until then.
-pub fn startup_router(lifecycle: Arc<Lifecycle>, app: Arc<OnceLock<Router>>) -> Router {
+/// A loaded server's whole router: [`api_router`] behind [`front`].
+pub fn build_router(state: AppState, allowed_origins: &[String]) -> Router {
+    let layers = Front::of(&state);
+    front(api_router(state), &layers, allowed_origins)
+}
+
+/// The router served from the moment the port is bound, behind the same layers: the
+/// probes answer from `lifecycle`, and everything else goes to `app` once it is set
+/// (after loading and warm-up: [`api_router`]), or gets a 503 `model_loading` until then.
+pub fn startup_router(
+    lifecycle: Arc<Lifecycle>,
+    layers: &Front,
+    allowed_origins: &[String],
+    app: Arc<OnceLock<Router>>,
+) -> Router {
     let forward = tower::service_fn(move |req: Request| {
         let app = app.get().cloned();
         async move {
@@ -183,11 +214,13 @@ pub fn startup_router(lifecycle: Arc<Lifecycle>, app: Arc<OnceLock<Router>>) -> 
             }
         }
     });
-    Router::new()
+    let probes = Router::new()
         .route("/livez", get(lifecycle::livez))
         .route("/startupz", get(lifecycle::startupz))
         .route("/readyz", get(lifecycle::readyz))
         .route("/health", get(lifecycle::readyz))
+        .method_not_allowed_fallback(info_routes::method_not_allowed)
         .with_state(lifecycle)
-        .fallback_service(forward)
+        .fallback_service(forward);
+    front(probes, layers, allowed_origins)
 }

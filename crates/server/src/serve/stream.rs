@@ -33,7 +33,7 @@ use crate::api::error::ServerError;
 use crate::api::response::{TokenLogprob, Usage};
 use crate::serve::generation::{ChoiceEvent, ChoiceRun};
 use crate::serve::limits::ServerLimits;
-use crate::serve::request_context::{current_request, within};
+use crate::serve::middleware::request_context::{current_request, within};
 
 /// How one route shapes its chunks.
 pub trait ChunkFormat: Send + 'static {
@@ -201,9 +201,18 @@ async fn pump(
     ends: StreamEnds,
 ) {
     loop {
-        let next = match ends.deadline {
-            Some(deadline) => tokio::time::timeout_at(deadline.into(), events.next()).await,
-            None => Ok(events.next().await),
+        let next_event = async {
+            match ends.deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline.into(), events.next()).await,
+                None => Ok(events.next().await),
+            }
+        };
+        let next = tokio::select! {
+            // The body was dropped (the client closed the connection) while the next
+            // event is not ready yet: queued or prefilling, the sequences are cancelled
+            // now, not at the first write.
+            () = sender.closed() => return,
+            next = next_event => next,
         };
         let event = match next {
             Ok(Some(event)) => event,

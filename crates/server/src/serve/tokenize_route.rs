@@ -9,6 +9,7 @@ use crate::api::generation_params::parse_fields;
 use crate::api::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
+use crate::api::valid_request::{blocking, too_long};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
 use axum::extract::State;
@@ -47,19 +48,26 @@ pub async fn tokenize(
             ))
         }
     };
-    let tokens =
-        tokio::task::spawn_blocking(move || -> Result<(Vec<u32>, Vec<String>), ServerError> {
-            let ids = match job {
-                Job::Prompt(text, special) => tokenizer.encode(&text, special)?,
+    // A text longer than the model's context is refused, not tokenized whole: it could
+    // never be a prompt, and tokenizing megabytes costs hundreds of megabytes.
+    let max_model_len = app.validation.max_model_len;
+    let tokens = blocking(
+        &app.validation.work_slots,
+        move || -> Result<(Vec<u32>, Vec<String>), ServerError> {
+            let (text, special, param) = match job {
+                Job::Prompt(text, special) => (text, special, "prompt"),
                 Job::Chat(messages, render, special) => {
                     let template = tokenizer.chat_template().map_err(template_error)?;
                     render.check_template(template.source())?;
                     let text = template
                         .render(&render.request(messages, None))
                         .map_err(template_error)?;
-                    tokenizer.encode(&render.prompt(text)?, special)?
+                    (render.prompt(text)?, special, "messages")
                 }
             };
+            let ids = tokenizer
+                .encode_within(&text, special, max_model_len)
+                .map_err(|e| too_long(e, param, max_model_len))?;
             let strs = if return_strs {
                 ids.iter()
                     .map(|&id| tokenizer.id_to_token(id).unwrap_or_default())
@@ -68,9 +76,9 @@ pub async fn tokenize(
                 Vec::new()
             };
             Ok((ids, strs))
-        })
-        .await
-        .map_err(|e| ServerError::Internal(format!("blocking task failed: {e}")))??;
+        },
+    )
+    .await??;
     let (tokens, strs) = tokens;
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
@@ -99,8 +107,9 @@ pub async fn detokenize(
         ));
     }
     let tokenizer = Arc::clone(&app.validation.tokenizer);
-    let prompt = tokio::task::spawn_blocking(move || tokenizer.decode(&req.tokens, false))
-        .await
-        .map_err(|e| ServerError::Internal(format!("blocking task failed: {e}")))??;
+    let prompt = blocking(&app.validation.work_slots, move || {
+        tokenizer.decode(&req.tokens, false)
+    })
+    .await??;
     Ok(Json(DetokenizeResponse { prompt }))
 }

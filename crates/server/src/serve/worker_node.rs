@@ -54,8 +54,20 @@ pub(super) async fn serve(args: ServeArgs) -> Result<()> {
         let app = Router::new()
             .route("/livez", get(livez))
             .route("/readyz", get(readyz))
+            .fallback(crate::serve::info_routes::not_found)
+            .method_not_allowed_fallback(crate::serve::info_routes::method_not_allowed)
             .with_state(Arc::clone(&ready));
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        // The same connection hygiene as the leader's port.
+        let listener = crate::serve::connection::LimitedListener::new(
+            listener,
+            crate::serve::connection::fit_connections_to_open_files(args.max_connections),
+            args.conn_timeouts(),
+        );
+        tokio::spawn(crate::serve::serve_http(
+            listener,
+            app,
+            std::future::pending(),
+        ));
         tracing::info!("listening on http://{local} (worker node {node}: probes only)");
     }
     let work = {

@@ -80,7 +80,9 @@ pub fn stream_all(handle: &SchedulerHandle, requests: &[GenerationRequest]) -> V
                                 assert_eq!(completion_tokens, out.0.len());
                                 break;
                             }
-                            TokenEvent::Error(e) | TokenEvent::Failed(e) => {
+                            TokenEvent::Error(e)
+                            | TokenEvent::Failed(e)
+                            | TokenEvent::Refused(e) => {
                                 panic!("engine error: {e}")
                             }
                         }

@@ -11,14 +11,15 @@ use serde_json::Value;
 use tessera_protocol::{Executor, ExecutorError, KvCacheShape, SampledToken, StepOutput, StepPlan};
 use tessera_scheduler::{EngineLoop, SchedulerConfig};
 
+use crate::api::grammar_prep::GrammarService;
 use crate::api::request_limits::RequestLimits;
 use crate::api::valid_request::ValidationContext;
-use crate::serve::conn_limit::LimitedListener;
+use crate::serve::connection::{ConnTimeouts, LimitedListener};
 use crate::serve::lifecycle::Lifecycle;
 use crate::serve::limits::ServerLimits;
 use crate::serve::metrics::ServerMetrics;
 use crate::serve::state::{unix_now, AppState};
-use crate::serve::{load_state, router, warm_up, ServeArgs};
+use crate::serve::{front_of, load_state, router, serve_http, warm_up, ServeArgs};
 
 #[derive(Parser)]
 struct Cli {
@@ -58,9 +59,23 @@ pub fn serve_router(app: axum::Router) -> String {
     serve_router_limited(app, None)
 }
 
-/// As [`serve_router`], through the connection-limited listener when `max_connections`
-/// is given.
+/// As [`serve_router`], with at most `max_connections` connections (default 1024) and
+/// the default connection timeouts.
 pub fn serve_router_limited(app: axum::Router, max_connections: Option<usize>) -> String {
+    serve_router_with(
+        app,
+        max_connections.unwrap_or(1024),
+        ConnTimeouts::default(),
+    )
+}
+
+/// As [`serve_router`], with the given connection limit and timeouts, through the same
+/// listener and serving function as `tessera serve`.
+pub fn serve_router_with(
+    app: axum::Router,
+    max_connections: usize,
+    timeouts: ConnTimeouts,
+) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -71,12 +86,10 @@ pub fn serve_router_limited(app: axum::Router, max_connections: Option<usize>) -
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            match max_connections {
-                Some(max) => axum::serve(LimitedListener::new(listener, max), app)
-                    .await
-                    .unwrap(),
-                None => axum::serve(listener, app).await.unwrap(),
-            }
+            let listener = LimitedListener::new(listener, max_connections, timeouts);
+            serve_http(listener, app, std::future::pending())
+                .await
+                .unwrap();
         });
     });
     let addr: std::net::SocketAddr = rx.recv().unwrap();
@@ -87,11 +100,10 @@ pub fn serve_router_limited(app: axum::Router, max_connections: Option<usize>) -
 pub fn model_state() -> &'static AppState {
     static STATE: OnceLock<AppState> = OnceLock::new();
     STATE.get_or_init(|| {
-        let state = load_state(
-            &serve_args(&["--kv-cache-memory-mib", "64", "--max-model-len", "2048"]),
-            Arc::new(Lifecycle::default()),
-        )
-        .expect("load the SmolLM2 model (run scripts/fetch-model)");
+        let args = serve_args(&["--kv-cache-memory-mib", "64", "--max-model-len", "2048"]);
+        let front = front_of(&args).expect("the layers' settings");
+        let state = load_state(&args, Arc::new(Lifecycle::default()), &front)
+            .expect("load the SmolLM2 model (run scripts/fetch-model)");
         // Warm-up blocks on the scheduler's channel: not on a runtime thread.
         let warm = state.clone();
         std::thread::spawn(move || warm_up(&warm))
@@ -300,9 +312,13 @@ pub fn fake_state_with_tokenizer<E: Executor + 'static>(
             max_model_len,
             kv_sequence_tokens: num_blocks * 16,
             limits: RequestLimits::default(),
-            grammar: Err("the fake executor has no grammar compiler".into()),
+            grammar: GrammarService::new(
+                Err("the fake executor has no grammar compiler".into()),
+                Default::default(),
+            ),
             tool_parser: None,
             reasoning: Default::default(),
+            work_slots: Default::default(),
         }),
         api_keys: Arc::new(Vec::new()),
         max_body_bytes: 1 << 20,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tessera_protocol::{Executor, ExecutorError, KvCacheShape, StepOutput, StepPlan};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::harness::*;
 use crate::api::valid_request::ValidationContext;
@@ -68,9 +68,13 @@ async fn connections_over_the_limit_get_503_and_slots_free_up() {
     let app = router::build_router(model_state().clone(), &[]);
     let base = serve_router_limited(app, Some(2));
     let addr = base.trim_start_matches("http://").to_string();
-    let a = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let b = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    // Both slots taken (idle connections count): the next one is refused.
+    // Both slots taken by requests in progress (their bodies still coming): unlike idle
+    // connections, they are not closed for a new one, which is refused.
+    let head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{";
+    let mut a = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    a.write_all(head).await.unwrap();
+    let mut b = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    b.write_all(head).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let fresh = || {
         reqwest::Client::builder()
@@ -102,6 +106,28 @@ async fn connections_over_the_limit_get_503_and_slots_free_up() {
         assert!(Instant::now() < deadline, "slots never freed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn idle_connections_give_their_slots_to_new_ones() {
+    let app = router::build_router(model_state().clone(), &[]);
+    let base = serve_router_limited(app, Some(2));
+    let addr = base.trim_start_matches("http://").to_string();
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = reqwest::Client::new()
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The first idle connection was closed for it.
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(5), idle[0].read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0))), "{read:?}");
 }
 
 /// A fake executor that sleeps `delay` per step, with a context of `context` tokens.

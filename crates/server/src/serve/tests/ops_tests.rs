@@ -9,7 +9,8 @@ use tessera_protocol::KvCacheShape;
 use super::harness::*;
 use crate::serve::drain;
 use crate::serve::lifecycle::{Lifecycle, FAILED_STEPS_UNHEALTHY};
-use crate::serve::router::{build_router, startup_router};
+use crate::serve::middleware::Front;
+use crate::serve::router::{api_router, startup_router};
 
 fn chat(extra: Value) -> Value {
     let mut body =
@@ -48,7 +49,18 @@ fn fake_executor() -> FakeExecutor {
 async fn probes_answer_while_loading_then_the_api_takes_over() {
     let lifecycle = Arc::new(Lifecycle::default());
     let api = Arc::new(OnceLock::new());
-    let base = serve_router(startup_router(Arc::clone(&lifecycle), Arc::clone(&api)));
+    let front = Front {
+        metrics: Default::default(),
+        limits: Default::default(),
+        api_keys: Default::default(),
+        max_body_bytes: 1 << 20,
+    };
+    let base = serve_router(startup_router(
+        Arc::clone(&lifecycle),
+        &front,
+        &[],
+        Arc::clone(&api),
+    ));
 
     assert_eq!(probe(&base, "/livez").await, (200, None));
     assert_eq!(
@@ -72,7 +84,7 @@ async fn probes_answer_while_loading_then_the_api_takes_over() {
     );
     let mut state = fake.state.clone();
     state.lifecycle = Arc::clone(&lifecycle);
-    api.set(build_router(state, &[])).unwrap();
+    api.set(api_router(state)).unwrap();
     lifecycle.set_started();
     for path in ["/livez", "/startupz", "/readyz", "/health"] {
         assert_eq!(probe(&base, path).await, (200, None), "{path}");

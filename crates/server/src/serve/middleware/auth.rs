@@ -1,6 +1,9 @@
-//! Bearer-token authentication. Keys are compared in constant time: the time depends
-//! on the configured keys' lengths only, never on how much of a key the presented one
-//! matches or on its length. Keys are never logged.
+//! Bearer-token authentication, before any routing: with keys configured, every path
+//! but the open ones (the probes) needs `Authorization: Bearer <key>` (the scheme in
+//! any case, as RFC 7235 has it), so neither a wrong method nor an unknown path tells a
+//! client without a key which routes exist. Keys are compared in constant time: the time
+//! depends on the configured keys' lengths only, never on how much of a key the
+//! presented one matches or on its length. Keys are never logged.
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
@@ -9,23 +12,29 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use crate::api::error::ServerError;
-use crate::serve::state::AppState;
+use crate::serve::middleware::Front;
+use crate::serve::router::route_table;
 
-/// Middleware: with keys configured, a request needs `Authorization: Bearer <key>`.
-pub async fn require_api_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    if app.api_keys.is_empty() {
+/// Middleware: with keys configured, a request to a protected path needs a key.
+pub async fn require_api_key(State(front): State<Front>, req: Request, next: Next) -> Response {
+    if front.api_keys.is_empty() || route_table().is_open(req.uri().path()) {
         return next.run(req).await;
     }
     let presented = req
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer_token);
     match presented {
-        Some(key) if key_matches(&app.api_keys, key) => next.run(req).await,
+        Some(key) if key_matches(&front.api_keys, key) => next.run(req).await,
         _ => ServerError::Unauthorized.into_response(),
     }
+}
+
+/// The token of a `Bearer` credential; the scheme is case-insensitive.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Compares against every key without stopping at the first match.
@@ -52,7 +61,7 @@ fn key_equals(key: &[u8], presented: &[u8]) -> subtle::Choice {
 
 #[cfg(test)]
 mod tests {
-    use super::key_matches;
+    use super::{bearer_token, key_matches};
 
     #[test]
     fn matches_any_configured_key_exactly() {
@@ -66,5 +75,15 @@ mod tests {
             "a longer key with the same prefix"
         );
         assert!(!key_matches(&keys, ""));
+    }
+
+    #[test]
+    fn the_scheme_is_case_insensitive_and_nothing_else_is_a_bearer() {
+        for ok in ["Bearer k", "bearer k", "BEARER k", "bEaReR   k "] {
+            assert_eq!(bearer_token(ok), Some("k"), "{ok}");
+        }
+        for bad in ["Basic k", "Bearerk", "k", "Token k", ""] {
+            assert_eq!(bearer_token(bad), None, "{bad}");
+        }
     }
 }
