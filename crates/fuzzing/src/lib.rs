@@ -6,6 +6,7 @@
 //! an answer that is wrong (an error that is not a client error, an SSE frame that does
 //! not parse back, ...). Everything else (a refused input) is a pass.
 
+mod grammar;
 mod model;
 mod requests;
 mod sse;
@@ -13,6 +14,7 @@ mod template;
 mod tokens;
 mod weights;
 
+pub use grammar::structured_output;
 pub use requests::{chat_request, completion_request};
 pub use sse::sse_frames;
 pub use template::chat_template;
@@ -31,4 +33,5 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("safetensors_header", safetensors_header),
     ("tokenizer", tokenizer),
     ("sse_frames", sse_frames),
+    ("structured_output", structured_output),
 ];

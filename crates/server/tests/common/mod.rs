@@ -5,6 +5,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod engine_loop;
+pub mod hostile;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
@@ -50,9 +51,14 @@ fn forward(stream: impl Read + Send + 'static, tx: mpsc::Sender<(Instant, String
 /// Runs `tessera ARGS` with `env` added to the test's environment (add `--port 0` to
 /// `args` for a free port), and returns once it logs where it listens (within 300 s).
 pub fn start(args: &[&str], env: &[(&str, &str)]) -> Started {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .envs(env.iter().copied())
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    command.args(args).envs(env.iter().copied());
+    start_command(command)
+}
+
+/// Runs `command` (a `tessera` invocation) as [`start`] does.
+pub fn start_command(mut command: Command) -> Started {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
