@@ -154,11 +154,13 @@ mod tests {
             t.encode_within(&huge, false, 100),
             Err(TokenizerError::TooLong { max_tokens: 100 })
         ));
-        // Within the length bound but over the count: refused while counting.
-        let words = "word ".repeat(200_000);
-        assert!(words.len() < 2048 * t.max_bytes_per_token());
+        // Within the length bound but over the count (one token a word): refused while
+        // counting its pieces.
+        let words = "word ".repeat(40_000);
+        assert!(words.len() < 20_000 * t.max_bytes_per_token());
+        assert!(words.len() > 20_000 * SUSPICIOUS_BYTES_PER_TOKEN);
         assert!(matches!(
-            t.encode_within(&words, false, 2048),
+            t.encode_within(&words, false, 20_000),
             Err(TokenizerError::TooLong { .. })
         ));
         // Just over the bound by count, in a text short enough to be tokenized whole.

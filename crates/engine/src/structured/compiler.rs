@@ -469,12 +469,24 @@ mod tests {
     }
 
     #[test]
-    fn formats_too_complex_for_the_first_mask_are_refused_when_prepared() {
-        let (_, compiler) = smollm2_compiler();
+    fn formats_too_complex_to_enforce_are_the_requests_fault() {
+        let (tokenizer, compiler) = smollm2_compiler();
         let params = SamplingParams::default();
+        // Its first mask is fine; the lexer gives up on the first run of `a`s.
         let repeated = OutputConstraint::Regex {
             pattern: "a{1000}{1000}".into(),
         };
+        let prepared = prepare(&compiler, &repeated, &params).expect("prepared");
+        let mut c = prepared.start();
+        let mut logits = vec![0f32; tokenizer.vocab_size()];
+        c.apply_mask(&mut logits);
+        let run = tokenizer.encode("aaaa", false).expect("encode");
+        assert!(logits[run[0] as usize].is_finite());
+        c.advance(run[0]);
+        let fault = c.fault().expect("a fault");
+        assert!(fault.by_request, "{fault:?}");
+        assert!(!fault.message.contains('\n'), "{fault:?}");
+        // Right-recursive enough that the parser's rows pass their limit at once.
         let doubly_recursive = OutputConstraint::JsonSchema {
             schema:
                 r##"{"$defs": {"a": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/a"}},
@@ -482,12 +494,19 @@ mod tests {
                 "$ref": "#/$defs/a"}"##
                     .into(),
         };
-        for c in [repeated, doubly_recursive] {
-            match prepare(&compiler, &c, &params) {
-                Err(EngineError::GrammarTooComplex(m) | EngineError::GrammarInvalid(m))
-                | Err(EngineError::SchemaInvalid(m)) => assert!(!m.is_empty()),
-                other => panic!("{c:?}: {other:?}"),
+        match prepare(&compiler, &doubly_recursive, &params) {
+            Err(EngineError::GrammarTooComplex(m) | EngineError::SchemaInvalid(m)) => {
+                assert!(!m.is_empty())
             }
+            Ok(prepared) => {
+                // Or at its first tokens.
+                let mut c = prepared.start();
+                for t in tokenizer.encode("[[[[", false).expect("encode") {
+                    c.advance(t);
+                }
+                assert!(c.fault().is_none_or(|f| f.by_request), "{:?}", c.fault());
+            }
+            Err(other) => panic!("{other:?}"),
         }
     }
 

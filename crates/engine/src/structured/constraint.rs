@@ -33,13 +33,22 @@ pub struct GrammarFault {
 
 impl GrammarFault {
     /// A failure of the grammar engine on `error`: the request's when the engine stopped
-    /// at its complexity limits (llguidance names the stop reason in the error).
-    /// Only the error's first line is kept: the rest is the grammar engine's state.
+    /// at its complexity limits (its lexer's or parser's: "lexer error: too many
+    /// expressions constructed", "Current row has 2807 items; max is 2000"), the
+    /// engine's own otherwise (a token its mask allowed, then refused). Only the error's
+    /// first line is kept: the rest is the grammar engine's state.
     fn from_engine(context: &str, error: &str) -> Self {
         let first = error.lines().next().unwrap_or(error);
+        let limits = [
+            "lexer error:",
+            "parser error:",
+            "items; max is",
+            "too many",
+            "fuel",
+        ];
         Self {
             message: format!("{context}: {first}"),
-            by_request: error.contains("TooComplex") || first.contains("too many"),
+            by_request: limits.iter().any(|l| first.contains(l)),
         }
     }
 }
