@@ -40,6 +40,7 @@ pub mod limits;
 pub mod metrics;
 pub mod middleware;
 pub mod responses_route;
+pub mod route_table;
 pub mod router;
 pub mod state;
 pub mod stream;

@@ -1,179 +1,66 @@
-//! The route table. [`routes`] is the single list the router is built from, the layers
-//! in front read (route labels, which paths are open) and tests check against the
-//! OpenAPI document.
+//! The routers: the API router (every route of [`ROUTES`] with its handler) and the
+//! start-up router that answers probes while the model loads, both behind the layers of
+//! [`front`].
 
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::{header, HeaderValue, Method};
+use axum::http::Method;
 use axum::response::IntoResponse;
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use tower::ServiceExt;
-use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::api::error::ServerError;
 use crate::serve::lifecycle::{self, Lifecycle};
 use crate::serve::middleware::{front, Front};
+use crate::serve::route_table::ROUTES;
 use crate::serve::state::AppState;
 use crate::serve::{
     chat_route, completion_route, info_routes, metrics, responses_route, tokenize_route,
 };
 
-/// A route: method, path as the OpenAPI document writes it, and its handler.
+/// A route of the table with its handler.
 pub struct Route {
     /// The method `handler` answers; read by the OpenAPI consistency test.
     #[cfg_attr(not(test), allow(dead_code))]
     pub method: Method,
     pub path: &'static str,
-    /// Reachable without an API key.
-    pub open: bool,
     pub handler: MethodRouter<AppState>,
 }
 
-/// Every route the server has.
+/// Every route of [`ROUTES`] with its handler (a route without one is left out, which
+/// `every_route_of_the_table_has_a_handler` catches).
 pub fn routes() -> Vec<Route> {
-    let r = |method: Method, path, open, handler| Route {
-        method,
-        path,
-        open,
-        handler,
-    };
-    vec![
-        r(
-            Method::POST,
-            "/v1/chat/completions",
-            false,
-            post(chat_route::chat_completions),
-        ),
-        r(
-            Method::POST,
-            "/v1/completions",
-            false,
-            post(completion_route::completions),
-        ),
-        r(
-            Method::POST,
-            "/v1/responses",
-            false,
-            post(responses_route::create_response),
-        ),
-        r(
-            Method::GET,
-            "/v1/models",
-            false,
-            get(info_routes::list_models),
-        ),
-        r(
-            Method::GET,
-            "/v1/models/{id}",
-            false,
-            get(info_routes::get_model),
-        ),
-        r(
-            Method::POST,
-            "/tokenize",
-            false,
-            post(tokenize_route::tokenize),
-        ),
-        r(
-            Method::POST,
-            "/detokenize",
-            false,
-            post(tokenize_route::detokenize),
-        ),
-        r(Method::GET, "/metrics", false, get(metrics::metrics)),
-        r(
-            Method::GET,
-            "/openapi.json",
-            false,
-            get(info_routes::openapi),
-        ),
-        r(Method::GET, "/health", true, get(lifecycle::readyz)),
-        r(Method::GET, "/livez", true, get(lifecycle::livez)),
-        r(Method::GET, "/readyz", true, get(lifecycle::readyz)),
-        r(Method::GET, "/startupz", true, get(lifecycle::startupz)),
-    ]
+    ROUTES
+        .iter()
+        .filter_map(|r| {
+            Some(Route {
+                method: r.method.clone(),
+                path: r.path,
+                handler: handler(r.path)?,
+            })
+        })
+        .collect()
 }
 
-/// The path templates of [`routes`] and which are open, read by the layers in front of
-/// the routes (metric labels, authentication): one list for both.
-#[derive(Debug)]
-pub struct RouteTable(Vec<(&'static str, bool)>);
-
-/// The table of [`routes`], made once.
-pub fn route_table() -> &'static RouteTable {
-    static TABLE: OnceLock<RouteTable> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        let mut paths: Vec<(&'static str, bool)> = Vec::new();
-        for route in routes() {
-            if !paths.iter().any(|(p, _)| *p == route.path) {
-                paths.push((route.path, route.open));
-            }
-        }
-        RouteTable(paths)
+/// The handler of the route at `path`.
+fn handler(path: &str) -> Option<MethodRouter<AppState>> {
+    Some(match path {
+        "/v1/chat/completions" => post(chat_route::chat_completions),
+        "/v1/completions" => post(completion_route::completions),
+        "/v1/responses" => post(responses_route::create_response),
+        "/v1/models" => get(info_routes::list_models),
+        "/v1/models/{id}" => get(info_routes::get_model),
+        "/tokenize" => post(tokenize_route::tokenize),
+        "/detokenize" => post(tokenize_route::detokenize),
+        "/metrics" => get(metrics::metrics),
+        "/openapi.json" => get(info_routes::openapi),
+        "/health" | "/readyz" => get(lifecycle::readyz),
+        "/livez" => get(lifecycle::livez),
+        "/startupz" => get(lifecycle::startupz),
+        _ => return None,
     })
-}
-
-impl RouteTable {
-    /// The template `path` falls under, for metric labels (bounded cardinality: unknown
-    /// paths are all `unmatched`).
-    pub fn template(&self, path: &str) -> &'static str {
-        self.find(path).map_or("unmatched", |(p, _)| p)
-    }
-
-    /// Whether `path` is reachable without an API key (the probes).
-    pub fn is_open(&self, path: &str) -> bool {
-        self.find(path).is_some_and(|(_, open)| open)
-    }
-
-    fn find(&self, path: &str) -> Option<(&'static str, bool)> {
-        self.0
-            .iter()
-            .copied()
-            .find(|(template, _)| template_matches(template, path))
-    }
-}
-
-/// Whether `path` fits `template`, where a `{name}` segment stands for any one
-/// non-empty segment.
-fn template_matches(template: &str, path: &str) -> bool {
-    let mut want = template.split('/');
-    let mut got = path.split('/');
-    loop {
-        match (want.next(), got.next()) {
-            (None, None) => return true,
-            (Some(w), Some(g)) if w.starts_with('{') && w.ends_with('}') => {
-                if g.is_empty() {
-                    return false;
-                }
-            }
-            (Some(w), Some(g)) if w == g => {}
-            _ => return false,
-        }
-    }
-}
-
-/// CORS: off unless origins are given; `*` allows any origin.
-pub fn cors_layer(allowed_origins: &[String]) -> Option<CorsLayer> {
-    if allowed_origins.is_empty() {
-        return None;
-    }
-    let origin = if allowed_origins.iter().any(|o| o == "*") {
-        AllowOrigin::any()
-    } else {
-        AllowOrigin::list(
-            allowed_origins
-                .iter()
-                .filter_map(|o| HeaderValue::from_str(o).ok()),
-        )
-    };
-    Some(
-        CorsLayer::new()
-            .allow_origin(origin)
-            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]),
-    )
 }
 
 /// Every route with its handler, the JSON 404/405 fallbacks and the body limit; the
@@ -223,4 +110,16 @@ pub fn startup_router(
         .with_state(lifecycle)
         .fallback_service(forward);
     front(probes, layers, allowed_origins)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_of_the_table_has_a_handler() {
+        let paths: Vec<&str> = routes().iter().map(|r| r.path).collect();
+        let table: Vec<&str> = ROUTES.iter().map(|r| r.path).collect();
+        assert_eq!(paths, table);
+    }
 }

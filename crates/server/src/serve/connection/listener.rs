@@ -19,11 +19,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::api::error::ServerError;
 use crate::serve::connection::io::Connection;
 use crate::serve::connection::parser_refusal::enveloped_close;
-use crate::serve::connection::sockets;
+use crate::serve::connection::sockets::{self, MAX_REFUSALS_IN_FLIGHT};
 use crate::serve::connection::state::{ConnState, ConnTimeouts};
 
-/// Refusals being written at once; more connections over the limit are just closed.
-pub(super) const MAX_REFUSALS_IN_FLIGHT: usize = 64;
 /// How long a refusal may take (reading the request, writing the 503).
 const REFUSAL_TIME: Duration = Duration::from_secs(2);
 /// Least time between two warnings about failing accepts.

@@ -5,13 +5,15 @@ use std::os::fd::AsRawFd;
 
 use tokio::net::TcpStream;
 
-use crate::serve::connection::listener::MAX_REFUSALS_IN_FLIGHT;
-
 /// Unsent bytes the kernel may hold for one connection before a write waits: with this,
 /// a client that stops reading stops a stream within its receive window plus this,
 /// instead of the up to 4 MiB the kernel's send buffer grows to, and the stream's stall
 /// timeout starts counting.
 pub const NOT_SENT_LOW_WATER_BYTES: u32 = 16 << 10;
+
+/// Refusals being written at once (each a file descriptor); more connections over the
+/// limit are just closed.
+pub const MAX_REFUSALS_IN_FLIGHT: usize = 64;
 
 /// File descriptors kept for everything but connections: model files, the chat
 /// template sandboxes, the runtime, logs, and the refusals written over the limit.

@@ -13,11 +13,11 @@ use subtle::ConstantTimeEq;
 
 use crate::api::error::ServerError;
 use crate::serve::middleware::Front;
-use crate::serve::router::route_table;
+use crate::serve::route_table;
 
 /// Middleware: with keys configured, a request to a protected path needs a key.
 pub async fn require_api_key(State(front): State<Front>, req: Request, next: Next) -> Response {
-    if front.api_keys.is_empty() || route_table().is_open(req.uri().path()) {
+    if front.api_keys.is_empty() || route_table::is_open(req.uri().path()) {
         return next.run(req).await;
     }
     let presented = req

@@ -4,6 +4,7 @@
 //! start-up router and the API router alike ([`front`]).
 
 pub mod auth;
+mod cors;
 pub mod request_context;
 
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use axum::Router;
 
 use crate::serve::limits::ServerLimits;
 use crate::serve::metrics::ServerMetrics;
-use crate::serve::router::cors_layer;
+use crate::serve::middleware::cors::cors_layer;
 use crate::serve::state::AppState;
 
 /// What the layers need, all known before the model loads.

@@ -34,7 +34,7 @@ use crate::api::error::ServerError;
 use crate::serve::connection::{ConnHandle, RequestGuard};
 use crate::serve::limits::{header_bytes, ServerLimits};
 use crate::serve::middleware::Front;
-use crate::serve::router::route_table;
+use crate::serve::route_table;
 use crate::serve::state::random_id;
 
 pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -139,7 +139,7 @@ pub async fn request_context(State(front): State<Front>, req: Request, next: Nex
         .get::<ConnectInfo<ConnHandle>>()
         .map(|ConnectInfo(conn)| conn.0.request_started());
     let id = request_id(&req);
-    let route = route_table().template(req.uri().path());
+    let route = route_table::template(req.uri().path());
     let method = req.method().clone();
     let span = tracing::info_span!("request", request_id = %id);
     let scope = RequestScope {
