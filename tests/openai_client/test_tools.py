@@ -3,7 +3,9 @@ arguments validate against the tool's schema (Python `jsonschema`), streamed del
 assemble to the same calls, a tool-result round trip, and bad tools refused."""
 
 import json
+import os
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -122,7 +124,18 @@ def test_stream_helper_assembles_the_call(client, model):
     assert [name for name, _ in calls] == ["get_time"]
 
 
-def test_tool_result_round_trip(client, model):
+def rendered_prompt(base_url, messages):
+    """The prompt a chat with `messages` and the tools gets, through /tokenize (which
+    renders as the chat does) and /detokenize; and its token count."""
+    headers = {"Authorization": f"Bearer {os.environ.get('TESSERA_API_KEY', '')}"}
+    tok = httpx.post(f"{base_url}/tokenize", headers=headers,
+                     json={"messages": messages, "tools": TOOLS}).json()
+    text = httpx.post(f"{base_url}/detokenize", headers=headers,
+                      json={"tokens": tok["tokens"]}).json()["prompt"]
+    return text, tok["count"]
+
+
+def test_tool_result_round_trip(client, model, base_url):
     first = client.chat.completions.create(
         model=model, messages=ASK, tools=TOOLS, temperature=0, max_tokens=80,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -136,7 +149,15 @@ def test_tool_result_round_trip(client, model):
     choice = second.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert choice.message.content or choice.message.tool_calls
-    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+    # The second prompt holds the call and its result. SmolLM2's template knows no tools:
+    # the call is written into the assistant turn, the result into a <tool_response>.
+    prompt, count = rendered_prompt(base_url, messages)
+    assert count == second.usage.prompt_tokens
+    arguments = json.loads(call.function.arguments)
+    written = json.dumps({"name": "get_weather", "arguments": arguments}, separators=(",", ":"))
+    assert f"<|im_start|>assistant\n<tool_call>\n{written}\n</tool_call><|im_end|>" in prompt, prompt
+    assert ('<|im_start|>user\n<tool_response>\n{"temperature": 21, "sky": "sunny"}\n'
+            '</tool_response><|im_end|>') in prompt, prompt
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,8 @@ pub struct TokenizeRequest {
     pub chat_template_kwargs: Option<Map<String, Value>>,
     /// Only with `messages`: see [`RenderFields`].
     pub reasoning_effort: Option<Value>,
+    /// Only with `messages`: the tools, rendered as a chat completion renders them.
+    pub tools: Option<Value>,
     pub return_token_strs: Option<bool>,
 }
 

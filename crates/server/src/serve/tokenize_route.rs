@@ -9,6 +9,8 @@ use crate::api::generation_params::parse_fields;
 use crate::api::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
+use crate::api::tool_prompt::adapt_to_template;
+use crate::api::tools::ToolRequest;
 use crate::api::valid_request::{blocking, too_long};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
@@ -38,6 +40,7 @@ pub async fn tokenize(
         }
         (None, Some(messages)) => Job::Chat(
             template_messages(&messages)?,
+            ToolRequest::parse(req.tools.as_ref(), None, None)?,
             render.check(&messages)?,
             req.add_special_tokens.unwrap_or(false),
         ),
@@ -51,16 +54,20 @@ pub async fn tokenize(
     // A text longer than the model's context is refused, not tokenized whole: it could
     // never be a prompt, and tokenizing megabytes costs hundreds of megabytes.
     let max_model_len = app.validation.max_model_len;
+    let parser_flag = app.validation.tool_parser;
     let tokens = blocking(
         &app.validation.work_slots,
         move || -> Result<(Vec<u32>, Vec<String>), ServerError> {
             let (text, special, param) = match job {
                 Job::Prompt(text, special) => (text, special, "prompt"),
-                Job::Chat(messages, render, special) => {
+                Job::Chat(messages, tools, render, special) => {
                     let template = tokenizer.chat_template().map_err(template_error)?;
                     render.check_template(template.source())?;
+                    // Tool calls, results and tools as a chat completion writes them.
+                    let (messages, template_tools, _) =
+                        adapt_to_template(messages, tools.as_ref(), template.source(), parser_flag);
                     let text = template
-                        .render(&render.request(messages, None))
+                        .render(&render.request(messages, template_tools))
                         .map_err(template_error)?;
                     (render.prompt(text)?, special, "messages")
                 }
@@ -90,7 +97,12 @@ pub async fn tokenize(
 
 enum Job {
     Prompt(String, bool),
-    Chat(Vec<tessera_tokenizer::ChatMessage>, RenderOptions, bool),
+    Chat(
+        Vec<tessera_tokenizer::ChatMessage>,
+        Option<ToolRequest>,
+        RenderOptions,
+        bool,
+    ),
 }
 
 pub async fn detokenize(

@@ -196,16 +196,27 @@ async fn a_tool_result_round_trip_renders_and_continues() {
             || choice["message"]["tool_calls"].is_array(),
         "{out}"
     );
-    // The prompt holds the call and its result in the Hermes form.
-    let (_, tok) = post(
+    // The prompt holds the call and its result in the Hermes form: the template knows
+    // no tools, so the call is written into the assistant turn and the result into a
+    // `<tool_response>` turn. /tokenize renders as the chat does.
+    let (status, tok) = post(
         &s.url("/tokenize"),
-        &json!({"messages": [{"role": "user", "content": "What is the weather in Paris?"}]}),
+        &json!({"messages": messages, "tools": [weather_tool(), time_tool()], "add_generation_prompt": true}),
     )
     .await;
+    assert_eq!(status, 200, "{tok}");
+    assert_eq!(tok["count"], out["usage"]["prompt_tokens"], "{tok} {out}");
+    let (_, text) = post(&s.url("/detokenize"), &json!({"tokens": tok["tokens"]})).await;
+    let prompt = text["prompt"].as_str().unwrap();
+    let call = "<|im_start|>assistant\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"unit\":\"celsius\"}}\n</tool_call><|im_end|>";
+    assert!(prompt.contains(call), "{prompt}");
+    let result = "<|im_start|>user\n<tool_response>\n{\"temperature\": 21, \"sky\": \"sunny\"}\n</tool_response><|im_end|>";
+    assert!(prompt.contains(result), "{prompt}");
     assert!(
-        out["usage"]["prompt_tokens"].as_u64().unwrap() > tok["count"].as_u64().unwrap() + 20,
-        "{out}"
+        prompt.contains("<tools>") && prompt.contains("\"name\":\"get_weather\""),
+        "{prompt}"
     );
+    assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
 }
 
 /// `auto` over SmolLM2-135M: its ChatML template knows no tools, so the server describes
