@@ -123,6 +123,45 @@ fn bias_and_penalties_change_the_greedy_choice() {
         0,
         "token 1 penalised once by 2.0"
     );
+    // Presence: a flat amount once a token has appeared, however often; not for the
+    // prompt's tokens.
+    let mut s = Sampler::new(
+        params(|p| {
+            p.temperature = 0.0;
+            p.presence_penalty = 1.5
+        }),
+        &[1],
+    );
+    let mut logits = [1.0, 2.0, 0.0];
+    assert_eq!(
+        s.sample(&mut logits).0,
+        1,
+        "a prompt token is not penalised"
+    );
+    assert_eq!(logits, [1.0, 2.0, 0.0]);
+    let mut logits = [1.0, 2.0, 0.0];
+    assert_eq!(s.sample(&mut logits).0, 0, "token 1 penalised by 1.5");
+    assert_eq!(logits, [1.0, 0.5, 0.0]);
+    let mut logits = [1.0, 2.0, 0.0];
+    s.sample(&mut logits);
+    assert_eq!(
+        logits,
+        [-0.5, 0.5, 0.0],
+        "each of tokens 0 and 1 penalised once, not per occurrence"
+    );
+    let mut s = Sampler::new(
+        params(|p| {
+            p.temperature = 0.0;
+            p.presence_penalty = -1.5
+        }),
+        &[],
+    );
+    s.sample(&mut [1.0, 2.0]);
+    assert_eq!(
+        s.sample(&mut [2.9, 2.0]).0,
+        1,
+        "a negative presence penalty favours the token seen"
+    );
     let mut s = Sampler::new(
         params(|p| {
             p.temperature = 0.0;

@@ -13,3 +13,5 @@ pub mod model_args;
 pub mod node_args;
 pub mod serve;
 pub mod template_sandbox;
+#[cfg(test)]
+pub(crate) mod test_fixtures;

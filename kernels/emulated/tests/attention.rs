@@ -10,7 +10,9 @@ mod common;
 use common::{kv_of_q, rounded, to_f32, Step};
 use half::{bf16, f16};
 use tessera_kernels::gpu::launch::HEAD_DIMS;
-use tessera_kernels::gpu::reference::{self, max_abs_diff, AttentionInput, Lcg};
+use tessera_kernels::gpu::reference::{
+    self, max_abs_diff, max_row_relative_diff, AttentionInput, Lcg, SHARP_SCORES,
+};
 use tessera_kernels_emulated::{paged_attention, Element, Heads, Scores};
 
 struct Case {
@@ -78,16 +80,18 @@ fn host<T: Element>(x: &Inputs<T>, scores: Scores<'_>) -> Vec<f32> {
     })
 }
 
-/// Max |error| against the reference, and the decode launch's partitions.
+/// The largest error of any output row relative to that row's size, against the
+/// reference, and the decode launch's partitions. Without a scale of its own a case's
+/// scores are sharp (`SHARP_SCORES`), so that a wrong merge of partitions shows.
 fn run<T: Element>(c: &Case, rng: &mut Lcg) -> (f32, usize) {
     let x = inputs::<T>(c, rng);
     let scores = Scores {
-        scale: c.scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
+        scale: c.scale.unwrap_or(SHARP_SCORES / (c.head_dim as f32).sqrt()),
         window: c.window,
         softcap: c.softcap,
         sinks: c.sinks.as_deref(),
     };
-    let err = max_abs_diff(&kernel(&x, scores), &host(&x, scores));
+    let err = max_row_relative_diff(&kernel(&x, scores), &host(&x, scores), c.head_dim);
     (err, x.step.meta.plan.decode.partitions)
 }
 
@@ -97,11 +101,11 @@ fn mixed() -> Vec<(usize, usize)> {
     vec![(0, 37), (100, 21), (1500, 1), (5, 1)]
 }
 
-/// Output rounding to the element type bounds the error.
+/// Output rounding to the element type bounds the error, relative to the row.
 fn bound<T: Element>() -> f32 {
     match T::DTYPE {
-        tessera_kernels::gpu::launch::KvDtype::Bf16 => 1e-2,
-        tessera_kernels::gpu::launch::KvDtype::F16 => 2e-3,
+        tessera_kernels::gpu::launch::KvDtype::Bf16 => 2e-2,
+        tessera_kernels::gpu::launch::KvDtype::F16 => 4e-3,
     }
 }
 
@@ -124,7 +128,7 @@ fn every_head_dim<T: Element>(seed: u64) {
             assert!(parts > 1, "the long decode is split");
             assert!(
                 err < bound::<T>(),
-                "hd{hd} {nq}q/{nkv}kv block {bs}: max |err| {err:.2e}"
+                "hd{hd} {nq}q/{nkv}kv block {bs}: max relative err {err:.2e}"
             );
         }
     }
@@ -159,7 +163,7 @@ fn block_sizes_from_one_to_128_over_long_contexts() {
         };
         let (err, parts) = run::<bf16>(&case, &mut rng);
         assert_eq!(parts, 1);
-        assert!(err < 1e-2, "block {bs}: max |err| {err:.2e}");
+        assert!(err < 2e-2, "block {bs}: max relative err {err:.2e}");
     }
     // One 4000-token context in 32 partitions; a 300-token chunk after 3000 cached.
     for seqs in [vec![(3999, 1)], vec![(3000, 300)]] {
@@ -175,7 +179,7 @@ fn block_sizes_from_one_to_128_over_long_contexts() {
             sinks: None,
         };
         let (err, _) = run::<bf16>(&case, &mut rng);
-        assert!(err < 1e-2, "{seqs:?}: max |err| {err:.2e}");
+        assert!(err < 2e-2, "{seqs:?}: max relative err {err:.2e}");
     }
 }
 
@@ -201,8 +205,8 @@ fn sliding_windows_and_other_scales() {
             };
             let (err, _) = run::<f16>(&case, &mut rng);
             assert!(
-                err < 2e-3,
-                "window {window} hd{hd} block {bs}: max |err| {err:.2e}"
+                err < 4e-3,
+                "window {window} hd{hd} block {bs}: max relative err {err:.2e}"
             );
         }
     }
@@ -229,8 +233,8 @@ fn capped_scores() {
             };
             let (err, _) = run::<f16>(&case, &mut rng);
             assert!(
-                err < 2e-3,
-                "window {window:?} hd{hd} cap {cap}: max |err| {err:.2e}"
+                err < 4e-3,
+                "window {window:?} hd{hd} cap {cap}: max relative err {err:.2e}"
             );
         }
     }
@@ -260,8 +264,8 @@ fn attention_sinks() {
             let (err, parts) = run::<f16>(&case, &mut rng);
             assert!(parts > 1, "the long decode is split");
             assert!(
-                err < 2e-3,
-                "window {window:?} hd{hd} block {bs}: max |err| {err:.2e}"
+                err < 4e-3,
+                "window {window:?} hd{hd} block {bs}: max relative err {err:.2e}"
             );
         }
     }

@@ -48,6 +48,27 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// The largest error of any row of `head_dim` values, relative to that row's largest
+/// reference value. Attention outputs are weighted means of value rows: where the
+/// weights are spread thin their magnitudes shrink, and an absolute bound would say
+/// nothing.
+pub fn max_row_relative_diff(got: &[f32], want: &[f32], head_dim: usize) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.chunks(head_dim)
+        .zip(want.chunks(head_dim))
+        .map(|(g, w)| {
+            let norm = w.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+            max_abs_diff(g, w) / norm
+        })
+        .fold(0.0, f32::max)
+}
+
+/// The factor attention checks scale scores by (over the model's `1/√head_dim`), so
+/// that uniform random queries and keys give peaked attention: with flat scores every
+/// output is near the mean of the value rows whatever the weights, and a wrong merge of
+/// a split decode's partitions moves outputs by less than the 16-bit rounding bound.
+pub const SHARP_SCORES: f32 = 12.0;
+
 /// One sequence of a step: its new tokens from `start_pos`, and its block table.
 #[derive(Debug, Clone)]
 pub struct StepSeq {
@@ -207,4 +228,61 @@ pub fn add_rms_norm(x: &[f32], delta: Option<&[f32]>, w: &[f32], eps: f32) -> (V
         }
     }
     (sum, h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checks' scores are sharp enough that merging two halves of a context without
+    /// their softmax sums (the classic wrong merge of split partitions) moves outputs far
+    /// past the bf16 bound, while flat scores hide it under an absolute bound.
+    #[test]
+    fn sharp_scores_expose_a_wrong_merge_of_partitions() {
+        let (hd, n) = (64, 1500);
+        let mut rng = Lcg(5);
+        let q = rng.values(hd);
+        let k = rng.values(n * hd);
+        let v = rng.values(n * hd);
+        let attend = |scale: f32, keys: std::ops::Range<usize>| -> (Vec<f32>, f32, f32) {
+            let scores: Vec<f32> = keys
+                .clone()
+                .map(|j| {
+                    q.iter()
+                        .zip(&k[j * hd..(j + 1) * hd])
+                        .map(|(a, b)| a * b)
+                        .sum::<f32>()
+                        * scale
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let w: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
+            let z: f32 = w.iter().sum();
+            let mut o = vec![0f32; hd];
+            for (j, wj) in keys.zip(&w) {
+                for (od, vd) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+                    *od += wj / z * vd;
+                }
+            }
+            (o, m, z)
+        };
+        let wrong_merge = |scale: f32| {
+            let (right, _, _) = attend(scale, 0..n);
+            let (a, _, _) = attend(scale, 0..n / 2);
+            let (b, _, _) = attend(scale, n / 2..n);
+            let merged: Vec<f32> = a.iter().zip(&b).map(|(x, y)| (x + y) / 2.0).collect();
+            max_row_relative_diff(&merged, &right, hd)
+        };
+        let base = 1.0 / (hd as f32).sqrt();
+        // Four times the bf16 checks' bound of 2e-2 (measured: 0.114).
+        let sharp = wrong_merge(base * SHARP_SCORES);
+        assert!(sharp > 0.08, "{sharp}");
+        // With the model's own scale on uniform values the same bug hides in the noise
+        // of an absolute bound.
+        let (right, _, _) = attend(base, 0..n);
+        let (a, _, _) = attend(base, 0..n / 2);
+        let (b, _, _) = attend(base, n / 2..n);
+        let merged: Vec<f32> = a.iter().zip(&b).map(|(x, y)| (x + y) / 2.0).collect();
+        assert!(max_abs_diff(&merged, &right) < 1e-2);
+    }
 }

@@ -12,7 +12,8 @@ use tessera_kernels::gpu::launch::{KvDtype, HEAD_DIMS};
 use tessera_kernels::gpu::reference::{self, AttentionInput};
 
 use crate::kernels::{launcher, scattered_batch, TARGET_BLOCKS};
-use crate::report::{check, download, gpu, max_abs_diff, rounded, upload, Lcg};
+use crate::report::{check, download, gpu, rounded, upload, Lcg};
+use tessera_kernels::gpu::reference::{max_row_relative_diff, SHARP_SCORES};
 
 struct AttentionCase {
     dtype: KvDtype,
@@ -23,7 +24,8 @@ struct AttentionCase {
     seqs: Vec<(usize, usize)>,
     /// A sliding window: each token attends to its last `window` positions.
     window: Option<usize>,
-    /// Score scale; 1/√head_dim when `None`.
+    /// Score scale; `SHARP_SCORES/√head_dim` when `None` (peaked attention, so that a
+    /// wrong merge of a split decode's partitions shows).
     scale: Option<f32>,
     /// Gemma 2's cap on scaled scores.
     softcap: Option<f32>,
@@ -31,7 +33,8 @@ struct AttentionCase {
     sinks: Option<Vec<f32>>,
 }
 
-/// Runs one case; returns (max |error|, partitions of the decode launch).
+/// Runs one case; returns (the largest error of an output row relative to the row's
+/// size, partitions of the decode launch).
 fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, usize) {
     let (hd, nq, nkv, bs) = (c.head_dim, c.num_q_heads, c.num_kv_heads, c.block_size);
     let dt = candle_dtype(c.dtype);
@@ -72,7 +75,7 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         heads,
         LayerAttention {
             window: c.window,
-            scale: c.scale.unwrap_or(1.0 / (hd as f32).sqrt()),
+            scale: c.scale.unwrap_or(SHARP_SCORES / (hd as f32).sqrt()),
             softcap: c.softcap,
             sinks: sinks.as_ref(),
         },
@@ -88,11 +91,11 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         head_dim: hd,
         block_size: bs,
         window: c.window,
-        scale: c.scale.unwrap_or(1.0 / (hd as f32).sqrt()),
+        scale: c.scale.unwrap_or(SHARP_SCORES / (hd as f32).sqrt()),
         softcap: c.softcap,
         sinks: c.sinks.as_deref(),
     });
-    (max_abs_diff(&download(&out), &want), parts)
+    (max_row_relative_diff(&download(&out), &want, hd), parts)
 }
 
 #[test]
@@ -104,7 +107,7 @@ fn paged_attention_matches_the_reference() {
     // short one (with partitions beyond its context).
     let mixed = vec![(0, 37), (100, 21), (1500, 1), (5, 1)];
     for dtype in [KvDtype::Bf16, KvDtype::F16] {
-        let bound = if dtype == KvDtype::Bf16 { 1e-2 } else { 2e-3 };
+        let bound = if dtype == KvDtype::Bf16 { 2e-2 } else { 4e-3 };
         for hd in HEAD_DIMS {
             for (nq, nkv, bs) in [(4, 2, 16), (6, 1, 7), (2, 2, 32)] {
                 let case = AttentionCase {
@@ -125,7 +128,7 @@ fn paged_attention_matches_the_reference() {
                         "attention {} hd{hd} {nq}q/{nkv}kv block {bs}, prefill+chunk+decode",
                         dtype.suffix()
                     ),
-                    format!("max |err| {err:.2e} ({parts} decode partitions)"),
+                    format!("max relative err {err:.2e} ({parts} decode partitions)"),
                     format!("< {bound:.0e}"),
                     err < bound && parts > 1,
                 );
@@ -156,9 +159,9 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
             &format!("attention bf16 hd128 block {bs}, 70 decodes up to 2.6k context"),
-            format!("max |err| {err:.2e} ({parts} partition)"),
-            "< 1e-2".into(),
-            err < 1e-2 && parts == 1,
+            format!("max relative err {err:.2e} ({parts} partition)"),
+            "< 2e-2".into(),
+            err < 2e-2 && parts == 1,
         );
     }
     // One 4000-token context: 32 partitions; and a 700-token prefill chunk after 3000
@@ -179,9 +182,9 @@ fn paged_attention_across_block_sizes_and_long_contexts() {
         let (err, parts) = attention_case(&case, &device, &mut rng);
         check(
             &format!("attention bf16 hd64 block 16, sequence {seqs:?}"),
-            format!("max |err| {err:.2e} ({parts} decode partitions)"),
-            "< 1e-2".into(),
-            err < 1e-2,
+            format!("max relative err {err:.2e} ({parts} decode partitions)"),
+            "< 2e-2".into(),
+            err < 2e-2,
         );
     }
 }
@@ -195,7 +198,7 @@ fn paged_attention_honours_a_sliding_window() {
     // partitions that start at its window, and a short decode.
     let mixed = vec![(0, 37), (300, 21), (1500, 1), (5, 1)];
     for dtype in [KvDtype::Bf16, KvDtype::F16] {
-        let bound = if dtype == KvDtype::Bf16 { 1e-2 } else { 2e-3 };
+        let bound = if dtype == KvDtype::Bf16 { 2e-2 } else { 4e-3 };
         for window in [1, 7, 100, 600] {
             for (hd, bs) in [(64, 16), (128, 7)] {
                 let case = AttentionCase {
@@ -216,7 +219,7 @@ fn paged_attention_honours_a_sliding_window() {
                         "attention {} hd{hd} block {bs}, window {window}, prefill+chunk+decode",
                         dtype.suffix()
                     ),
-                    format!("max |err| {err:.2e} ({parts} decode partitions)"),
+                    format!("max relative err {err:.2e} ({parts} decode partitions)"),
                     format!("< {bound:.0e}"),
                     err < bound,
                 );
@@ -248,9 +251,9 @@ fn paged_attention_caps_scores() {
             let (err, parts) = attention_case(&case, &device, &mut rng);
             check(
                 &format!("attention f16 hd{hd}, score cap {cap}, window {window:?}"),
-                format!("max |err| {err:.2e} ({parts} decode partitions)"),
-                "< 2e-3".into(),
-                err < 2e-3,
+                format!("max relative err {err:.2e} ({parts} decode partitions)"),
+                "< 4e-3".into(),
+                err < 4e-3,
             );
         }
     }
@@ -265,7 +268,7 @@ fn paged_attention_with_sinks() {
     let mut rng = Lcg(29);
     let mixed = vec![(0, 37), (300, 21), (1500, 1), (5, 1)];
     for window in [None, Some(128)] {
-        for (dtype, bound) in [(KvDtype::Bf16, 1e-2), (KvDtype::F16, 2e-3)] {
+        for (dtype, bound) in [(KvDtype::Bf16, 2e-2), (KvDtype::F16, 4e-3)] {
             let case = AttentionCase {
                 dtype,
                 head_dim: 64,
@@ -284,7 +287,7 @@ fn paged_attention_with_sinks() {
                     "attention {} hd64, sinks, window {window:?}",
                     dtype.suffix()
                 ),
-                format!("max |err| {err:.2e} ({parts} decode partitions)"),
+                format!("max relative err {err:.2e} ({parts} decode partitions)"),
                 format!("< {bound:.0e}"),
                 err < bound && parts > 1,
             );

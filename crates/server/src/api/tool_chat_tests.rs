@@ -15,17 +15,7 @@ use crate::api::chat_request::{template_messages, ChatMessageIn};
 use crate::api::tool_parsers::ToolParserKind;
 use crate::api::tool_prompt::{adapt_to_template, ToolOutput};
 use crate::api::tools::ToolRequest;
-
-fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("TESSERA_CACHE_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("tessera");
-    }
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    PathBuf::from(home).join(".cache/tessera")
-}
+use crate::test_fixtures::cached_tokenizer_dir;
 
 #[test]
 fn openai_tool_conversations_render_as_transformers_renders_them() {
@@ -44,14 +34,9 @@ fn openai_tool_conversations_render_through_mistral_as_transformers_renders_them
 /// Each conversation of `fixture` through the cached tokenizer `name`'s template, whose
 /// tool calls the `parser` reads back.
 fn check(name: &str, fixture: &str, parser: ToolParserKind) {
-    let dir = cache_dir().join("tokenizers").join(name);
-    if !dir.join("tokenizer.json").exists() {
-        eprintln!(
-            "skipped: no {name} tokenizer in {} (scripts/make-token-fixtures fetch)",
-            dir.display()
-        );
+    let Some(dir) = cached_tokenizer_dir(name) else {
         return;
-    }
+    };
     let tokenizer = Tokenizer::from_hf_dir(&dir).unwrap();
     let template = tokenizer.chat_template().unwrap();
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -83,11 +68,9 @@ fn check(name: &str, fixture: &str, parser: ToolParserKind) {
 /// in the call and in its result, and two calls keep two ids.
 #[test]
 fn openai_call_ids_become_mistral_ids() {
-    let dir = cache_dir().join("tokenizers/mistral_nemo");
-    if !dir.join("tokenizer.json").exists() {
-        eprintln!("skipped: no mistral_nemo tokenizer (scripts/make-token-fixtures fetch)");
+    let Some(dir) = cached_tokenizer_dir("mistral_nemo") else {
         return;
-    }
+    };
     let tokenizer = Tokenizer::from_hf_dir(&dir).unwrap();
     let template = tokenizer.chat_template().unwrap();
     let sent: Vec<ChatMessageIn> = serde_json::from_value(serde_json::json!([

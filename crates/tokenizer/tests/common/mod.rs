@@ -133,17 +133,22 @@ pub fn gpt4o_dir() -> Option<PathBuf> {
 }
 
 /// The cached official tokenizer `name` that `scripts/make-token-fixtures fetch` fetched.
+/// Without it a test skips, saying so, when run by hand; under `scripts/test`
+/// (`TESSERA_REQUIRE_FIXTURES=1`) it fails instead of passing unrun.
 fn npm_tokenizer_dir(name: &str) -> Option<PathBuf> {
     let dir = cache_dir().join("tokenizers").join(name);
     if dir.join("tokenizer.json").is_file() && dir.join("tokenizer_config.json").is_file() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping: {} has no {name} tokenizer (run `scripts/make-token-fixtures fetch`)",
-            dir.display()
-        );
-        None
+        return Some(dir);
     }
+    let why = format!(
+        "{} has no {name} tokenizer (run `scripts/make-token-fixtures fetch`)",
+        dir.display()
+    );
+    if std::env::var_os("TESSERA_REQUIRE_FIXTURES").is_some_and(|v| v == "1") {
+        panic!("{why}: a required fixture is missing");
+    }
+    eprintln!("skipping: {why}");
+    None
 }
 
 pub fn ids_of(value: &Value) -> Vec<u32> {

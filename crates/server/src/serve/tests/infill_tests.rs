@@ -5,7 +5,6 @@
 //! them these tests skip, saying so.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
@@ -54,19 +53,7 @@ impl Executor for RecordingExecutor {
 }
 
 fn cached_tokenizer(name: &str) -> Option<Arc<Tokenizer>> {
-    let cache = match std::env::var_os("TESSERA_CACHE_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-            .join(".cache/tessera"),
-    };
-    let dir = cache.join("tokenizers").join(name);
-    if !dir.join("tokenizer.json").exists() {
-        eprintln!(
-            "skipped: no {name} tokenizer in {} (scripts/make-token-fixtures fetch)",
-            dir.display()
-        );
-        return None;
-    }
+    let dir = crate::test_fixtures::cached_tokenizer_dir(name)?;
     Some(Arc::new(Tokenizer::from_hf_dir(&dir).unwrap()))
 }
 

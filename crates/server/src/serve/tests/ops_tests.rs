@@ -202,11 +202,12 @@ async fn request_ids_are_echoed_or_generated() {
 
 #[tokio::test]
 async fn metrics_parse_and_move_after_real_requests() {
-    let _gate = SCHEDULER_GATE.read().await;
+    // Exclusive: every count below is exact, so nothing else may run meanwhile.
+    let _gate = SCHEDULER_GATE.write().await;
     let s = model_server();
     let body = metrics_text(s).await;
     assert!(body.contains("model_name=\"smollm2\""), "{body}");
-    let before = scrape(&body);
+    let listed = scrape(&body);
     for name in [
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -224,46 +225,81 @@ async fn metrics_parse_and_move_after_real_requests() {
         "tessera_kv_blocks_total",
         "tessera_num_requests_running",
     ] {
-        assert!(before.contains_key(name), "missing {name} in\n{body}");
+        assert!(listed.contains_key(name), "missing {name} in\n{body}");
     }
 
+    // A prompt no other test sends, twice, 4 tokens each (ignore_eos: never fewer). The
+    // prefix cache may hold the blocks it shares with other chats (the template's system
+    // turn), from earlier tests or, for sure, from a chat sent first here.
+    let unique = json!({
+        "max_tokens": 4,
+        "ignore_eos": true,
+        "messages": [{"role": "user", "content": "Which metrics does this test read? Name three."}],
+    });
     let (status, _) = post(
         &s.url("/v1/chat/completions"),
-        &france(json!({"max_tokens": 4})),
+        &france(json!({"max_tokens": 1})),
     )
     .await;
     assert_eq!(status, 200);
-    let (status, events) = post_sse(
-        &s.url("/v1/chat/completions"),
-        &france(json!({"max_tokens": 4, "stream": true})),
-    )
-    .await;
+    let tokens = |body: Value| async move {
+        let (_, tok) = post(&s.url("/tokenize"), &body).await;
+        tok["tokens"].as_array().unwrap().clone()
+    };
+    let shared = tokens(json!({"messages": france(json!({}))["messages"]})).await;
+    let mine = tokens(json!({"messages": unique["messages"]})).await;
+    let common = shared.iter().zip(&mine).take_while(|(a, b)| a == b).count() as f64;
+    let full_blocks = |n: f64| (n / 16.0).floor() * 16.0;
+    let before = scraped_metrics(s).await;
+    let (status, reply) = post(&s.url("/v1/chat/completions"), &france(unique.clone())).await;
+    assert_eq!(status, 200);
+    let prompt = reply["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert_eq!(prompt, mine.len() as f64);
+    assert_eq!(reply["usage"]["completion_tokens"], 4);
+    let mut streamed = unique;
+    streamed["stream"] = json!(true);
+    let (status, events) = post_sse(&s.url("/v1/chat/completions"), &france(streamed)).await;
     assert_eq!(status, 200);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
 
     let after = scraped_metrics(s).await;
     let grew = |name: &str, by: f64| {
         let (b, a) = (before.get(name).copied().unwrap_or(0.0), after[name]);
-        assert!(a >= b + by, "{name}: {b} -> {a}, expected +{by}");
+        assert_eq!(a - b, by, "{name}: {b} -> {a}");
     };
-    grew("vllm:prompt_tokens_total", 2.0);
-    grew("vllm:generation_tokens_total", 2.0);
-    grew("vllm:prefix_cache_queries_total", 1.0);
-    // The same prompt twice: the second finds the first's blocks.
-    grew("vllm:prefix_cache_hits_total", 1.0);
+    let grew_some = |name: &str| {
+        let (b, a) = (before.get(name).copied().unwrap_or(0.0), after[name]);
+        assert!(a > b, "{name}: {b} -> {a}");
+    };
+    grew("vllm:prompt_tokens_total", 2.0 * prompt);
+    grew("vllm:generation_tokens_total", 8.0);
+    grew("vllm:prefix_cache_queries_total", 2.0 * prompt);
+    // The first finds the blocks it shares with the chat before; the second, the
+    // first's (all but the last token, computed again for its logits).
+    grew(
+        "vllm:prefix_cache_hits_total",
+        full_blocks(common) + full_blocks(prompt - 1.0),
+    );
     grew("vllm:time_to_first_token_seconds_count", 2.0);
-    grew("vllm:inter_token_latency_seconds_count", 2.0);
+    // One gap between each two of a sequence's 4 tokens.
+    grew("vllm:inter_token_latency_seconds_count", 6.0);
     grew("vllm:e2e_request_latency_seconds_count", 2.0);
-    grew("vllm:e2e_request_latency_seconds_sum", 1e-6);
+    grew_some("vllm:e2e_request_latency_seconds_sum");
     grew("vllm:request_queue_time_seconds_count", 2.0);
-    grew("tessera_step_duration_seconds_count", 2.0);
-    grew("tessera_rank_steps_total{rank=\"0\"}", 2.0);
-    grew("tessera_rank_step_seconds_total{rank=\"0\"}", 1e-6);
-    grew("tessera_rank_collective_seconds_total{rank=\"0\"}", 1e-9);
+    // For each: a prefill step and three decode steps on the ranks, and for the loop
+    // also the step that tells the engine the sequence ended (which may instead ride on
+    // the next request's first step).
+    grew("tessera_rank_steps_total{rank=\"0\"}", 8.0);
+    let name = "tessera_step_duration_seconds_count";
+    let steps = after[name] - before.get(name).copied().unwrap_or(0.0);
+    assert!((9.0..=10.0).contains(&steps), "{name}: {steps}");
+    grew_some("tessera_rank_step_seconds_total{rank=\"0\"}");
+    grew_some("tessera_rank_collective_seconds_total{rank=\"0\"}");
     grew(
         "tessera_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"}",
         2.0,
     );
+    // The scrape before (a response is counted once it has started).
     grew(
         "tessera_http_requests_total{route=\"/metrics\",status=\"200\"}",
         1.0,
