@@ -5,11 +5,11 @@ use std::sync::OnceLock;
 
 use axum::http::StatusCode;
 use tessera_engine::GrammarCompiler;
-use tessera_server::api::chat_request::ChatRequest;
-use tessera_server::api::completion_request::CompletionRequest;
+use tessera_server::api::chat::request::ChatRequest;
+use tessera_server::api::completions::request::CompletionRequest;
 use tessera_server::api::error::ServerError;
-use tessera_server::api::grammar_prep::GrammarService;
-use tessera_server::api::request_limits::RequestLimits;
+use tessera_server::api::params::grammar::GrammarService;
+use tessera_server::api::params::limits::RequestLimits;
 use tessera_server::api::valid_request::{ValidRequest, ValidationContext};
 use tessera_server::serve::json_body::parse_json_body;
 

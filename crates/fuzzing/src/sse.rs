@@ -9,8 +9,8 @@ use axum::response::IntoResponse;
 use futures_util::stream;
 use serde_json::Value;
 use tessera_server::api::response::{TokenLogprob, Usage};
-use tessera_server::serve::chat_route::ChatFormat;
-use tessera_server::serve::completion_route::CompletionFormat;
+use tessera_server::serve::routes::chat::ChatFormat;
+use tessera_server::serve::routes::completions::CompletionFormat;
 use tessera_server::serve::stream::{frame, ChunkFormat};
 
 use crate::model::runtime;

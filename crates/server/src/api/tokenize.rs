@@ -3,9 +3,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::api::chat_render::RenderFields;
+use crate::api::chat::render::RenderFields;
 
-use crate::api::chat_request::ChatMessageIn;
+use crate::api::chat::message::ChatMessageIn;
 
 /// Either `prompt` (text) or `messages` (rendered with the chat template).
 #[derive(Debug, Clone, Deserialize)]

@@ -7,17 +7,17 @@ use std::sync::Arc;
 use tessera_protocol::{GenerationRequest, SamplingParams, StopCondition, ThinkingTags};
 use tessera_tokenizer::{Tokenizer, TokenizerError};
 
-use crate::api::chat_render::template_error;
-use crate::api::chat_request::ChatRequest;
-use crate::api::completion_request::{CompletionRequest, PromptInput};
+use crate::api::chat::render::template_error;
+use crate::api::chat::request::ChatRequest;
+use crate::api::completions::infill::requested_suffix;
+use crate::api::completions::request::{CompletionRequest, PromptInput};
 use crate::api::error::ServerError;
-use crate::api::generation_spec::{check_in_vocab, check_top_logprobs, GenerationSpec};
-use crate::api::grammar_prep::GrammarService;
-use crate::api::infill::requested_suffix;
+use crate::api::params::grammar::GrammarService;
+use crate::api::params::limits::RequestLimits;
+use crate::api::params::spec::{check_in_vocab, check_top_logprobs, GenerationSpec};
 use crate::api::reasoning::{ReasoningParser, ReplySplit};
-use crate::api::request_limits::RequestLimits;
-use crate::api::tool_parsers::ToolParserKind;
-use crate::api::tool_prompt::{adapt_to_template, ToolOutput};
+use crate::api::tools::parsers::ToolParserKind;
+use crate::api::tools::prompt::{adapt_to_template, ToolOutput};
 
 /// Default `max_tokens` of `/v1/completions`, as OpenAI's.
 pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;

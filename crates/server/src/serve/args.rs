@@ -8,8 +8,8 @@ use tessera_engine::DeviceSpec;
 
 use tessera_engine::structured::GrammarBounds;
 
-use crate::api::grammar_prep::GrammarLimits;
-use crate::api::request_limits::RequestLimits;
+use crate::api::params::grammar::GrammarLimits;
+use crate::api::params::limits::RequestLimits;
 use crate::model_args::ModelArgs;
 use crate::serve::connection::ConnTimeouts;
 #[cfg(feature = "fault-injection")]
@@ -53,7 +53,7 @@ pub struct ServeArgs {
     /// llama3_json, mistral, glm45, qwen3_coder or minimax_m2 (default: chosen from the
     /// chat template).
     #[arg(long)]
-    pub tool_call_parser: Option<crate::api::tool_parsers::ToolParserKind>,
+    pub tool_call_parser: Option<crate::api::tools::parsers::ToolParserKind>,
 
     /// How a chat reply's thinking is split from its answer into `reasoning` (and
     /// `reasoning_content`): auto (by harmony channels when the chat template writes
@@ -153,7 +153,7 @@ pub struct ServeArgs {
     /// Seconds a structured output format may take to compile (waiting for a free
     /// compiler included); longer: 400 (too complex), or 503 when other formats kept
     /// every compiler busy.
-    #[arg(long, default_value_t = crate::api::grammar_prep::DEFAULT_COMPILE_TIMEOUT_SECS)]
+    #[arg(long, default_value_t = crate::api::params::grammar::DEFAULT_COMPILE_TIMEOUT_SECS)]
     pub grammar_compile_timeout: u64,
 
     /// Events a streamed response buffers for a client that reads slowly.

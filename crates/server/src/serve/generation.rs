@@ -17,11 +17,11 @@ use tessera_scheduler::TokenReceiver;
 use tessera_tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
 
 use crate::api::error::ServerError;
+use crate::api::reasoning::harmony::KEPT_MARKERS;
 use crate::api::reasoning::ReplySplit;
 use crate::api::reasoning::THINK_MARKERS;
-use crate::api::reasoning_harmony::KEPT_MARKERS;
 use crate::api::response::TokenLogprob;
-use crate::api::tool_prompt::special_ids;
+use crate::api::tools::prompt::special_ids;
 use crate::api::valid_request::ValidRequest;
 use crate::serve::lifecycle::InFlightGuard;
 use crate::serve::metrics::ServerMetrics;

@@ -14,15 +14,13 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use axum::extract::{FromRef, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 use tessera_scheduler::SchedulerHandle;
 use tokio::sync::watch;
-
-use crate::serve::state::AppState;
 
 /// Executor steps failing in a row before the engine counts as failed (not ready, not
 /// live). One failed step is often transient (the scheduler fails that batch and keeps
@@ -51,12 +49,6 @@ impl Default for Lifecycle {
             scheduler: OnceLock::new(),
             in_flight: watch::Sender::new(0),
         }
-    }
-}
-
-impl FromRef<AppState> for Arc<Lifecycle> {
-    fn from_ref(app: &AppState) -> Self {
-        Arc::clone(&app.lifecycle)
     }
 }
 

@@ -25,26 +25,19 @@
 
 pub mod api_keys;
 mod args;
-pub mod chat_route;
-pub mod chat_tools;
-pub mod completion_route;
 pub mod connection;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault_injection;
 pub mod generation;
-pub mod info_routes;
 pub mod json_body;
 pub mod lifecycle;
 pub mod limits;
 pub mod metrics;
 pub mod middleware;
-pub mod responses_route;
-pub mod route_table;
-pub mod router;
+pub mod routes;
 pub mod state;
 pub mod stream;
-pub mod tokenize_route;
 mod worker_node;
 
 #[cfg(test)]
@@ -64,7 +57,7 @@ use tessera_scheduler::{
     EngineLoop, ExecutorLossNotifier, SchedulerConfig, SchedulerError, SchedulerHandle,
 };
 
-use crate::api::grammar_prep::GrammarService;
+use crate::api::params::grammar::GrammarService;
 use crate::api::valid_request::ValidationContext;
 use crate::serve::connection::{fit_connections_to_open_files, ConnHandle, LimitedListener};
 use crate::serve::lifecycle::Lifecycle;
@@ -306,7 +299,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let lifecycle = Arc::new(Lifecycle::default());
     let api = Arc::new(OnceLock::new());
     let front = front_of(&args)?;
-    let app = router::startup_router(
+    let app = routes::startup_router(
         Arc::clone(&lifecycle),
         &front,
         &args.allowed_origins,
@@ -338,7 +331,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if !state.api_keys.is_empty() {
         tracing::info!("API keys required ({} configured)", state.api_keys.len());
     }
-    let _ = api.set(router::api_router(state.clone()));
+    let _ = api.set(routes::api_router(state.clone()));
     // Started (so `/readyz` answers 200) only once the API routes are in place: a probe
     // that passed before would send requests to a 503 `model_loading`.
     state.lifecycle.set_started();

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use axum::extract::FromRef;
+
 use tessera_scheduler::SchedulerHandle;
 
 use crate::api::valid_request::ValidationContext;
@@ -32,6 +34,13 @@ pub struct AppState {
 impl AppState {
     pub fn model_name(&self) -> &str {
         &self.validation.served_model_name
+    }
+}
+
+/// The probes' handlers take only the lifecycle.
+impl FromRef<AppState> for Arc<Lifecycle> {
+    fn from_ref(app: &AppState) -> Self {
+        Arc::clone(&app.lifecycle)
     }
 }
 

@@ -54,8 +54,8 @@ pub(super) async fn serve(args: ServeArgs) -> Result<()> {
         let app = Router::new()
             .route("/livez", get(livez))
             .route("/readyz", get(readyz))
-            .fallback(crate::serve::info_routes::not_found)
-            .method_not_allowed_fallback(crate::serve::info_routes::method_not_allowed)
+            .fallback(crate::serve::routes::info::not_found)
+            .method_not_allowed_fallback(crate::serve::routes::info::method_not_allowed)
             .with_state(Arc::clone(&ready));
         // The same connection hygiene as the leader's port.
         let listener = crate::serve::connection::LimitedListener::new(

@@ -13,7 +13,7 @@ use subtle::ConstantTimeEq;
 
 use crate::api::error::ServerError;
 use crate::serve::middleware::Front;
-use crate::serve::route_table;
+use crate::serve::routes::table as route_table;
 
 /// Middleware: with keys configured, a request to a protected path needs a key.
 pub async fn require_api_key(State(front): State<Front>, req: Request, next: Next) -> Response {

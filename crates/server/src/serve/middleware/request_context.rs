@@ -34,7 +34,7 @@ use crate::api::error::ServerError;
 use crate::serve::connection::{ConnHandle, RequestGuard};
 use crate::serve::limits::{header_bytes, ServerLimits};
 use crate::serve::middleware::Front;
-use crate::serve::route_table;
+use crate::serve::routes::table as route_table;
 use crate::serve::state::random_id;
 
 pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

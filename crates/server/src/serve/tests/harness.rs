@@ -11,15 +11,15 @@ use serde_json::Value;
 use tessera_protocol::{Executor, ExecutorError, KvCacheShape, SampledToken, StepOutput, StepPlan};
 use tessera_scheduler::{EngineLoop, SchedulerConfig};
 
-use crate::api::grammar_prep::GrammarService;
-use crate::api::request_limits::RequestLimits;
+use crate::api::params::grammar::GrammarService;
+use crate::api::params::limits::RequestLimits;
 use crate::api::valid_request::ValidationContext;
 use crate::serve::connection::{ConnTimeouts, LimitedListener};
 use crate::serve::lifecycle::Lifecycle;
 use crate::serve::limits::ServerLimits;
 use crate::serve::metrics::ServerMetrics;
 use crate::serve::state::{unix_now, AppState};
-use crate::serve::{front_of, load_state, router, serve_http, warm_up, ServeArgs};
+use crate::serve::{front_of, load_state, routes, serve_http, warm_up, ServeArgs};
 
 #[derive(Parser)]
 struct Cli {
@@ -47,7 +47,7 @@ impl TestServer {
 
 /// Serve `state` on 127.0.0.1:0 from a thread of its own, for the rest of the process.
 pub fn start(state: AppState, allowed_origins: &[String]) -> TestServer {
-    let app = router::build_router(state.clone(), allowed_origins);
+    let app = routes::build_router(state.clone(), allowed_origins);
     TestServer {
         base: serve_router(app),
         state,

@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::harness::*;
 use crate::api::valid_request::ValidationContext;
-use crate::serve::router;
+use crate::serve::routes;
 
 #[tokio::test]
 async fn n_stop_and_logit_bias_limits_are_400s_naming_the_parameter() {
@@ -65,7 +65,7 @@ async fn headers_over_the_limit_are_431() {
 
 #[tokio::test]
 async fn connections_over_the_limit_get_503_and_slots_free_up() {
-    let app = router::build_router(model_state().clone(), &[]);
+    let app = routes::build_router(model_state().clone(), &[]);
     let base = serve_router_limited(app, Some(2));
     let addr = base.trim_start_matches("http://").to_string();
     // Both slots taken by requests in progress (their bodies still coming): unlike idle
@@ -110,7 +110,7 @@ async fn connections_over_the_limit_get_503_and_slots_free_up() {
 
 #[tokio::test]
 async fn idle_connections_give_their_slots_to_new_ones() {
-    let app = router::build_router(model_state().clone(), &[]);
+    let app = routes::build_router(model_state().clone(), &[]);
     let base = serve_router_limited(app, Some(2));
     let addr = base.trim_start_matches("http://").to_string();
     let mut idle = Vec::new();
@@ -245,7 +245,7 @@ async fn a_client_that_never_reads_its_stream_is_cut_off_without_stalling_others
 /// the answer still comes in the OpenAI error envelope.
 #[tokio::test]
 async fn headers_hyper_refuses_are_431_in_the_envelope() {
-    let app = router::build_router(model_state().clone(), &[]);
+    let app = routes::build_router(model_state().clone(), &[]);
     let base = serve_router_limited(app, Some(16));
     let client = reqwest::Client::new();
     let mut request = client.get(format!("{base}/v1/models"));

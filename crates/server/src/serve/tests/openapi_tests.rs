@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::harness::*;
 use crate::api::openapi::{document, document_for};
-use crate::serve::router::routes;
+use crate::serve::routes::routes;
 
 fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
     match schema.get("$ref").and_then(Value::as_str) {

@@ -10,7 +10,7 @@ use super::harness::*;
 use crate::serve::drain;
 use crate::serve::lifecycle::{Lifecycle, FAILED_STEPS_UNHEALTHY};
 use crate::serve::middleware::Front;
-use crate::serve::router::{api_router, startup_router};
+use crate::serve::routes::{api_router, startup_router};
 
 fn chat(extra: Value) -> Value {
     let mut body =

@@ -1,0 +1,7 @@
+//! The OpenAPI 3.1 document of every route, with vLLM's request extensions.
+
+mod document;
+mod schema;
+mod vllm;
+
+pub use document::{document, document_for};
