@@ -28,6 +28,7 @@ mod py_json;
 pub mod sandbox;
 mod stop_matcher;
 mod strftime;
+mod template_settings;
 mod tokenizer;
 
 pub use chat_message::{ChatMessage, ContentFormat, MessageContent};

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use child::serve_stdio;
 pub use pool::TemplateSandbox;
 
-use crate::chat_template::{ChatTemplateConfig, SpecialTokenStrings};
+use crate::template_settings::{ChatTemplateConfig, SpecialTokenStrings};
 
 /// How to start a sandbox process and the limits it runs under.
 #[derive(Debug, Clone)]
