@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::device::DeviceSpec;
-use crate::device_map::LayerMap;
+use crate::device::device_spec::DeviceSpec;
+use crate::device::layer_map::LayerMap;
 use crate::error::{EngineError, Result};
 use crate::tp::AllReduceDtype;
 
@@ -315,6 +315,11 @@ impl ModelConfig {
     }
 }
 
+/// Canonical names of one decoder layer's tensors.
+pub fn layer_name(layer: usize, suffix: &str) -> String {
+    format!("model.layers.{layer}.{suffix}")
+}
+
 /// Upper bounds of [`ModelConfig::validate`], each well above any published model.
 const MAX_VOCAB: usize = 1 << 22;
 const MAX_WIDTH: usize = 1 << 18;
@@ -387,7 +392,7 @@ pub struct EngineConfig {
     pub step_timeout: Duration,
     /// This process's place in a group of nodes; `None`: every rank is in this process.
     /// With N nodes, `devices` are this node's ranks, a 1/N of the group.
-    pub nodes: Option<crate::cluster::NodeTopology>,
+    pub nodes: Option<NodeTopology>,
     /// Test builds: CPU ranks take the CUDA ranks' forward pass, with our CUDA kernels
     /// emulated on the host (one node; in a layer map, the stages that are not the
     /// host's).
@@ -425,6 +430,26 @@ impl EngineConfig {
     pub fn with_cpu_ranks(mut self, n: usize) -> Self {
         self.devices = (0..n).map(DeviceSpec::Cpu).collect();
         self
+    }
+}
+
+/// Where this process sits in a group of nodes (`--nnodes`, `--node-rank`,
+/// `--master-addr`, `--master-port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeTopology {
+    pub nnodes: usize,
+    pub node_rank: usize,
+    /// The leader's host name or address, as the workers reach it.
+    pub master_addr: String,
+    /// The leader's rendezvous port.
+    pub master_port: u16,
+    /// How long the leader waits for every worker to join, and a worker for the leader.
+    pub join_timeout: Duration,
+}
+
+impl NodeTopology {
+    pub fn is_leader(&self) -> bool {
+        self.node_rank == 0
     }
 }
 

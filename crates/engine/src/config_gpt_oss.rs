@@ -14,32 +14,6 @@ const DEFAULT_SWIGLU_ALPHA: f32 = 1.702;
 const DEFAULT_SWIGLU_LIMIT: f32 = 7.0;
 
 impl HfConfig {
-    /// The checkpoint's `quantization_config`, where it has one.
-    pub(crate) fn quantization_config(&self) -> Option<&serde_json::Value> {
-        self.quantization_config.as_ref()
-    }
-
-    /// A `quantization_config` is read only where Tessera reads its weights as they are
-    /// stored: gpt-oss's MXFP4 experts, and block-scaled FP8 weights in any family. Any
-    /// other method (GPTQ, AWQ, bitsandbytes, ...) stores tensors this loader would
-    /// misread, so it is refused by name.
-    pub(super) fn check_quantization(&self, architecture: &str) -> Result<()> {
-        let Some(q) = &self.quantization_config else {
-            return Ok(());
-        };
-        let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
-        match (architecture, method) {
-            ("gpt_oss", "mxfp4") => Ok(()),
-            // Block-scaled e4m3 weights, dequantized at load (`loader::fp8`).
-            (_, "fp8") => crate::loader::fp8::Fp8Blocks::from_config(q).map(|_| ()),
-            _ => Err(EngineError::Config(format!(
-                "quantization_config.quant_method '{method}' is not supported for \
-                 {architecture} (Tessera reads float safetensors, block-scaled FP8 ones, \
-                 gpt-oss's MXFP4 experts, and GGUF files)"
-            ))),
-        }
-    }
-
     /// gpt-oss's experts: `num_local_experts` of `intermediate_size` in every layer, the
     /// top `num_experts_per_tok` router logits softmaxed among themselves (the same as
     /// the full softmax renormalised over the chosen ones).
@@ -199,23 +173,11 @@ mod tests {
                 serde_json::json!({"layer_types": ["full_attention"]}),
                 "sliding window",
             ),
-            (
-                serde_json::json!({"quantization_config": {"quant_method": "awq"}}),
-                "quant_method 'awq'",
-            ),
         ] {
             match read(change.clone()) {
                 Err(EngineError::Config(m)) => assert!(m.contains(field), "{change}: {m}"),
                 other => panic!("{change}: {other:?}"),
             }
         }
-        // Other families refuse every quantization_config.
-        let qwen2 = serde_json::json!({
-            "model_type": "qwen2", "vocab_size": 512, "hidden_size": 64,
-            "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "quantization_config": {"quant_method": "mxfp4"},
-        });
-        let read = crate::config::moe::tests::read(qwen2, serde_json::json!({}));
-        assert!(matches!(read, Err(EngineError::Config(m)) if m.contains("mxfp4")));
     }
 }

@@ -167,35 +167,45 @@ fn default_max_pos() -> usize {
 }
 
 impl HfConfig {
-    pub(crate) fn into_model_config(self) -> Result<ModelConfig> {
+    /// The checkpoint's `quantization_config`, where it has one.
+    pub(crate) fn quantization_config(&self) -> Option<&serde_json::Value> {
+        self.quantization_config.as_ref()
+    }
+
+    /// The architecture `model_type` (else the first of `architectures`) names.
+    pub(crate) fn architecture(&self) -> Result<&'static str> {
         let arch = self
             .model_type
-            .clone()
-            .or_else(|| self.architectures.first().cloned())
+            .as_deref()
+            .or_else(|| self.architectures.first().map(String::as_str))
             .unwrap_or_default();
-        let (architecture, default_bias) = match arch.as_str() {
-            "llama" | "LlamaForCausalLM" => ("llama", false),
-            "mistral" | "MistralForCausalLM" => ("mistral", false),
-            "qwen2" | "Qwen2ForCausalLM" => ("qwen2", true),
-            "qwen3" | "Qwen3ForCausalLM" => ("qwen3", false),
-            "qwen3_moe" | "Qwen3MoeForCausalLM" => ("qwen3_moe", false),
-            "mixtral" | "MixtralForCausalLM" => ("mixtral", false),
-            "gemma3_text" | "Gemma3ForCausalLM" => ("gemma3", false),
-            "gemma2" | "Gemma2ForCausalLM" => ("gemma2", false),
-            "phi3" | "Phi3ForCausalLM" => ("phi3", false),
-            "smollm3" | "SmolLM3ForCausalLM" => ("smollm3", false),
-            "granite" | "GraniteForCausalLM" => ("granite", false),
-            "glm4" | "Glm4ForCausalLM" => ("glm4", true),
-            "olmo2" | "Olmo2ForCausalLM" => ("olmo2", false),
-            "olmo3" | "Olmo3ForCausalLM" => ("olmo3", false),
-            "gpt_oss" | "GptOssForCausalLM" => ("gpt_oss", true),
-            "glm4_moe" | "Glm4MoeForCausalLM" => ("glm4_moe", false),
-            "minimax_m2" | "MiniMaxM2ForCausalLM" => ("minimax_m2", false),
+        Ok(match arch {
+            "llama" | "LlamaForCausalLM" => "llama",
+            "mistral" | "MistralForCausalLM" => "mistral",
+            "qwen2" | "Qwen2ForCausalLM" => "qwen2",
+            "qwen3" | "Qwen3ForCausalLM" => "qwen3",
+            "qwen3_moe" | "Qwen3MoeForCausalLM" => "qwen3_moe",
+            "mixtral" | "MixtralForCausalLM" => "mixtral",
+            "gemma3_text" | "Gemma3ForCausalLM" => "gemma3",
+            "gemma2" | "Gemma2ForCausalLM" => "gemma2",
+            "phi3" | "Phi3ForCausalLM" => "phi3",
+            "smollm3" | "SmolLM3ForCausalLM" => "smollm3",
+            "granite" | "GraniteForCausalLM" => "granite",
+            "glm4" | "Glm4ForCausalLM" => "glm4",
+            "olmo2" | "Olmo2ForCausalLM" => "olmo2",
+            "olmo3" | "Olmo3ForCausalLM" => "olmo3",
+            "gpt_oss" | "GptOssForCausalLM" => "gpt_oss",
+            "glm4_moe" | "Glm4MoeForCausalLM" => "glm4_moe",
+            "minimax_m2" | "MiniMaxM2ForCausalLM" => "minimax_m2",
             other => return Err(EngineError::UnknownArchitecture(other.to_string())),
-        };
+        })
+    }
+
+    pub(crate) fn into_model_config(self) -> Result<ModelConfig> {
+        let architecture = self.architecture()?;
+        let default_bias = matches!(architecture, "qwen2" | "glm4" | "gpt_oss");
         let unsupported =
             |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
-        self.check_quantization(architecture)?;
         let gemma = matches!(architecture, "gemma2" | "gemma3");
         // OLMo 3 is OLMo 2's layer with sliding windows.
         let olmo = matches!(architecture, "olmo2" | "olmo3");

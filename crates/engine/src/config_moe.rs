@@ -73,7 +73,7 @@ impl ExpertNames {
             }
             ExpertTensor::ScoreCorrection => format!("{block}.{router}.e_score_correction_bias"),
         };
-        crate::loader::layer_name(layer, &suffix)
+        super::layer_name(layer, &suffix)
     }
 
     /// The bias beside `tensor`, where the family has biases ([`MoeConfig::biases`]).

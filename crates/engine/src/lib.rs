@@ -5,14 +5,11 @@
 pub mod cluster;
 pub mod config;
 pub mod device;
-pub mod device_map;
 pub mod engine;
 pub mod error;
 pub mod generate;
-pub mod gpu_memory;
 pub mod loader;
 pub mod model;
-mod placement;
 mod prompt_logprobs;
 pub mod sampler;
 pub mod stats;
@@ -23,8 +20,7 @@ pub mod tp;
 mod worker;
 
 pub use config::{Activation, EngineConfig, ModelConfig, RopeStyle};
-pub use device::DeviceSpec;
-pub use device_map::{LayerMap, Stage};
+pub use device::{DeviceSpec, LayerMap, Stage};
 pub use engine::Engine;
 pub use error::{EngineError, Result};
 pub use generate::{generate, generate_sampled, GenerateOptions};

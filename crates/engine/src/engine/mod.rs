@@ -10,22 +10,22 @@ use tessera_protocol::{
     StepPlan,
 };
 
-use crate::config::{EngineConfig, ModelConfig};
-use crate::device::DeviceSpec;
+use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::loader;
 use crate::model::batch::RowReduce;
-use crate::model::{Batch, ChunkLimits, RankCache};
-use crate::placement;
+use crate::model::{Batch, ChunkLimits};
 use crate::prompt_logprobs::PromptLogprobs;
 use crate::sampler::Sampler;
 use crate::stats::EngineStats;
 use crate::structured::GrammarCompiler;
 use crate::tp::ShardPlan;
-use crate::worker::{self, Fault, Job, Reduced, WorkerHandle, WorkerState};
+use crate::worker::{self, Fault, Job, Reduced, WorkerHandle};
 
-#[path = "engine_kv_sizing.rs"]
 mod kv_sizing;
+mod load;
+mod nodes;
+mod placement;
+mod worker_node;
 
 struct SeqState {
     sampler: Sampler,
@@ -50,184 +50,12 @@ pub struct Engine {
     /// refused.
     grammar: Option<Arc<GrammarCompiler>>,
     /// On a worker node of a group of nodes: the connection its steps come from.
-    pub(crate) leader: Option<crate::cluster::LeaderLink>,
+    pub(crate) leader: Option<crate::cluster::links::LeaderLink>,
     /// On the leader of a group of nodes: word of a worker node lost while idle.
-    node_loss: Option<crate::cluster::NodeLoss>,
+    node_loss: Option<crate::cluster::node_loss::NodeLoss>,
 }
 
 impl Engine {
-    pub fn load(cfg: &EngineConfig) -> Result<Engine> {
-        let started = Instant::now();
-        tracing::info!("opening {}", cfg.model_path.display());
-        let source = loader::open_served(&cfg.model_path, cfg.max_model_len)?;
-        let config = source.config().clone();
-        tracing::info!(
-            "model: {} layers, hidden {}, {} heads / {} KV heads, vocabulary {}, context {}",
-            config.num_layers,
-            config.hidden_size,
-            config.num_heads,
-            config.num_kv_heads,
-            config.vocab_size,
-            config.max_position_embeddings
-        );
-        tracing::info!("RoPE: {}", config.rope_summary());
-        let input_block = loader::row_parallel_block(source.as_ref(), config.num_layers)?;
-        #[cfg(feature = "gpu-emulation")]
-        if cfg.emulate_gpu && cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1) {
-            return Err(EngineError::Config(
-                "emulated GPU ranks run on one node only".into(),
-            ));
-        }
-        let placement = match (&cfg.device_layers, &cfg.nodes) {
-            (_, Some(nodes)) if nodes.nnodes > 1 => {
-                crate::cluster::placement::nodes(source.as_ref(), cfg, &config, input_block, nodes)?
-            }
-            (Some(map), _) => placement::pipeline(source.as_ref(), cfg, &config, input_block, map)?,
-            (None, _) => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
-        };
-        tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
-        let world = placement.members.len();
-
-        // Every member holds the same blocks; the one with the most KV per token sizes them.
-        let per_token = placement
-            .members
-            .iter()
-            .map(|m| {
-                RankCache::bytes_per_token(
-                    m.shard.runs_gpu_path(),
-                    m.layers.len(),
-                    placement
-                        .kv_heads_max
-                        .unwrap_or_else(|| m.shard.num_local_kv_heads()),
-                    config.head_dim,
-                )
-            })
-            .max()
-            .unwrap_or(1);
-        let block_bytes = per_token * cfg.block_size_tokens;
-        let any_gpu = placement
-            .members
-            .iter()
-            .any(|m| matches!(m.device, DeviceSpec::Cuda(_)));
-        // With a utilization to honour, start with a cache just large enough for the
-        // profile step; it is resized once the step has measured the activations. Every
-        // node of a group must hold the same blocks, and sizes them at rendezvous from
-        // the KV budget the nodes agreed on.
-        let spans_nodes = cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1);
-        if spans_nodes && any_gpu && cfg.gpu_memory_utilization.is_some() {
-            tracing::warn!(
-                "a group of nodes sizes its KV cache from the KV cache budget ({} MiB per \
-                 rank), the same on every node; --gpu-memory-utilization is not used",
-                cfg.kv_cache_bytes >> 20
-            );
-        }
-        let gpu_sizing = cfg
-            .gpu_memory_utilization
-            .filter(|_| any_gpu && !spans_nodes);
-        let num_blocks = match gpu_sizing {
-            Some(_) => {
-                kv_sizing::profile_plan(
-                    cfg.max_batch_tokens,
-                    cfg.max_num_seqs,
-                    cfg.block_size_tokens,
-                )
-                .1
-            }
-            None => cfg.kv_cache_bytes / block_bytes.max(1),
-        };
-        if num_blocks == 0 {
-            return Err(EngineError::Config(format!(
-                "KV cache budget of {} bytes holds no block of {} tokens ({block_bytes} bytes); raise it",
-                cfg.kv_cache_bytes, cfg.block_size_tokens
-            )));
-        }
-        let kv = KvCacheShape {
-            attention_window: kv_sizing::attention_window(&config, any_gpu),
-            ..KvCacheShape::new(num_blocks, cfg.block_size_tokens)
-        };
-        if let Some(window) = kv.attention_window {
-            tracing::info!(
-                "every layer attends to its last {window} positions: KV blocks behind the \
-                 window go back to the pool as a sequence moves on"
-            );
-        }
-        tracing::info!(
-            "KV cache{}: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per device)",
-            if gpu_sizing.is_some() {
-                " for the profile step"
-            } else {
-                ""
-            },
-            cfg.block_size_tokens,
-            kv.capacity_tokens(),
-            (num_blocks * block_bytes) >> 20
-        );
-        let threads = cfg.threads_per_rank.unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1);
-            (cores / world).max(1)
-        });
-        let plan = placement.plan;
-        let groups = placement.groups;
-        let stats = EngineStats::new(world);
-        let mut workers = Vec::with_capacity(world);
-        let mut memory = Vec::with_capacity(world);
-        for (i, m) in placement.members.into_iter().enumerate() {
-            let rank = placement.first_rank + i;
-            let cache = RankCache::for_shard(&m.shard, num_blocks, cfg.block_size_tokens)?;
-            memory.push(kv_sizing::RankMemory {
-                device: m.device,
-                handle: m.shard.device().clone(),
-                block_bytes: cache.block_bytes(),
-            });
-            tracing::debug!("worker {rank} on {}", m.device);
-            workers.push(worker::spawn(WorkerState {
-                rank,
-                shard: m.shard,
-                cache,
-                endpoint: m.endpoint,
-                threads,
-                links: m.links,
-                returns_logits: m.returns_logits,
-                stats: stats.rank(i),
-            })?);
-        }
-        let attached = crate::cluster::attach_nodes(placement.links, &mut workers, &plan, cfg)?;
-        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-        let mut engine = Engine {
-            workers,
-            config,
-            plan,
-            kv,
-            sequences: HashMap::new(),
-            step_timeout: cfg.step_timeout,
-            failed: None,
-            groups,
-            stats,
-            grammar: None,
-            leader: attached.leader,
-            node_loss: attached.node_loss,
-        };
-        #[cfg(feature = "cuda")]
-        if let Some(utilization) = gpu_sizing {
-            engine.size_kv_to_gpus(
-                &memory,
-                utilization,
-                cfg.kv_cache_bytes,
-                cfg.max_batch_tokens,
-                cfg.max_num_seqs,
-            )?;
-        }
-        #[cfg(not(feature = "cuda"))]
-        let _ = (gpu_sizing, memory);
-        tracing::info!(
-            "engine ready: {world} rank(s), {threads} thread(s) each, loaded in {:.2}s",
-            started.elapsed().as_secs_f64()
-        );
-        Ok(engine)
-    }
-
     /// Per-rank counters (steps, time in steps and in collectives); they keep counting
     /// after the engine has moved to its loop.
     pub fn stats(&self) -> EngineStats {
@@ -250,7 +78,7 @@ impl Engine {
 
     /// On the leader of a group of nodes, how it hears of a worker node lost between
     /// steps (taken once; the caller fails the engine loop when it hears).
-    pub fn take_node_loss(&mut self) -> Option<crate::cluster::NodeLoss> {
+    pub fn take_node_loss(&mut self) -> Option<crate::cluster::node_loss::NodeLoss> {
         self.node_loss.take()
     }
 

@@ -18,10 +18,11 @@ use crate::error::{EngineError, Result};
 use crate::loader::gguf_config::config_from_content;
 use crate::loader::gguf_header::{mxfp4_bytes, read_gguf_parts, tensor_bytes, Mxfp4Tensor};
 use crate::loader::gguf_names::{locate, GgufLocation};
+use crate::loader::matrix::Matrix;
 use crate::loader::mxfp4::{
     ggml_blocks_to_q5_0, GGML_MXFP4_BLOCK_BYTES, MXFP4_BLOCK, Q5_0_BLOCK_BYTES,
 };
-use crate::loader::{Embedding, Matrix, TensorSource};
+use crate::loader::source::{Embedding, TensorSource};
 
 /// An open GGUF file. Tensor data is read on demand.
 pub struct GgufSource {

@@ -13,7 +13,9 @@ use candle_core::{DType, Device, Tensor};
 use crate::config::{HfConfig, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::loader::fp8::{scale_name, Fp8Blocks};
-use crate::loader::{Embedding, Matrix, TensorSource};
+use crate::loader::matrix::Matrix;
+use crate::loader::quantization;
+use crate::loader::source::{Embedding, TensorSource};
 
 pub struct SafetensorsSource {
     files: MmapedSafetensors,
@@ -37,10 +39,7 @@ impl SafetensorsSource {
             path: config_path.clone(),
             message: e.to_string(),
         })?;
-        let fp8 = match hf.quantization_config() {
-            Some(q) => Fp8Blocks::from_config(q)?,
-            None => None,
-        };
+        let fp8 = quantization::gate(&hf)?;
         let config = hf.into_model_config()?;
         let files = weight_files(dir)?;
         if files.is_empty() {

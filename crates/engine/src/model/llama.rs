@@ -17,13 +17,17 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::config::layer_name;
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::loader::{layer_name, vector_of_len, Embedding, Matrix, TensorSource};
+use crate::loader::blocks::down_block;
+use crate::loader::matrix::Matrix;
+use crate::loader::source::{vector_of_len, Embedding, TensorSource};
 use crate::model::batch::Batch;
 use crate::model::cpu_ops;
-use crate::model::kv_cache::{KvCache, RankCache};
+use crate::model::kv_cache::{CacheShape, KvCache, RankCache};
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
+use crate::model::linear_weight::LinearWeight;
 use crate::model::moe::{self, MoeShard};
 use crate::model::paged_attention::{attend, query_groups, write_kv, AttentionShape, QueryGroup};
 use crate::model::rope::RopeTable;
@@ -168,7 +172,7 @@ pub fn load_rank_shards(
         Some(m) => {
             let mut block = 1;
             for layer in layers.clone().filter(|l| config.is_moe_layer(*l)) {
-                block = block.max(moe::down_block(source, m, layer)?);
+                block = block.max(down_block(source, m, layer)?);
             }
             Some(moe::expert_split(m, plan, block)?)
         }
@@ -378,7 +382,10 @@ pub fn load_rank_shards(
             embedding: embedding.to_device(dev)?,
             blocks,
             norm: norm.to_device(dev)?,
-            lm_head: Linear::new(head.select_rows(&head_rows)?.into_linear_weight(dev)?, None),
+            lm_head: Linear::new(
+                LinearWeight::place(head.select_rows(&head_rows)?, dev)?,
+                None,
+            ),
             rope: rope.clone(),
             rope_sliding: rope_sliding.clone(),
             device: dev.clone(),
@@ -421,6 +428,17 @@ impl LlamaShard {
             }
         }
         Ok(())
+    }
+
+    /// The KV cache this shard's layers read and write.
+    pub fn cache_shape(&self) -> CacheShape {
+        CacheShape {
+            layers: self.num_layers(),
+            kv_heads: self.num_local_kv_heads(),
+            head_dim: self.head_dim(),
+            gpu_path: self.runs_gpu_path(),
+            device: self.device.clone(),
+        }
     }
 
     pub fn num_local_kv_heads(&self) -> usize {

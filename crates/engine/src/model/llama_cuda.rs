@@ -10,12 +10,13 @@ use candle_core::{DType, Device, Tensor};
 
 use super::{final_logits, Block, LlamaShard};
 use crate::config::ModelConfig;
+use crate::device::buffers::Gpu;
+use crate::device::dtype::{candle_dtype, ACTIVATIONS};
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
-use crate::model::cuda::buffers::Gpu;
 use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention, RopeTables};
 use crate::model::cuda::step_meta::StepMeta;
-use crate::model::cuda::{gated_mlp, CudaKvCache, ACTIVATIONS};
+use crate::model::cuda::{gated_mlp, CudaKvCache};
 use crate::model::head_norms::{AcrossHeads, HeadNorms};
 use crate::model::rope::RopeTable;
 use crate::model::step_meta::PackedMeta;
@@ -199,7 +200,7 @@ impl LlamaShard {
             .config
             .attention_scale
             .unwrap_or(1.0 / (self.config.head_dim as f32).sqrt());
-        let act = kernels::candle_dtype(ACTIVATIONS);
+        let act = candle_dtype(ACTIVATIONS);
         let heads = HeadLayout {
             num_q_heads: self.shard.q_heads.len(),
             num_kv_heads: self.shard.kv_heads.len(),
@@ -318,7 +319,7 @@ impl LlamaShard {
         let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
         let last = x.index_select(&rows, 0)?;
         let last = candle_nn::ops::rms_norm(&last.contiguous()?, &self.norm, eps)?
-            .to_dtype(kernels::candle_dtype(ACTIVATIONS))?;
+            .to_dtype(candle_dtype(ACTIVATIONS))?;
         let logits = final_logits(self.lm_head.forward_f32(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
     }

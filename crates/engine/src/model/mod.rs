@@ -8,6 +8,7 @@ pub mod fast_math;
 pub(crate) mod head_norms;
 pub mod kv_cache;
 pub mod linear;
+pub mod linear_weight;
 pub mod llama;
 pub mod moe;
 pub(crate) mod moe_routing;
@@ -17,19 +18,5 @@ pub mod simd;
 pub mod step_meta;
 
 pub use batch::{Batch, BatchSeq, ChunkLimits};
-pub use kv_cache::{KvCache, RankCache};
+pub use kv_cache::{CacheShape, KvCache, RankCache};
 pub use llama::{load_rank_shards, load_shards, LlamaShard};
-
-use candle_core::{DType, Device};
-
-/// The dtype of dense weights and of the activations matmuls read on `device`: f32 on
-/// CPU (our kernels and candle's fast CPU paths), bf16 on CUDA (cuBLAS tensor cores;
-/// results accumulate in f32).
-pub(crate) fn compute_dtype(device: &Device) -> DType {
-    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-    if device.is_cuda() {
-        return cuda::kernels::candle_dtype(cuda::ACTIVATIONS);
-    }
-    let _ = device;
-    DType::F32
-}

@@ -18,9 +18,11 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::{Activation, ClampedSwiglu, ExpertTensor, MoeConfig};
 use crate::error::{EngineError, Result};
-use crate::loader::{vector_of_len, Matrix, TensorSource};
+use crate::loader::matrix::Matrix;
+use crate::loader::source::{vector_of_len, TensorSource};
 use crate::model::cpu_ops;
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
+use crate::model::linear_weight::LinearWeight;
 use crate::tp::split::{split_units, Segment};
 use crate::tp::{ShardPlan, SplitState};
 
@@ -48,19 +50,6 @@ pub struct MoeShard {
     hidden: usize,
     /// gpt-oss's gate in place of `SiLU(gate) · up`.
     clamped_swiglu: Option<ClampedSwiglu>,
-}
-
-/// Largest quantization block (in columns) of the experts' down projections in layer
-/// `layer` (the shared expert's too), whose input dimension is split. Metadata only.
-pub fn down_block(source: &dyn TensorSource, moe: &MoeConfig, layer: usize) -> Result<usize> {
-    let mut block = 1;
-    let shared = moe
-        .shared_intermediate_size
-        .map(|_| ExpertTensor::SharedDown);
-    for t in (0..moe.num_experts).map(ExpertTensor::Down).chain(shared) {
-        block = block.max(source.block_cols(&moe.names.tensor(layer, t))?);
-    }
-    Ok(block)
 }
 
 /// Each rank's intermediate columns of every routed expert, and of the shared expert
@@ -196,7 +185,7 @@ pub fn load_shards(
             Ok(MoeShard {
                 // The router runs in f32 on every device, its bias too.
                 router: Linear::new(
-                    router.clone().into_f32_linear_weight(dev)?,
+                    LinearWeight::place_f32(router.clone(), dev)?,
                     router_bias
                         .as_ref()
                         .map(|b| b.to_dtype(DType::F32)?.to_device(dev))

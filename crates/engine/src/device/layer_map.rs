@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use crate::device::DeviceSpec;
+use crate::device::device_spec::DeviceSpec;
 use crate::error::{EngineError, Result};
 
 /// One `ordinal:layers` entry of a layer map.

@@ -10,17 +10,11 @@
 
 use std::time::Instant;
 
+use super::Engine;
 use crate::cluster::remote::decode_fault;
 use crate::cluster::step_wire::{decode_batch, encode_outcome, MAX_STEP_BYTES};
-use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::tp::wire::{self, Kind, WireError};
-
-/// A worker node's connection to its leader.
-pub(crate) struct LeaderLink {
-    pub stream: std::net::TcpStream,
-    pub node_rank: usize,
-}
 
 impl Engine {
     /// Whether this engine is a worker node of a group of nodes (it runs steps from its

@@ -1,21 +1,25 @@
-//! The placement of one node of a group of nodes: rendezvous first (nothing loads
-//! until the nodes agree), then this node's slice of the group's ranks, each with an
-//! endpoint into the group's collectives: for CPU ranks over TCP (rank 0, on the leader,
-//! is their hub), for CUDA ranks through NCCL, whose unique id the leader hands out at
-//! rendezvous.
+//! One node of a group of nodes: its placement, rendezvous first (nothing loads until
+//! the nodes agree), then this node's slice of the group's ranks, each with an endpoint
+//! into the group's collectives: for CPU ranks over TCP (rank 0, on the leader, is their
+//! hub), for CUDA ranks through NCCL, whose unique id the leader hands out at rendezvous.
+//! Once loaded, the leader drives each worker node through a stand-in worker
+//! ([`attach`]).
 
 use std::net::{SocketAddr, TcpListener};
 
+use super::placement::{settle_uploads, CommGroups, Member, Placement};
+use crate::cluster::fingerprint::model_fingerprint;
+use crate::cluster::links::{LeaderLink, NodeLinks};
+use crate::cluster::node_loss::NodeLoss;
+use crate::cluster::remote;
 use crate::cluster::rendezvous::{self, NodeIdentity, Welcome, PROTOCOL_VERSION};
-use crate::cluster::{model_fingerprint, NodeLinks, NodeTopology};
-use crate::config::{EngineConfig, ModelConfig};
-use crate::device::DeviceSpec;
+use crate::config::{EngineConfig, ModelConfig, NodeTopology};
+use crate::device::device_spec::DeviceSpec;
 use crate::error::{EngineError, Result};
-use crate::loader::TensorSource;
+use crate::loader::source::TensorSource;
 use crate::model::load_rank_shards;
-use crate::placement::{settle_uploads, CommGroups, Member, Placement};
 use crate::tp::{AllReduceDtype, Endpoint, GroupToken, PlanOptions, ShardPlan, TcpEndpoint};
-use crate::worker::StageLinks;
+use crate::worker::{StageLinks, WorkerHandle};
 
 /// What this node must agree on with the others.
 fn identity(
@@ -136,7 +140,8 @@ fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-pub(crate) fn nodes(
+/// This node's members of a group of `topo.nnodes` nodes.
+pub(crate) fn place(
     source: &dyn TensorSource,
     cfg: &EngineConfig,
     config: &ModelConfig,
@@ -252,7 +257,7 @@ pub(crate) fn nodes(
         };
         (
             e,
-            NodeLinks::Worker(crate::cluster::LeaderLink {
+            NodeLinks::Worker(LeaderLink {
                 stream,
                 node_rank: topo.node_rank,
             }),
@@ -304,6 +309,51 @@ pub(crate) fn nodes(
         kv_heads_max,
         links,
     })
+}
+
+/// What [`attach`] gives a node: a worker node's link to its leader, or the
+/// leader's word of a node lost while idle.
+#[derive(Default)]
+pub(crate) struct Attached {
+    pub leader: Option<LeaderLink>,
+    pub node_loss: Option<NodeLoss>,
+}
+
+/// Adds a stand-in worker for each worker node to the leader's `workers`.
+pub(crate) fn attach(
+    links: NodeLinks,
+    workers: &mut Vec<WorkerHandle>,
+    plan: &ShardPlan,
+    cfg: &EngineConfig,
+) -> Result<Attached> {
+    match links {
+        NodeLinks::Single => Ok(Attached::default()),
+        NodeLinks::Worker(link) => Ok(Attached {
+            leader: Some(link),
+            node_loss: None,
+        }),
+        NodeLinks::Leader(streams) => {
+            let per_node = plan.world_size / (streams.len() + 1);
+            let (alarm, node_loss) = NodeLoss::channel();
+            for (i, stream) in streams.into_iter().enumerate() {
+                let node = i + 1;
+                workers.push(remote::spawn(
+                    stream,
+                    remote::NodeSpan {
+                        node_rank: node,
+                        first_rank: node * per_node,
+                        ranks: per_node,
+                    },
+                    cfg.step_timeout,
+                    alarm.clone(),
+                )?);
+            }
+            Ok(Attached {
+                leader: None,
+                node_loss: Some(node_loss),
+            })
+        }
+    }
 }
 
 /// A TCP endpoint that waits up to `join` for its peers: ranks of other nodes may still

@@ -5,11 +5,12 @@
 use std::ops::Range;
 use std::time::Duration;
 
+use crate::cluster::links::NodeLinks;
 use crate::config::{EngineConfig, ModelConfig};
-use crate::device::DeviceSpec;
-use crate::device_map::{LayerMap, Stage};
+use crate::device::device_spec::DeviceSpec;
+use crate::device::layer_map::{LayerMap, Stage};
 use crate::error::{EngineError, Result};
-use crate::loader::TensorSource;
+use crate::loader::source::TensorSource;
 use crate::model::{load_shards, LlamaShard};
 use crate::tp::{AllReduceDtype, Endpoint, LocalComm, PlanOptions, ShardPlan};
 use crate::worker::{StageLinks, StageMsg};
@@ -37,7 +38,7 @@ pub(crate) struct Placement {
     /// their caches alike. `None`: the members are the whole group.
     pub kv_heads_max: Option<usize>,
     /// The connections to the other nodes.
-    pub links: crate::cluster::NodeLinks,
+    pub links: NodeLinks,
 }
 
 /// The communicator groups of a placement (all ranks in one for tensor parallelism, one
@@ -149,7 +150,7 @@ pub(crate) fn tensor_parallel(
         groups,
         first_rank: 0,
         kv_heads_max: None,
-        links: crate::cluster::NodeLinks::Single,
+        links: NodeLinks::Single,
     })
 }
 
@@ -234,7 +235,7 @@ pub(crate) fn pipeline(
         groups,
         first_rank: 0,
         kv_heads_max: None,
-        links: crate::cluster::NodeLinks::Single,
+        links: NodeLinks::Single,
     })
 }
 
@@ -279,11 +280,11 @@ pub(crate) fn default_ratios(
     {
         let mut free = Vec::with_capacity(devices.len());
         for (spec, d) in specs.iter().zip(devices) {
-            let (bytes, _total, _) = crate::gpu_memory::measure(d)?;
+            let (bytes, _total, _) = crate::device::gpu_memory::measure(d)?;
             tracing::info!("{spec}: {} MiB free", bytes >> 20);
             free.push(bytes);
         }
-        Ok(crate::gpu_memory::split_by_free_memory(&free))
+        Ok(crate::device::gpu_memory::split_by_free_memory(&free))
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -9,7 +9,7 @@ use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
 
 use super::Engine;
 use crate::config::ModelConfig;
-use crate::device::DeviceSpec;
+use crate::device::device_spec::DeviceSpec;
 
 /// A step of `tokens` tokens spread over up to `seqs` sequences (each sampling one row),
 /// in blocks `0..`: the most a step can hold. Returns the plan and the blocks it uses.
@@ -59,8 +59,8 @@ impl Engine {
     ) -> crate::error::Result<()> {
         use std::collections::BTreeMap;
 
+        use crate::device::gpu_memory::{kv_budget_per_rank, measure, reset_peak, DeviceUsage};
         use crate::error::EngineError;
-        use crate::gpu_memory::{kv_budget_per_rank, measure, reset_peak, DeviceUsage};
         use crate::model::{Batch, ChunkLimits};
         use crate::worker::Job;
         use tessera_protocol::KvCacheShape;
