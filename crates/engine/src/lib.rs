@@ -12,6 +12,9 @@ pub mod loader;
 pub mod model;
 mod prompt_logprobs;
 pub mod sampler;
+// The sampler's tests, in the file beside it.
+#[cfg(test)]
+mod sampler_tests;
 pub mod stats;
 pub mod structured;
 #[cfg(feature = "gpu-emulation")]

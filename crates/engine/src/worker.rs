@@ -18,7 +18,7 @@ use candle_core::Tensor;
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 use crate::model::batch::RowReduce;
-use crate::model::{Batch, LlamaShard, RankCache};
+use crate::model::{Batch, DecoderShard, RankCache};
 use crate::stats::{RankStats, TimedComm};
 use crate::tp::{Communicator, Endpoint};
 
@@ -223,7 +223,7 @@ pub(crate) struct StageLinks {
 
 pub(crate) struct WorkerState {
     pub rank: usize,
-    pub shard: LlamaShard,
+    pub shard: DecoderShard,
     pub cache: RankCache,
     pub endpoint: Box<dyn Endpoint>,
     pub threads: usize,
@@ -235,7 +235,7 @@ pub(crate) struct WorkerState {
 
 /// One step on one worker: the whole model, or this stage's part of it.
 fn step(
-    shard: &LlamaShard,
+    shard: &DecoderShard,
     batch: &Batch,
     cache: &mut RankCache,
     comm: &mut dyn Communicator,

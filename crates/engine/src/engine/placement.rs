@@ -11,14 +11,14 @@ use crate::device::device_spec::DeviceSpec;
 use crate::device::layer_map::{LayerMap, Stage};
 use crate::error::{EngineError, Result};
 use crate::loader::source::TensorSource;
-use crate::model::{load_shards, LlamaShard};
+use crate::model::{load_shards, DecoderShard};
 use crate::tp::{AllReduceDtype, Endpoint, LocalComm, PlanOptions, ShardPlan};
 use crate::worker::{StageLinks, StageMsg};
 
 /// One future worker.
 pub(crate) struct Member {
     pub device: DeviceSpec,
-    pub shard: LlamaShard,
+    pub shard: DecoderShard,
     pub layers: Range<usize>,
     pub endpoint: Box<dyn Endpoint>,
     pub links: StageLinks,
@@ -156,7 +156,7 @@ pub(crate) fn tensor_parallel(
 
 /// Test builds: with `emulate_gpu`, a shard that is not the host stage's takes the GPU
 /// path. Otherwise the shard runs the path its device gave it.
-fn path_for(shard: LlamaShard, cfg: &EngineConfig, host: bool) -> Result<LlamaShard> {
+fn path_for(shard: DecoderShard, cfg: &EngineConfig, host: bool) -> Result<DecoderShard> {
     #[cfg(feature = "gpu-emulation")]
     if cfg.emulate_gpu && !host {
         let mut shard = shard;

@@ -1,4 +1,4 @@
-//! The llama family's decoder layers on a CUDA rank.
+//! The decoder layers on a CUDA rank.
 //!
 //! The residual stream stays in f32; each RMSNorm output is rounded to bf16 for the
 //! column-parallel matmuls (fused QKV, fused gate/up: cuBLAS, or candle's quantized
@@ -6,98 +6,20 @@
 //! (`kernels/cuda`), and the row-parallel matmuls (o_proj, down) return f32 partial sums
 //! for the all-reduce. Nothing leaves the device but the sampled rows' logits.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 
-use super::{final_logits, Block, LlamaShard};
-use crate::config::ModelConfig;
+use super::gpu_parts::GpuParts;
+use super::shard::{final_logits, DecoderShard, Mlp};
 use crate::device::buffers::Gpu;
 use crate::device::dtype::{candle_dtype, ACTIVATIONS};
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
-use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention, RopeTables};
+use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention};
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::cuda::{gated_mlp, CudaKvCache};
 use crate::model::head_norms::{AcrossHeads, HeadNorms};
-use crate::model::rope::RopeTable;
 use crate::model::step_meta::PackedMeta;
 use crate::tp::Communicator;
-
-/// What a CUDA rank keeps beside its weights: the RoPE tables on the device (and those of
-/// sliding-window layers with their own base), each local query head's local KV head,
-/// each layer's attention sinks, and how many thread blocks fill the GPU.
-#[derive(Debug, Clone)]
-pub(crate) struct GpuParts {
-    rope: RopeTables,
-    rope_sliding: Option<RopeTables>,
-    /// Tables that rotate nothing, for layers without RoPE (the kernel always rotates).
-    rope_unrotated: Option<RopeTables>,
-    kv_of_q: Vec<u32>,
-    /// gpt-oss: each layer's sink logits of the local query heads, f32 on the device.
-    sinks: Vec<Option<Tensor>>,
-    target_blocks: usize,
-}
-
-fn tables(device: &Device, rope: &RopeTable) -> Result<RopeTables> {
-    let (cos, sin) = rope.tables_on(device)?;
-    Ok(RopeTables {
-        cos,
-        sin,
-        interleaved: rope.interleaved(),
-        rotary_half: rope.rotary_half(),
-    })
-}
-
-impl GpuParts {
-    /// The parts of a shard of `config` with `blocks` on `device`: its RoPE tables
-    /// (`(all layers, sliding layers)`), each local query head's local KV head, and each
-    /// block's sinks.
-    pub(super) fn new(
-        device: &Device,
-        config: &ModelConfig,
-        (rope, rope_sliding): (&RopeTable, Option<&RopeTable>),
-        kv_of_q: &[usize],
-        blocks: &[Block],
-    ) -> Result<Self> {
-        Ok(Self {
-            sinks: blocks
-                .iter()
-                .map(|b| {
-                    b.sinks
-                        .as_ref()
-                        .map(|s| Tensor::from_slice(s, s.len(), device))
-                        .transpose()
-                })
-                .collect::<candle_core::Result<_>>()?,
-            rope: tables(device, rope)?,
-            rope_sliding: rope_sliding.map(|r| tables(device, r)).transpose()?,
-            rope_unrotated: config
-                .nope_layers
-                .contains(&true)
-                .then(|| tables(device, &rope.identity_like()))
-                .transpose()?,
-            kv_of_q: kv_of_q.iter().map(|k| *k as u32).collect(),
-            target_blocks: 2 * multiprocessors(device)?,
-        })
-    }
-}
-
-/// The multiprocessors of a CUDA device; an emulated one claims 4, so that decoding
-/// short contexts is already split into partitions.
-fn multiprocessors(device: &Device) -> Result<usize> {
-    Gpu::of(device)?;
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(dev) = device {
-        let sms = dev
-            .cuda_stream()
-            .context()
-            .attribute(
-                candle_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .map_err(|e| EngineError::Parallel(format!("CUDA device attribute: {e}")))?;
-        return Ok(sms.max(1) as usize);
-    }
-    Ok(4)
-}
 
 /// The per-head RMSNorm of the queries and keys in a fused QKV row (Qwen3, Gemma 3),
 /// before RoPE:
@@ -176,7 +98,7 @@ fn norms_across_heads(
     .contiguous()?)
 }
 
-impl LlamaShard {
+impl DecoderShard {
     fn gpu(&self) -> Result<&GpuParts> {
         self.gpu
             .as_ref()
@@ -289,10 +211,10 @@ impl LlamaShard {
             (x, h) = add_norm(&x, Some(&o), block.ffn_norm.as_ref())?;
             // MLP half.
             let partial = match &block.mlp {
-                super::Mlp::Dense { gate_up, down } => {
+                Mlp::Dense { gate_up, down } => {
                     gated_mlp(gate_up, down, &h, self.config.activation.into())?
                 }
-                super::Mlp::Experts(experts) => experts.forward_cuda(&h)?,
+                Mlp::Experts(experts) => experts.forward_cuda(&h)?,
             };
             let mut d = comm.all_reduce_sum(&partial)?;
             if let Some(w) = &block.post_ffn_norm {

@@ -4,7 +4,7 @@
 //! A router (mirrored on every rank: `[experts, hidden]`, small, f32 on every device)
 //! scores each token; the `top_k` experts of highest softmax probability are kept, their
 //! probabilities divided by their sum where the family says so (`norm_topk_prob`; Mixtral
-//! always), or GLM-4.5's sigmoid router chooses them (`moe_routing.rs`). Each expert is a
+//! always), or GLM-4.5's sigmoid router chooses them (`routing`). Each expert is a
 //! SiLU-gated MLP; GLM-4.5 adds a shared expert that every token passes through.
 //!
 //! Split: every expert is cut along its intermediate dimension like a dense MLP (gate/up
@@ -26,11 +26,11 @@ use crate::model::linear_weight::LinearWeight;
 use crate::tp::split::{split_units, Segment};
 use crate::tp::{ShardPlan, SplitState};
 
-use super::moe_routing::Routing;
+use crate::model::moe::routing::Routing;
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-#[path = "moe_cuda.rs"]
 mod cuda;
+pub(crate) mod routing;
 
 /// One rank's slice of one expert.
 #[derive(Debug)]
