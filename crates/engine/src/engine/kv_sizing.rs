@@ -8,8 +8,8 @@ use candle_core::Device;
 use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
 
 use super::Engine;
-use crate::config::ModelConfig;
 use crate::device::device_spec::DeviceSpec;
+use crate::spec::model::ModelConfig;
 
 /// A step of `tokens` tokens spread over up to `seqs` sequences (each sampling one row),
 /// in blocks `0..`: the most a step can hold. Returns the plan and the blocks it uses.

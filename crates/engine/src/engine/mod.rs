@@ -10,12 +10,12 @@ use tessera_protocol::{
     StepPlan,
 };
 
-use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::model::batch::RowReduce;
 use crate::model::{Batch, ChunkLimits};
 use crate::prompt_logprobs::PromptLogprobs;
 use crate::sampler::Sampler;
+use crate::spec::model::ModelConfig;
 use crate::stats::EngineStats;
 use crate::structured::GrammarCompiler;
 use crate::tp::ShardPlan;

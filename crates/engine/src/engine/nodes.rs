@@ -13,11 +13,12 @@ use crate::cluster::links::{LeaderLink, NodeLinks};
 use crate::cluster::node_loss::NodeLoss;
 use crate::cluster::remote;
 use crate::cluster::rendezvous::{self, NodeIdentity, Welcome, PROTOCOL_VERSION};
-use crate::config::{EngineConfig, ModelConfig, NodeTopology};
+use crate::config::{EngineConfig, NodeTopology};
 use crate::device::device_spec::DeviceSpec;
 use crate::error::{EngineError, Result};
 use crate::loader::source::TensorSource;
 use crate::model::load_rank_shards;
+use crate::spec::model::ModelConfig;
 use crate::tp::{AllReduceDtype, Endpoint, GroupToken, PlanOptions, ShardPlan, TcpEndpoint};
 use crate::worker::{StageLinks, WorkerHandle};
 

@@ -6,12 +6,13 @@ use std::ops::Range;
 use std::time::Duration;
 
 use crate::cluster::links::NodeLinks;
-use crate::config::{EngineConfig, ModelConfig};
+use crate::config::EngineConfig;
 use crate::device::device_spec::DeviceSpec;
 use crate::device::layer_map::{LayerMap, Stage};
 use crate::error::{EngineError, Result};
 use crate::loader::source::TensorSource;
 use crate::model::{load_shards, DecoderShard};
+use crate::spec::model::ModelConfig;
 use crate::tp::{AllReduceDtype, Endpoint, LocalComm, PlanOptions, ShardPlan};
 use crate::worker::{StageLinks, StageMsg};
 

@@ -2,9 +2,10 @@
 //! splits (`o_proj`, the MLP's and every expert's `down_proj`): a split falls on whole
 //! blocks, so the plan needs the largest. Read from the files' metadata alone.
 
-use crate::config::{layer_name, ExpertTensor, MoeConfig};
 use crate::error::Result;
 use crate::loader::source::TensorSource;
+use crate::spec::moe::{ExpertTensor, MoeConfig};
+use crate::spec::tensor_names::layer_name;
 
 /// Largest quantization block of the row-parallel weights of every layer (their input
 /// dimension is split; mixed-quantization files may differ per layer). Metadata only.

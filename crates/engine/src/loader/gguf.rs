@@ -13,9 +13,8 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::{ModelConfig, RopeFactorTensors};
 use crate::error::{EngineError, Result};
-use crate::loader::gguf_config::config_from_content;
+use crate::families::gguf::config_from_content;
 use crate::loader::gguf_header::{mxfp4_bytes, read_gguf_parts, tensor_bytes, Mxfp4Tensor};
 use crate::loader::gguf_names::{locate, GgufLocation};
 use crate::loader::matrix::Matrix;
@@ -23,6 +22,8 @@ use crate::loader::mxfp4::{
     ggml_blocks_to_q5_0, GGML_MXFP4_BLOCK_BYTES, MXFP4_BLOCK, Q5_0_BLOCK_BYTES,
 };
 use crate::loader::source::{Embedding, TensorSource};
+use crate::spec::model::ModelConfig;
+use crate::spec::rope::RopeFactorTensors;
 
 /// An open GGUF file. Tensor data is read on demand.
 pub struct GgufSource {

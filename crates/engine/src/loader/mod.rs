@@ -10,7 +10,6 @@ mod context_limit;
 pub(crate) mod fp8;
 mod fused;
 mod gguf;
-mod gguf_config;
 mod gguf_header;
 mod gguf_names;
 pub(crate) mod matrix;

@@ -6,8 +6,8 @@
 
 use serde_json::Value;
 
-use crate::config::HfConfig;
 use crate::error::{EngineError, Result};
+use crate::families::hf_config::HfConfig;
 use crate::loader::fp8::Fp8Blocks;
 
 /// The FP8 block shape of `hf`'s checkpoint where it is block-scaled FP8 (`None` for

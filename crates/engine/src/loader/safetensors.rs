@@ -10,12 +10,13 @@ use std::path::{Path, PathBuf};
 use candle_core::safetensors::{MmapedSafetensors, SliceSafetensors};
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::{HfConfig, ModelConfig};
 use crate::error::{EngineError, Result};
+use crate::families::hf_config::HfConfig;
 use crate::loader::fp8::{scale_name, Fp8Blocks};
 use crate::loader::matrix::Matrix;
 use crate::loader::quantization;
 use crate::loader::source::{Embedding, TensorSource};
+use crate::spec::model::ModelConfig;
 
 pub struct SafetensorsSource {
     files: MmapedSafetensors,

@@ -5,9 +5,9 @@
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 
-use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::matrix::Matrix;
+use crate::spec::model::ModelConfig;
 
 /// Where the weights of a model come from.
 pub trait TensorSource: Send + Sync {

@@ -4,11 +4,11 @@
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
 
-use crate::config::Activation;
 use crate::error::Result;
 use crate::loader::matrix::Matrix;
 use crate::model::cpu_ops;
 use crate::model::linear_weight::LinearWeight;
+use crate::spec::model::Activation;
 use crate::tp::SplitState;
 
 /// `y = x Wᵀ (+ b)` over one shard of `W`.

@@ -14,13 +14,13 @@ use tessera_kernels::gpu::launch::{
     MAX_CANDIDATES, PREFILL_TILE,
 };
 
-use crate::config::Activation;
 use crate::device::buffers::{expect_dtype, prefix_to_host, Gpu, Held, Module};
 use crate::device::dtype::candle_dtype;
 use crate::error::{EngineError, Result};
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::cuda::MlpGate;
 use crate::model::step_meta::Part;
+use crate::spec::model::Activation;
 
 /// Checks that every tensor has the element type of `dtype`.
 fn expect_all(dtype: KvDtype, tensors: &[(&Tensor, &str)]) -> Result<()> {

@@ -13,11 +13,12 @@ pub use kv_cache::CudaKvCache;
 
 use candle_core::Tensor;
 
-use crate::config::{Activation, ClampedSwiglu};
 use crate::device::buffers::Gpu;
 use crate::device::dtype::{candle_dtype, ACTIVATIONS};
 use crate::error::Result;
 use crate::model::linear::{ColumnParallel, Linear};
+use crate::spec::model::Activation;
+use crate::spec::moe::ClampedSwiglu;
 
 /// How a gated MLP on a CUDA rank combines its gate and up halves.
 #[derive(Debug, Clone, Copy)]

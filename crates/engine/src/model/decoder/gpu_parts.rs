@@ -4,11 +4,11 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::config::ModelConfig;
 use crate::device::buffers::Gpu;
 use crate::error::Result;
 use crate::model::cuda::kernels::RopeTables;
 use crate::model::rope::RopeTable;
+use crate::spec::model::ModelConfig;
 
 /// What a CUDA rank keeps beside its weights: the RoPE tables on the device (and those of
 /// sliding-window layers with their own base), each local query head's local KV head,

@@ -10,7 +10,6 @@ use candle_core::{DType, Device, Tensor};
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 use super::gpu_parts::GpuParts;
 use super::shard::{Block, DecoderShard, Mlp};
-use crate::config::layer_name;
 use crate::error::{EngineError, Result};
 use crate::loader::blocks::down_block;
 use crate::loader::matrix::Matrix;
@@ -21,6 +20,7 @@ use crate::model::linear_weight::LinearWeight;
 use crate::model::moe;
 use crate::model::paged_attention::query_groups;
 use crate::model::rope::RopeTable;
+use crate::spec::tensor_names::layer_name;
 use crate::tp::ShardPlan;
 
 /// Loads every rank's shard of the decoder `layers`, reading each tensor once.

@@ -9,7 +9,6 @@ use candle_core::{Device, Tensor};
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 use super::gpu_parts::GpuParts;
-use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::loader::source::Embedding;
 use crate::model::head_norms::HeadNorms;
@@ -18,6 +17,7 @@ use crate::model::linear::{ColumnParallel, Linear};
 use crate::model::moe::MoeShard;
 use crate::model::paged_attention::QueryGroup;
 use crate::model::rope::RopeTable;
+use crate::spec::model::ModelConfig;
 use crate::tp::RankShard;
 
 #[derive(Debug)]

@@ -7,10 +7,10 @@
 use candle_core::{DType, Tensor};
 
 use super::MoeShard;
-use crate::config::Activation;
 use crate::error::Result;
 use crate::model::cuda::gated_mlp;
 use crate::model::cuda::MlpGate;
+use crate::spec::model::Activation;
 
 impl MoeShard {
     /// `h`: the normed activations `[tokens, hidden]` → this rank's partial sum of the

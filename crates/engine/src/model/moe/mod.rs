@@ -16,13 +16,14 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::{Activation, ClampedSwiglu, ExpertTensor, MoeConfig};
 use crate::error::{EngineError, Result};
 use crate::loader::matrix::Matrix;
 use crate::loader::source::{vector_of_len, TensorSource};
 use crate::model::cpu_ops;
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::model::linear_weight::LinearWeight;
+use crate::spec::model::Activation;
+use crate::spec::moe::{ClampedSwiglu, ExpertTensor, MoeConfig};
 use crate::tp::split::{split_units, Segment};
 use crate::tp::{ShardPlan, SplitState};
 

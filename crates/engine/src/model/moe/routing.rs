@@ -2,7 +2,7 @@
 //! the softmax of Qwen3-MoE, Mixtral and gpt-oss, or GLM-4.5's sigmoid scores chosen with
 //! per-expert correction biases among the best groups of experts.
 
-use crate::config::{MoeConfig, SigmoidRouter};
+use crate::spec::moe::{MoeConfig, SigmoidRouter};
 
 /// One layer's routing rule.
 #[derive(Debug, Clone)]

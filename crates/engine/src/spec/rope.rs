@@ -575,5 +575,4 @@ impl std::fmt::Display for RopeScaling {
 }
 
 #[cfg(test)]
-#[path = "config_rope_tests.rs"]
 mod tests;

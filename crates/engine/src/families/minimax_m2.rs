@@ -7,8 +7,9 @@
 //! experts weigh by their scores renormalised to sum 1. Defaults are transformers'
 //! `MiniMaxM2Config`'s.
 
-use super::{ExpertNames, HfConfig, MoeConfig, MoeFields, SigmoidRouter};
 use crate::error::{EngineError, Result};
+use crate::families::hf_config::HfConfig;
+use crate::spec::moe::{ExpertNames, MoeConfig, MoeFields, SigmoidRouter};
 
 /// transformers' RoPE base for the family, where the config names none.
 pub(super) const DEFAULT_ROPE_THETA: f32 = 5_000_000.0;
@@ -106,12 +107,13 @@ impl HfConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{ExpertNames, ExpertTensor, ModelConfig};
     use crate::error::{EngineError, Result};
+    use crate::spec::model::ModelConfig;
+    use crate::spec::moe::{ExpertNames, ExpertTensor};
 
     /// MiniMax-M2's config.json in miniature, with the keys its checkpoints carry.
     fn minimax_m2(change: serde_json::Value) -> Result<ModelConfig> {
-        crate::config::moe::tests::read(
+        crate::families::hf_config::read(
             serde_json::json!({
                 "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2",
                 "vocab_size": 512, "hidden_size": 128, "intermediate_size": 48,

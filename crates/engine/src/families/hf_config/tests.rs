@@ -1,4 +1,4 @@
-//! Tests of reading a Hugging Face `config.json` (`config_hf.rs`).
+//! Tests of reading a Hugging Face `config.json` (`hf_config.rs`).
 
 use super::*;
 use serde_json::json;

@@ -3,10 +3,10 @@
 //! `layer_types`, and a mixture of experts whose router and experts carry biases and
 //! whose gate is clamped. Defaults are transformers' `GptOssConfig`'s.
 
-use super::{
-    ClampedSwiglu, ExpertNames, HfConfig, ModelConfig, MoeConfig, MoeFields, SlidingWindow,
-};
 use crate::error::{EngineError, Result};
+use crate::families::hf_config::HfConfig;
+use crate::spec::model::{ModelConfig, SlidingWindow};
+use crate::spec::moe::{ClampedSwiglu, ExpertNames, MoeConfig, MoeFields};
 
 /// transformers' defaults for gpt-oss.
 const DEFAULT_WINDOW: usize = 128;
@@ -76,7 +76,8 @@ impl HfConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{RopeScaling, RopeStyle};
+    use crate::spec::model::RopeStyle;
+    use crate::spec::rope::RopeScaling;
 
     /// gpt-oss-20b's config.json as the checkpoint ships it, shrunk, with `change`.
     fn read(change: serde_json::Value) -> Result<ModelConfig> {
@@ -97,7 +98,7 @@ mod tests {
             "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
             "tie_word_embeddings": false, "vocab_size": 201088,
         });
-        crate::config::moe::tests::read(json, change)
+        crate::families::hf_config::read(json, change)
     }
 
     #[test]
@@ -135,11 +136,11 @@ mod tests {
             })
         );
         assert_eq!(
-            moe.names.tensor(2, crate::config::ExpertTensor::Router),
+            moe.names.tensor(2, crate::spec::moe::ExpertTensor::Router),
             "model.layers.2.mlp.router.weight"
         );
         assert_eq!(
-            moe.names.bias(2, crate::config::ExpertTensor::Down(5)),
+            moe.names.bias(2, crate::spec::moe::ExpertTensor::Down(5)),
             "model.layers.2.mlp.experts.5.down_proj.bias"
         );
         // Without layer_types every other layer slides, the first included.

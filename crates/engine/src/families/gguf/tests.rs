@@ -1,4 +1,4 @@
-//! Tests of `gguf_config.rs`: GGUF metadata read as llama.cpp reads it.
+//! Tests of `gguf.rs`: GGUF metadata read as llama.cpp reads it.
 
 use super::*;
 use candle_core::quantized::gguf_file::VersionedMagic;
@@ -105,7 +105,7 @@ fn gpt_oss_files_read_as_the_model_is_defined() -> Result<()> {
     file.tensor_infos.insert("blk.0.attn_q.bias".into(), info());
     let c = config_from_content(&file, RopeFactorTensors::default())?;
     assert!(c.attention_sinks && c.attention_bias && !c.attention_out_bias);
-    assert_eq!(c.rope_style, crate::config::RopeStyle::Half);
+    assert_eq!(c.rope_style, crate::spec::model::RopeStyle::Half);
     let sw = c.sliding_window.expect("window");
     assert_eq!(
         (sw.window, sw.layers),
@@ -141,7 +141,7 @@ fn granite_scalars_absent_or_zero_scale_nothing() -> Result<()> {
         ),
         (None, None, None, None)
     );
-    assert_eq!(c.rope_style, crate::config::RopeStyle::Interleaved);
+    assert_eq!(c.rope_style, crate::spec::model::RopeStyle::Interleaved);
     file.metadata
         .insert("granite.residual_scale".into(), Value::F32(0.22));
     file.metadata

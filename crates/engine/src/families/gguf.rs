@@ -5,12 +5,14 @@ use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use crate::config::{
-    every_nth_layer, gemma_sliding_layers, gguf_rope_style, Activation, ClampedSwiglu, ExpertNames,
-    ModelConfig, MoeConfig, MoeFields, RopeFactorTensors, RopeScaling, SigmoidRouter,
-    SlidingWindow, GEMMA2_SLIDING_PATTERN, GEMMA3_SLIDING_PATTERN, SMOLLM3_NOPE_INTERVAL,
-};
 use crate::error::{EngineError, Result};
+use crate::families::gemma2::{
+    gemma_sliding_layers, set_gemma_layers, GEMMA2_SLIDING_PATTERN, GEMMA3_SLIDING_PATTERN,
+};
+use crate::families::smollm3::{every_nth_layer, SMOLLM3_NOPE_INTERVAL};
+use crate::spec::model::{ModelConfig, RopeStyle, SlidingWindow};
+use crate::spec::moe::{ClampedSwiglu, ExpertNames, MoeConfig, MoeFields, SigmoidRouter};
+use crate::spec::rope::{RopeFactorTensors, RopeScaling};
 
 fn meta<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<&'a Value> {
     md.get(key)
@@ -95,7 +97,7 @@ fn gemma_config(
             rope_scaling: RopeScaling::None,
         }
     };
-    config.set_gemma_layers(sliding);
+    set_gemma_layers(&mut config, sliding);
     Ok(config)
 }
 
@@ -418,24 +420,13 @@ pub(crate) fn config_from_content(
         qk_norm_across_heads: matches!(arch.as_str(), "olmo2" | "minimax-m2"),
         input_norms: arch != "olmo2",
         sandwich_norms: matches!(arch.as_str(), "glm4" | "olmo2"),
-        norm_weight_offset: 0.0,
-        embed_scale: None,
-        attention_scale: None,
-        attn_logit_softcapping: None,
-        final_logit_softcapping: None,
-        residual_multiplier: None,
-        logits_scaling: None,
-        attention_sinks: false,
-        attention_out_bias: false,
-        activation: Activation::Silu,
-        sliding_window: None,
         nope_layers: if arch == "smollm3" {
             every_nth_layer(num_layers, SMOLLM3_NOPE_INTERVAL)
         } else {
             Vec::new()
         },
-        tie_word_embeddings: false,
         moe,
+        ..ModelConfig::default()
     };
     let config = match arch.as_str() {
         "gemma2" | "gemma3" => gemma_config(md, &arch, config)?,
@@ -448,6 +439,16 @@ pub(crate) fn config_from_content(
     Ok(config)
 }
 
+/// The GGUF architectures Tessera reads, with the rope style of their files.
+pub(crate) fn gguf_rope_style(arch: &str) -> Result<RopeStyle> {
+    match arch {
+        // glm4: GLM's rotation pairs neighbours, and its files keep the rows as trained.
+        "llama" | "mistral" | "smollm3" | "granite" | "glm4" => Ok(RopeStyle::Interleaved),
+        "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" | "olmo2" | "gpt-oss"
+        | "glm4moe" | "minimax-m2" => Ok(RopeStyle::Half),
+        other => Err(EngineError::UnknownArchitecture(other.to_string())),
+    }
+}
+
 #[cfg(test)]
-#[path = "gguf_config_tests.rs"]
 mod tests;

@@ -4,8 +4,10 @@
 //! three of every four, every fourth attending to the whole context), each kind of layer
 //! with its own RoPE. Defaults are transformers' `Olmo3Config`'s.
 
-use super::{HfConfig, ModelConfig, RopeScaling, SlidingWindow};
 use crate::error::{EngineError, Result};
+use crate::families::hf_config::HfConfig;
+use crate::spec::model::{ModelConfig, SlidingWindow};
+use crate::spec::rope::RopeScaling;
 
 /// transformers' defaults for OLMo 3.
 const DEFAULT_WINDOW: usize = 4096;
@@ -48,11 +50,12 @@ impl HfConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{ModelConfig, RopeScaling};
     use crate::error::{EngineError, Result};
+    use crate::spec::model::ModelConfig;
+    use crate::spec::rope::RopeScaling;
 
     fn olmo3(change: serde_json::Value) -> Result<ModelConfig> {
-        crate::config::moe::tests::read(
+        crate::families::hf_config::read(
             serde_json::json!({
                 "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3",
                 "vocab_size": 512, "hidden_size": 128, "intermediate_size": 96,

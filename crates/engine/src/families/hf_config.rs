@@ -1,15 +1,18 @@
 //! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and the
 //! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 2/3, Mistral, Phi-3,
-//! SmolLM3, Granite, GLM-4, OLMo 2 and the mixtures of experts (whose part is `config_moe.rs`;
-//! gpt-oss's, GLM-4.5's and MiniMax-M2's have files of their own).
+//! SmolLM3, Granite, GLM-4, OLMo 2 and the mixtures of experts (Qwen3-MoE's,
+//! Mixtral's, gpt-oss's, GLM-4.5's, MiniMax-M2's and OLMo 3's parts have files of their
+//! own).
 
 use serde::Deserialize;
 
-use super::{
-    gemma_sliding_layers, Activation, ModelConfig, RopeScaling, RopeStyle, SlidingWindow,
-    GEMMA2_SLIDING_PATTERN, GEMMA3_SLIDING_PATTERN,
-};
 use crate::error::{EngineError, Result};
+use crate::families::gemma2::{
+    gemma_sliding_layers, set_gemma_layers, GEMMA2_SLIDING_PATTERN, GEMMA3_SLIDING_PATTERN,
+};
+use crate::families::{minimax_m2, smollm3};
+use crate::spec::model::{ModelConfig, RopeStyle, SlidingWindow};
+use crate::spec::rope::{self, RopeScaling};
 
 /// The fields of a Hugging Face `config.json` that Tessera reads.
 #[derive(Debug, Deserialize)]
@@ -227,7 +230,7 @@ impl HfConfig {
             self.check_minimax_m2()?;
         }
         let default_theta = if minimax {
-            super::minimax_m2::DEFAULT_ROPE_THETA
+            minimax_m2::DEFAULT_ROPE_THETA
         } else {
             10_000.0
         };
@@ -241,7 +244,7 @@ impl HfConfig {
             self.rotary_share()?
         };
         let rotary_dim = match share {
-            Some(factor) if !gemma => super::rope::rotary_dim(head_dim, factor)?,
+            Some(factor) if !gemma => rope::rotary_dim(head_dim, factor)?,
             Some(factor) if factor != 1.0 => {
                 return unsupported(format!("partial_rotary_factor {factor} in {architecture}"))
             }
@@ -280,17 +283,6 @@ impl HfConfig {
             input_norms: !olmo,
             // GLM-4 and OLMo 2: a norm after attention and after the MLP too.
             sandwich_norms: architecture == "glm4" || olmo,
-            norm_weight_offset: 0.0,
-            embed_scale: None,
-            attention_scale: None,
-            attn_logit_softcapping: None,
-            final_logit_softcapping: None,
-            residual_multiplier: None,
-            logits_scaling: None,
-            attention_sinks: false,
-            attention_out_bias: false,
-            activation: Activation::Silu,
-            sliding_window: None,
             nope_layers: if architecture == "smollm3" {
                 self.smollm3_nope_layers()?
             } else {
@@ -308,6 +300,7 @@ impl HfConfig {
                 "minimax_m2" => Some(self.minimax_m2_experts()?),
                 _ => None,
             },
+            ..ModelConfig::default()
         };
         // Mistral (7B v0.1), Mixtral and Phi-3 (mini 4k: 2047) attend to their last
         // `sliding_window` positions in every layer; a window that covers the whole
@@ -347,7 +340,7 @@ impl HfConfig {
             config.attention_scale = g.attention_scale;
             config.attn_logit_softcapping = g.softcaps[0];
             config.final_logit_softcapping = g.softcaps[1];
-            config.set_gemma_layers(g.sliding);
+            set_gemma_layers(&mut config, g.sliding);
         }
         config.validate()?;
         Ok(config)
@@ -391,7 +384,7 @@ impl HfConfig {
     /// 5), else the top level's (transformers 4), as transformers resolves both.
     pub(super) fn rotary_share(&self) -> Result<Option<f64>> {
         let from_parameters = match self.flat_rope_parameters() {
-            Some(p) => super::rope::partial_rotary_factor(p, "rope_parameters")?,
+            Some(p) => rope::partial_rotary_factor(p, "rope_parameters")?,
             None => None,
         };
         Ok(from_parameters.or(self.partial_rotary_factor))
@@ -410,10 +403,10 @@ impl HfConfig {
                 )))
             }
             Some(rotates) => Ok(rotates.iter().map(|r| *r == 0).collect()),
-            None => Ok(super::every_nth_layer(
+            None => Ok(smollm3::every_nth_layer(
                 self.num_hidden_layers,
                 self.no_rope_layer_interval
-                    .unwrap_or(super::SMOLLM3_NOPE_INTERVAL),
+                    .unwrap_or(smollm3::SMOLLM3_NOPE_INTERVAL),
             )),
         }
     }
@@ -510,6 +503,17 @@ impl HfConfig {
 }
 
 impl HfConfig {
+    /// The router must be the softmax both families use; a config that says otherwise
+    /// (`scoring_func`, as DeepSeek's sigmoid router) is refused rather than misread.
+    pub(super) fn check_router_scoring(&self, family: &str) -> Result<()> {
+        match self.scoring_func.as_deref() {
+            None | Some("softmax") => Ok(()),
+            Some(other) => Err(EngineError::Config(format!(
+                "{family}: scoring_func '{other}' is not supported (the router is a softmax)"
+            ))),
+        }
+    }
+
     /// The RoPE base and scaling of the full-attention and the sliding-window layers:
     /// `[full, sliding]` as given, each replaced by its entry of transformers 5's
     /// per-layer-type `rope_parameters` where the config has one.
@@ -527,7 +531,7 @@ impl HfConfig {
         {
             let Some(p) = params.get(kind) else { continue };
             let field = format!("rope_parameters.{kind}");
-            if let Some(f) = super::rope::partial_rotary_factor(p, &field)?.filter(|f| *f != 1.0) {
+            if let Some(f) = rope::partial_rotary_factor(p, &field)?.filter(|f| *f != 1.0) {
                 return Err(EngineError::Config(format!(
                     "{field}.partial_rotary_factor {f} is not supported in {arch}"
                 )));
@@ -575,5 +579,17 @@ struct GemmaParts {
 }
 
 #[cfg(test)]
-#[path = "config_hf_tests.rs"]
 mod tests;
+
+/// A config.json of `base` with `change` applied, read as Tessera reads it.
+#[cfg(test)]
+pub(super) fn read(mut base: serde_json::Value, change: serde_json::Value) -> Result<ModelConfig> {
+    if let (Some(b), Some(extra)) = (base.as_object_mut(), change.as_object()) {
+        for (k, v) in extra {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value::<HfConfig>(base)
+        .map_err(|e| EngineError::Config(e.to_string()))?
+        .into_model_config()
+}

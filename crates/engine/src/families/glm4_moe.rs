@@ -5,8 +5,9 @@
 //! `n_routed_experts` with a sigmoid router and a shared expert. Defaults are transformers'
 //! `Glm4MoeConfig`'s.
 
-use super::{ExpertNames, HfConfig, MoeConfig, MoeFields, SigmoidRouter};
 use crate::error::{EngineError, Result};
+use crate::families::hf_config::HfConfig;
+use crate::spec::moe::{ExpertNames, MoeConfig, MoeFields, SigmoidRouter};
 
 /// transformers' defaults for GLM-4.5.
 const DEFAULT_EXPERTS: usize = 128;
@@ -67,12 +68,12 @@ impl HfConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::ModelConfig;
     use crate::error::{EngineError, Result};
+    use crate::spec::model::ModelConfig;
 
     /// GLM-4.5-Air's config.json in miniature.
     fn glm4_moe(change: serde_json::Value) -> Result<ModelConfig> {
-        crate::config::moe::tests::read(
+        crate::families::hf_config::read(
             serde_json::json!({
                 "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
                 "vocab_size": 512, "hidden_size": 128, "intermediate_size": 96,
@@ -93,7 +94,7 @@ mod tests {
         let c = glm4_moe(serde_json::json!({}))?;
         assert_eq!(c.architecture, "glm4_moe");
         assert_eq!((c.head_dim, c.rotary_dim), (32, 16));
-        assert_eq!(c.rope_style, crate::config::RopeStyle::Half);
+        assert_eq!(c.rope_style, crate::spec::model::RopeStyle::Half);
         assert!(c.attention_bias && !c.attention_out_bias && !c.qk_norm);
         let m = c.moe.as_ref().expect("a mixture");
         assert_eq!((m.num_experts, m.top_k, m.intermediate_size), (8, 2, 48));
