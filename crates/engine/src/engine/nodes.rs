@@ -32,7 +32,7 @@ fn identity(
     Ok(NodeIdentity {
         protocol_version: PROTOCOL_VERSION,
         model_fingerprint: model_fingerprint(&cfg.model_path)?,
-        architecture: config.architecture.clone(),
+        architecture: config.family.name.to_string(),
         world_size: cfg.devices.len() * topo.nnodes,
         nnodes: topo.nnodes,
         split: ratios.iter().map(|r| r.to_string()).collect(),

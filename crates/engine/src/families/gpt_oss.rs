@@ -1,83 +1,162 @@
-//! gpt-oss (`GptOssForCausalLM`) from a Hugging Face `config.json`: the llama layer with
-//! attention sinks, biases on every attention projection, sliding-window layers listed in
-//! `layer_types`, and a mixture of experts whose router and experts carry biases and
-//! whose gate is clamped. Defaults are transformers' `GptOssConfig`'s.
+//! gpt-oss (`GptOssForCausalLM`; GGUF `gpt-oss`): llama's layer with attention sinks,
+//! biases on every attention projection, a window in every other layer (or those
+//! `layer_types` marks), and a mixture of experts whose router and experts carry biases
+//! and whose gate is clamped. Its checkpoints' MXFP4 experts are read as stored. Defaults
+//! are transformers' `GptOssConfig`'s, and llama.cpp's for its files.
 
 use crate::error::{EngineError, Result};
+use crate::families::gguf_metadata::Gguf;
 use crate::families::hf_config::HfConfig;
-use crate::spec::model::{ModelConfig, SlidingWindow};
+use crate::families::row::{GgufExperts, GgufRouter, HfDefaults, Layer, Row};
+use crate::spec::family::{Family, TensorNames};
+use crate::spec::model::{ModelConfig, RopeStyle, SlidingWindow};
 use crate::spec::moe::{ClampedSwiglu, ExpertNames, MoeConfig, MoeFields};
+use crate::spec::rope::RopeScaling;
+
+static GPT_OSS: Family = Family {
+    name: "gpt_oss",
+    hf_names: &["gpt_oss", "GptOssForCausalLM"],
+    gguf_names: &["gpt-oss"],
+    tensors: TensorNames {
+        // The MLP's input norm, as llama.cpp's converter names it.
+        gguf_renames: &[(
+            "post_attention_layernorm.weight",
+            "post_attention_norm.weight",
+        )],
+        ..TensorNames::LLAMA
+    },
+    quantizations: &["mxfp4"],
+};
+
+pub(super) static ROW: Row = Row {
+    family: &GPT_OSS,
+    layer: Layer::LLAMA,
+    hf_rope_style: RopeStyle::Half,
+    gguf_rope_style: RopeStyle::Half,
+    hf_defaults: HfDefaults {
+        attention_bias: true,
+        ..HfDefaults::LLAMA
+    },
+    gguf_experts: Some(GgufExperts {
+        names: ExpertNames::GptOss,
+        router: GgufRouter::SoftmaxOfChosen,
+        shared_expert: false,
+        // llama.cpp fixes the gate's clamp, as its files state none.
+        clamped_with_biases: Some(GPT_OSS_SWIGLU),
+        in_dense_files: false,
+    }),
+    from_hf,
+    from_gguf,
+    fixture: "tiny-gpt-oss",
+};
+
+/// gpt-oss's clamped gate, which llama.cpp fixes for gpt-oss files.
+const GPT_OSS_SWIGLU: ClampedSwiglu = ClampedSwiglu {
+    alpha: 1.702,
+    limit: 7.0,
+};
+
+fn from_hf(hf: &HfConfig, config: &mut ModelConfig) -> Result<()> {
+    config.moe = Some(experts(hf)?);
+    attention(hf, config)
+}
+
+/// gpt-oss as llama.cpp's converter writes it: biases on every attention projection
+/// (where the file has them), a sink logit per query head, and a window of
+/// `attention.sliding_window` in every other layer, the first included. YaRN rotates as
+/// OpenAI's models were trained, without rounding the ramp's ends (llama.cpp rounds them).
+fn from_gguf(gguf: &Gguf<'_>, config: &mut ModelConfig) -> Result<()> {
+    config.attention_bias = gguf.has_tensor("blk.0.attn_q.bias");
+    config.attention_out_bias = gguf.has_tensor("blk.0.attn_output.bias");
+    config.attention_sinks = true;
+    if let RopeScaling::Yarn(y) = &mut config.rope_scaling {
+        y.truncate = false;
+    }
+    config.sliding_window = Some(SlidingWindow {
+        window: gguf.usize("attention.sliding_window")?,
+        layers: every_other_layer(config.num_layers),
+        rope_theta: config.rope_theta,
+        rope_scaling: config.rope_scaling.clone(),
+    });
+    Ok(())
+}
+
+/// Which of `layers` layers slide when every other one does, the first included.
+fn every_other_layer(layers: usize) -> Vec<bool> {
+    (0..layers).map(|i| i % 2 == 0).collect()
+}
 
 /// transformers' defaults for gpt-oss.
 const DEFAULT_WINDOW: usize = 128;
 const DEFAULT_SWIGLU_ALPHA: f32 = 1.702;
 const DEFAULT_SWIGLU_LIMIT: f32 = 7.0;
 
-impl HfConfig {
-    /// gpt-oss's experts: `num_local_experts` of `intermediate_size` in every layer, the
-    /// top `num_experts_per_tok` router logits softmaxed among themselves (the same as
-    /// the full softmax renormalised over the chosen ones).
-    pub(super) fn gpt_oss_experts(&self) -> Result<MoeConfig> {
-        let fail = |m: &str| Err(EngineError::Config(format!("gpt_oss: {m}")));
-        self.check_router_scoring("gpt_oss")?;
-        let Some(num_experts) = self.num_local_experts else {
-            return fail("num_local_experts is missing");
-        };
-        let Some(top_k) = self.num_experts_per_tok else {
-            return fail("num_experts_per_tok is missing");
-        };
-        let alpha = self.swiglu_alpha.unwrap_or(DEFAULT_SWIGLU_ALPHA);
-        let limit = self.swiglu_limit.unwrap_or(DEFAULT_SWIGLU_LIMIT);
-        for (name, v) in [("swiglu_alpha", alpha), ("swiglu_limit", limit)] {
-            if !(v.is_finite() && v > 0.0) {
-                return fail(&format!("{name} {v} must be positive"));
-            }
+/// gpt-oss's experts: `num_local_experts` of `intermediate_size` in every layer, the
+/// top `num_experts_per_tok` router logits softmaxed among themselves (the same as
+/// the full softmax renormalised over the chosen ones).
+fn experts(hf: &HfConfig) -> Result<MoeConfig> {
+    let fail = |m: &str| Err(EngineError::Config(format!("gpt_oss: {m}")));
+    hf.check_router_scoring("gpt_oss")?;
+    let Some(num_experts) = hf.num_local_experts else {
+        return fail("num_local_experts is missing");
+    };
+    let Some(top_k) = hf.num_experts_per_tok else {
+        return fail("num_experts_per_tok is missing");
+    };
+    let alpha = hf.swiglu_alpha.unwrap_or(DEFAULT_SWIGLU_ALPHA);
+    let limit = hf.swiglu_limit.unwrap_or(DEFAULT_SWIGLU_LIMIT);
+    for (name, v) in [("swiglu_alpha", alpha), ("swiglu_limit", limit)] {
+        if !(v.is_finite() && v > 0.0) {
+            return fail(&format!("{name} {v} must be positive"));
         }
-        Ok(MoeConfig {
-            num_experts,
-            top_k,
-            intermediate_size: self.intermediate_size,
-            norm_topk_prob: true,
-            layers: vec![true; self.num_hidden_layers],
-            names: ExpertNames::GptOss,
-            fields: MoeFields::new(
-                "num_local_experts",
-                "num_experts_per_tok",
-                "intermediate_size",
-            ),
-            biases: true,
-            clamped_swiglu: Some(ClampedSwiglu { alpha, limit }),
-            sigmoid_router: None,
-            shared_intermediate_size: None,
-        })
     }
+    Ok(MoeConfig {
+        num_experts,
+        top_k,
+        intermediate_size: hf.intermediate_size,
+        norm_topk_prob: true,
+        layers: vec![true; hf.num_hidden_layers],
+        names: ExpertNames::GptOss,
+        fields: MoeFields::new(
+            "num_local_experts",
+            "num_experts_per_tok",
+            "intermediate_size",
+        ),
+        biases: true,
+        clamped_swiglu: Some(ClampedSwiglu { alpha, limit }),
+        sigmoid_router: None,
+        shared_intermediate_size: None,
+    })
+}
 
-    /// The attention of gpt-oss: sinks in every layer, the output projection's bias with
-    /// the others', and the layers `layer_types` marks (by default every other one, the
-    /// first included) attending to their last `sliding_window` positions with the same
-    /// RoPE as the rest.
-    pub(super) fn set_gpt_oss_attention(&self, config: &mut ModelConfig) -> Result<()> {
-        config.attention_sinks = true;
-        config.attention_out_bias = config.attention_bias;
-        let layers = match self.sliding_layer_types()? {
-            Some(layers) => layers,
-            None => (0..self.num_hidden_layers).map(|i| i % 2 == 0).collect(),
-        };
-        config.sliding_window = Some(SlidingWindow {
-            window: self.sliding_window.unwrap_or(DEFAULT_WINDOW),
-            layers,
-            rope_theta: config.rope_theta,
-            rope_scaling: config.rope_scaling.clone(),
-        });
-        Ok(())
-    }
+/// The attention of gpt-oss: sinks in every layer, the output projection's bias with
+/// the others', and the layers `layer_types` marks (by default every other one, the
+/// first included) attending to their last `sliding_window` positions with the same
+/// RoPE as the rest.
+fn attention(hf: &HfConfig, config: &mut ModelConfig) -> Result<()> {
+    config.attention_sinks = true;
+    config.attention_out_bias = config.attention_bias;
+    let layers = match hf.sliding_layer_types()? {
+        Some(layers) => layers,
+        None => every_other_layer(hf.num_hidden_layers),
+    };
+    config.sliding_window = Some(SlidingWindow {
+        window: hf.sliding_window.unwrap_or(DEFAULT_WINDOW),
+        layers,
+        rope_theta: config.rope_theta,
+        rope_scaling: config.rope_scaling.clone(),
+    });
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::families::gguf::{config_from_content, test_file};
     use crate::spec::model::RopeStyle;
+    use crate::spec::rope::RopeFactorTensors;
     use crate::spec::rope::RopeScaling;
+    use candle_core::quantized::gguf_file::Value;
 
     /// gpt-oss-20b's config.json as the checkpoint ships it, shrunk, with `change`.
     fn read(change: serde_json::Value) -> Result<ModelConfig> {
@@ -98,13 +177,13 @@ mod tests {
             "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
             "tie_word_embeddings": false, "vocab_size": 201088,
         });
-        crate::families::hf_config::read(json, change)
+        crate::families::hf::read(json, change)
     }
 
     #[test]
     fn gpt_oss_20b_config_is_read_as_transformers_reads_it() -> Result<()> {
         let c = read(serde_json::json!({}))?;
-        assert_eq!(c.architecture, "gpt_oss");
+        assert_eq!(c.family.name, "gpt_oss");
         assert!(c.attention_sinks && c.attention_bias && c.attention_out_bias);
         assert!(!c.tie_word_embeddings && !c.qk_norm);
         assert_eq!((c.head_dim, c.rotary_dim), (64, 64));
@@ -180,5 +259,60 @@ mod tests {
                 other => panic!("{change}: {other:?}"),
             }
         }
+    }
+
+    /// A gpt-oss file as llama.cpp's converter writes gpt-oss-20b: a window in every other
+    /// layer, sinks, biases where its tensors are, YaRN without rounding, and experts with
+    /// biases and the clamp llama.cpp fixes.
+    #[test]
+    fn gpt_oss_files_read_as_the_model_is_defined() -> Result<()> {
+        let mut file = test_file("gpt-oss", 4);
+        for (k, v) in [
+            ("gpt-oss.attention.sliding_window", Value::U32(128)),
+            ("gpt-oss.attention.key_length", Value::U32(64)),
+            ("gpt-oss.expert_count", Value::U32(32)),
+            ("gpt-oss.expert_used_count", Value::U32(4)),
+            ("gpt-oss.expert_feed_forward_length", Value::U32(2880)),
+            ("gpt-oss.rope.scaling.type", Value::String("yarn".into())),
+            ("gpt-oss.rope.scaling.factor", Value::F32(32.0)),
+            (
+                "gpt-oss.rope.scaling.original_context_length",
+                Value::U32(4096),
+            ),
+            ("gpt-oss.context_length", Value::U32(131072)),
+        ] {
+            file.metadata.insert(k.into(), v);
+        }
+        let info = || candle_core::quantized::gguf_file::TensorInfo {
+            ggml_dtype: candle_core::quantized::GgmlDType::F32,
+            shape: candle_core::Shape::from(vec![32]),
+            offset: 0,
+        };
+        for l in 0..4 {
+            file.tensor_infos
+                .insert(format!("blk.{l}.ffn_gate_inp.weight"), info());
+        }
+        file.tensor_infos.insert("blk.0.attn_q.bias".into(), info());
+        let c = config_from_content(&file, RopeFactorTensors::default())?;
+        assert!(c.attention_sinks && c.attention_bias && !c.attention_out_bias);
+        assert_eq!(c.rope_style, RopeStyle::Half);
+        let sw = c.sliding_window.expect("window");
+        assert_eq!(
+            (sw.window, sw.layers),
+            (128, vec![true, false, true, false])
+        );
+        match &c.rope_scaling {
+            RopeScaling::Yarn(y) => assert!(!y.truncate && y.factor == 32.0),
+            other => panic!("{other:?}"),
+        }
+        let moe = c.moe.expect("experts");
+        assert_eq!((moe.num_experts, moe.top_k), (32, 4));
+        assert!(moe.biases && moe.norm_topk_prob);
+        assert_eq!(moe.clamped_swiglu, Some(GPT_OSS_SWIGLU));
+        // llama.cpp's gating value for a softmax over the chosen logits is accepted.
+        file.metadata
+            .insert("gpt-oss.expert_gating_func".into(), Value::U32(3));
+        assert!(config_from_content(&file, RopeFactorTensors::default()).is_ok());
+        Ok(())
     }
 }

@@ -1,17 +1,12 @@
-//! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and the
-//! [`ModelConfig`] they describe, for the llama family, Qwen2/3, Gemma 2/3, Mistral, Phi-3,
-//! SmolLM3, Granite, GLM-4, OLMo 2 and the mixtures of experts (Qwen3-MoE's,
-//! Mixtral's, gpt-oss's, GLM-4.5's, MiniMax-M2's and OLMo 3's parts have files of their
-//! own).
+//! A Hugging Face `config.json` ([`HfConfig`]): the fields Tessera reads, and what more
+//! than one family reads from them alike (RoPE, the share of each head that rotates,
+//! windows and layer types, the router's scoring). The model they describe is read by
+//! `hf` and each family's file.
 
 use serde::Deserialize;
 
 use crate::error::{EngineError, Result};
-use crate::families::gemma2::{
-    gemma_sliding_layers, set_gemma_layers, GEMMA2_SLIDING_PATTERN, GEMMA3_SLIDING_PATTERN,
-};
-use crate::families::{minimax_m2, smollm3};
-use crate::spec::model::{ModelConfig, RopeStyle, SlidingWindow};
+use crate::spec::model::{ModelConfig, SlidingWindow};
 use crate::spec::rope::{self, RopeScaling};
 
 /// The fields of a Hugging Face `config.json` that Tessera reads.
@@ -175,181 +170,10 @@ impl HfConfig {
         self.quantization_config.as_ref()
     }
 
-    /// The architecture `model_type` (else the first of `architectures`) names.
-    pub(crate) fn architecture(&self) -> Result<&'static str> {
-        let arch = self
-            .model_type
-            .as_deref()
-            .or_else(|| self.architectures.first().map(String::as_str))
-            .unwrap_or_default();
-        Ok(match arch {
-            "llama" | "LlamaForCausalLM" => "llama",
-            "mistral" | "MistralForCausalLM" => "mistral",
-            "qwen2" | "Qwen2ForCausalLM" => "qwen2",
-            "qwen3" | "Qwen3ForCausalLM" => "qwen3",
-            "qwen3_moe" | "Qwen3MoeForCausalLM" => "qwen3_moe",
-            "mixtral" | "MixtralForCausalLM" => "mixtral",
-            "gemma3_text" | "Gemma3ForCausalLM" => "gemma3",
-            "gemma2" | "Gemma2ForCausalLM" => "gemma2",
-            "phi3" | "Phi3ForCausalLM" => "phi3",
-            "smollm3" | "SmolLM3ForCausalLM" => "smollm3",
-            "granite" | "GraniteForCausalLM" => "granite",
-            "glm4" | "Glm4ForCausalLM" => "glm4",
-            "olmo2" | "Olmo2ForCausalLM" => "olmo2",
-            "olmo3" | "Olmo3ForCausalLM" => "olmo3",
-            "gpt_oss" | "GptOssForCausalLM" => "gpt_oss",
-            "glm4_moe" | "Glm4MoeForCausalLM" => "glm4_moe",
-            "minimax_m2" | "MiniMaxM2ForCausalLM" => "minimax_m2",
-            other => return Err(EngineError::UnknownArchitecture(other.to_string())),
-        })
-    }
-
-    pub(crate) fn into_model_config(self) -> Result<ModelConfig> {
-        let architecture = self.architecture()?;
-        let default_bias = matches!(architecture, "qwen2" | "glm4" | "gpt_oss");
-        let unsupported =
-            |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
-        let gemma = matches!(architecture, "gemma2" | "gemma3");
-        // OLMo 3 is OLMo 2's layer with sliding windows.
-        let olmo = matches!(architecture, "olmo2" | "olmo3");
-        if let Some(act) = self
-            .hidden_act
-            .as_deref()
-            .filter(|a| *a != "silu" && !gemma)
-        {
-            return unsupported(format!("hidden_act '{act}'"));
-        }
-        if self.use_sliding_window {
-            return unsupported("sliding-window attention (use_sliding_window)".into());
-        }
-        if self.mlp_bias {
-            return unsupported("mlp_bias".into());
-        }
-        let minimax = architecture == "minimax_m2";
-        if minimax {
-            self.check_minimax_m2()?;
-        }
-        let default_theta = if minimax {
-            minimax_m2::DEFAULT_ROPE_THETA
-        } else {
-            10_000.0
-        };
-        let (rope_theta, rope_scaling) = self.rope(self.rope_theta.unwrap_or(default_theta))?;
-        let head_dim = self
-            .head_dim
-            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
-        let share = if minimax {
-            Some(self.minimax_m2_rotary_share(head_dim)?)
-        } else {
-            self.rotary_share()?
-        };
-        let rotary_dim = match share {
-            Some(factor) if !gemma => rope::rotary_dim(head_dim, factor)?,
-            Some(factor) if factor != 1.0 => {
-                return unsupported(format!("partial_rotary_factor {factor} in {architecture}"))
-            }
-            _ => head_dim,
-        };
-        let gemma_parts = if gemma {
-            Some(self.gemma(architecture, head_dim)?)
-        } else {
-            None
-        };
-        let mut config = ModelConfig {
-            architecture: architecture.to_string(),
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_layers: self.num_hidden_layers,
-            num_heads: self.num_attention_heads,
-            num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
-            head_dim,
-            rotary_dim,
-            rms_norm_eps: self.rms_norm_eps,
-            rope_theta,
-            rope_scaling,
-            // GLM rotates neighbouring pairs.
-            rope_style: match architecture {
-                "glm4" => RopeStyle::Interleaved,
-                _ => RopeStyle::Half,
-            },
-            max_position_embeddings: self.max_position_embeddings,
-            attention_bias: self.attention_bias.unwrap_or(default_bias),
-            qk_norm: matches!(architecture, "qwen3" | "qwen3_moe")
-                || olmo
-                || (architecture == "glm4_moe" && self.use_qk_norm.unwrap_or(false))
-                || minimax,
-            qk_norm_across_heads: olmo || minimax,
-            input_norms: !olmo,
-            // GLM-4 and OLMo 2: a norm after attention and after the MLP too.
-            sandwich_norms: architecture == "glm4" || olmo,
-            nope_layers: if architecture == "smollm3" {
-                self.smollm3_nope_layers()?
-            } else {
-                Vec::new()
-            },
-            // transformers' default for both families.
-            tie_word_embeddings: self
-                .tie_word_embeddings
-                .unwrap_or(gemma || architecture == "smollm3"),
-            moe: match architecture {
-                "qwen3_moe" => Some(self.qwen3_moe()?),
-                "mixtral" => Some(self.mixtral()?),
-                "gpt_oss" => Some(self.gpt_oss_experts()?),
-                "glm4_moe" => Some(self.glm4_moe_experts()?),
-                "minimax_m2" => Some(self.minimax_m2_experts()?),
-                _ => None,
-            },
-            ..ModelConfig::default()
-        };
-        // Mistral (7B v0.1), Mixtral and Phi-3 (mini 4k: 2047) attend to their last
-        // `sliding_window` positions in every layer; a window that covers the whole
-        // context changes nothing.
-        if matches!(architecture, "mistral" | "mixtral" | "phi3") {
-            if let Some(window) = self
-                .sliding_window
-                .filter(|w| *w < self.max_position_embeddings)
-            {
-                config.sliding_window = Some(SlidingWindow {
-                    window,
-                    layers: vec![true; self.num_hidden_layers],
-                    rope_theta: config.rope_theta,
-                    rope_scaling: config.rope_scaling.clone(),
-                });
-            }
-        }
-        if architecture == "granite" {
-            // transformers multiplies by each (the attention scores by the attention
-            // multiplier in place of 1/√head_dim), 1 where the config has none.
-            config.embed_scale = Some(self.embedding_multiplier.unwrap_or(1.0));
-            config.attention_scale = Some(self.attention_multiplier.unwrap_or(1.0));
-            config.residual_multiplier = Some(self.residual_multiplier.unwrap_or(1.0));
-            config.logits_scaling = Some(self.logits_scaling.unwrap_or(1.0));
-        }
-        if architecture == "gpt_oss" {
-            self.set_gpt_oss_attention(&mut config)?;
-        }
-        if architecture == "olmo3" {
-            self.set_olmo3_layers(&mut config)?;
-        }
-        if let Some(g) = gemma_parts {
-            config.rope_theta = g.rope_theta;
-            config.rope_scaling = g.rope_scaling;
-            // Checkpoints store gemma's norm weights less 1.
-            config.norm_weight_offset = 1.0;
-            config.attention_scale = g.attention_scale;
-            config.attn_logit_softcapping = g.softcaps[0];
-            config.final_logit_softcapping = g.softcaps[1];
-            set_gemma_layers(&mut config, g.sliding);
-        }
-        config.validate()?;
-        Ok(config)
-    }
-
     /// The RoPE base and scaling of a config whose layers all rotate alike: transformers
     /// 5's flat `rope_parameters`, or transformers 4's `rope_theta` (else `theta`) and
-    /// `rope_scaling`. Gemma 3's per-layer-type `rope_parameters` are read by `gemma`.
-    fn rope(&self, theta: f32) -> Result<(f32, RopeScaling)> {
+    /// `rope_scaling`. Gemma 3's per-layer-type `rope_parameters` are read by its family.
+    pub(super) fn rope(&self, theta: f32) -> Result<(f32, RopeScaling)> {
         let (max_pos, original) = (
             self.max_position_embeddings,
             self.original_max_position_embeddings,
@@ -390,120 +214,24 @@ impl HfConfig {
         Ok(from_parameters.or(self.partial_rotary_factor))
     }
 
-    /// SmolLM3's layers without RoPE: `no_rope_layers` holds 1 for a layer that rotates
-    /// and 0 for one that does not (transformers' naming); absent, every
-    /// `no_rope_layer_interval`-th layer (4) does not.
-    fn smollm3_nope_layers(&self) -> Result<Vec<bool>> {
-        match &self.no_rope_layers {
-            Some(rotates) if rotates.len() != self.num_hidden_layers => {
-                Err(EngineError::Config(format!(
-                    "no_rope_layers lists {} layers of a {}-layer model",
-                    rotates.len(),
-                    self.num_hidden_layers
-                )))
-            }
-            Some(rotates) => Ok(rotates.iter().map(|r| *r == 0).collect()),
-            None => Ok(smollm3::every_nth_layer(
-                self.num_hidden_layers,
-                self.no_rope_layer_interval
-                    .unwrap_or(smollm3::SMOLLM3_NOPE_INTERVAL),
-            )),
-        }
-    }
-
-    /// Gemma 2's caps on attention scores and final logits (transformers' defaults, 50
-    /// and 30, where the keys are absent; `null` for none). Gemma 3 has none.
-    fn gemma_softcaps(&self, arch: &str) -> Result<[Option<f32>; 2]> {
-        let caps = [
-            ("attn_logit_softcapping", self.attn_logit_softcapping, 50.0),
-            (
-                "final_logit_softcapping",
-                self.final_logit_softcapping,
-                30.0,
-            ),
-        ];
-        let mut out = [None; 2];
-        for (slot, (name, cap, default)) in out.iter_mut().zip(caps) {
-            let cap = match (arch, cap) {
-                ("gemma2", None) => Some(default),
-                (_, None) => None,
-                (_, Some(c)) => c.filter(|c| *c != 0.0),
-            };
-            if arch != "gemma2" && cap.is_some() {
-                return Err(EngineError::Config(format!(
-                    "{name} is not supported for {arch}"
-                )));
-            }
-            *slot = cap.map(|c| c as f32);
-        }
-        Ok(out)
-    }
-
-    /// Gemma 2's and 3's RoPE bases (full and sliding layers), window, layer pattern,
-    /// scaling and caps.
-    fn gemma(&self, arch: &str, head_dim: usize) -> Result<GemmaParts> {
-        let unsupported =
-            |what: String| Err(EngineError::Config(format!("{what} is not supported yet")));
-        let softcaps = self.gemma_softcaps(arch)?;
-        if self.use_bidirectional_attention == Some(true) {
-            return unsupported("use_bidirectional_attention".into());
-        }
-        if let Some(act) = self
-            .hidden_activation
-            .as_deref()
-            .filter(|a| *a != "gelu_pytorch_tanh")
-        {
-            return unsupported(format!("hidden_activation '{act}'"));
-        }
-        // Gemma 2: every layer rotates alike. Gemma 3, transformers 5: rope_parameters per
-        // layer type; 4: rope_theta and rope_local_base_freq, with rope_scaling for the
-        // full-attention layers only.
-        let gemma2 = arch == "gemma2";
-        let full =
-            self.rope(
-                self.rope_theta
-                    .unwrap_or(if gemma2 { 10_000.0 } else { 1_000_000.0 }),
-            )?;
-        let sliding = if gemma2 {
-            full.clone()
-        } else {
-            (
-                self.rope_local_base_freq.unwrap_or(10_000.0),
-                RopeScaling::None,
-            )
-        };
-        let [full, sliding] = self.layer_type_ropes(arch, [full, sliding])?;
-        let window = self
+    /// The window of a family that attends to its last `sliding_window` positions in
+    /// every layer (Mistral 7B v0.1, Mixtral, Phi-3 mini 4k: 2047), on `config`; a window
+    /// that covers the whole context changes nothing.
+    pub(super) fn window_in_every_layer(&self, config: &mut ModelConfig) {
+        if let Some(window) = self
             .sliding_window
-            .ok_or_else(|| EngineError::Config(format!("{arch} config has no sliding_window")))?;
-        let layers: Vec<bool> = match self.sliding_layer_types()? {
-            Some(layers) => layers,
-            None if gemma2 => gemma_sliding_layers(self.num_hidden_layers, GEMMA2_SLIDING_PATTERN),
-            None => gemma_sliding_layers(
-                self.num_hidden_layers,
-                self.sliding_window_pattern
-                    .unwrap_or(GEMMA3_SLIDING_PATTERN),
-            ),
-        };
-        Ok(GemmaParts {
-            softcaps,
-            rope_theta: full.0,
-            rope_scaling: full.1,
-            attention_scale: Some(
-                1.0 / self.query_pre_attn_scalar.unwrap_or(head_dim as f64).sqrt() as f32,
-            ),
-            sliding: SlidingWindow {
+            .filter(|w| *w < self.max_position_embeddings)
+        {
+            config.sliding_window = Some(SlidingWindow {
                 window,
-                layers,
-                rope_theta: sliding.0,
-                rope_scaling: sliding.1,
-            },
-        })
+                layers: vec![true; self.num_hidden_layers],
+                rope_theta: config.rope_theta,
+                rope_scaling: config.rope_scaling.clone(),
+            });
+        }
     }
-}
 
-impl HfConfig {
-    /// The router must be the softmax both families use; a config that says otherwise
+    /// The router of `family` must be the softmax it uses; a config that says otherwise
     /// (`scoring_func`, as DeepSeek's sigmoid router) is refused rather than misread.
     pub(super) fn check_router_scoring(&self, family: &str) -> Result<()> {
         match self.scoring_func.as_deref() {
@@ -566,30 +294,4 @@ impl HfConfig {
             .collect::<Result<_>>()?;
         Ok(Some(layers))
     }
-}
-
-/// What a gemma config adds to the llama layout.
-struct GemmaParts {
-    /// Caps on attention scores and on the final logits (Gemma 2).
-    softcaps: [Option<f32>; 2],
-    rope_theta: f32,
-    rope_scaling: RopeScaling,
-    attention_scale: Option<f32>,
-    sliding: SlidingWindow,
-}
-
-#[cfg(test)]
-mod tests;
-
-/// A config.json of `base` with `change` applied, read as Tessera reads it.
-#[cfg(test)]
-pub(super) fn read(mut base: serde_json::Value, change: serde_json::Value) -> Result<ModelConfig> {
-    if let (Some(b), Some(extra)) = (base.as_object_mut(), change.as_object()) {
-        for (k, v) in extra {
-            b.insert(k.clone(), v.clone());
-        }
-    }
-    serde_json::from_value::<HfConfig>(base)
-        .map_err(|e| EngineError::Config(e.to_string()))?
-        .into_model_config()
 }

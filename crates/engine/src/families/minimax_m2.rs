@@ -1,119 +1,158 @@
-//! MiniMax-M2 (`MiniMaxM2ForCausalLM`: MiniMax-M2, M2.1 and M2.5) from a Hugging Face
-//! `config.json`: the llama layer with query and key RMSNorms over all of a token's heads
-//! (as OLMo 2's, `qk_norm_type` "per_layer"), the first `rotary_dim` dimensions of each
-//! head rotating (in halves, as llama rotates), and in every layer a mixture of
-//! `num_local_experts` of `intermediate_size` under Mixtral's tensor names, routed by a
-//! sigmoid: the choice reads each score plus `e_score_correction_bias`, the chosen
-//! experts weigh by their scores renormalised to sum 1. Defaults are transformers'
-//! `MiniMaxM2Config`'s.
+//! MiniMax-M2 (`MiniMaxM2ForCausalLM`: MiniMax-M2, M2.1 and M2.5; GGUF `minimax-m2`):
+//! llama's layer with query and key RMSNorms over all of a token's heads (as OLMo 2's,
+//! `qk_norm_type` "per_layer"), the first `rotary_dim` dimensions of each head rotating
+//! (in halves, as llama rotates), and in every layer a mixture of `num_local_experts` of
+//! `intermediate_size` under Mixtral's tensor names, routed by a sigmoid: the choice reads
+//! each score plus `e_score_correction_bias`, the chosen experts weigh by their scores
+//! renormalised to sum 1. Defaults are transformers' `MiniMaxM2Config`'s.
 
 use crate::error::{EngineError, Result};
 use crate::families::hf_config::HfConfig;
+use crate::families::row::{
+    nothing_more_gguf, GgufExperts, GgufRouter, HfDefaults, Layer, QkNorm, Row,
+};
+use crate::spec::family::{Family, TensorNames};
+use crate::spec::model::{ModelConfig, RopeStyle};
 use crate::spec::moe::{ExpertNames, MoeConfig, MoeFields, SigmoidRouter};
+use crate::spec::rope;
 
-/// transformers' RoPE base for the family, where the config names none.
-pub(super) const DEFAULT_ROPE_THETA: f32 = 5_000_000.0;
+static MINIMAX_M2: Family = Family {
+    name: "minimax_m2",
+    hf_names: &["minimax_m2", "MiniMaxM2ForCausalLM"],
+    gguf_names: &["minimax-m2"],
+    tensors: TensorNames::LLAMA,
+    quantizations: &[],
+};
+
+pub(super) static ROW: Row = Row {
+    family: &MINIMAX_M2,
+    layer: Layer {
+        qk_norm: QkNorm::AcrossHeads,
+        ..Layer::LLAMA
+    },
+    hf_rope_style: RopeStyle::Half,
+    gguf_rope_style: RopeStyle::Half,
+    hf_defaults: HfDefaults {
+        rope_theta: 5_000_000.0,
+        ..HfDefaults::LLAMA
+    },
+    gguf_experts: Some(GgufExperts {
+        names: ExpertNames::MiniMaxM2,
+        // Files of its first converter state no gating function.
+        router: GgufRouter::Sigmoid,
+        shared_expert: false,
+        clamped_with_biases: None,
+        in_dense_files: false,
+    }),
+    from_hf,
+    from_gguf: nothing_more_gguf,
+    fixture: "tiny-minimax-m2",
+};
+
+fn from_hf(hf: &HfConfig, config: &mut ModelConfig) -> Result<()> {
+    check(hf)?;
+    config.rotary_dim = rope::rotary_dim(config.head_dim, rotated_share(hf, config.head_dim)?)?;
+    config.moe = Some(experts(hf)?);
+    Ok(())
+}
+
 const DEFAULT_EXPERTS: usize = 256;
 const DEFAULT_TOP_K: usize = 8;
 
-impl HfConfig {
-    /// The share of each head that rotates: transformers 5's `rope_parameters`, else the
-    /// checkpoint's `rotary_dim` over `head_dim`, else half (transformers' default).
-    pub(super) fn minimax_m2_rotary_share(&self, head_dim: usize) -> Result<f64> {
-        if let Some(share) = self.rotary_share()? {
-            return Ok(share);
-        }
-        let rotary_dim = self.rotary_dim.unwrap_or(head_dim / 2);
-        if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
-            return Err(EngineError::Config(format!(
-                "minimax_m2: rotary_dim {rotary_dim} must be even and in 2..={head_dim} \
-                 (head_dim)"
-            )));
-        }
-        Ok(rotary_dim as f64 / head_dim as f64)
+/// The share of each head that rotates: transformers 5's `rope_parameters`, else the
+/// checkpoint's `rotary_dim` over `head_dim`, else half (transformers' default).
+fn rotated_share(hf: &HfConfig, head_dim: usize) -> Result<f64> {
+    if let Some(share) = hf.rotary_share()? {
+        return Ok(share);
     }
+    let rotary_dim = hf.rotary_dim.unwrap_or(head_dim / 2);
+    if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
+        return Err(EngineError::Config(format!(
+            "minimax_m2: rotary_dim {rotary_dim} must be even and in 2..={head_dim} \
+             (head_dim)"
+        )));
+    }
+    Ok(rotary_dim as f64 / head_dim as f64)
+}
 
-    /// Refuses what the checkpoint's own code can switch and this layer cannot: query and
-    /// key norms other than over all heads, attention other than softmax attention in a
-    /// layer (`attn_type_list` 0: MiniMax-01's lightning attention), a shared expert, and
-    /// a router other than the biased sigmoid.
-    pub(super) fn check_minimax_m2(&self) -> Result<()> {
-        let fail = |m: String| Err(EngineError::Config(format!("minimax_m2: {m}")));
-        if self.use_qk_norm == Some(false) {
-            return fail("use_qk_norm false (its layers norm queries and keys)".into());
-        }
-        match self.qk_norm_type.as_deref() {
-            None | Some("per_layer") => {}
-            Some(other) => {
-                return fail(format!(
-                    "qk_norm_type '{other}' (only \"per_layer\", over all heads)"
-                ))
-            }
-        }
-        if let Some(types) = &self.attn_type_list {
-            if types.len() != self.num_hidden_layers {
-                return fail(format!(
-                    "attn_type_list lists {} layers of a {}-layer model",
-                    types.len(),
-                    self.num_hidden_layers
-                ));
-            }
-            if let Some(layer) = types.iter().position(|t| *t != 1) {
-                return fail(format!(
-                    "attn_type_list: layer {layer} is not softmax attention (type 1)"
-                ));
-            }
-        }
-        if self.shared_intermediate_size.is_some_and(|s| s > 0) {
-            return fail("shared_intermediate_size > 0 (a shared expert)".into());
-        }
-        match self.scoring_func.as_deref() {
-            None | Some("sigmoid") => {}
-            Some(other) => {
-                return fail(format!("scoring_func '{other}' (its router is a sigmoid)"))
-            }
-        }
-        if self.use_routing_bias == Some(false) {
-            return fail("use_routing_bias false (its router adds e_score_correction_bias)".into());
-        }
-        Ok(())
+/// Refuses what the checkpoint's own code can switch and this layer cannot: query and
+/// key norms other than over all heads, attention other than softmax attention in a
+/// layer (`attn_type_list` 0: MiniMax-01's lightning attention), a shared expert, and
+/// a router other than the biased sigmoid.
+fn check(hf: &HfConfig) -> Result<()> {
+    let fail = |m: String| Err(EngineError::Config(format!("minimax_m2: {m}")));
+    if hf.use_qk_norm == Some(false) {
+        return fail("use_qk_norm false (its layers norm queries and keys)".into());
     }
+    match hf.qk_norm_type.as_deref() {
+        None | Some("per_layer") => {}
+        Some(other) => {
+            return fail(format!(
+                "qk_norm_type '{other}' (only \"per_layer\", over all heads)"
+            ))
+        }
+    }
+    if let Some(types) = &hf.attn_type_list {
+        if types.len() != hf.num_hidden_layers {
+            return fail(format!(
+                "attn_type_list lists {} layers of a {}-layer model",
+                types.len(),
+                hf.num_hidden_layers
+            ));
+        }
+        if let Some(layer) = types.iter().position(|t| *t != 1) {
+            return fail(format!(
+                "attn_type_list: layer {layer} is not softmax attention (type 1)"
+            ));
+        }
+    }
+    if hf.shared_intermediate_size.is_some_and(|s| s > 0) {
+        return fail("shared_intermediate_size > 0 (a shared expert)".into());
+    }
+    match hf.scoring_func.as_deref() {
+        None | Some("sigmoid") => {}
+        Some(other) => return fail(format!("scoring_func '{other}' (its router is a sigmoid)")),
+    }
+    if hf.use_routing_bias == Some(false) {
+        return fail("use_routing_bias false (its router adds e_score_correction_bias)".into());
+    }
+    Ok(())
+}
 
-    /// MiniMax-M2's mixture: every layer, one group, no scale.
-    pub(super) fn minimax_m2_experts(&self) -> Result<MoeConfig> {
-        Ok(MoeConfig {
-            num_experts: self.num_local_experts.unwrap_or(DEFAULT_EXPERTS),
-            top_k: self.num_experts_per_tok.unwrap_or(DEFAULT_TOP_K),
-            intermediate_size: self.intermediate_size,
-            norm_topk_prob: true,
-            layers: vec![true; self.num_hidden_layers],
-            names: ExpertNames::MiniMaxM2,
-            fields: MoeFields::new(
-                "num_local_experts",
-                "num_experts_per_tok",
-                "intermediate_size",
-            ),
-            biases: false,
-            clamped_swiglu: None,
-            sigmoid_router: Some(SigmoidRouter {
-                groups: 1,
-                top_groups: 1,
-                scale: 1.0,
-            }),
-            shared_intermediate_size: None,
-        })
-    }
+/// MiniMax-M2's mixture: every layer, one group, no scale.
+fn experts(hf: &HfConfig) -> Result<MoeConfig> {
+    Ok(MoeConfig {
+        num_experts: hf.num_local_experts.unwrap_or(DEFAULT_EXPERTS),
+        top_k: hf.num_experts_per_tok.unwrap_or(DEFAULT_TOP_K),
+        intermediate_size: hf.intermediate_size,
+        norm_topk_prob: true,
+        layers: vec![true; hf.num_hidden_layers],
+        names: ExpertNames::MiniMaxM2,
+        fields: MoeFields::new(
+            "num_local_experts",
+            "num_experts_per_tok",
+            "intermediate_size",
+        ),
+        biases: false,
+        clamped_swiglu: None,
+        sigmoid_router: Some(SigmoidRouter {
+            groups: 1,
+            top_groups: 1,
+            scale: 1.0,
+        }),
+        shared_intermediate_size: None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::error::{EngineError, Result};
-    use crate::spec::model::ModelConfig;
-    use crate::spec::moe::{ExpertNames, ExpertTensor};
+    use crate::spec::moe::ExpertTensor;
 
     /// MiniMax-M2's config.json in miniature, with the keys its checkpoints carry.
     fn minimax_m2(change: serde_json::Value) -> Result<ModelConfig> {
-        crate::families::hf_config::read(
+        crate::families::hf::read(
             serde_json::json!({
                 "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2",
                 "vocab_size": 512, "hidden_size": 128, "intermediate_size": 48,
@@ -131,7 +170,7 @@ mod tests {
     #[test]
     fn minimax_m2_reads_its_norms_rotation_and_router() -> Result<()> {
         let c = minimax_m2(serde_json::json!({}))?;
-        assert_eq!(c.architecture, "minimax_m2");
+        assert_eq!(c.family.name, "minimax_m2");
         assert_eq!((c.head_dim, c.rotary_dim), (32, 16));
         assert_eq!(c.rope_theta, 5_000_000.0);
         assert!(c.qk_norm && c.qk_norm_across_heads && c.input_norms && !c.sandwich_norms);

@@ -1,61 +1,83 @@
-//! OLMo 3 (`Olmo3ForCausalLM`) from a Hugging Face `config.json`: OLMo 2's layer (no input
-//! norms, norms after attention and the MLP, query and key norms across all heads) with a
-//! window of `sliding_window` positions in the layers `layer_types` marks (by default
-//! three of every four, every fourth attending to the whole context), each kind of layer
-//! with its own RoPE. Defaults are transformers' `Olmo3Config`'s.
+//! OLMo 3 (`Olmo3ForCausalLM`): OLMo 2's layer (no input norms, norms after attention and
+//! the MLP, query and key norms across all heads) with a window of `sliding_window`
+//! positions in the layers `layer_types` marks (by default three of every four, every
+//! fourth attending to the whole context), each kind of layer with its own RoPE. Defaults
+//! are transformers' `Olmo3Config`'s. It has no GGUF name of its own: llama.cpp's
+//! converter writes it as an `olmo2` file with a window, which `olmo2.rs` reads.
 
 use crate::error::{EngineError, Result};
 use crate::families::hf_config::HfConfig;
-use crate::spec::model::{ModelConfig, SlidingWindow};
+use crate::families::olmo2;
+use crate::families::row::{nothing_more_gguf, HfDefaults, Row};
+use crate::spec::family::Family;
+use crate::spec::model::{ModelConfig, RopeStyle, SlidingWindow};
 use crate::spec::rope::RopeScaling;
+
+static OLMO3: Family = Family {
+    name: "olmo3",
+    hf_names: &["olmo3", "Olmo3ForCausalLM"],
+    gguf_names: &[],
+    tensors: olmo2::TENSORS,
+    quantizations: &[],
+};
+
+pub(super) static ROW: Row = Row {
+    family: &OLMO3,
+    layer: olmo2::LAYER,
+    hf_rope_style: RopeStyle::Half,
+    // Its files are OLMo 2's.
+    gguf_rope_style: RopeStyle::Half,
+    hf_defaults: HfDefaults::LLAMA,
+    gguf_experts: None,
+    from_hf: layers,
+    from_gguf: nothing_more_gguf,
+    fixture: "tiny-olmo3",
+};
 
 /// transformers' defaults for OLMo 3.
 const DEFAULT_WINDOW: usize = 4096;
 const FULL_LAYER_EVERY: usize = 4;
 
-impl HfConfig {
-    /// OLMo 3's windows and RoPE on `config` (read as OLMo 2's). transformers 5 gives
-    /// `rope_parameters` per layer type; transformers 4 `rope_theta` for both kinds and
-    /// `rope_scaling` (OLMo 3's YaRN) for the full-attention layers only, which the base
-    /// reading has already put on the model.
-    pub(super) fn set_olmo3_layers(&self, config: &mut ModelConfig) -> Result<()> {
-        let n = self.num_hidden_layers;
-        let full = (config.rope_theta, config.rope_scaling.clone());
-        let sliding = (config.rope_theta, RopeScaling::None);
-        let [full, sliding] = self.layer_type_ropes("olmo3", [full, sliding])?;
-        config.rope_theta = full.0;
-        config.rope_scaling = full.1;
-        let layers = match self.sliding_layer_types()? {
-            Some(layers) if layers.len() != n => {
-                return Err(EngineError::Config(format!(
-                    "layer_types lists {} layers of a {n}-layer model",
-                    layers.len()
-                )))
-            }
-            Some(layers) => layers,
-            None => (0..n).map(|l| (l + 1) % FULL_LAYER_EVERY != 0).collect(),
-        };
-        let window = self.sliding_window.unwrap_or(DEFAULT_WINDOW);
-        if layers.contains(&true) && window < self.max_position_embeddings {
-            config.sliding_window = Some(SlidingWindow {
-                window,
-                layers,
-                rope_theta: sliding.0,
-                rope_scaling: sliding.1,
-            });
+/// OLMo 3's windows and RoPE on `config` (read as OLMo 2's). transformers 5 gives
+/// `rope_parameters` per layer type; transformers 4 `rope_theta` for both kinds and
+/// `rope_scaling` (OLMo 3's YaRN) for the full-attention layers only, which the base
+/// reading has already put on the model.
+fn layers(hf: &HfConfig, config: &mut ModelConfig) -> Result<()> {
+    let n = hf.num_hidden_layers;
+    let full = (config.rope_theta, config.rope_scaling.clone());
+    let sliding = (config.rope_theta, RopeScaling::None);
+    let [full, sliding] = hf.layer_type_ropes("olmo3", [full, sliding])?;
+    config.rope_theta = full.0;
+    config.rope_scaling = full.1;
+    let layers = match hf.sliding_layer_types()? {
+        Some(layers) if layers.len() != n => {
+            return Err(EngineError::Config(format!(
+                "layer_types lists {} layers of a {n}-layer model",
+                layers.len()
+            )))
         }
-        Ok(())
+        Some(layers) => layers,
+        None => (0..n).map(|l| (l + 1) % FULL_LAYER_EVERY != 0).collect(),
+    };
+    let window = hf.sliding_window.unwrap_or(DEFAULT_WINDOW);
+    if layers.contains(&true) && window < hf.max_position_embeddings {
+        config.sliding_window = Some(SlidingWindow {
+            window,
+            layers,
+            rope_theta: sliding.0,
+            rope_scaling: sliding.1,
+        });
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::error::{EngineError, Result};
-    use crate::spec::model::ModelConfig;
-    use crate::spec::rope::RopeScaling;
 
     fn olmo3(change: serde_json::Value) -> Result<ModelConfig> {
-        crate::families::hf_config::read(
+        crate::families::hf::read(
             serde_json::json!({
                 "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3",
                 "vocab_size": 512, "hidden_size": 128, "intermediate_size": 96,

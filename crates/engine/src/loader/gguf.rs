@@ -1,6 +1,6 @@
 //! GGUF files: tensors by canonical name, raw blocks kept; an expert's weight is read as
-//! its slice of the 3-D expert tensor. Metadata is read by `gguf_config`, names mapped by
-//! `gguf_names`.
+//! its slice of the 3-D expert tensor. The metadata is read by `crate::families::gguf`,
+//! the names mapped by `gguf_names`.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -131,7 +131,7 @@ impl GgufSource {
     /// 3-D `ffn_*_exps` tensor, or, in files written before llama.cpp stacked experts
     /// (older Mixtral GGUFs), a 2-D tensor of its own, `blk.N.ffn_gate.E.weight`.
     fn locate(&self, canonical: &str) -> Result<GgufLocation> {
-        let at = locate(&self.config.architecture, canonical)?;
+        let at = locate(&self.config.family.tensors, canonical)?;
         if let Some(expert) = at.expert {
             let stacked = self.content.tensor_infos.contains_key(&at.name)
                 || self.mxfp4.contains_key(&at.name);

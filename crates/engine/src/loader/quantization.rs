@@ -1,39 +1,44 @@
 //! The quantization gate of Hugging Face checkpoints: a `quantization_config` is read
 //! only where Tessera reads the weights as they are stored — block-scaled FP8 weights in
-//! any family (dequantized at load, `fp8`), and gpt-oss's MXFP4 experts. Any other method
+//! any family (dequantized at load, `fp8`), and what a family's row says it reads as
+//! stored (gpt-oss's MXFP4 experts). Any other method
 //! (GPTQ, AWQ, bitsandbytes, ...) stores tensors this loader would misread, so it is
 //! refused by name before a weight is read.
 
 use serde_json::Value;
 
 use crate::error::{EngineError, Result};
-use crate::families::hf_config::HfConfig;
+use crate::families::table::native_quantizations;
 use crate::loader::fp8::Fp8Blocks;
+use crate::spec::family::Family;
 
-/// The FP8 block shape of `hf`'s checkpoint where it is block-scaled FP8 (`None` for
-/// float weights and the formats its family reads natively); an error for a method the
-/// family's weights cannot be read in.
-pub(crate) fn gate(hf: &HfConfig) -> Result<Option<Fp8Blocks>> {
-    let architecture = hf.architecture()?;
-    let Some(q) = hf.quantization_config() else {
+/// The FP8 block shape of a checkpoint of `family` whose `quantization_config` is `q`,
+/// where it is block-scaled FP8 (`None` for float weights and the formats the family
+/// reads as stored); an error for a method the family's weights cannot be read in.
+pub(crate) fn gate(q: Option<&Value>, family: &Family) -> Result<Option<Fp8Blocks>> {
+    let Some(q) = q else {
         return Ok(None);
     };
     let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
-    match (architecture, method) {
-        ("gpt_oss", "mxfp4") => Ok(None),
-        // Block-scaled e4m3 weights, dequantized at load.
-        (_, "fp8") => Fp8Blocks::from_config(q),
-        _ => Err(EngineError::Config(format!(
-            "quantization_config.quant_method '{method}' is not supported for \
-             {architecture} (Tessera reads float safetensors, block-scaled FP8 ones, \
-             gpt-oss's MXFP4 experts, and GGUF files)"
-        ))),
+    if family.quantizations.contains(&method) {
+        return Ok(None);
     }
+    if method == "fp8" {
+        // Block-scaled e4m3 weights, dequantized at load.
+        return Fp8Blocks::from_config(q);
+    }
+    Err(EngineError::Config(format!(
+        "quantization_config.quant_method '{method}' is not supported for {family} \
+         (Tessera reads float safetensors, block-scaled FP8 ones, {}, and GGUF files)",
+        native_quantizations()
+    )))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::families::hf;
+    use crate::families::hf_config::HfConfig;
 
     fn gate_of(model_type: &str, quantization: Value) -> Result<Option<Fp8Blocks>> {
         let hf: HfConfig = serde_json::from_value(serde_json::json!({
@@ -42,7 +47,7 @@ mod tests {
             "quantization_config": quantization,
         }))
         .map_err(|e| EngineError::Config(e.to_string()))?;
-        gate(&hf)
+        gate(hf.quantization_config(), hf::family_row(&hf)?.family)
     }
 
     #[test]

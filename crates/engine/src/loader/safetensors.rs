@@ -11,6 +11,7 @@ use candle_core::safetensors::{MmapedSafetensors, SliceSafetensors};
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
+use crate::families::hf;
 use crate::families::hf_config::HfConfig;
 use crate::loader::fp8::{scale_name, Fp8Blocks};
 use crate::loader::matrix::Matrix;
@@ -40,8 +41,9 @@ impl SafetensorsSource {
             path: config_path.clone(),
             message: e.to_string(),
         })?;
-        let fp8 = quantization::gate(&hf)?;
-        let config = hf.into_model_config()?;
+        let row = hf::family_row(&hf)?;
+        let fp8 = quantization::gate(hf.quantization_config(), row.family)?;
+        let config = hf::model_config(&hf, row)?;
         let files = weight_files(dir)?;
         if files.is_empty() {
             return Err(bad(

@@ -3,6 +3,7 @@
 //! that keep a file from asking for more than a real model needs.
 
 use crate::error::{EngineError, Result};
+use crate::spec::family::{Family, UNNAMED};
 use crate::spec::moe::MoeConfig;
 use crate::spec::rope::RopeScaling;
 
@@ -43,7 +44,8 @@ pub struct SlidingWindow {
 /// Architecture hyper-parameters that the forward pass and the shard plan need.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    pub architecture: String,
+    /// The family whose files the model was read from.
+    pub family: &'static Family,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -157,24 +159,10 @@ impl ModelConfig {
     }
 
     /// The names of a sandwich-norm layer's norms after its input norm: the MLP's input
-    /// norm, the norm after attention and the norm after the MLP. Gemma calls them
-    /// `pre_feedforward_layernorm`, `post_attention_layernorm` and
-    /// `post_feedforward_layernorm`; GLM-4 keeps llama's `post_attention_layernorm` for the
-    /// MLP's input and names the others `post_self_attn_layernorm` and
-    /// `post_mlp_layernorm`. OLMo 2 has Gemma's names and no input norms.
+    /// norm, the norm after attention and the norm after the MLP, as its family names
+    /// them.
     pub fn sandwich_norm_names(&self) -> [&'static str; 3] {
-        match self.architecture.as_str() {
-            "glm4" => [
-                "post_attention_layernorm.weight",
-                "post_self_attn_layernorm.weight",
-                "post_mlp_layernorm.weight",
-            ],
-            _ => [
-                "pre_feedforward_layernorm.weight",
-                "post_attention_layernorm.weight",
-                "post_feedforward_layernorm.weight",
-            ],
-        }
+        self.family.tensors.sandwich_norms
     }
 
     /// Query heads that share one KV head.
@@ -290,7 +278,7 @@ impl ModelConfig {
 impl Default for ModelConfig {
     fn default() -> Self {
         Self {
-            architecture: String::new(),
+            family: &UNNAMED,
             vocab_size: 0,
             hidden_size: 0,
             intermediate_size: 0,
@@ -341,7 +329,6 @@ mod tests {
 
     fn smollm2() -> ModelConfig {
         ModelConfig {
-            architecture: "llama".into(),
             vocab_size: 49152,
             hidden_size: 576,
             intermediate_size: 1536,
