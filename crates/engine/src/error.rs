@@ -10,11 +10,9 @@ pub enum EngineError {
     #[error("{path}: {message}")]
     BadFile { path: PathBuf, message: String },
 
-    #[error(
-        "unsupported model architecture '{0}' (supported: llama, mistral, mixtral, qwen2, \
-         qwen3, qwen3_moe, gemma3; in GGUF files llama, mistral, qwen2, qwen3, qwen3moe, gemma3)"
-    )]
-    UnknownArchitecture(String),
+    /// `supported`: every architecture of the family table, as each format names them.
+    #[error("unsupported model architecture '{name}' (supported: {supported})")]
+    UnknownArchitecture { name: String, supported: String },
 
     #[error("missing tensor '{0}'")]
     MissingTensor(String),

@@ -421,7 +421,3 @@ fn token_logprobs(logit: Option<f32>, top: Vec<(u32, f32)>, lse: f32) -> TokenLo
             .collect(),
     }
 }
-
-#[cfg(test)]
-#[path = "sampler_tests.rs"]
-mod tests;

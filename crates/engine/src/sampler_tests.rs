@@ -1,6 +1,9 @@
 //! Tests of the sampler (`sampler.rs`).
 
-use super::*;
+use tessera_protocol::{SamplingParams, TokenLogprobs};
+
+use crate::model::batch::RowReduce;
+use crate::sampler::*;
 
 fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
     let mut p = SamplingParams::default();

@@ -13,6 +13,8 @@ use serde_json::{json, Value};
 use tessera_kernels::gpu::reference::Lcg;
 
 use crate::error::{EngineError, Result};
+use crate::families::row::QkNorm;
+use crate::families::table::hf_row;
 
 /// The dimensions that replace the fixture's.
 #[derive(Debug, Clone, Copy)]
@@ -162,10 +164,11 @@ pub fn write(fixture: &Path, out: &Path, dims: &Dims, seed: u64) -> Result<()> {
         .get("vocab_size")
         .and_then(Value::as_u64)
         .ok_or_else(|| bad("no vocab_size".into()))? as usize;
-    let across_heads = matches!(
-        c.get("model_type").and_then(Value::as_str),
-        Some("olmo2" | "olmo3" | "minimax_m2")
-    );
+    let model_type = c
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let across_heads = hf_row(model_type)?.layer.qk_norm == QkNorm::AcrossHeads;
     let shared = c
         .get("n_shared_experts")
         .and_then(Value::as_u64)

@@ -18,7 +18,7 @@ use candle_core::Tensor;
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 use crate::model::batch::RowReduce;
-use crate::model::{Batch, LlamaShard, RankCache};
+use crate::model::{Batch, DecoderShard, RankCache};
 use crate::stats::{RankStats, TimedComm};
 use crate::tp::{Communicator, Endpoint};
 
@@ -62,7 +62,7 @@ fn logits_to_host(logits: &Tensor, batch: &Batch, gpu_path: bool) -> Result<Step
     let rows = logits.dim(0)?;
     #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
     if gpu_path {
-        let gpu = crate::model::cuda::buffers::Gpu::of(logits.device())?;
+        let gpu = crate::device::buffers::Gpu::of(logits.device())?;
         let modes: Vec<RowReduce> = (0..rows)
             .map(|r| {
                 batch
@@ -88,7 +88,7 @@ fn logits_to_host(logits: &Tensor, batch: &Batch, gpu_path: bool) -> Result<Step
 /// candidate rows the device could not reduce).
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 fn reduce_on_device(
-    gpu: crate::model::cuda::buffers::Gpu<'_>,
+    gpu: crate::device::buffers::Gpu<'_>,
     logits: &Tensor,
     modes: &[RowReduce],
 ) -> Result<StepLogits> {
@@ -223,7 +223,7 @@ pub(crate) struct StageLinks {
 
 pub(crate) struct WorkerState {
     pub rank: usize,
-    pub shard: LlamaShard,
+    pub shard: DecoderShard,
     pub cache: RankCache,
     pub endpoint: Box<dyn Endpoint>,
     pub threads: usize,
@@ -235,7 +235,7 @@ pub(crate) struct WorkerState {
 
 /// One step on one worker: the whole model, or this stage's part of it.
 fn step(
-    shard: &LlamaShard,
+    shard: &DecoderShard,
     batch: &Batch,
     cache: &mut RankCache,
     comm: &mut dyn Communicator,
@@ -376,10 +376,11 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
             } => {
                 // The old cache goes first: on a GPU its memory is what the new one takes.
                 cache = RankCache::Cpu(crate::model::KvCache::new(0, 0, block_size, 0, 0));
-                let resized = RankCache::for_shard(&shard, num_blocks, block_size).map(|c| {
-                    cache = c;
-                    None
-                });
+                let resized =
+                    RankCache::new(&shard.cache_shape(), num_blocks, block_size).map(|c| {
+                        cache = c;
+                        None
+                    });
                 if results.send(resized).is_err() {
                     break;
                 }

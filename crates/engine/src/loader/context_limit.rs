@@ -2,9 +2,10 @@
 
 use candle_core::Tensor;
 
-use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::loader::{Embedding, Matrix, TensorSource};
+use crate::loader::matrix::Matrix;
+use crate::loader::source::{Embedding, TensorSource};
+use crate::spec::model::ModelConfig;
 
 /// `inner`'s weights, with its config's context limited.
 pub(crate) struct ContextLimit {

@@ -9,9 +9,10 @@ use std::sync::Mutex;
 
 use candle_core::Tensor;
 
-use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::loader::{Embedding, Matrix, TensorSource};
+use crate::loader::matrix::Matrix;
+use crate::loader::source::{Embedding, TensorSource};
+use crate::spec::model::ModelConfig;
 
 /// A source that answers for `q_proj`/`k_proj`/`v_proj` and `gate_proj`/`up_proj` from
 /// a fused tensor where the file has no separate one.

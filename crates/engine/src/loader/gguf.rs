@@ -1,6 +1,6 @@
 //! GGUF files: tensors by canonical name, raw blocks kept; an expert's weight is read as
-//! its slice of the 3-D expert tensor. Metadata is read by `gguf_config`, names mapped by
-//! `gguf_names`.
+//! its slice of the 3-D expert tensor. The metadata is read by `crate::families::gguf`,
+//! the names mapped by `gguf_names`.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -13,15 +13,17 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::{ModelConfig, RopeFactorTensors};
 use crate::error::{EngineError, Result};
-use crate::loader::gguf_config::config_from_content;
+use crate::families::gguf::config_from_content;
 use crate::loader::gguf_header::{mxfp4_bytes, read_gguf_parts, tensor_bytes, Mxfp4Tensor};
 use crate::loader::gguf_names::{locate, GgufLocation};
+use crate::loader::matrix::Matrix;
 use crate::loader::mxfp4::{
     ggml_blocks_to_q5_0, GGML_MXFP4_BLOCK_BYTES, MXFP4_BLOCK, Q5_0_BLOCK_BYTES,
 };
-use crate::loader::{Embedding, Matrix, TensorSource};
+use crate::loader::source::{Embedding, TensorSource};
+use crate::spec::model::ModelConfig;
+use crate::spec::rope::RopeFactorTensors;
 
 /// An open GGUF file. Tensor data is read on demand.
 pub struct GgufSource {
@@ -129,7 +131,7 @@ impl GgufSource {
     /// 3-D `ffn_*_exps` tensor, or, in files written before llama.cpp stacked experts
     /// (older Mixtral GGUFs), a 2-D tensor of its own, `blk.N.ffn_gate.E.weight`.
     fn locate(&self, canonical: &str) -> Result<GgufLocation> {
-        let at = locate(&self.config.architecture, canonical)?;
+        let at = locate(&self.config.family.tensors, canonical)?;
         if let Some(expert) = at.expert {
             let stacked = self.content.tensor_infos.contains_key(&at.name)
                 || self.mxfp4.contains_key(&at.name);

@@ -3,6 +3,7 @@
 //! expert tensor (`blk.3.ffn_gate_exps.weight`, `[experts, rows, cols]`).
 
 use crate::error::{EngineError, Result};
+use crate::spec::family::TensorNames;
 
 /// Where a canonical tensor lives in a GGUF file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,26 +92,19 @@ fn expert_location(canonical: &str) -> Option<GgufLocation> {
     })
 }
 
-/// Where `canonical` lives in a GGUF file of architecture `arch`: gemma's (2 and 3) layers have
-/// four norms, and its `post_attention_layernorm` is the one after attention, not the
-/// MLP's input norm that llama's name means (OLMo 2's too, which has no input norms);
-/// GLM-4's are named as in llama, with
-/// `post_self_attn_layernorm` and `post_mlp_layernorm` after attention and the MLP. A
-/// phi3 or glm4 file's `ffn_up` holds the gate rows and then the up rows (a fused
-/// `gate_up_proj`), so it answers for that name only.
-pub(crate) fn locate(arch: &str, canonical: &str) -> Result<GgufLocation> {
+/// Where `canonical` lives in a GGUF file of a family whose files name tensors as
+/// `tensors` says: its renamed layer tensors (a sandwich layer's norms, which llama's
+/// names would misplace), and a fused gate/up `ffn_up` that answers for
+/// `mlp.gate_up_proj` alone; every other tensor where llama's files have it.
+pub(crate) fn locate(tensors: &TensorNames, canonical: &str) -> Result<GgufLocation> {
     if let Some(location) = expert_location(canonical) {
         return Ok(location);
     }
-    if matches!(arch, "phi3" | "glm4") {
-        if let Some(layer) = canonical
-            .strip_prefix("model.layers.")
-            .and_then(|rest| rest.split_once('.'))
-            .and_then(|(layer, suffix)| match suffix {
-                "mlp.gate_up_proj.weight" => Some(layer),
-                _ => None,
-            })
-        {
+    let layer_suffix = canonical
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'));
+    if tensors.gguf_fused_gate_up {
+        if let Some((layer, "mlp.gate_up_proj.weight")) = layer_suffix {
             return Ok(GgufLocation {
                 name: format!("blk.{layer}.ffn_up.weight"),
                 expert: None,
@@ -120,26 +114,11 @@ pub(crate) fn locate(arch: &str, canonical: &str) -> Result<GgufLocation> {
             return Err(EngineError::MissingTensor(canonical.to_string()));
         }
     }
-    let sandwich = canonical
-        .strip_prefix("model.layers.")
-        .and_then(|rest| rest.split_once('.'))
-        .and_then(|(layer, suffix)| {
-            let mapped = match (arch, suffix) {
-                ("gemma2" | "gemma3" | "olmo2", "post_attention_layernorm.weight")
-                | ("glm4", "post_self_attn_layernorm.weight") => "post_attention_norm.weight",
-                // gpt-oss's and GLM-4.5's MLP input norm, which llama.cpp's converter
-                // names so.
-                ("gpt-oss" | "glm4moe", "post_attention_layernorm.weight") => {
-                    "post_attention_norm.weight"
-                }
-                ("gemma2" | "gemma3", "pre_feedforward_layernorm.weight") => "ffn_norm.weight",
-                ("gemma2" | "gemma3" | "olmo2", "post_feedforward_layernorm.weight")
-                | ("glm4", "post_mlp_layernorm.weight") => "post_ffw_norm.weight",
-                _ => return None,
-            };
-            Some(format!("blk.{layer}.{mapped}"))
-        });
-    sandwich
+    let renamed = layer_suffix.and_then(|(layer, suffix)| {
+        let (_, gguf) = tensors.gguf_renames.iter().find(|(c, _)| *c == suffix)?;
+        Some(format!("blk.{layer}.{gguf}"))
+    });
+    renamed
         .or_else(|| gguf_name(canonical))
         .map(|name| GgufLocation { name, expert: None })
         .ok_or_else(|| EngineError::MissingTensor(canonical.to_string()))
@@ -212,9 +191,13 @@ mod tests {
                 at("blk.1.ffn_gate.weight", None),
             ),
         ] {
-            assert_eq!(locate("qwen3moe", canonical)?, want, "{canonical}");
+            assert_eq!(locate(&TensorNames::LLAMA, canonical)?, want, "{canonical}");
         }
-        assert!(locate("llama", "model.layers.1.mlp.experts.x.w1.weight").is_err());
+        assert!(locate(
+            &TensorNames::LLAMA,
+            "model.layers.1.mlp.experts.x.w1.weight"
+        )
+        .is_err());
         Ok(())
     }
 }

@@ -6,13 +6,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul};
-use candle_core::{Device, Tensor};
-
-use tessera_kernels::{QuantWeights, WeightFormat};
+use candle_core::quantized::GgmlDType;
+use candle_core::Tensor;
 
 use crate::error::{EngineError, Result};
-use crate::model::linear::LinearWeight;
 
 /// A 2-D weight with `rows` output features and `cols` input features.
 #[derive(Debug, Clone)]
@@ -211,98 +208,20 @@ impl Matrix {
             }
         }
     }
-
-    /// The matmul for this weight on `device`: Tessera's kernels where it has them (CPU;
-    /// Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), candle's otherwise.
-    pub fn into_linear_weight(self, device: &Device) -> Result<LinearWeight> {
-        if let (
-            Matrix::Quantized {
-                dtype,
-                rows,
-                cols,
-                data,
-                name,
-            },
-            true,
-        ) = (&self, device.is_cpu())
-        {
-            let format = kernel_format(*dtype);
-            if let Some(format) = format {
-                let w = QuantWeights::from_ggml_bytes(format, *rows, *cols, data).map_err(|m| {
-                    EngineError::BadFile {
-                        path: name.into(),
-                        message: m,
-                    }
-                })?;
-                return Ok(LinearWeight::Kernel(Arc::new(w)));
-            }
-        }
-        Ok(LinearWeight::Candle(self.into_qmatmul(device)?))
-    }
-
-    /// As [`Matrix::into_linear_weight`], but a dense weight stays f32 on every device
-    /// (a router, whose near-ties decide which experts run: CUDA ranks then score tokens
-    /// as CPU ranks and llama.cpp do, not in bf16).
-    pub fn into_f32_linear_weight(self, device: &Device) -> Result<LinearWeight> {
-        match self {
-            Matrix::Dense { weight, .. } => Ok(LinearWeight::Candle(QMatMul::Tensor(
-                weight
-                    .to_device(device)?
-                    .to_dtype(candle_core::DType::F32)?,
-            ))),
-            quantized => quantized.into_linear_weight(device),
-        }
-    }
-
-    /// candle's matmul for this weight on `device`.
-    pub fn into_qmatmul(self, device: &Device) -> Result<QMatMul> {
-        match self {
-            Matrix::Quantized {
-                dtype,
-                rows,
-                cols,
-                data,
-                ..
-            } => {
-                let q = qtensor_from_ggml(dtype, &data, vec![rows, cols], device)?;
-                // candle dequantizes every weight to f32 when asked to
-                // (`CANDLE_DEQUANTIZE_ALL`); such a weight takes the device's compute type,
-                // as a dense one does (a GPU's bf16 activations cannot multiply f32).
-                Ok(match QMatMul::from_qtensor(q)? {
-                    QMatMul::Tensor(w) => {
-                        QMatMul::Tensor(w.to_dtype(crate::model::compute_dtype(device))?)
-                    }
-                    other => other,
-                })
-            }
-            Matrix::Dense { weight, .. } => Ok(QMatMul::Tensor(
-                weight
-                    .to_device(device)?
-                    .to_dtype(crate::model::compute_dtype(device))?,
-            )),
-        }
-    }
-}
-
-/// The format of Tessera's CPU kernels for a GGML type, where it has one.
-pub fn kernel_format(dtype: GgmlDType) -> Option<WeightFormat> {
-    match dtype {
-        GgmlDType::Q4_1 => Some(WeightFormat::Q4_1),
-        GgmlDType::Q5_0 => Some(WeightFormat::Q5_0),
-        GgmlDType::Q8_0 => Some(WeightFormat::Q8_0),
-        GgmlDType::Q4K => Some(WeightFormat::Q4K),
-        GgmlDType::Q6K => Some(WeightFormat::Q6K),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use candle_core::quantized::ggml_file::qtensor_from_ggml;
     use candle_core::quantized::QTensor;
-    use candle_core::DType;
+    use candle_core::{DType, Device};
 
-    fn quantized(rows: usize, cols: usize, dtype: GgmlDType) -> Result<(Tensor, Matrix)> {
+    pub(crate) fn quantized(
+        rows: usize,
+        cols: usize,
+        dtype: GgmlDType,
+    ) -> Result<(Tensor, Matrix)> {
         let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu)?;
         let q = QTensor::quantize(&w, dtype)?;
         let deq = q.dequantize(&Device::Cpu)?;
@@ -335,7 +254,7 @@ mod tests {
         }
     }
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
         Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
     }
 
@@ -355,75 +274,11 @@ mod tests {
         Ok(())
     }
 
-    /// Our kernels read every format they take as candle (ggml's layout) does: the same
-    /// blocks dequantize to the same floats, and the kernel matmul is close to a float
-    /// matmul of candle's dequantized weights.
-    #[test]
-    fn kernel_formats_dequantize_as_candle_does() -> Result<()> {
-        for dtype in [
-            GgmlDType::Q4_1,
-            GgmlDType::Q5_0,
-            GgmlDType::Q8_0,
-            GgmlDType::Q4K,
-            GgmlDType::Q6K,
-        ] {
-            let (rows, cols) = (9, 768);
-            let (want, m) = quantized(rows, cols, dtype)?;
-            let Some(format) = kernel_format(dtype) else {
-                panic!("{dtype:?} has a kernel");
-            };
-            let Matrix::Quantized { data, .. } = &m else {
-                panic!("quantized");
-            };
-            let w = QuantWeights::from_ggml_bytes(format, rows, cols, data)
-                .map_err(EngineError::Config)?;
-            let got = Tensor::from_vec(w.dequantize(), (rows, cols), &Device::Cpu)?;
-            assert_eq!(max_diff(&got, &want)?, 0.0, "{dtype:?}");
-            let x = Tensor::randn(0f32, 1.0, (3, cols), &Device::Cpu)?;
-            let LinearWeight::Kernel(k) = m.into_linear_weight(&Device::Cpu)? else {
-                panic!("{dtype:?} runs on the kernels");
-            };
-            let y = Tensor::from_vec(
-                k.matmul(&x.flatten_all()?.to_vec1()?, 3),
-                (3, rows),
-                &Device::Cpu,
-            )?;
-            let exact = x.matmul(&want.t()?)?;
-            let rel = ((&y - &exact)?.sqr()?.sum_all()?.to_scalar::<f32>()?
-                / exact.sqr()?.sum_all()?.to_scalar::<f32>()?)
-            .sqrt();
-            assert!(rel < 0.02, "{dtype:?}: relative error {rel}");
-        }
-        Ok(())
-    }
-
-    fn dense(w: &Tensor) -> Matrix {
+    pub(crate) fn dense(w: &Tensor) -> Matrix {
         Matrix::Dense {
             name: "w".into(),
             weight: w.clone(),
         }
-    }
-
-    /// A bf16 weight stays bf16 through sharding (half the bytes copied, and what a GPU
-    /// takes as it is); only placing it on the CPU makes it f32, with the same values.
-    #[test]
-    fn dense_shards_keep_the_file_type_until_placed() -> Result<()> {
-        let w = Tensor::randn(0f32, 1.0, (6, 8), &Device::Cpu)?.to_dtype(DType::BF16)?;
-        let m = dense(&w).select_rows(&[1..3, 4..6])?.select_cols(2..8)?;
-        let Matrix::Dense { weight, .. } = &m else {
-            panic!("dense");
-        };
-        assert_eq!(weight.dtype(), DType::BF16);
-        assert_eq!(m.size_bytes(), 4 * 6 * 2);
-        let QMatMul::Tensor(placed) = m.into_qmatmul(&Device::Cpu)? else {
-            panic!("a dense weight stays a tensor");
-        };
-        assert_eq!(placed.dtype(), DType::F32);
-        let want = Tensor::cat(&[w.narrow(0, 1, 2)?, w.narrow(0, 4, 2)?], 0)?
-            .narrow(1, 2, 6)?
-            .to_dtype(DType::F32)?;
-        assert_eq!(max_diff(&placed, &want)?, 0.0);
-        Ok(())
     }
 
     #[test]

@@ -10,10 +10,14 @@ use std::path::{Path, PathBuf};
 use candle_core::safetensors::{MmapedSafetensors, SliceSafetensors};
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::{HfConfig, ModelConfig};
 use crate::error::{EngineError, Result};
+use crate::families::hf;
+use crate::families::hf_config::HfConfig;
 use crate::loader::fp8::{scale_name, Fp8Blocks};
-use crate::loader::{Embedding, Matrix, TensorSource};
+use crate::loader::matrix::Matrix;
+use crate::loader::quantization;
+use crate::loader::source::{Embedding, TensorSource};
+use crate::spec::model::ModelConfig;
 
 pub struct SafetensorsSource {
     files: MmapedSafetensors,
@@ -37,11 +41,9 @@ impl SafetensorsSource {
             path: config_path.clone(),
             message: e.to_string(),
         })?;
-        let fp8 = match hf.quantization_config() {
-            Some(q) => Fp8Blocks::from_config(q)?,
-            None => None,
-        };
-        let config = hf.into_model_config()?;
+        let row = hf::family_row(&hf)?;
+        let fp8 = quantization::gate(hf.quantization_config(), row.family)?;
+        let config = hf::model_config(&hf, row)?;
         let files = weight_files(dir)?;
         if files.is_empty() {
             return Err(bad(

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::Value;
 use tessera_tokenizer::{GgufVocab, MetaValue, Tokenizer};
 
-use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::read_gguf_header;
+use crate::spec::model::ModelConfig;
 
 /// Loads the tokenizer (and chat template) that belongs to the model at `path`.
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {

@@ -9,10 +9,10 @@
 use candle_core::{CpuStorage, Storage, Tensor};
 use rayon::prelude::*;
 
-use crate::config::Activation;
 use crate::error::Result;
 use crate::model::fast_math::{gelu_tanh, silu};
 use crate::model::simd::simd_dispatch;
+use crate::spec::model::Activation;
 
 /// Rows below this many values are computed without handing work to the pool.
 const PAR_MIN_VALUES: usize = 16 * 1024;

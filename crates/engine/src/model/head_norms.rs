@@ -168,20 +168,25 @@ pub(crate) fn norm_across_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HfConfig;
+    use crate::spec::model::ModelConfig;
     use crate::tp::PlanOptions;
 
     /// Four ranks over 4 query heads and 2 KV heads of 2: each KV head is held by two
     /// ranks and counts half on each; the query weights are sliced by each rank's heads.
     #[test]
     fn replicated_kv_heads_count_once_across_ranks() -> Result<()> {
-        let config: HfConfig = serde_json::from_value(serde_json::json!({
-            "model_type": "olmo2", "vocab_size": 16, "hidden_size": 8,
-            "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-        }))
-        .map_err(|e| EngineError::Config(e.to_string()))?;
-        let plan = ShardPlan::new(&config.into_model_config()?, &PlanOptions::equal(4, 1))?;
+        let config = ModelConfig {
+            vocab_size: 16,
+            hidden_size: 8,
+            intermediate_size: 8,
+            num_layers: 1,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 2,
+            rotary_dim: 2,
+            ..ModelConfig::default()
+        };
+        let plan = ShardPlan::new(&config, &PlanOptions::equal(4, 1))?;
         assert_eq!(plan.ranks[2].kv_heads, 1..2);
         let (q, k): (Vec<f32>, Vec<f32>) = ((0..8).map(|v| v as f32).collect(), vec![1.0; 4]);
         let norms = HeadNorms::across_heads(&q, &k, &plan, 2, 2)?;

@@ -7,6 +7,18 @@
 //! positions is a contiguous row. The scheduler owns block ids; every rank holds the
 //! same blocks for its own KV heads.
 
+/// What one rank's KV cache holds per position, and where: the layers the rank runs, its
+/// KV heads and their size, on its device in the CUDA ranks' layout or the host's.
+#[derive(Debug, Clone)]
+pub struct CacheShape {
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// The CUDA ranks' forward pass reads this cache (16-bit values, our kernels' layout).
+    pub gpu_path: bool,
+    pub device: candle_core::Device,
+}
+
 /// The KV cache of one rank, on its device.
 #[derive(Debug)]
 pub enum RankCache {
@@ -27,31 +39,27 @@ impl RankCache {
         2 * layers * kv_heads * head_dim * value
     }
 
-    /// A cache of `num_blocks` blocks for `shard` on its device. A CUDA cache is zeroed on
+    /// A cache of `num_blocks` blocks of `shape` on its device. A CUDA cache is zeroed on
     /// the calling thread's stream, which is synchronized before it returns: the worker
     /// that uses the cache may run on another thread, another stream.
-    pub fn for_shard(
-        shard: &crate::model::LlamaShard,
+    pub fn new(
+        shape: &CacheShape,
         num_blocks: usize,
         block_size: usize,
     ) -> crate::error::Result<RankCache> {
-        let (layers, kv_heads, head_dim) = (
-            shard.num_layers(),
-            shard.num_local_kv_heads(),
-            shard.head_dim(),
-        );
+        let (layers, kv_heads, head_dim) = (shape.layers, shape.kv_heads, shape.head_dim);
         #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-        if shard.runs_gpu_path() {
+        if shape.gpu_path {
             let cache = crate::model::cuda::CudaKvCache::new(
-                shard.device(),
+                &shape.device,
                 layers,
                 num_blocks,
                 block_size,
                 kv_heads,
                 head_dim,
-                crate::model::cuda::ACTIVATIONS,
+                crate::device::dtype::ACTIVATIONS,
             )?;
-            shard.device().synchronize()?;
+            shape.device.synchronize()?;
             return Ok(RankCache::Cuda(cache));
         }
         Ok(RankCache::Cpu(KvCache::new(

@@ -1,26 +1,15 @@
 //! Linear layers of a shard: column-parallel (output features split, possibly several
 //! fused segments) and row-parallel (input features split, output is a partial sum).
 
-use std::sync::Arc;
-
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
-use tessera_kernels::QuantWeights;
 
-use crate::config::Activation;
 use crate::error::Result;
-use crate::loader::Matrix;
+use crate::loader::matrix::Matrix;
 use crate::model::cpu_ops;
+use crate::model::linear_weight::LinearWeight;
+use crate::spec::model::Activation;
 use crate::tp::SplitState;
-
-/// The matmul behind a linear layer.
-#[derive(Debug, Clone)]
-pub enum LinearWeight {
-    /// candle's matmul (dense weights, and quantized formats without a kernel of ours).
-    Candle(QMatMul),
-    /// Tessera's CPU kernels (Q4_1, Q8_0), with ggml's activation quantization.
-    Kernel(Arc<QuantWeights>),
-}
 
 /// `y = x Wᵀ (+ b)` over one shard of `W`.
 #[derive(Debug, Clone)]
@@ -40,7 +29,7 @@ impl Linear {
         self.bias = match bias {
             Some(b) => Some(
                 b.to_device(device)?
-                    .to_dtype(crate::model::compute_dtype(device))?,
+                    .to_dtype(crate::device::dtype::compute_dtype(device))?,
             ),
             None => None,
         };
@@ -151,11 +140,11 @@ impl ColumnParallel {
             Some(
                 Tensor::cat(&bias_parts, 0)?
                     .to_device(device)?
-                    .to_dtype(crate::model::compute_dtype(device))?,
+                    .to_dtype(crate::device::dtype::compute_dtype(device))?,
             )
         };
         let parts = match Matrix::concat_rows(&shards, fused_name)? {
-            Some(fused) => vec![Linear::new(fused.into_linear_weight(device)?, bias)],
+            Some(fused) => vec![Linear::new(LinearWeight::place(fused, device)?, bias)],
             None => {
                 let mut parts = Vec::with_capacity(shards.len());
                 let mut offset = 0;
@@ -165,7 +154,7 @@ impl ColumnParallel {
                         None => None,
                     };
                     offset += w;
-                    parts.push(Linear::new(shard.into_linear_weight(device)?, b));
+                    parts.push(Linear::new(LinearWeight::place(shard, device)?, b));
                 }
                 parts
             }
@@ -261,7 +250,7 @@ pub fn row_parallel(
     let ranges = split.rank_ranges(rank).unwrap_or_default();
     let range = ranges.first().cloned().unwrap_or(0..0);
     Ok(Linear::new(
-        matrix.select_cols(range)?.into_linear_weight(device)?,
+        LinearWeight::place(matrix.select_cols(range)?, device)?,
         None,
     ))
 }
@@ -271,8 +260,9 @@ mod tests {
     use candle_core::quantized::QMatMul;
     use candle_core::{DType, Device, Tensor};
 
-    use super::{Linear, LinearWeight};
+    use super::Linear;
     use crate::error::Result;
+    use crate::model::linear_weight::LinearWeight;
 
     /// A bias kept in another type than the product (a GPU's bf16 bias beside an f32
     /// router) is added in the product's type.

@@ -1,6 +1,7 @@
 //! Rotary position embeddings, applied in place to rows of heads.
 
-use crate::config::{RopeScaling, RopeStyle};
+use crate::spec::model::RopeStyle;
+use crate::spec::rope::RopeScaling;
 
 /// Precomputed `cos`/`sin` for every position up to the model's context: one entry per
 /// rotation pair of a whole head (`head_dim / 2`), those past the rotated part of a head
@@ -176,7 +177,7 @@ mod tests {
         assert!((x[2] - 1f32.sin()).abs() < 1e-6 && (x[0] - 1f32.cos()).abs() < 1e-6);
         assert_eq!(&x[4..], &[5.0, 6.0, 7.0, 8.0]);
         // The tables a kernel reads: 1 and 0 past the rotated pairs, whatever the gain.
-        let longrope = RopeScaling::LongRope(crate::config::LongRope {
+        let longrope = RopeScaling::LongRope(crate::spec::rope::LongRope {
             short_factor: vec![1.0, 1.0],
             long_factor: vec![1.0, 1.0],
             original_context: 2.0,

@@ -28,8 +28,8 @@ use candle_core::cuda::cudarc::driver::CudaStream;
 use candle_core::cuda::cudarc::nccl::{result, safe::Id, sys};
 use candle_core::{CudaDevice, DType, Device, Tensor};
 
+use crate::device::buffers::{cuda_device, Gpu, Held};
 use crate::error::{EngineError, Result};
-use crate::model::cuda::buffers::{cuda_device, Gpu, Held};
 use crate::tp::comm::{AllReduceDtype, Communicator, Endpoint};
 use crate::tp::gpu_wait::{wait_for_stream, WaitEnd};
 

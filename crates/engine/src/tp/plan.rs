@@ -9,8 +9,8 @@
 
 use std::ops::Range;
 
-use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
+use crate::spec::model::ModelConfig;
 use crate::tp::split::{granule_for, split_units, Segment, SplitState};
 
 /// What one rank holds.

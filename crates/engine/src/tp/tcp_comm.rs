@@ -592,5 +592,4 @@ impl Communicator for TcpComm {
 }
 
 #[cfg(test)]
-#[path = "tcp_comm_tests.rs"]
 mod tests;

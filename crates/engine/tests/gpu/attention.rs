@@ -3,9 +3,8 @@
 //! partitions, sliding windows, other score scales, capped scores and attention sinks.
 
 use candle_core::{Device, Tensor};
-use tessera_engine::model::cuda::kernels::{
-    candle_dtype, paged_attention, HeadLayout, LayerAttention,
-};
+use tessera_engine::device::dtype::candle_dtype;
+use tessera_engine::model::cuda::kernels::{paged_attention, HeadLayout, LayerAttention};
 use tessera_engine::model::cuda::step_meta::StepMeta;
 use tessera_engine::model::step_meta::PackedMeta;
 use tessera_kernels::gpu::launch::{KvDtype, HEAD_DIMS};

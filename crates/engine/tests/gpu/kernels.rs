@@ -6,12 +6,12 @@
 use candle_core::{DType, Device, Tensor};
 use tessera_engine::config::ClampedSwiglu;
 use tessera_engine::config::RopeScaling;
+use tessera_engine::device::buffers::Gpu;
+use tessera_engine::device::dtype::candle_dtype;
 use tessera_engine::model::batch::Batch;
-use tessera_engine::model::cuda::buffers::Gpu;
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
-    add_rms_norm, argmax_rows, candle_dtype, gated_mul, reduce_rows, rope_write_kv, HeadLayout,
-    RopeTables,
+    add_rms_norm, argmax_rows, gated_mul, reduce_rows, rope_write_kv, HeadLayout, RopeTables,
 };
 use tessera_engine::model::cuda::step_meta::StepMeta;
 use tessera_engine::model::cuda::MlpGate;

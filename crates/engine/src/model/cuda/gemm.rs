@@ -11,8 +11,8 @@ use std::ffi::c_void;
 use candle_core::cuda::cudarc::cublas::{result::gemm_ex, sys as cublas_sys};
 use candle_core::{CudaDevice, DType, Tensor};
 
+use crate::device::buffers::{Gpu, Held};
 use crate::error::{EngineError, Result};
-use crate::model::cuda::buffers::{Gpu, Held};
 
 /// `x · wᵀ` for `x` `[m, k]` and `w` `[n, k]` (both bf16 or both f16, contiguous):
 /// `[m, n]` in f32.

@@ -14,12 +14,13 @@ use tessera_kernels::gpu::launch::{
     MAX_CANDIDATES, PREFILL_TILE,
 };
 
-use crate::config::Activation;
+use crate::device::buffers::{expect_dtype, prefix_to_host, Gpu, Held, Module};
+use crate::device::dtype::candle_dtype;
 use crate::error::{EngineError, Result};
-use crate::model::cuda::buffers::{expect_dtype, prefix_to_host, Gpu, Held, Module};
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::cuda::MlpGate;
 use crate::model::step_meta::Part;
+use crate::spec::model::Activation;
 
 /// Checks that every tensor has the element type of `dtype`.
 fn expect_all(dtype: KvDtype, tensors: &[(&Tensor, &str)]) -> Result<()> {
@@ -32,14 +33,6 @@ fn i32_of(x: usize, what: &str) -> Result<KernelArg> {
     i32::try_from(x)
         .map(KernelArg::I32)
         .map_err(|_| EngineError::Step(format!("{what} {x} does not fit a kernel argument")))
-}
-
-/// The candle dtype of a KV element type.
-pub fn candle_dtype(d: KvDtype) -> DType {
-    match d {
-        KvDtype::Bf16 => DType::BF16,
-        KvDtype::F16 => DType::F16,
-    }
 }
 
 /// RoPE tables on the device: `cos` and `sin`, f32 `[max_positions, head_dim / 2]`.

@@ -8,8 +8,8 @@
 use candle_core::{Device, Tensor};
 use tessera_kernels::gpu::launch::{check_head_dim, KvDtype};
 
+use crate::device::dtype::candle_dtype;
 use crate::error::{EngineError, Result};
-use crate::model::cuda::kernels::candle_dtype;
 
 #[derive(Debug)]
 pub struct CudaKvCache {

@@ -3,7 +3,6 @@
 //! the device, and f32-output matmuls. In test builds (`gpu-emulation`) host ranks run
 //! the same path with the kernels emulated.
 
-pub mod buffers;
 #[cfg(feature = "cuda")]
 pub mod gemm;
 pub mod kernels;
@@ -14,15 +13,12 @@ pub use kv_cache::CudaKvCache;
 
 use candle_core::Tensor;
 
-use crate::config::{Activation, ClampedSwiglu};
+use crate::device::buffers::Gpu;
+use crate::device::dtype::{candle_dtype, ACTIVATIONS};
 use crate::error::Result;
-use crate::model::cuda::buffers::Gpu;
 use crate::model::linear::{ColumnParallel, Linear};
-
-/// The element type of a CUDA rank's matmul inputs and KV cache. The kernels take f16
-/// as well; nothing chooses it yet.
-pub const ACTIVATIONS: tessera_kernels::gpu::launch::KvDtype =
-    tessera_kernels::gpu::launch::KvDtype::Bf16;
+use crate::spec::model::Activation;
+use crate::spec::moe::ClampedSwiglu;
 
 /// How a gated MLP on a CUDA rank combines its gate and up halves.
 #[derive(Debug, Clone, Copy)]
@@ -52,7 +48,7 @@ pub(crate) fn gated_mlp(
     let gpu = Gpu::of(h.device())?;
     let fused = gate_up
         .forward_fused(h)?
-        .to_dtype(kernels::candle_dtype(ACTIVATIONS))?
+        .to_dtype(candle_dtype(ACTIVATIONS))?
         .contiguous()?;
     let width = gate_up.widths().first().copied().unwrap_or(0);
     let a = kernels::gated_mul(gpu, ACTIVATIONS, &fused, width, gate)?;

@@ -6,8 +6,8 @@ use std::ops::Range;
 use candle_core::{Device, Tensor};
 use tessera_kernels::gpu::launch::{AttentionPlan, KernelArg};
 
+use crate::device::buffers::Held;
 use crate::error::Result;
-use crate::model::cuda::buffers::Held;
 use crate::model::step_meta::{PackedMeta, Part, PARTS};
 
 /// The metadata of one step on one rank's device.

@@ -1,0 +1,197 @@
+//! Layer maps: pipeline placement of whole decoder layers on devices.
+//!
+//! `"0:16;1:14"` puts the first 16 layers on device ordinal 0 and the next 14 on ordinal
+//! 1 (ordinals of the `--devices` list); layers left over run on the host CPU, last. Each
+//! device is one pipeline stage; activations travel from stage to stage.
+
+use std::ops::Range;
+
+use crate::device::device_spec::DeviceSpec;
+use crate::error::{EngineError, Result};
+
+/// One `ordinal:layers` entry of a layer map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerMapEntry {
+    pub ordinal: usize,
+    pub layers: usize,
+}
+
+/// A parsed `--device-layers` spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerMap(pub Vec<LayerMapEntry>);
+
+/// Layers run by one pipeline stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stage {
+    pub device: DeviceSpec,
+    pub layers: Range<usize>,
+    /// The host stage that takes the layers the map leaves over.
+    pub host: bool,
+}
+
+fn bad(msg: String) -> EngineError {
+    EngineError::Parallel(format!("--device-layers: {msg}"))
+}
+
+impl std::str::FromStr for LayerMap {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let mut entries: Vec<LayerMapEntry> = Vec::new();
+        for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (ord, layers) = part.split_once(':').ok_or_else(|| {
+                bad(format!(
+                    "'{part}' is not ORDINAL:LAYERS, as in \"0:16;1:14\""
+                ))
+            })?;
+            let ordinal = ord
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("'{ord}' in '{part}' is not a device ordinal")))?;
+            let layers: usize = layers
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("'{layers}' in '{part}' is not a layer count")))?;
+            if layers == 0 {
+                return Err(bad(format!(
+                    "'{part}' gives a device no layers; leave it out"
+                )));
+            }
+            if entries.iter().any(|e| e.ordinal == ordinal) {
+                return Err(bad(format!(
+                    "ordinal {ordinal} appears twice; give each device one count"
+                )));
+            }
+            entries.push(LayerMapEntry { ordinal, layers });
+        }
+        if entries.is_empty() {
+            return Err(bad("empty map; write e.g. \"0:16;1:14\"".into()));
+        }
+        Ok(LayerMap(entries))
+    }
+}
+
+impl LayerMap {
+    /// The stages for a model of `num_layers` over `devices` (whose ordinals the map names).
+    pub fn stages(&self, devices: &[DeviceSpec], num_layers: usize) -> Result<Vec<Stage>> {
+        let ordinal = |d: &DeviceSpec| match d {
+            DeviceSpec::Cpu(i) | DeviceSpec::Cuda(i) => *i,
+        };
+        let listed = devices
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut stages = Vec::with_capacity(self.0.len() + 1);
+        let mut next = 0;
+        for e in &self.0 {
+            let device = devices
+                .iter()
+                .find(|d| ordinal(d) == e.ordinal)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "ordinal {} is not among the devices ({listed})",
+                        e.ordinal
+                    ))
+                })?;
+            if next + e.layers > num_layers {
+                let given: usize = self.0.iter().map(|e| e.layers).sum();
+                return Err(bad(format!(
+                    "the map places {given} layers but the model has {num_layers}; give at most \
+                     {num_layers} in all (layers left over run on the host)"
+                )));
+            }
+            stages.push(Stage {
+                device: *device,
+                layers: next..next + e.layers,
+                host: false,
+            });
+            next += e.layers;
+        }
+        if next < num_layers {
+            stages.push(Stage {
+                device: DeviceSpec::Cpu(0),
+                layers: next..num_layers,
+                host: true,
+            });
+        }
+        Ok(stages)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpus(n: usize) -> Vec<DeviceSpec> {
+        (0..n).map(DeviceSpec::Cpu).collect()
+    }
+
+    fn err(r: Result<impl std::fmt::Debug>) -> String {
+        r.err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn maps_layers_in_order_with_host_layers_last() -> Result<()> {
+        let map: LayerMap = "0:16;1:14".parse()?;
+        let stages = map.stages(&cpus(2), 30)?;
+        assert_eq!(
+            stages.iter().map(|s| s.layers.clone()).collect::<Vec<_>>(),
+            vec![0..16, 16..30]
+        );
+        let stages: Vec<Stage> = "1:10".parse::<LayerMap>()?.stages(&cpus(2), 30)?;
+        assert_eq!(
+            stages[0],
+            Stage {
+                device: DeviceSpec::Cpu(1),
+                layers: 0..10,
+                host: false
+            }
+        );
+        assert_eq!(
+            stages[1],
+            Stage {
+                device: DeviceSpec::Cpu(0),
+                layers: 10..30,
+                host: true
+            }
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn gpu_stages_come_first_and_the_host_takes_the_rest() -> Result<()> {
+        let gpus = DeviceSpec::parse_list("cuda:0,cuda:1")?;
+        let stages = "1:3;0:2".parse::<LayerMap>()?.stages(&gpus, 8)?;
+        let got: Vec<(DeviceSpec, std::ops::Range<usize>, bool)> = stages
+            .into_iter()
+            .map(|s| (s.device, s.layers, s.host))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (DeviceSpec::Cuda(1), 0..3, false),
+                (DeviceSpec::Cuda(0), 3..5, false),
+                (DeviceSpec::Cpu(0), 5..8, true),
+            ]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn bad_maps_say_what_would_work() {
+        assert!(err("0:16;1:16"
+            .parse::<LayerMap>()
+            .and_then(|m| m.stages(&cpus(2), 30)))
+        .contains("at most 30"));
+        assert!(err("0:16;2:14"
+            .parse::<LayerMap>()
+            .and_then(|m| m.stages(&cpus(2), 30)))
+        .contains("ordinal 2 is not among the devices (cpu:0, cpu:1)"));
+        assert!(err("0:16;0:14".parse::<LayerMap>()).contains("appears twice"));
+        assert!(err("0:0".parse::<LayerMap>()).contains("no layers"));
+        assert!(err("0-16".parse::<LayerMap>()).contains("ORDINAL:LAYERS"));
+        assert!(err("".parse::<LayerMap>()).contains("empty"));
+        assert!(err("x:3".parse::<LayerMap>()).contains("not a device ordinal"));
+    }
+}

@@ -1,0 +1,206 @@
+//! Sizing the KV cache to the GPUs (`--gpu-memory-utilization`): the workers start with
+//! a provisional cache just large enough for a profile step at the largest batch the
+//! scheduler may send; after that step the engine reads, per GPU, what the weights,
+//! library workspaces and the step's activations took, gives the KV cache what is left
+//! under the utilization, and has every worker replace its cache.
+
+use candle_core::Device;
+use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
+
+use super::Engine;
+use crate::device::device_spec::DeviceSpec;
+use crate::spec::model::ModelConfig;
+
+/// A step of `tokens` tokens spread over up to `seqs` sequences (each sampling one row),
+/// in blocks `0..`: the most a step can hold. Returns the plan and the blocks it uses.
+pub(crate) fn profile_plan(tokens: usize, seqs: usize, block_size: usize) -> (StepPlan, usize) {
+    let seqs = seqs.clamp(1, tokens.max(1));
+    let mut scheduled = Vec::with_capacity(seqs);
+    let mut next_block = 0u32;
+    for s in 0..seqs {
+        let n = tokens / seqs + usize::from(s < tokens % seqs);
+        let blocks = n.div_ceil(block_size) as u32;
+        scheduled.push(ScheduledChunk {
+            id: SeqId(s as u64),
+            tokens: vec![0; n.max(1)],
+            start_pos: 0,
+            block_table: (next_block..next_block + blocks.max(1)).collect(),
+            sample: true,
+        });
+        next_block += blocks.max(1);
+    }
+    let plan = StepPlan {
+        new_sequences: vec![],
+        scheduled,
+        finished: vec![],
+    };
+    (plan, next_block as usize)
+}
+
+/// One rank as the sizing sees it.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct RankMemory {
+    pub device: DeviceSpec,
+    pub handle: Device,
+    /// KV bytes per block of this rank's cache.
+    pub block_bytes: usize,
+}
+
+impl Engine {
+    /// Runs the profile step and resizes every rank's cache to fit its device.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn size_kv_to_gpus(
+        &mut self,
+        ranks: &[RankMemory],
+        utilization: f64,
+        cpu_budget_bytes: usize,
+        max_batch_tokens: usize,
+        max_num_seqs: usize,
+    ) -> crate::error::Result<()> {
+        use std::collections::BTreeMap;
+
+        use crate::device::gpu_memory::{kv_budget_per_rank, measure, reset_peak, DeviceUsage};
+        use crate::error::EngineError;
+        use crate::model::{Batch, ChunkLimits};
+        use crate::worker::Job;
+        use tessera_protocol::KvCacheShape;
+        let bs = self.kv.block_size_tokens;
+        let provisional_blocks = self.kv.num_blocks;
+        // One handle per GPU, and how many ranks share it.
+        let mut gpus: BTreeMap<usize, (Device, usize)> = BTreeMap::new();
+        for r in ranks {
+            if let DeviceSpec::Cuda(i) = r.device {
+                gpus.entry(i).or_insert_with(|| (r.handle.clone(), 0)).1 += 1;
+            }
+        }
+        for (device, _) in gpus.values() {
+            reset_peak(device)?;
+        }
+        let (plan, _) = profile_plan(max_batch_tokens, max_num_seqs, bs);
+        let started = std::time::Instant::now();
+        let limits = ChunkLimits {
+            kv: self.kv,
+            max_positions: self.config.max_position_embeddings,
+            vocab_rows: self.config.vocab_size,
+        };
+        let batch = Batch::from_plan(&plan, &limits)?;
+        self.forward(batch)?;
+        tracing::info!(
+            "profile step of {max_batch_tokens} tokens in {} sequences: {:.2}s",
+            plan.scheduled.len(),
+            started.elapsed().as_secs_f64()
+        );
+        let mut budgets: BTreeMap<usize, usize> = BTreeMap::new();
+        for (&ordinal, (device, ranks_here)) in &gpus {
+            let (free, total, pool) = measure(device)?;
+            let provisional: usize = ranks
+                .iter()
+                .filter(|r| r.device == DeviceSpec::Cuda(ordinal))
+                .map(|r| r.block_bytes * provisional_blocks)
+                .sum();
+            let usage = DeviceUsage {
+                total_bytes: total,
+                used_bytes: (total - free).saturating_sub(pool.reserved.saturating_sub(pool.used)),
+                activation_peak_bytes: pool.used_high.saturating_sub(pool.used),
+                provisional_kv_bytes: provisional,
+            };
+            let budget = kv_budget_per_rank(&usage, utilization, *ranks_here)
+                .map_err(|e| EngineError::Config(format!("cuda:{ordinal}: {e}")))?;
+            tracing::info!(
+                "cuda:{ordinal}: {} MiB total; model, workspaces and context {} MiB; activation peak {} MiB; \
+                 KV cache {} MiB for each of its {ranks_here} rank(s) (utilization {utilization})",
+                total >> 20,
+                usage.used_bytes.saturating_sub(provisional) >> 20,
+                usage.activation_peak_bytes >> 20,
+                budget >> 20
+            );
+            budgets.insert(ordinal, budget);
+        }
+        let num_blocks = ranks
+            .iter()
+            .map(|r| {
+                let budget = match r.device {
+                    DeviceSpec::Cuda(i) => budgets.get(&i).copied().unwrap_or(0),
+                    DeviceSpec::Cpu(_) => cpu_budget_bytes,
+                };
+                budget / r.block_bytes.max(1)
+            })
+            .min()
+            .unwrap_or(0);
+        if num_blocks == 0 {
+            return Err(EngineError::Config(
+                "no KV cache block fits in the memory left; raise --gpu-memory-utilization".into(),
+            ));
+        }
+        for w in &self.workers {
+            w.jobs
+                .send(Job::ResizeCache {
+                    num_blocks,
+                    block_size: bs,
+                })
+                .map_err(|_| EngineError::Rank {
+                    rank: w.rank,
+                    message: "worker thread is gone".into(),
+                })?;
+        }
+        for w in &self.workers {
+            match w.results.recv() {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(EngineError::Rank {
+                        rank: w.rank,
+                        message: "worker thread exited".into(),
+                    })
+                }
+            }
+        }
+        self.kv = KvCacheShape {
+            num_blocks,
+            ..self.kv
+        };
+        tracing::info!(
+            "KV cache: {num_blocks} blocks of {bs} tokens = {} tokens per sequence set",
+            self.kv.capacity_tokens()
+        );
+        Ok(())
+    }
+}
+
+/// The window every layer attends to, when every layer slides. CUDA ranks honour the
+/// window in attention but keep every block: their kernels have not yet been run with
+/// released table entries.
+pub(crate) fn attention_window(config: &ModelConfig, any_gpu: bool) -> Option<usize> {
+    let sw = config.sliding_window.as_ref()?;
+    (!any_gpu && sw.layers.len() == config.num_layers && sw.layers.iter().all(|s| *s))
+        .then_some(sw.window)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Result;
+    use crate::model::{Batch, ChunkLimits};
+    use tessera_protocol::KvCacheShape;
+
+    #[test]
+    fn the_profile_step_is_the_largest_the_scheduler_sends() -> Result<()> {
+        let (plan, blocks) = profile_plan(2048, 64, 16);
+        assert_eq!(plan.scheduled.len(), 64);
+        let tokens: usize = plan.scheduled.iter().map(|c| c.tokens.len()).sum();
+        assert_eq!(tokens, 2048);
+        assert_eq!(blocks, 64 * 2);
+        // Every block is used once: the plan is a valid step over `blocks` blocks.
+        let limits = ChunkLimits {
+            kv: KvCacheShape::new(blocks, 16),
+            max_positions: 4096,
+            vocab_rows: 1,
+        };
+        let batch = Batch::from_plan(&plan, &limits)?;
+        assert_eq!(batch.sample_rows.len(), 64);
+        // Fewer tokens than sequences: one token each.
+        let (plan, blocks) = profile_plan(5, 64, 16);
+        assert_eq!((plan.scheduled.len(), blocks), (5, 5));
+        Ok(())
+    }
+}

@@ -1,0 +1,191 @@
+//! Loading an engine: the model's file opened, its shards placed on the devices (tensor
+//! parallel, pipeline stages, or this node's ranks of a group of nodes), the KV cache
+//! sized, and one worker thread started per rank.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use tessera_protocol::KvCacheShape;
+
+use super::{kv_sizing, nodes, placement, Engine};
+use crate::config::EngineConfig;
+use crate::device::device_spec::DeviceSpec;
+use crate::error::{EngineError, Result};
+use crate::loader;
+use crate::model::RankCache;
+use crate::stats::EngineStats;
+use crate::worker::{self, WorkerState};
+
+impl Engine {
+    /// Loads the model of `cfg` onto its devices and starts a worker per rank.
+    pub fn load(cfg: &EngineConfig) -> Result<Engine> {
+        let started = Instant::now();
+        tracing::info!("opening {}", cfg.model_path.display());
+        let source = loader::open::open_served(&cfg.model_path, cfg.max_model_len)?;
+        let config = source.config().clone();
+        tracing::info!(
+            "model: {} layers, hidden {}, {} heads / {} KV heads, vocabulary {}, context {}",
+            config.num_layers,
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.vocab_size,
+            config.max_position_embeddings
+        );
+        tracing::info!("RoPE: {}", config.rope_summary());
+        let input_block = loader::blocks::row_parallel_block(source.as_ref(), config.num_layers)?;
+        #[cfg(feature = "gpu-emulation")]
+        if cfg.emulate_gpu && cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1) {
+            return Err(EngineError::Config(
+                "emulated GPU ranks run on one node only".into(),
+            ));
+        }
+        let placement = match (&cfg.device_layers, &cfg.nodes) {
+            (_, Some(nodes)) if nodes.nnodes > 1 => {
+                nodes::place(source.as_ref(), cfg, &config, input_block, nodes)?
+            }
+            (Some(map), _) => placement::pipeline(source.as_ref(), cfg, &config, input_block, map)?,
+            (None, _) => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
+        };
+        tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
+        let world = placement.members.len();
+
+        // Every member holds the same blocks; the one with the most KV per token sizes them.
+        let per_token = placement
+            .members
+            .iter()
+            .map(|m| {
+                RankCache::bytes_per_token(
+                    m.shard.runs_gpu_path(),
+                    m.layers.len(),
+                    placement
+                        .kv_heads_max
+                        .unwrap_or_else(|| m.shard.num_local_kv_heads()),
+                    config.head_dim,
+                )
+            })
+            .max()
+            .unwrap_or(1);
+        let block_bytes = per_token * cfg.block_size_tokens;
+        let any_gpu = placement
+            .members
+            .iter()
+            .any(|m| matches!(m.device, DeviceSpec::Cuda(_)));
+        // With a utilization to honour, start with a cache just large enough for the
+        // profile step; it is resized once the step has measured the activations. Every
+        // node of a group must hold the same blocks, and sizes them at rendezvous from
+        // the KV budget the nodes agreed on.
+        let spans_nodes = cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1);
+        if spans_nodes && any_gpu && cfg.gpu_memory_utilization.is_some() {
+            tracing::warn!(
+                "a group of nodes sizes its KV cache from the KV cache budget ({} MiB per \
+                 rank), the same on every node; --gpu-memory-utilization is not used",
+                cfg.kv_cache_bytes >> 20
+            );
+        }
+        let gpu_sizing = cfg
+            .gpu_memory_utilization
+            .filter(|_| any_gpu && !spans_nodes);
+        let num_blocks = match gpu_sizing {
+            Some(_) => {
+                kv_sizing::profile_plan(
+                    cfg.max_batch_tokens,
+                    cfg.max_num_seqs,
+                    cfg.block_size_tokens,
+                )
+                .1
+            }
+            None => cfg.kv_cache_bytes / block_bytes.max(1),
+        };
+        if num_blocks == 0 {
+            return Err(EngineError::Config(format!(
+                "KV cache budget of {} bytes holds no block of {} tokens ({block_bytes} bytes); raise it",
+                cfg.kv_cache_bytes, cfg.block_size_tokens
+            )));
+        }
+        let kv = KvCacheShape {
+            attention_window: kv_sizing::attention_window(&config, any_gpu),
+            ..KvCacheShape::new(num_blocks, cfg.block_size_tokens)
+        };
+        if let Some(window) = kv.attention_window {
+            tracing::info!(
+                "every layer attends to its last {window} positions: KV blocks behind the \
+                 window go back to the pool as a sequence moves on"
+            );
+        }
+        tracing::info!(
+            "KV cache{}: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per device)",
+            if gpu_sizing.is_some() {
+                " for the profile step"
+            } else {
+                ""
+            },
+            cfg.block_size_tokens,
+            kv.capacity_tokens(),
+            (num_blocks * block_bytes) >> 20
+        );
+        let threads = cfg.threads_per_rank.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
+            (cores / world).max(1)
+        });
+        let plan = placement.plan;
+        let groups = placement.groups;
+        let stats = EngineStats::new(world);
+        let mut workers = Vec::with_capacity(world);
+        let mut memory = Vec::with_capacity(world);
+        for (i, m) in placement.members.into_iter().enumerate() {
+            let rank = placement.first_rank + i;
+            let cache = RankCache::new(&m.shard.cache_shape(), num_blocks, cfg.block_size_tokens)?;
+            memory.push(kv_sizing::RankMemory {
+                device: m.device,
+                handle: m.shard.device().clone(),
+                block_bytes: cache.block_bytes(),
+            });
+            tracing::debug!("worker {rank} on {}", m.device);
+            workers.push(worker::spawn(WorkerState {
+                rank,
+                shard: m.shard,
+                cache,
+                endpoint: m.endpoint,
+                threads,
+                links: m.links,
+                returns_logits: m.returns_logits,
+                stats: stats.rank(i),
+            })?);
+        }
+        let attached = nodes::attach(placement.links, &mut workers, &plan, cfg)?;
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut engine = Engine {
+            workers,
+            config,
+            plan,
+            kv,
+            sequences: HashMap::new(),
+            step_timeout: cfg.step_timeout,
+            failed: None,
+            groups,
+            stats,
+            leader: attached.leader,
+            node_loss: attached.node_loss,
+        };
+        #[cfg(feature = "cuda")]
+        if let Some(utilization) = gpu_sizing {
+            engine.size_kv_to_gpus(
+                &memory,
+                utilization,
+                cfg.kv_cache_bytes,
+                cfg.max_batch_tokens,
+                cfg.max_num_seqs,
+            )?;
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = (gpu_sizing, memory);
+        tracing::info!(
+            "engine ready: {world} rank(s), {threads} thread(s) each, loaded in {:.2}s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(engine)
+    }
+}

@@ -1,0 +1,157 @@
+//! One rank's part of the decoder: its blocks (each layer's weights on this rank), the
+//! embedding, final norm and LM head, the RoPE tables, and on a CUDA rank what its kernels
+//! need beside the weights. Loaded by `load`, run by `forward` through its CPU or CUDA
+//! half.
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+use super::gpu_parts::GpuParts;
+use crate::error::Result;
+use crate::loader::source::Embedding;
+use crate::model::head_norms::HeadNorms;
+use crate::model::kv_cache::CacheShape;
+use crate::model::linear::{ColumnParallel, Linear};
+use crate::model::moe::MoeShard;
+use crate::model::paged_attention::QueryGroup;
+use crate::model::rope::RopeTable;
+use crate::spec::model::ModelConfig;
+use crate::tp::RankShard;
+
+#[derive(Debug)]
+pub(super) struct Block {
+    /// The attention half's input norm (`None`: OLMo 2 normalizes outputs only).
+    pub(super) attn_norm: Option<Tensor>,
+    pub(super) qkv: ColumnParallel,
+    /// RMSNorm weights of queries and keys, where the model has them: per head
+    /// (`head_dim` each, the same on every rank), or across all heads (OLMo 2: this
+    /// rank's slice of them).
+    pub(super) qk_norm: Option<HeadNorms>,
+    /// Gemma's norms of the attention and MLP outputs.
+    pub(super) post_attn_norm: Option<Tensor>,
+    pub(super) post_ffn_norm: Option<Tensor>,
+    /// A sliding-window layer (attends to the model's window, rotates with its own base).
+    pub(super) sliding: bool,
+    /// Queries and keys are rotated (false in SmolLM3's layers without RoPE).
+    pub(super) rotates: bool,
+    /// gpt-oss's sink logit of each of this rank's query heads.
+    pub(super) sinks: Option<Vec<f32>>,
+    /// Row-parallel; a bias (gpt-oss) is added by the first rank only, so the all-reduce
+    /// counts it once.
+    pub(super) o_proj: Linear,
+    /// The MLP half's input norm (`None` for OLMo 2).
+    pub(super) ffn_norm: Option<Tensor>,
+    pub(super) mlp: Mlp,
+}
+
+/// The MLP half of a layer.
+#[derive(Debug)]
+pub(super) enum Mlp {
+    Dense {
+        gate_up: ColumnParallel,
+        down: Linear,
+    },
+    Experts(MoeShard),
+}
+
+/// One rank's part of the model. Owned by that rank's worker thread.
+#[derive(Debug)]
+pub struct DecoderShard {
+    pub(super) config: ModelConfig,
+    pub(super) shard: RankShard,
+    pub(super) embedding: Embedding,
+    pub(super) blocks: Vec<Block>,
+    pub(super) norm: Tensor,
+    pub(super) lm_head: Linear,
+    pub(super) rope: Arc<RopeTable>,
+    /// RoPE of the sliding-window layers, where they have their own base.
+    pub(super) rope_sliding: Option<Arc<RopeTable>>,
+    pub(super) query_groups: Vec<QueryGroup>,
+    pub(super) device: Device,
+    /// The RoPE tables and launch facts of a CUDA rank.
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+    pub(super) gpu: Option<GpuParts>,
+}
+
+impl DecoderShard {
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Whether this shard runs the CUDA ranks' forward pass (its KV cache, our kernels).
+    pub fn runs_gpu_path(&self) -> bool {
+        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+        return self.gpu.is_some();
+        #[cfg(not(any(feature = "cuda", feature = "gpu-emulation")))]
+        false
+    }
+
+    /// Test builds: this host shard takes the CUDA ranks' forward pass, our CUDA kernels
+    /// emulated (its weights stay as loaded for the host; each matmul reads its input in
+    /// their type).
+    #[cfg(feature = "gpu-emulation")]
+    pub(crate) fn take_gpu_path(&mut self) -> Result<()> {
+        let kv_of_q = self.shard.local_kv_of_q(self.config.group_size());
+        self.gpu = Some(GpuParts::new(
+            &self.device,
+            &self.config,
+            (&self.rope, self.rope_sliding.as_deref()),
+            &kv_of_q,
+            self.blocks.iter().map(|b| b.sinks.as_deref()),
+        )?);
+        for block in &mut self.blocks {
+            if let Some(norms) = &mut block.qk_norm {
+                norms.on_device = Some(norms.tensors(&self.device)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The KV cache this shard's layers read and write.
+    pub fn cache_shape(&self) -> CacheShape {
+        CacheShape {
+            layers: self.num_layers(),
+            kv_heads: self.num_local_kv_heads(),
+            head_dim: self.head_dim(),
+            gpu_path: self.runs_gpu_path(),
+            device: self.device.clone(),
+        }
+    }
+
+    pub fn num_local_kv_heads(&self) -> usize {
+        self.shard.kv_heads.len()
+    }
+
+    /// Decoder layers this shard runs.
+    pub fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.config.head_dim
+    }
+
+    /// A layer half's output as it joins the residual stream: times Granite's residual
+    /// multiplier, where the model has one.
+    pub(crate) fn to_residual(&self, out: Tensor) -> Result<Tensor> {
+        Ok(match self.config.residual_multiplier {
+            Some(m) if m != 1.0 => (out * f64::from(m))?,
+            _ => out,
+        })
+    }
+}
+
+/// The LM head's logits as the model ends: divided by Granite's logits scaling, and
+/// capped to Gemma 2's `cap · tanh(logit / cap)`, on this rank's slice of the vocabulary
+/// (element by element, so before the gather as after it).
+pub(crate) fn final_logits(mut logits: Tensor, config: &ModelConfig) -> Result<Tensor> {
+    if let Some(s) = config.logits_scaling.filter(|s| *s != 1.0) {
+        logits = (logits / f64::from(s))?;
+    }
+    Ok(match config.final_logit_softcapping {
+        Some(cap) => ((logits / f64::from(cap))?.tanh()? * f64::from(cap))?,
+        None => logits,
+    })
+}
