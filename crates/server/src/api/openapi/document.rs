@@ -165,7 +165,12 @@ fn schemas() -> Value {
         "properties": {
             "prompt_tokens": { "type": "integer" },
             "completion_tokens": { "type": "integer" },
-            "total_tokens": { "type": "integer" }
+            "total_tokens": { "type": "integer" },
+            "prompt_tokens_details": {
+                "type": "object",
+                "required": ["cached_tokens"],
+                "properties": { "cached_tokens": { "type": "integer" } }
+            }
         }
     });
     let top_logprob = json!({
