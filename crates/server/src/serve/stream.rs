@@ -143,7 +143,8 @@ impl<F: ChunkFormat> StreamState<F> {
         e.log();
         self.merged = SelectAll::new();
         self.queued.push_back(framed::<F>(F::error_data(&e)));
-        self.queued.extend(terminator.map(frame));
+        self.queued
+            .extend(terminator.map(|t| framed::<F>(t.to_string())));
         self.done = true;
     }
 }
@@ -229,7 +230,8 @@ pub fn sse_response<F: ChunkFormat>(
                         let data = s.format.usage(usage);
                         s.queued.push_back(framed::<F>(data));
                     }
-                    s.queued.extend(terminator.map(frame));
+                    s.queued
+                        .extend(terminator.map(|t| framed::<F>(t.to_string())));
                     s.done = true;
                 }
             }
@@ -241,7 +243,7 @@ pub fn sse_response<F: ChunkFormat>(
         deadline: scope.as_ref().and_then(|s| s.deadline),
         timeout: limits.request_timeout.unwrap_or_default(),
         stall: limits.stream_stall_timeout,
-        terminator,
+        terminator: terminator.map(|t| framed::<F>(t.to_string())),
         error_event: |e| framed::<F>(F::error_data(e)),
     };
     // Log lines written while streaming carry the request's span (its request id).
@@ -260,7 +262,7 @@ struct StreamEnds {
     /// How long the channel may stay full.
     stall: Duration,
     /// The format's last event, if it has one.
-    terminator: Option<&'static str>,
+    terminator: Option<Event>,
     /// The event that ends the stream with an error, in the format's shape.
     error_event: fn(&ServerError) -> Event,
 }
@@ -298,7 +300,7 @@ async fn pump(
                 // A full buffer means a client that does not read: it gets nothing more.
                 let _ = sender.try_send((ends.error_event)(&e));
                 if let Some(last) = ends.terminator {
-                    let _ = sender.try_send(Event::default().data(last));
+                    let _ = sender.try_send(last);
                 }
                 return;
             }
