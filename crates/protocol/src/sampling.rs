@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::pooling::Pooling;
 use crate::prepared::PreparedConstraint;
 
 /// Parameters of the sampler for one sequence. Every field is honoured by the engine's
@@ -62,6 +63,10 @@ pub struct SamplingParams {
     /// last token of each is masked whenever the output ends with the ones before it.
     #[serde(default)]
     pub bad_words: Vec<Vec<u32>>,
+    /// An embedding sequence: after its prompt, its pooled final hidden states come back
+    /// ([`crate::SampledToken::embedding`]) and nothing is sampled or generated.
+    #[serde(default)]
+    pub pooling: Option<Pooling>,
 }
 
 /// How a reply's thinking block is opened and closed, in tokens.
@@ -128,6 +133,7 @@ impl Default for SamplingParams {
             thinking_budget: None,
             allowed_token_ids: Vec::new(),
             bad_words: Vec::new(),
+            pooling: None,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod config_layers;
 pub mod generate_cmd;
 pub mod model_args;
 pub mod node_args;
+pub mod runner;
 pub mod serve;
 pub mod template_sandbox;
 #[cfg(test)]

@@ -13,6 +13,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod error;
 pub mod error_body;
 pub mod messages;

@@ -526,7 +526,11 @@ pub(crate) fn too_long(e: TokenizerError, param: &str, max_model_len: usize) -> 
 
 /// Every token id must have a row in the model's embedding (and in the tokenizer, to
 /// be decoded): the smaller of the two bounds them.
-fn check_token_ids(ids: &[u32], param: &str, ctx: &ValidationContext) -> Result<(), ServerError> {
+pub(crate) fn check_token_ids(
+    ids: &[u32],
+    param: &str,
+    ctx: &ValidationContext,
+) -> Result<(), ServerError> {
     check_in_vocab(param, ids, ctx.vocab_rows.min(ctx.tokenizer.vocab_size()))
 }
 

@@ -132,6 +132,7 @@ pub struct Submitted {
 impl Submitted {
     /// Submits every choice of `req`; the response id is `{id_prefix}-{random}`.
     pub fn new(app: &AppState, req: &ValidRequest, id_prefix: &str) -> Result<Self, ServerError> {
+        app.require_generate()?;
         Ok(Self {
             runs: submit_all(app, req)?,
             prompt_tokens: req.prompts().iter().map(|p| p.ids.len()).sum(),
@@ -305,6 +306,10 @@ impl ChoiceRun {
             }
             Some(TokenEvent::Error(message)) => Err(ServerError::EngineFailed(message)),
             Some(TokenEvent::Failed(message)) => Err(ServerError::GenerationFailed(message)),
+            // A generation is never an embedding sequence.
+            Some(TokenEvent::Embedding(_)) => Err(ServerError::Internal(
+                "an embedding came back for a generation".into(),
+            )),
             // Only a constraint makes the engine refuse a request's sequence.
             Some(TokenEvent::Refused(message)) => {
                 Err(ServerError::invalid(self.constraint_param, message))

@@ -7,7 +7,9 @@ use axum::extract::FromRef;
 
 use tessera_scheduler::SchedulerHandle;
 
+use crate::api::error::ServerError;
 use crate::api::valid_request::ValidationContext;
+use crate::runner::{PoolingSetup, Runner};
 use crate::serve::lifecycle::Lifecycle;
 use crate::serve::limits::ServerLimits;
 use crate::serve::metrics::ServerMetrics;
@@ -29,11 +31,38 @@ pub struct AppState {
     pub metrics: Arc<ServerMetrics>,
     /// Per-rank step and collective times of the real engine (none with a fake one).
     pub engine_stats: Option<tessera_engine::EngineStats>,
+    /// Whether the model generates or embeds (`--runner`).
+    pub runner: Arc<Runner>,
 }
 
 impl AppState {
     pub fn model_name(&self) -> &str {
         &self.validation.served_model_name
+    }
+
+    /// Refuses a generating route on an embedding server.
+    pub fn require_generate(&self) -> Result<(), ServerError> {
+        match self.runner.pooling() {
+            None => Ok(()),
+            Some(_) => Err(ServerError::InvalidRequest {
+                message: "this server runs an embedding model (--runner pooling): it serves \
+                          /v1/embeddings, not generation"
+                    .into(),
+                param: None,
+            }),
+        }
+    }
+
+    /// How embeddings are pooled, or a refusal on a generating server.
+    pub fn require_pooling(&self) -> Result<&PoolingSetup, ServerError> {
+        self.runner
+            .pooling()
+            .ok_or_else(|| ServerError::InvalidRequest {
+                message: "this server runs a generating model: start it with --runner pooling \
+                      and an embedding model to serve /v1/embeddings"
+                    .into(),
+                param: None,
+            })
     }
 }
 

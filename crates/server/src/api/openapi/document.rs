@@ -4,9 +4,9 @@
 
 use serde_json::{json, Value};
 
-use crate::api::openapi::messages;
 use crate::api::openapi::schema::with_properties;
 use crate::api::openapi::vllm::vllm_properties;
+use crate::api::openapi::{embeddings, messages};
 
 fn reference(name: &str) -> Value {
     json!({ "$ref": format!("#/components/schemas/{name}") })
@@ -479,6 +479,7 @@ pub fn document_for(served_model: &str) -> Value {
         "DetokenizeRequest",
         "MessagesRequest",
         "CountTokensRequest",
+        "EmbeddingRequest",
     ] {
         let model = &mut doc["components"]["schemas"][schema]["properties"]["model"];
         if let Some(m) = model.as_object_mut() {
@@ -508,8 +509,11 @@ pub fn document() -> Value {
         },
         "components": {
             "schemas": with_properties(
-                with_properties(schemas(), responses_schemas()),
-                messages::schemas()
+                with_properties(
+                    with_properties(schemas(), responses_schemas()),
+                    messages::schemas()
+                ),
+                embeddings::schemas()
             ),
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
         },
@@ -590,8 +594,10 @@ pub fn document() -> Value {
         }
     });
     if let Some(paths) = doc["paths"].as_object_mut() {
-        if let Value::Object(more) = messages::paths() {
-            paths.extend(more);
+        for more in [messages::paths(), embeddings::paths()] {
+            if let Value::Object(more) = more {
+                paths.extend(more);
+            }
         }
     }
     doc

@@ -5,6 +5,7 @@
 pub mod chat;
 pub mod chat_tools;
 pub mod completions;
+pub mod embeddings;
 pub mod info;
 pub mod messages;
 pub mod metrics;
@@ -58,6 +59,7 @@ fn handler(path: &str) -> Option<MethodRouter<AppState>> {
         "/v1/completions" => post(completions::completions),
         "/v1/responses" => post(responses::create_response),
         "/v1/messages" => post(messages::create_message),
+        "/v1/embeddings" => post(embeddings::create_embeddings),
         "/v1/messages/count_tokens" => post(messages::count_tokens),
         "/v1/models" => get(info::list_models),
         "/v1/models/{id}" => get(info::get_model),

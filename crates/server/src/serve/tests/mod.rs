@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod embeddings_tests;
 mod fake_engine_tests;
 mod harness;
 mod infill_tests;
