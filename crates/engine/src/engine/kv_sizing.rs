@@ -26,6 +26,7 @@ pub(crate) fn profile_plan(tokens: usize, seqs: usize, block_size: usize) -> (St
             start_pos: 0,
             block_table: (next_block..next_block + blocks.max(1)).collect(),
             sample: true,
+            num_draft: 0,
         });
         next_block += blocks.max(1);
     }

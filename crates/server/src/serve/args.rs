@@ -78,6 +78,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub embedding_normalize: bool,
 
+    /// Speculative decoding, as vLLM's JSON: {"method": "ngram", "num_speculative_tokens":
+    /// K, "prompt_lookup_min": A, "prompt_lookup_max": B, "disable_by_batch_size": N}
+    /// guesses up to K tokens after each decoding sequence from the latest earlier
+    /// occurrence of its last B..A tokens, in steps of at most N decoding sequences
+    /// (default 8); output is unchanged, token for token. Off by default.
+    #[arg(long)]
+    pub speculative_config: Option<String>,
+
     /// Origins allowed by CORS, comma-separated, or `*`. CORS is off by default.
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
