@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::device::device_spec::DeviceSpec;
+use crate::device::dtype::KvCacheDtypeChoice;
 use crate::device::layer_map::LayerMap;
 use crate::tp::AllReduceDtype;
 
@@ -26,6 +27,9 @@ pub struct EngineConfig {
     /// KV cache budget per rank; the number of blocks follows from it. CUDA ranks size
     /// their cache from `gpu_memory_utilization` instead when that is set.
     pub kv_cache_bytes: usize,
+    /// What the KV cache stores (`--kv-cache-dtype`). `None`: the type each rank computes
+    /// in (f32 on CPU ranks, bf16 on GPUs), what the engine's reference tests run.
+    pub kv_cache_dtype: Option<KvCacheDtypeChoice>,
     /// Fraction of each GPU's memory the engine may use: the KV cache gets what the
     /// weights and a profile step at the largest batch leave under it.
     pub gpu_memory_utilization: Option<f64>,
@@ -64,6 +68,7 @@ impl EngineConfig {
             allreduce_dtype: AllReduceDtype::F32,
             block_size_tokens: 16,
             kv_cache_bytes: 256 << 20,
+            kv_cache_dtype: None,
             gpu_memory_utilization: None,
             max_batch_tokens: 2048,
             max_num_seqs: 64,

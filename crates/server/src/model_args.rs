@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tessera_engine::device::dtype::KvCacheDtypeChoice;
 use tessera_engine::tp::AllReduceDtype;
 use tessera_engine::{load_tokenizer, DeviceSpec, EngineConfig, Tokenizer};
 use tessera_tokenizer::sandbox::SandboxLauncher;
@@ -65,6 +66,13 @@ pub struct ModelArgs {
     /// --gpu-memory-utilization leaves).
     #[arg(long)]
     pub kv_cache_memory_mib: Option<usize>,
+
+    /// What the KV cache stores: auto (bf16 on GPUs; on CPU ranks int8, the cheapest type
+    /// that keeps the fidelity bounds of docs/fidelity.md), bf16, fp16, fp8 (fp8_e4m3: a
+    /// scale per layer and KV head, set by a warm-up step at load), int8 (a scale per
+    /// block and KV head), or f32 (CPU ranks only). A type a device cannot hold is refused.
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: KvCacheDtypeChoice,
 
     /// Fraction of each GPU's memory Tessera may use: the KV cache gets what the weights
     /// and a profile step at the largest batch leave under it. Not used when
@@ -168,6 +176,7 @@ impl ModelArgs {
         cfg.device_layers = self.device_layers.as_deref().map(str::parse).transpose()?;
         cfg.allreduce_dtype = self.allreduce_dtype;
         cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(256) << 20;
+        cfg.kv_cache_dtype = Some(self.kv_cache_dtype);
         if !(self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0) {
             bail!(
                 "--gpu-memory-utilization must be above 0 and at most 1, not {}",

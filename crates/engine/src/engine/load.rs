@@ -10,6 +10,7 @@ use tessera_protocol::KvCacheShape;
 use super::{kv_sizing, nodes, placement, Engine};
 use crate::config::EngineConfig;
 use crate::device::device_spec::DeviceSpec;
+use crate::device::dtype::{kv_cache_dtype, KvCacheDtype};
 use crate::error::{EngineError, Result};
 use crate::loader;
 use crate::model::RankCache;
@@ -50,23 +51,34 @@ impl Engine {
         tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
         let world = placement.members.len();
 
-        // Every member holds the same blocks; the one with the most KV per token sizes them.
-        let per_token = placement
+        // Each member's cache type, and its bytes for one block.
+        let member_blocks = placement
             .members
             .iter()
             .map(|m| {
-                RankCache::bytes_per_token(
-                    m.shard.runs_gpu_path(),
+                let gpu_path = m.shard.runs_gpu_path();
+                let dtype = kv_cache_dtype(cfg.kv_cache_dtype, gpu_path)?;
+                let kv_heads = placement
+                    .kv_heads_max
+                    .unwrap_or_else(|| m.shard.num_local_kv_heads());
+                let bytes = RankCache::block_bytes_of(
+                    dtype,
                     m.layers.len(),
-                    placement
-                        .kv_heads_max
-                        .unwrap_or_else(|| m.shard.num_local_kv_heads()),
+                    kv_heads,
                     config.head_dim,
-                )
+                    cfg.block_size_tokens,
+                );
+                Ok((dtype, bytes))
             })
-            .max()
-            .unwrap_or(1);
-        let block_bytes = per_token * cfg.block_size_tokens;
+            .collect::<Result<Vec<_>>>()?;
+        // Every member holds the same blocks; the one with the most KV per block sizes them.
+        let block_bytes = member_blocks.iter().map(|(_, b)| *b).max().unwrap_or(1);
+        let dtypes: std::collections::BTreeSet<&str> =
+            member_blocks.iter().map(|(d, _)| d.name()).collect();
+        tracing::info!(
+            "KV cache stores {}",
+            dtypes.into_iter().collect::<Vec<_>>().join(" and ")
+        );
         let any_gpu = placement
             .members
             .iter()
@@ -135,9 +147,18 @@ impl Engine {
         let stats = EngineStats::new(world);
         let mut workers = Vec::with_capacity(world);
         let mut memory = Vec::with_capacity(world);
-        for (i, m) in placement.members.into_iter().enumerate() {
+        for (i, (m, (dtype, _))) in placement
+            .members
+            .into_iter()
+            .zip(&member_blocks)
+            .enumerate()
+        {
             let rank = placement.first_rank + i;
-            let cache = RankCache::new(&m.shard.cache_shape(), num_blocks, cfg.block_size_tokens)?;
+            let cache = RankCache::new(
+                &m.shard.cache_shape(*dtype),
+                num_blocks,
+                cfg.block_size_tokens,
+            )?;
             memory.push(kv_sizing::RankMemory {
                 device: m.device,
                 handle: m.shard.device().clone(),
@@ -182,6 +203,15 @@ impl Engine {
         }
         #[cfg(not(feature = "cuda"))]
         let _ = (gpu_sizing, memory);
+        // The leader drives every node's ranks through the step; a worker node's ranks
+        // take it from the leader.
+        if engine.leader.is_none()
+            && member_blocks
+                .iter()
+                .any(|(d, _)| *d == KvCacheDtype::Fp8E4m3)
+        {
+            engine.calibrate_kv_scales()?;
+        }
         tracing::info!(
             "engine ready: {world} rank(s), {threads} thread(s) each, loaded in {:.2}s",
             started.elapsed().as_secs_f64()

@@ -21,6 +21,7 @@ use crate::structured::start_constraint;
 use crate::tp::ShardPlan;
 use crate::worker::{self, Fault, Job, Reduced, WorkerHandle};
 
+mod kv_calibration;
 mod kv_sizing;
 mod load;
 mod nodes;
