@@ -95,11 +95,24 @@ impl Engine {
                 cfg.kv_cache_bytes >> 20
             );
         }
+        if spans_nodes && cfg.cpu_kv_sizing.is_some() && !any_gpu {
+            tracing::warn!(
+                "a group of nodes sizes its KV cache from the KV cache budget ({} MiB per \
+                 rank), the same on every node; --cpu-kv-cache-utilization is not used",
+                cfg.kv_cache_bytes >> 20
+            );
+        }
         let gpu_sizing = cfg
             .gpu_memory_utilization
             .filter(|_| any_gpu && !spans_nodes);
-        let num_blocks = match gpu_sizing {
-            Some(_) => {
+        // CPU ranks: a share of the memory the weights left, or the fixed budget.
+        let cpu_blocks = match cfg.cpu_kv_sizing.filter(|_| !spans_nodes) {
+            Some(sizing) => host_kv_blocks(&placement, &member_blocks, &config, cfg, &sizing)?,
+            None => None,
+        };
+        let fixed_blocks = cfg.kv_cache_bytes / block_bytes.max(1);
+        let num_blocks = match (gpu_sizing, cpu_blocks) {
+            (Some(_), _) => {
                 kv_sizing::profile_plan(
                     cfg.max_batch_tokens,
                     cfg.max_num_seqs,
@@ -107,7 +120,9 @@ impl Engine {
                 )
                 .1
             }
-            None => cfg.kv_cache_bytes / block_bytes.max(1),
+            (None, Some(blocks)) if !any_gpu => blocks,
+            (None, Some(blocks)) => blocks.min(fixed_blocks),
+            (None, None) => fixed_blocks,
         };
         if num_blocks == 0 {
             return Err(EngineError::Config(format!(
@@ -196,13 +211,13 @@ impl Engine {
             engine.size_kv_to_gpus(
                 &memory,
                 utilization,
-                cfg.kv_cache_bytes,
+                cpu_blocks.unwrap_or(fixed_blocks),
                 cfg.max_batch_tokens,
                 cfg.max_num_seqs,
             )?;
         }
         #[cfg(not(feature = "cuda"))]
-        let _ = (gpu_sizing, memory);
+        let _ = (gpu_sizing, memory, fixed_blocks);
         // The leader drives every node's ranks through the step; a worker node's ranks
         // take it from the leader.
         if engine.leader.is_none()
@@ -218,4 +233,50 @@ impl Engine {
         );
         Ok(engine)
     }
+}
+
+/// Blocks the KV cache of this process's CPU ranks holds when it takes its share of the
+/// memory the weights left (`cfg.cpu_kv_sizing`); `None` when no rank is on a CPU. Every
+/// rank holds every block, so the blocks are the budget over the bytes one block takes
+/// on all CPU ranks together. Logged, with what was available and what stays free.
+fn host_kv_blocks(
+    placement: &placement::Placement,
+    member_blocks: &[(KvCacheDtype, usize)],
+    config: &crate::spec::model::ModelConfig,
+    cfg: &EngineConfig,
+    sizing: &crate::device::host_memory::CpuKvSizing,
+) -> Result<Option<usize>> {
+    use crate::device::host_memory::{cpu_kv_budget, HostMemory};
+    let block_bytes: usize = placement
+        .members
+        .iter()
+        .zip(member_blocks)
+        .filter(|(m, _)| matches!(m.device, DeviceSpec::Cpu(_)))
+        .map(|(_, (_, bytes))| bytes)
+        .sum();
+    if block_bytes == 0 {
+        return Ok(None);
+    }
+    // Every sequence the scheduler may run, each at the longest context, and a block of
+    // slack each: more could never be used.
+    let needed_blocks = cfg.max_num_seqs.max(1)
+        * (config
+            .max_position_embeddings
+            .div_ceil(cfg.block_size_tokens.max(1))
+            + 1);
+    let memory = HostMemory::read()?;
+    let budget = cpu_kv_budget(&memory, sizing, needed_blocks.saturating_mul(block_bytes))?;
+    let blocks = budget / block_bytes;
+    tracing::info!(
+        "KV cache on CPU ranks: {} MiB in all ({} of the {} MiB available after the weights, \
+         {} MiB kept free for the OS and chat-template sandboxes, at most what {} sequences \
+         of {} tokens use): {blocks} blocks",
+        (blocks * block_bytes) >> 20,
+        sizing.utilization,
+        memory.available_bytes >> 20,
+        sizing.reserve_bytes >> 20,
+        cfg.max_num_seqs,
+        config.max_position_embeddings
+    );
+    Ok(Some(blocks))
 }
