@@ -75,10 +75,7 @@ impl Engine {
         let block_bytes = member_blocks.iter().map(|(_, b)| *b).max().unwrap_or(1);
         let dtypes: std::collections::BTreeSet<&str> =
             member_blocks.iter().map(|(d, _)| d.name()).collect();
-        tracing::info!(
-            "KV cache stores {}",
-            dtypes.into_iter().collect::<Vec<_>>().join(" and ")
-        );
+        let dtypes = dtypes.into_iter().collect::<Vec<_>>().join(" and ");
         let any_gpu = placement
             .members
             .iter()
@@ -141,7 +138,8 @@ impl Engine {
             );
         }
         tracing::info!(
-            "KV cache{}: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per device)",
+            "KV cache{} of {dtypes}: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per \
+             device)",
             if gpu_sizing.is_some() {
                 " for the profile step"
             } else {
