@@ -14,7 +14,8 @@ pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape, RELEASED
 pub use histogram::{DurationHistogram, HistogramSnapshot};
 pub use prepared::PreparedConstraint;
 pub use sampling::{
-    FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition, ThinkingTags,
+    FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition,
+    ThinkingBudget, ThinkingTags,
 };
 pub use step::{
     FailedSequence, NewSequence, SampledToken, ScheduledChunk, SeqId, StepOutput, StepPlan,

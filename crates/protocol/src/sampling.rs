@@ -51,6 +51,10 @@ pub struct SamplingParams {
     /// grammar starts after it.
     #[serde(default)]
     pub thinking: Option<ThinkingTags>,
+    /// A cap on a reply's thinking: once that many tokens were generated inside its
+    /// thinking block, the block's closing tokens are forced.
+    #[serde(default)]
+    pub thinking_budget: Option<ThinkingBudget>,
     /// When not empty, the only tokens that may be sampled (vLLM's `allowed_token_ids`).
     #[serde(default)]
     pub allowed_token_ids: Vec<u32>,
@@ -68,6 +72,20 @@ pub struct ThinkingTags {
     pub open: Option<u32>,
     /// The text that closes the block (`</think>`), however the reply's tokens spell it.
     pub close: String,
+    /// The prompt opened the block: the reply starts inside it.
+    pub starts_open: bool,
+}
+
+/// How many tokens a reply may think for, and the tokens that open and close its
+/// thinking block in this vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThinkingBudget {
+    /// Tokens the block may hold before it is closed (0: closed at once).
+    pub tokens: usize,
+    /// The tokens of the opening tag (`<think>`).
+    pub open: Vec<u32>,
+    /// The tokens of the closing tag (`</think>`), forced once the budget is spent.
+    pub close: Vec<u32>,
     /// The prompt opened the block: the reply starts inside it.
     pub starts_open: bool,
 }
@@ -107,6 +125,7 @@ impl Default for SamplingParams {
             min_tokens: 0,
             min_tokens_blocked: Vec::new(),
             thinking: None,
+            thinking_budget: None,
             allowed_token_ids: Vec::new(),
             bad_words: Vec::new(),
         }

@@ -421,6 +421,7 @@ impl Scheduler {
             }
             if !seq.announced {
                 seq.announced = true;
+                seq.report_cached_prompt_tokens(cached.min(seq.prompt_len));
                 self.queue_times.push(seq.submitted.elapsed());
                 self.counters.prompt_tokens += seq.prompt_len as u64;
                 plan.new_sequences.push(NewSequence {

@@ -15,6 +15,7 @@ pub mod chat;
 pub mod completions;
 pub mod error;
 pub mod error_body;
+pub mod messages;
 pub mod models;
 pub mod openapi;
 pub mod params;

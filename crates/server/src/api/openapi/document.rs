@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use crate::api::openapi::messages;
 use crate::api::openapi::schema::with_properties;
 use crate::api::openapi::vllm::vllm_properties;
 
@@ -165,7 +166,12 @@ fn schemas() -> Value {
         "properties": {
             "prompt_tokens": { "type": "integer" },
             "completion_tokens": { "type": "integer" },
-            "total_tokens": { "type": "integer" }
+            "total_tokens": { "type": "integer" },
+            "prompt_tokens_details": {
+                "type": "object",
+                "required": ["cached_tokens"],
+                "properties": { "cached_tokens": { "type": "integer" } }
+            }
         }
     });
     let top_logprob = json!({
@@ -471,6 +477,8 @@ pub fn document_for(served_model: &str) -> Value {
         "CompletionRequest",
         "TokenizeRequest",
         "DetokenizeRequest",
+        "MessagesRequest",
+        "CountTokensRequest",
     ] {
         let model = &mut doc["components"]["schemas"][schema]["properties"]["model"];
         if let Some(m) = model.as_object_mut() {
@@ -491,7 +499,7 @@ pub fn document() -> Value {
             }
         })
     };
-    json!({
+    let mut doc = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Tessera",
@@ -499,7 +507,10 @@ pub fn document() -> Value {
             "description": "OpenAI-compatible LLM inference server"
         },
         "components": {
-            "schemas": with_properties(schemas(), responses_schemas()),
+            "schemas": with_properties(
+                with_properties(schemas(), responses_schemas()),
+                messages::schemas()
+            ),
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
         },
         "security": [ { "bearer": [] } ],
@@ -577,5 +588,11 @@ pub fn document() -> Value {
                 "responses": probe_responses("Started")
             } }
         }
-    })
+    });
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        if let Value::Object(more) = messages::paths() {
+            paths.extend(more);
+        }
+    }
+    doc
 }

@@ -1,6 +1,7 @@
 //! The OpenAPI 3.1 document of every route, with vLLM's request extensions.
 
 mod document;
+mod messages;
 mod schema;
 mod vllm;
 

@@ -9,6 +9,7 @@ mod harness;
 mod infill_tests;
 mod limits_tests;
 mod mask_metrics_tests;
+mod messages_tests;
 mod model_tests;
 mod openapi_tests;
 mod ops_tests;
