@@ -26,6 +26,7 @@ use embedding::PoolState;
 use verify::{sample_rows, Row};
 
 mod embedding;
+mod kv_calibration;
 mod kv_sizing;
 mod load;
 mod nodes;
