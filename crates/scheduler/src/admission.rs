@@ -87,6 +87,11 @@ impl Admission {
         let _ = self.wake.set(wake);
     }
 
+    /// Most requests that may wait to start (`max_waiting`).
+    pub fn max_waiting(&self) -> usize {
+        self.max_waiting
+    }
+
     /// Requests admitted and not yet running.
     pub fn num_waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)

@@ -144,6 +144,11 @@ impl SchedulerHandle {
         self.inner.metrics.snapshot()
     }
 
+    /// Most requests that may wait to start; more are refused with `QueueFull`.
+    pub fn max_waiting(&self) -> usize {
+        self.inner.admission.max_waiting()
+    }
+
     /// Requests admitted that have not started running yet (live, not per step).
     pub fn num_queued(&self) -> usize {
         self.inner.admission.num_waiting()

@@ -1,7 +1,8 @@
 //! `/v1/embeddings` on the real binary serving the default model as an embedding model
 //! (`--runner pooling`, last-token pooling): unit vectors of the model's width, the same
 //! vector for an input alone, in a batch and as token ids, base64 holding the same
-//! floats, usage counting the prompt tokens, and the refusals (`dimensions` on a model
+//! floats, usage counting the prompt tokens, a request of more inputs than the queue
+//! holds, and the refusals (`dimensions` on a model
 //! not trained for it, generation on an embedding server, another model's name).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -45,7 +46,8 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedding_server_embeds_each_input_as_it_would_alone() {
-    let started = common::start_serve(&[], &["--runner", "pooling"], &[]);
+    // A queue of 8: a request of more inputs than that still runs whole.
+    let started = common::start_serve(&[], &["--runner", "pooling", "--max-waiting", "8"], &[]);
     let base = started.base.clone();
     let client = reqwest::Client::new();
     common::wait_ready(&client, &base, Duration::from_secs(120)).await;
@@ -115,6 +117,12 @@ async fn an_embedding_server_embeds_each_input_as_it_would_alone() {
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     assert!(cosine(&decoded, &alone) >= 0.9999);
+
+    // More inputs than the queue holds: a window of them waits at a time.
+    let forty: Vec<String> = (0..40).map(|i| format!("Sentence number {i}.")).collect();
+    let (status, many) = post(json!({"model": "smollm2", "input": forty})).await;
+    assert_eq!(status, 200, "{many}");
+    assert_eq!(vectors(&many).len(), 40);
 
     // Refusals.
     let (status, err) = post(json!({"model": "smollm2", "input": "x", "dimensions": 64})).await;

@@ -38,6 +38,7 @@ pub mod middleware;
 pub mod routes;
 pub mod state;
 pub mod stream;
+pub mod windowed;
 mod worker_node;
 
 #[cfg(test)]

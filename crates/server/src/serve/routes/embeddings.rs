@@ -1,6 +1,7 @@
 //! `POST /v1/embeddings`, on a server started with `--runner pooling`: each input is a
 //! prefill-only sequence in the same scheduler as generation (batched with the others,
-//! its KV freed when its embedding is made), pooled as the model's setup says.
+//! its KV freed when its embedding is made), pooled as the model's setup says; a window
+//! of a request's inputs is submitted at once ([`crate::serve::windowed`]).
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use crate::runner::PoolingSetup;
 use crate::serve::generation::{log_end_user, log_ignored_fields};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
+use crate::serve::windowed::{run_windowed, window};
 
 pub async fn create_embeddings(
     State(app): State<AppState>,
@@ -38,20 +40,22 @@ pub async fn create_embeddings(
     };
     let prompts = tokenize(&app, req.inputs).await?;
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
-    // Every input is submitted before any is awaited, so they share steps; dropping the
+    // A window of inputs is in the scheduler at once, so they share steps; dropping the
     // receivers (a client that left) cancels the rest.
-    let receivers = prompts
+    let vectors = run_windowed(
+        prompts,
+        window(&app),
+        |prompt_ids| submit(&app, &setup, prompt_ids),
+        embedding,
+    )
+    .await?;
+    let vectors: Vec<Vec<f32>> = vectors
         .into_iter()
-        .map(|prompt_ids| submit(&app, &setup, prompt_ids))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut vectors = Vec::with_capacity(receivers.len());
-    for receiver in receivers {
-        let v = embedding(receiver).await?;
-        vectors.push(match width {
+        .map(|v| match width {
             Some(w) => truncate(v, w, setup.pooling.normalize),
             None => v,
-        });
-    }
+        })
+        .collect();
     Ok(Json(embeddings_reply(
         app.model_name(),
         &vectors,

@@ -1,8 +1,9 @@
 //! `POST /v1/rerank` and `POST /rerank`, on a generating server whose model is a
 //! Qwen3-Reranker-style reranker: each document is a one-token generation after the
 //! reranker's prompt, limited to `yes` and `no`, and its score is `yes`'s probability
-//! between the two. Every document is submitted before any is awaited, so they share
-//! steps (and the prompt's common prefix in the prefix cache).
+//! between the two. A window of documents is in the scheduler at once
+//! ([`crate::serve::windowed`]), so they share steps (and the prompt's common prefix in
+//! the prefix cache).
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use crate::api::valid_request::{blocking, too_long};
 use crate::serve::generation::log_ignored_fields;
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::{random_id, AppState};
+use crate::serve::windowed::{run_windowed, window};
 
 pub async fn rerank(
     State(app): State<AppState>,
@@ -43,14 +45,13 @@ pub async fn rerank(
     };
     let prompts = tokenize(&app, &req.query, &req.instruction, &req.documents).await?;
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
-    let receivers = prompts
-        .into_iter()
-        .map(|prompt_ids| submit(&app, prompt_ids, yes, no))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut scores = Vec::with_capacity(receivers.len());
-    for receiver in receivers {
-        scores.push(score(receiver, yes).await?);
-    }
+    let scores = run_windowed(
+        prompts,
+        window(&app),
+        |prompt_ids| submit(&app, prompt_ids, yes, no),
+        |receiver| score(receiver, yes),
+    )
+    .await?;
     Ok(Json(rerank_reply(
         &format!("rerank-{}", random_id()),
         app.model_name(),

@@ -1,0 +1,45 @@
+//! Requests of many one-step sequences (embeddings of a list of inputs, rerank scores
+//! of many documents): a window of them is submitted at once, and each one that ends
+//! makes room for the next. One request of 2048 inputs then takes a few of the queue's
+//! places (`--max-waiting`) rather than more than it has, and leaves room for others;
+//! the engine runs at most `--max-num-seqs` at once anyway.
+
+use std::collections::VecDeque;
+use std::future::Future;
+
+use tessera_scheduler::TokenReceiver;
+
+use crate::api::error::ServerError;
+use crate::serve::state::AppState;
+
+/// Sequences of one request submitted at once: a quarter of the queue, at most 64.
+pub fn window(app: &AppState) -> usize {
+    (app.scheduler.max_waiting() / 4).clamp(1, 64)
+}
+
+/// Each prompt's result, in order: `submit` sends a prompt to the scheduler, `read`
+/// awaits what its receiver brings. The first error ends the request; dropping the
+/// receivers still in flight cancels them.
+pub async fn run_windowed<T, Fut>(
+    prompts: Vec<Vec<u32>>,
+    window: usize,
+    submit: impl Fn(Vec<u32>) -> Result<TokenReceiver, ServerError>,
+    read: impl Fn(TokenReceiver) -> Fut,
+) -> Result<Vec<T>, ServerError>
+where
+    Fut: Future<Output = Result<T, ServerError>>,
+{
+    let mut results = Vec::with_capacity(prompts.len());
+    let mut pending = prompts.into_iter();
+    let mut in_flight = VecDeque::with_capacity(window);
+    for prompt in pending.by_ref().take(window.max(1)) {
+        in_flight.push_back(submit(prompt)?);
+    }
+    while let Some(receiver) = in_flight.pop_front() {
+        results.push(read(receiver).await?);
+        if let Some(prompt) = pending.next() {
+            in_flight.push_back(submit(prompt)?);
+        }
+    }
+    Ok(results)
+}
