@@ -24,6 +24,8 @@ pub struct EngineConfig {
     /// Relative share of each rank; equal when `None`.
     pub tensor_split: Option<Vec<f64>>,
     pub allreduce_dtype: AllReduceDtype,
+    /// How ranks sharing one GPU are joined: the same-GPU communicator, or NCCL.
+    pub same_gpu_comm: crate::tp::SameGpuComm,
     pub block_size_tokens: usize,
     /// KV cache budget per rank; the number of blocks follows from it. CUDA ranks size
     /// their cache from `gpu_memory_utilization` instead when that is set, CPU ranks
@@ -71,6 +73,7 @@ impl EngineConfig {
             devices: vec![DeviceSpec::Cpu(0)],
             tensor_split: None,
             allreduce_dtype: AllReduceDtype::F32,
+            same_gpu_comm: crate::tp::SameGpuComm::Device,
             block_size_tokens: 16,
             kv_cache_bytes: 256 << 20,
             cpu_kv_sizing: None,

@@ -63,6 +63,12 @@ pub struct ModelArgs {
     #[arg(long, default_value = "f32")]
     pub allreduce_dtype: AllReduceDtype,
 
+    /// How ranks that share one GPU (--devices cuda:0,cuda:0) are joined: device (the
+    /// same-GPU communicator) or nccl (NCCL 2.30 or newer, with
+    /// NCCL_MULTI_RANK_GPU_ENABLE=1; refused at start-up otherwise, naming both).
+    #[arg(long, default_value = "device")]
+    pub same_gpu_comm: tessera_engine::tp::SameGpuComm,
+
     /// KV cache budget per rank, in MiB (default: on CPU ranks, what
     /// --cpu-kv-cache-utilization gives; on GPUs, what --gpu-memory-utilization leaves).
     #[arg(long)]
@@ -194,6 +200,7 @@ impl ModelArgs {
         cfg.tensor_split = self.tensor_split.clone();
         cfg.device_layers = self.device_layers.as_deref().map(str::parse).transpose()?;
         cfg.allreduce_dtype = self.allreduce_dtype;
+        cfg.same_gpu_comm = self.same_gpu_comm;
         cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(256) << 20;
         cfg.kv_cache_dtype = Some(self.kv_cache_dtype);
         if !(self.cpu_kv_cache_utilization > 0.0 && self.cpu_kv_cache_utilization <= 1.0) {

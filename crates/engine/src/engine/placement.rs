@@ -49,6 +49,7 @@ pub(crate) struct CommGroups {
     /// The devices of each group; members are the groups' ranks, in order.
     groups: Vec<Vec<DeviceSpec>>,
     dtype: AllReduceDtype,
+    same_gpu: crate::tp::SameGpuComm,
     timeout: Duration,
     /// Why the group cannot be made again, when it cannot (ranks in other processes).
     fixed: Option<&'static str>,
@@ -59,6 +60,7 @@ impl CommGroups {
         Self {
             groups,
             dtype: cfg.allreduce_dtype,
+            same_gpu: cfg.same_gpu_comm,
             timeout: cfg.step_timeout,
             fixed: None,
         }
@@ -79,7 +81,7 @@ impl CommGroups {
         }
         let mut all = Vec::new();
         for devices in &self.groups {
-            all.extend(endpoints(self.dtype, self.timeout, devices)?);
+            all.extend(endpoints(self.dtype, self.same_gpu, self.timeout, devices)?);
         }
         Ok(all)
     }
@@ -241,10 +243,12 @@ pub(crate) fn pipeline(
 }
 
 /// The communicator endpoints of a group: in-process buffers for CPU ranks, NCCL for
-/// ranks on distinct GPUs, the same-GPU communicator for ranks sharing one GPU (and for
-/// a single GPU rank, whose only collective work is bounding its step).
+/// ranks on distinct GPUs, and for ranks sharing one GPU the same-GPU communicator (and
+/// for a single GPU rank, whose only collective work is bounding its step) or, when
+/// `same_gpu` asks for it, NCCL.
 fn endpoints(
     dtype: AllReduceDtype,
+    same_gpu: crate::tp::SameGpuComm,
     timeout: Duration,
     devices: &[DeviceSpec],
 ) -> Result<Vec<Box<dyn Endpoint>>> {
@@ -252,15 +256,30 @@ fn endpoints(
     match devices.first() {
         #[cfg(feature = "cuda")]
         Some(DeviceSpec::Cuda(_)) => {
-            if world == 1 || DeviceSpec::shares_one_gpu(devices) {
-                Ok(boxed(crate::tp::DeviceComm::group(world, dtype, timeout)))
-            } else {
-                Ok(boxed(crate::tp::NcclEndpoint::group(
-                    world, dtype, timeout,
-                )?))
+            let shared = world == 1 || DeviceSpec::shares_one_gpu(devices);
+            if shared && (world == 1 || same_gpu == crate::tp::SameGpuComm::Device) {
+                return Ok(boxed(crate::tp::DeviceComm::group(world, dtype, timeout)));
             }
+            let version = crate::tp::nccl_version::loaded()?;
+            tracing::info!("NCCL {version} joins {world} ranks");
+            if shared {
+                let enabled = std::env::var(crate::tp::nccl_version::MULTI_RANK_VARIABLE).ok();
+                if let Some(why) = crate::tp::nccl_version::refuse_ranks_sharing_a_gpu(
+                    version,
+                    enabled.as_deref(),
+                    world,
+                ) {
+                    return Err(EngineError::Config(why));
+                }
+            }
+            Ok(boxed(crate::tp::NcclEndpoint::group(
+                world, dtype, timeout,
+            )?))
         }
-        _ => Ok(boxed(LocalComm::group(world, dtype, timeout))),
+        _ => {
+            let _ = same_gpu;
+            Ok(boxed(LocalComm::group(world, dtype, timeout)))
+        }
     }
 }
 

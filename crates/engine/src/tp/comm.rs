@@ -31,6 +31,39 @@ impl std::str::FromStr for AllReduceDtype {
     }
 }
 
+/// How ranks that share one GPU are joined (`--same-gpu-comm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SameGpuComm {
+    /// The same-GPU communicator: the ranks' buffers summed in rank order on the device.
+    #[default]
+    Device,
+    /// NCCL, as ranks on distinct GPUs are joined (needs NCCL 2.30 and
+    /// `NCCL_MULTI_RANK_GPU_ENABLE=1`).
+    Nccl,
+}
+
+impl std::str::FromStr for SameGpuComm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "device" => Ok(Self::Device),
+            "nccl" => Ok(Self::Nccl),
+            other => Err(format!(
+                "unknown same-GPU communicator '{other}' (use device or nccl)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for SameGpuComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Device => "device",
+            Self::Nccl => "nccl",
+        })
+    }
+}
+
 /// What a worker thread needs to join its group. Sent to the worker, which connects on
 /// its own thread with its own device: device communicators (NCCL) belong to the thread
 /// that made them, launch on that thread's stream, and are never moved between threads.

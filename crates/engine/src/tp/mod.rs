@@ -9,12 +9,13 @@ pub(crate) mod gpu_wait;
 pub mod local_comm;
 #[cfg(feature = "cuda")]
 pub mod nccl_comm;
+pub mod nccl_version;
 pub mod plan;
 pub mod split;
 pub mod tcp_comm;
 pub(crate) mod wire;
 
-pub use comm::{AllReduceDtype, Communicator, Endpoint};
+pub use comm::{AllReduceDtype, Communicator, Endpoint, SameGpuComm};
 #[cfg(feature = "cuda")]
 pub use device_comm::DeviceComm;
 pub use local_comm::LocalComm;
