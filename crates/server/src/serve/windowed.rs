@@ -7,7 +7,8 @@
 use std::collections::VecDeque;
 use std::future::Future;
 
-use tessera_scheduler::TokenReceiver;
+use tessera_protocol::TokenEvent;
+use tessera_scheduler::{AdmissionError, TokenReceiver};
 
 use crate::api::error::ServerError;
 use crate::serve::state::AppState;
@@ -42,4 +43,21 @@ where
         }
     }
     Ok(results)
+}
+
+/// Why a one-step sequence ended with `event` and no result: the engine failed, the
+/// sequence failed or was refused (a 400 naming `param`), the server is shutting down,
+/// or an event the sequence cannot bring came (`what` names what was awaited).
+pub fn no_result(event: Option<TokenEvent>, param: &str, what: &str) -> ServerError {
+    match event {
+        Some(TokenEvent::Error(message)) => ServerError::EngineFailed(message),
+        Some(TokenEvent::Failed(message)) => ServerError::GenerationFailed(message),
+        Some(TokenEvent::Refused(message)) => ServerError::invalid(param, message),
+        None | Some(TokenEvent::Finished { .. }) => {
+            ServerError::Admission(AdmissionError::ShuttingDown)
+        }
+        Some(TokenEvent::Token { .. } | TokenEvent::Embedding(_)) => {
+            ServerError::Internal(format!("an unexpected event came back for {what}"))
+        }
+    }
 }

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tessera_protocol::{
     FinishReason, GenerationRequest, SamplingParams, StopCondition, TokenEvent,
 };
-use tessera_scheduler::{AdmissionError, TokenReceiver};
+use tessera_scheduler::TokenReceiver;
 
 use crate::api::embeddings::reply::{embeddings_reply, truncate};
 use crate::api::embeddings::request::{embeddings_request, EmbeddingInput};
@@ -21,7 +21,7 @@ use crate::runner::PoolingSetup;
 use crate::serve::generation::{log_end_user, log_ignored_fields};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
-use crate::serve::windowed::{run_windowed, window};
+use crate::serve::windowed::{no_result, run_windowed, window};
 
 pub async fn create_embeddings(
     State(app): State<AppState>,
@@ -165,27 +165,11 @@ async fn embedding(mut receiver: TokenReceiver) -> Result<Vec<f32>, ServerError>
     loop {
         match receiver.recv().await {
             Some(TokenEvent::Embedding(v)) => vector = Some(v),
-            Some(TokenEvent::Finished { reason, .. }) => {
-                return match (reason, vector) {
-                    (FinishReason::Abort, _) | (_, None) => {
-                        Err(ServerError::Admission(AdmissionError::ShuttingDown))
-                    }
-                    (_, Some(v)) => Ok(v),
-                };
-            }
-            Some(TokenEvent::Token { .. }) => {
-                return Err(ServerError::Internal(
-                    "a token came back for an embedding".into(),
-                ))
-            }
-            Some(TokenEvent::Error(message)) => return Err(ServerError::EngineFailed(message)),
-            Some(TokenEvent::Failed(message)) => {
-                return Err(ServerError::GenerationFailed(message))
-            }
-            Some(TokenEvent::Refused(message)) => {
-                return Err(ServerError::invalid("input", message))
-            }
-            None => return Err(ServerError::Admission(AdmissionError::ShuttingDown)),
+            Some(TokenEvent::Finished {
+                reason: FinishReason::Stop | FinishReason::Length,
+                ..
+            }) => return vector.ok_or_else(|| no_result(None, "input", "an embedding")),
+            other => return Err(no_result(other, "input", "an embedding")),
         }
     }
 }

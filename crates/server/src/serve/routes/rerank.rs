@@ -10,8 +10,10 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json;
 use serde_json::Value;
-use tessera_protocol::{GenerationRequest, SamplingParams, StopCondition, TokenEvent};
-use tessera_scheduler::{AdmissionError, TokenReceiver};
+use tessera_protocol::{
+    FinishReason, GenerationRequest, SamplingParams, StopCondition, TokenEvent,
+};
+use tessera_scheduler::TokenReceiver;
 
 use crate::api::error::ServerError;
 use crate::api::rerank::prompt::rerank_prompt;
@@ -21,7 +23,7 @@ use crate::api::valid_request::{blocking, too_long};
 use crate::serve::generation::log_ignored_fields;
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::{random_id, AppState};
-use crate::serve::windowed::{run_windowed, window};
+use crate::serve::windowed::{no_result, run_windowed, window};
 
 pub async fn rerank(
     State(app): State<AppState>,
@@ -126,22 +128,11 @@ async fn score(mut receiver: TokenReceiver, yes: u32) -> Result<f64, ServerError
                 // `yes` missing from the two: its probability is nil.
                 found = Some(lp.map_or(0.0, |lp| f64::from(lp).exp()));
             }
-            Some(TokenEvent::Finished { .. }) => {
-                return found.ok_or(ServerError::Admission(AdmissionError::ShuttingDown))
-            }
-            Some(TokenEvent::Embedding(_)) => {
-                return Err(ServerError::Internal(
-                    "an embedding came back for a score".into(),
-                ))
-            }
-            Some(TokenEvent::Error(message)) => return Err(ServerError::EngineFailed(message)),
-            Some(TokenEvent::Failed(message)) => {
-                return Err(ServerError::GenerationFailed(message))
-            }
-            Some(TokenEvent::Refused(message)) => {
-                return Err(ServerError::invalid("documents", message))
-            }
-            None => return Err(ServerError::Admission(AdmissionError::ShuttingDown)),
+            Some(TokenEvent::Finished {
+                reason: FinishReason::Stop | FinishReason::Length,
+                ..
+            }) => return found.ok_or_else(|| no_result(None, "documents", "a score")),
+            other => return Err(no_result(other, "documents", "a score")),
         }
     }
 }
