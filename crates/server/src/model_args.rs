@@ -81,13 +81,14 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: KvCacheDtypeChoice,
 
-    /// Share of the memory available after the weights that the KV cache of CPU ranks
-    /// takes, less 1 GiB and the chat-template sandboxes' limits, which always stay free,
-    /// and at most what --max-num-seqs sequences of the longest context use. Not used
+    /// Size the KV cache of CPU ranks from free memory: this share of the memory
+    /// available after the weights, less 1 GiB and the chat-template sandboxes' limits,
+    /// which always stay free, and at most what --max-num-seqs sequences of the longest
+    /// context use (e.g. 0.5). Unset: --kv-cache-memory-mib, 256 MiB by default. Not used
     /// when --kv-cache-memory-mib is given, or by a group of nodes (which agree on
-    /// --kv-cache-memory-mib, 256 MiB by default).
-    #[arg(long, default_value_t = 0.5)]
-    pub cpu_kv_cache_utilization: f64,
+    /// --kv-cache-memory-mib).
+    #[arg(long)]
+    pub cpu_kv_cache_utilization: Option<f64>,
 
     /// Fraction of each GPU's memory Tessera may use: the KV cache gets what the weights
     /// and a profile step at the largest batch leave under it. Not used when
@@ -203,16 +204,18 @@ impl ModelArgs {
         cfg.same_gpu_comm = self.same_gpu_comm;
         cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(256) << 20;
         cfg.kv_cache_dtype = Some(self.kv_cache_dtype);
-        if !(self.cpu_kv_cache_utilization > 0.0 && self.cpu_kv_cache_utilization <= 1.0) {
-            bail!(
-                "--cpu-kv-cache-utilization must be above 0 and at most 1, not {}",
-                self.cpu_kv_cache_utilization
-            );
+        if let Some(u) = self.cpu_kv_cache_utilization {
+            if !(u > 0.0 && u <= 1.0) {
+                bail!("--cpu-kv-cache-utilization must be above 0 and at most 1, not {u}");
+            }
         }
-        cfg.cpu_kv_sizing = self.kv_cache_memory_mib.is_none().then(|| CpuKvSizing {
-            utilization: self.cpu_kv_cache_utilization,
-            reserve_bytes: self.host_reserve_bytes(),
-        });
+        cfg.cpu_kv_sizing = match (self.kv_cache_memory_mib, self.cpu_kv_cache_utilization) {
+            (None, Some(utilization)) => Some(CpuKvSizing {
+                utilization,
+                reserve_bytes: self.host_reserve_bytes(),
+            }),
+            _ => None,
+        };
         if !(self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0) {
             bail!(
                 "--gpu-memory-utilization must be above 0 and at most 1, not {}",
