@@ -40,13 +40,16 @@ ALL = [c for b in bash_blocks(http_api_section()) for c in commands(b)]
 
 def test_every_route_has_an_example():
     routes = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
-              "/detokenize", "/health", "/openapi.json"]
+              "/detokenize", "/health", "/openapi.json", "/v1/messages", "/v1/embeddings"]
     for route in routes:
         assert any(route in c for c in ALL), f"no README curl example for {route}"
 
 
 @pytest.mark.parametrize("command", ALL, ids=[c.split()[2].rsplit("/", 1)[-1] for c in ALL])
 def test_curl_example(command, base_url):
+    # Embeddings come from the server started as an embedding model.
+    if "/v1/embeddings" in command:
+        base_url = os.environ["TESSERA_EMBEDDING_URL"]
     cmd = command.replace("http://localhost:8000", base_url)
     env = dict(os.environ)
     result = subprocess.run(
@@ -79,3 +82,6 @@ def test_curl_example(command, base_url):
             assert set(args) == {"city"} and len(args["city"]) <= 20
         elif "/chat/completions" in cmd:
             assert body["choices"][0]["message"]["content"] == "The capital of France is Paris."
+        elif "/v1/embeddings" in cmd:
+            assert [d["index"] for d in body["data"]] == [0, 1]
+            assert len(body["data"][0]["embedding"]) == 576

@@ -24,6 +24,7 @@ pub mod stats;
 pub mod structured;
 #[cfg(feature = "gpu-emulation")]
 pub mod test_models;
+pub mod thinking_budget;
 pub mod tp;
 mod worker;
 

@@ -7,6 +7,7 @@ use tessera_protocol::{SamplingParams, TokenLogprobs};
 
 use crate::model::batch::RowReduce;
 use crate::structured::{GrammarFault, ThinkingGate, TokenConstraint};
+use crate::thinking_budget::BudgetGate;
 
 /// Sampling state of one sequence, kept by the engine for the sequence's whole life
 /// (across preemptions), so seeded sampling does not depend on batching.
@@ -22,6 +23,8 @@ pub struct Sampler {
     constraint: Option<TokenConstraint>,
     /// A thinking block the grammar waits for the end of.
     thinking: Option<ThinkingGate>,
+    /// A cap on the reply's thinking.
+    budget: Option<BudgetGate>,
     /// Tokens sampled so far (`min_tokens`).
     generated: usize,
     /// The latest sampled tokens, as many as the longest bad word has before its last
@@ -42,6 +45,7 @@ impl Sampler {
             .map(|w| w.len().saturating_sub(1))
             .max()
             .unwrap_or(0);
+        let budget = params.thinking_budget.clone().map(BudgetGate::new);
         Self {
             params,
             rng,
@@ -49,6 +53,7 @@ impl Sampler {
             counts: Default::default(),
             constraint: None,
             thinking: None,
+            budget,
             generated: 0,
             recent: Vec::new(),
             bad_word_context,
@@ -77,6 +82,14 @@ impl Sampler {
     /// choice and the log-probabilities are those of the masked distribution.
     pub fn sample(&mut self, logits: &mut [f32]) -> (u32, Option<TokenLogprobs>) {
         self.adjust(logits);
+        if let Some(forced) = self.budget.as_ref().and_then(BudgetGate::forced) {
+            // The thinking budget is spent: only the closing tag's next token remains.
+            let kept = logits.get(forced as usize).copied();
+            logits.fill(f32::NEG_INFINITY);
+            if let Some(l) = kept {
+                logits[forced as usize] = if l.is_finite() { l } else { 0.0 };
+            }
+        }
         let gate = self.thinking.as_ref();
         if let Some(c) = self
             .constraint
@@ -118,7 +131,9 @@ impl Sampler {
                 .thinking
                 .as_ref()
                 .is_none_or(ThinkingGate::grammar_masks);
+        let forcing = self.budget.as_ref().is_some_and(|b| b.forced().is_some());
         let raw = !masked
+            && !forcing
             && !self.blocks_stop_tokens()
             && p.allowed_token_ids.is_empty()
             && p.bad_words.is_empty()
@@ -192,6 +207,9 @@ impl Sampler {
         };
         if let Some(c) = self.constraint.as_mut().filter(|_| grammar_text) {
             c.advance(token);
+        }
+        if let Some(b) = &mut self.budget {
+            b.accept(token);
         }
         self.seen.insert(token);
         *self.counts.entry(token).or_default() += 1;

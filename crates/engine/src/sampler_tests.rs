@@ -446,3 +446,34 @@ fn allowed_tokens_and_bad_words_mask_the_row() {
     assert_eq!(bad.sample(&mut [0.0, 9.0, 1.0, 8.0]).0, 2);
     assert_eq!(bad.sample(&mut [0.0, 9.0, 1.0, 8.0]).0, 1);
 }
+
+#[test]
+fn a_spent_thinking_budget_forces_the_closing_tag() {
+    let budget = tessera_protocol::ThinkingBudget {
+        tokens: 2,
+        open: vec![],
+        close: vec![3, 4],
+        starts_open: true,
+    };
+    let mut s = Sampler::new(
+        params(|p| {
+            p.temperature = 0.0;
+            p.thinking_budget = Some(budget)
+        }),
+        &[],
+    );
+    // Token 0 is always the model's choice; the budget allows two of them.
+    let row = || vec![5.0, 1.0, 0.5, -1.0, -2.0];
+    assert_eq!(s.reduction(), RowReduce::Argmax);
+    assert_eq!(s.sample(&mut row()).0, 0);
+    assert_eq!(s.sample(&mut row()).0, 0);
+    assert_eq!(
+        s.reduction(),
+        RowReduce::Logits,
+        "the whole row while forcing"
+    );
+    assert_eq!(s.sample(&mut row()).0, 3);
+    assert_eq!(s.sample(&mut row()).0, 4);
+    assert_eq!(s.reduction(), RowReduce::Argmax);
+    assert_eq!(s.sample(&mut row()).0, 0, "the answer is free again");
+}

@@ -18,6 +18,7 @@ use candle_core::Tensor;
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 use crate::model::batch::RowReduce;
+use crate::model::decoder::Pooled;
 use crate::model::{Batch, DecoderShard, RankCache};
 use crate::stats::{RankStats, TimedComm};
 use crate::tp::{Communicator, Endpoint};
@@ -49,6 +50,8 @@ pub(crate) struct StepLogits {
     pub values: Vec<f32>,
     /// Per sampled row, what the device reduced it to, if it did.
     pub reduced: Vec<Option<Reduced>>,
+    /// Per `batch.pool` span, in order, what it gives its sequence's embedding.
+    pub pooled: Vec<Pooled>,
 }
 
 /// `Some` from the rank that returns logits, `None` from the others.
@@ -81,6 +84,7 @@ fn logits_to_host(logits: &Tensor, batch: &Batch, gpu_path: bool) -> Result<Step
     Ok(StepLogits {
         values: logits.flatten_all()?.to_vec1::<f32>()?,
         reduced: vec![None; rows],
+        pooled: Vec::new(),
     })
 }
 
@@ -140,7 +144,11 @@ fn reduce_on_device(
             .flatten_all()?
             .to_vec1::<f32>()?
     };
-    Ok(StepLogits { values, reduced })
+    Ok(StepLogits {
+        values,
+        reduced,
+        pooled: Vec::new(),
+    })
 }
 
 /// Test-only fault injection: make a rank fail in a chosen way on a chosen step.
@@ -240,7 +248,8 @@ fn step(
     cache: &mut RankCache,
     comm: &mut dyn Communicator,
     links: &StageLinks,
-) -> Result<Option<Tensor>> {
+    returns_logits: bool,
+) -> Result<Option<(Tensor, Vec<Pooled>)>> {
     let x = match &links.prev {
         None => shard.embed(batch)?,
         Some(rx) => match rx.recv_timeout(links.timeout) {
@@ -266,7 +275,11 @@ fn step(
         None => {
             let logits = shard.head(&x, batch, comm)?;
             comm.settle()?;
-            Ok(Some(logits))
+            let pooled = match returns_logits {
+                true => shard.pool(&x, batch)?,
+                false => Vec::new(),
+            };
+            Ok(Some((logits, pooled)))
         }
     }
 }
@@ -400,13 +413,23 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
                 None => {}
             }
             let started = std::time::Instant::now();
-            let out = step(&shard, &batch, &mut cache, comm.as_mut(), &links);
+            let out = step(
+                &shard,
+                &batch,
+                &mut cache,
+                comm.as_mut(),
+                &links,
+                returns_logits,
+            );
             stats.record_step(started.elapsed());
             out
         }));
         let result = match outcome {
-            Ok(Ok(Some(logits))) if returns_logits => {
-                logits_to_host(&logits, &batch, gpu_path).map(Some)
+            Ok(Ok(Some((logits, pooled)))) if returns_logits => {
+                logits_to_host(&logits, &batch, gpu_path).map(|mut l| {
+                    l.pooled = pooled;
+                    Some(l)
+                })
             }
             Ok(Ok(_)) => Ok(None),
             Ok(Err(e)) => Err(e),

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tessera_server::api::response::{TokenLogprob, Usage};
 use tessera_server::serve::routes::chat::ChatFormat;
 use tessera_server::serve::routes::completions::CompletionFormat;
-use tessera_server::serve::stream::{frame, ChunkFormat};
+use tessera_server::serve::stream::{frame, ChoiceEnd, ChunkFormat};
 
 use crate::model::runtime;
 
@@ -49,7 +49,13 @@ pub fn sse_frames(data: &[u8]) {
         }];
         chunks.extend(format.delta(0, text.clone(), &lp));
     }
-    chunks.extend(format.finish(0, "stop"));
+    chunks.extend(format.finish(
+        0,
+        &ChoiceEnd {
+            reason: "stop",
+            stop_sequence: None,
+        },
+    ));
     chunks.push(format.usage(Usage::new(1, texts.len())));
     chunks.push("[DONE]".to_string());
 

@@ -6,15 +6,18 @@
 
 mod executor;
 mod histogram;
+mod pooling;
 mod prepared;
 mod sampling;
 mod step;
 
 pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape, RELEASED_BLOCK};
 pub use histogram::{DurationHistogram, HistogramSnapshot};
+pub use pooling::{Pooling, PoolingKind};
 pub use prepared::PreparedConstraint;
 pub use sampling::{
-    FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition, ThinkingTags,
+    FinishReason, GenerationRequest, OutputConstraint, SamplingParams, StopCondition,
+    ThinkingBudget, ThinkingTags,
 };
 pub use step::{
     FailedSequence, NewSequence, SampledToken, ScheduledChunk, SeqId, StepOutput, StepPlan,

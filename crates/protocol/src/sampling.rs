@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::pooling::Pooling;
 use crate::prepared::PreparedConstraint;
 
 /// Parameters of the sampler for one sequence. Every field is honoured by the engine's
@@ -51,6 +52,10 @@ pub struct SamplingParams {
     /// grammar starts after it.
     #[serde(default)]
     pub thinking: Option<ThinkingTags>,
+    /// A cap on a reply's thinking: once that many tokens were generated inside its
+    /// thinking block, the block's closing tokens are forced.
+    #[serde(default)]
+    pub thinking_budget: Option<ThinkingBudget>,
     /// When not empty, the only tokens that may be sampled (vLLM's `allowed_token_ids`).
     #[serde(default)]
     pub allowed_token_ids: Vec<u32>,
@@ -58,6 +63,10 @@ pub struct SamplingParams {
     /// last token of each is masked whenever the output ends with the ones before it.
     #[serde(default)]
     pub bad_words: Vec<Vec<u32>>,
+    /// An embedding sequence: after its prompt, its pooled final hidden states come back
+    /// ([`crate::SampledToken::embedding`]) and nothing is sampled or generated.
+    #[serde(default)]
+    pub pooling: Option<Pooling>,
 }
 
 /// How a reply's thinking block is opened and closed, in tokens.
@@ -68,6 +77,20 @@ pub struct ThinkingTags {
     pub open: Option<u32>,
     /// The text that closes the block (`</think>`), however the reply's tokens spell it.
     pub close: String,
+    /// The prompt opened the block: the reply starts inside it.
+    pub starts_open: bool,
+}
+
+/// How many tokens a reply may think for, and the tokens that open and close its
+/// thinking block in this vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThinkingBudget {
+    /// Tokens the block may hold before it is closed (0: closed at once).
+    pub tokens: usize,
+    /// The tokens of the opening tag (`<think>`).
+    pub open: Vec<u32>,
+    /// The tokens of the closing tag (`</think>`), forced once the budget is spent.
+    pub close: Vec<u32>,
     /// The prompt opened the block: the reply starts inside it.
     pub starts_open: bool,
 }
@@ -107,8 +130,10 @@ impl Default for SamplingParams {
             min_tokens: 0,
             min_tokens_blocked: Vec::new(),
             thinking: None,
+            thinking_budget: None,
             allowed_token_ids: Vec::new(),
             bad_words: Vec::new(),
+            pooling: None,
         }
     }
 }

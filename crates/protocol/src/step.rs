@@ -86,6 +86,10 @@ pub struct SampledToken {
     /// the log-probabilities of prompt tokens 1.. (the first has none).
     #[serde(default)]
     pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
+    /// For an embedding sequence ([`crate::SamplingParams::pooling`]), after its last
+    /// prompt chunk: its embedding, and `token` means nothing.
+    #[serde(default)]
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// A sequence the executor refused in a step that otherwise ran: its own input is at
@@ -120,6 +124,8 @@ pub enum TokenEvent {
         logprobs: Option<TokenLogprobs>,
         prompt_logprobs: Option<Vec<TokenLogprobs>>,
     },
+    /// An embedding sequence's embedding; `Finished` follows.
+    Embedding(Vec<f32>),
     /// The sequence ended; no further events follow.
     Finished {
         reason: FinishReason,

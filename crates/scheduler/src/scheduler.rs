@@ -247,6 +247,12 @@ impl Scheduler {
             let Some(seq) = self.seqs.get_mut(&sample.id) else {
                 return Err(SchedulerError::UnknownSequence(sample.id));
             };
+            if let Some(embedding) = &sample.embedding {
+                // An embedding sequence ends with its prompt: nothing is generated.
+                let delivered = seq.send(TokenEvent::Embedding(embedding.clone()));
+                self.finish(sample.id, delivered.then_some(FinishReason::Stop));
+                continue;
+            }
             seq.tokens.push(sample.token);
             self.counters.generation_tokens += 1;
             let delivered = seq.send(TokenEvent::Token {
@@ -391,10 +397,16 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            // Prompt log-probabilities need the logits of every prompt position.
-            let hit = match seq.sampling.prompt_logprobs {
-                Some(_) => self.kv.find_prefix_salted(&[], seq.cache_salt.as_deref()),
-                None => self
+            // Prompt log-probabilities need the logits of every prompt position, and
+            // mean or first-token pooling their hidden states.
+            let every_position = seq.sampling.prompt_logprobs.is_some()
+                || seq
+                    .sampling
+                    .pooling
+                    .is_some_and(|p| p.kind.needs_every_position());
+            let hit = match every_position {
+                true => self.kv.find_prefix_salted(&[], seq.cache_salt.as_deref()),
+                false => self
                     .kv
                     .find_prefix_salted(&seq.tokens, seq.cache_salt.as_deref()),
             };
@@ -431,6 +443,7 @@ impl Scheduler {
             }
             if !seq.announced {
                 seq.announced = true;
+                seq.report_cached_prompt_tokens(cached.min(seq.prompt_len));
                 self.queue_times.push(seq.submitted.elapsed());
                 self.counters.prompt_tokens += seq.prompt_len as u64;
                 plan.new_sequences.push(NewSequence {

@@ -106,6 +106,11 @@ impl Sequence {
         self.sender.send(event)
     }
 
+    /// Tells the client how much of the prompt the prefix cache held.
+    pub fn report_cached_prompt_tokens(&self, tokens: usize) {
+        self.sender.set_cached_prompt_tokens(tokens);
+    }
+
     pub fn finished_event(&self, reason: FinishReason) -> TokenEvent {
         TokenEvent::Finished {
             reason,

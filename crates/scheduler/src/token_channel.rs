@@ -15,7 +15,7 @@
 //! with a fence in between, so either the scheduler sees the room or the receiver sees
 //! the flag: no wake-up is lost.
 
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tessera_protocol::TokenEvent;
@@ -29,6 +29,9 @@ struct Shared {
     /// The scheduler skipped this sequence for want of room.
     stalled: AtomicBool,
     wake: Option<Wake>,
+    /// Prompt tokens the prefix cache held when the sequence was first admitted; set
+    /// before its first token is sent, so a receiver that has a token sees it.
+    cached_prompt_tokens: AtomicUsize,
 }
 
 impl Shared {
@@ -75,6 +78,7 @@ pub(crate) fn token_channel(capacity: usize, wake: Option<Wake>) -> (TokenSender
     let shared = Arc::new(Shared {
         stalled: AtomicBool::new(false),
         wake,
+        cached_prompt_tokens: AtomicUsize::new(0),
     });
     (
         TokenSender {
@@ -120,9 +124,22 @@ impl TokenSender {
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
+
+    /// Records how much of the prompt the prefix cache held (before any token is sent).
+    pub fn set_cached_prompt_tokens(&self, tokens: usize) {
+        self.shared
+            .cached_prompt_tokens
+            .store(tokens, Ordering::Release);
+    }
 }
 
 impl TokenReceiver {
+    /// Prompt tokens the prefix cache held when the sequence was admitted: known once
+    /// any event has been received.
+    pub fn cached_prompt_tokens(&self) -> usize {
+        self.shared.cached_prompt_tokens.load(Ordering::Acquire)
+    }
+
     /// The next event; `None` once the sequence has ended and everything was read.
     pub async fn recv(&mut self) -> Option<TokenEvent> {
         let event = self.rx.recv().await;

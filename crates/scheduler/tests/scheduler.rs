@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{drain, expected_tokens, prompt, request, run, FakeExecutor};
-use tessera_protocol::{Executor, FinishReason, SeqId, StepPlan, TokenEvent};
+use common::{drain, expected_tokens, next_token, prompt, request, run, FakeExecutor};
+use tessera_protocol::{Executor, FinishReason, Pooling, PoolingKind, SeqId, StepPlan, TokenEvent};
 use tessera_scheduler::{AdmissionError, Scheduler, SchedulerConfig, PROMPT_LOGPROBS_CHUNK};
 
 fn config(block: usize, batch: usize, seqs: usize) -> SchedulerConfig {
@@ -521,4 +521,37 @@ fn mismatched_executor_output_is_an_error() {
     assert_eq!(plan.scheduled.len(), 1);
     let err = s.update(&tessera_protocol::StepOutput::default());
     assert!(err.is_err());
+}
+
+#[test]
+fn an_embedding_sequence_ends_with_its_prompt_and_only_last_pooling_uses_the_cache() {
+    let mut ex = FakeExecutor::new(64, 4, 4096);
+    let mut s = scheduler(&config(4, 64, 8), &ex);
+    let p = prompt(9, 12);
+    let (_, _rx) = s.submit(request(p.clone(), 2)).unwrap();
+    run(&mut s, &mut ex);
+    // The prompt is cached; mean and first-token pooling need every position's hidden
+    // state, last-token pooling only the last one's.
+    for (kind, start) in [
+        (PoolingKind::Mean, 0),
+        (PoolingKind::Cls, 0),
+        (PoolingKind::Last, 8),
+    ] {
+        let mut req = request(p.clone(), 1);
+        req.sampling.pooling = Some(Pooling {
+            kind,
+            normalize: true,
+        });
+        let (id, mut rx) = s.submit(req).unwrap();
+        let plans = run(&mut s, &mut ex);
+        let c = plans[0].scheduled.iter().find(|c| c.id == id).unwrap();
+        assert_eq!(c.start_pos, start, "{kind:?}");
+        assert_eq!(
+            rx.try_recv().ok(),
+            Some(TokenEvent::Embedding(vec![next_token(&p) as f32]))
+        );
+        assert_eq!(rx.try_recv().ok(), finished(FinishReason::Stop, 12, 0));
+        assert!(rx.try_recv().is_err(), "nothing after the end");
+    }
+    assert_eq!(s.kv_cache().num_used_blocks(), 0);
 }

@@ -81,6 +81,7 @@ fn run(
                             | TokenEvent::Refused(e) => {
                                 panic!("{e}")
                             }
+                            TokenEvent::Embedding(_) => panic!("an embedding for a generation"),
                         }
                     }
                     first.unwrap_or_default()

@@ -15,6 +15,7 @@ pub mod hub;
 pub mod model_args;
 pub mod models_cmd;
 pub mod node_args;
+pub mod runner;
 pub mod serve;
 pub mod template_sandbox;
 #[cfg(test)]

@@ -89,6 +89,8 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Result<Batch, String> {
             .collect(),
         sample_rows: w.sample_rows,
         row_reduce: w.row_reduce,
+        // Pooled on the leader's rank that returns logits only.
+        pool: Vec::new(),
     })
 }
 
@@ -168,6 +170,7 @@ mod tests {
             }],
             sample_rows: vec![2],
             row_reduce: vec![crate::model::batch::RowReduce::Argmax],
+            pool: Vec::new(),
         };
         assert_eq!(decode_batch(&encode_batch(&b)), Ok(b.clone()));
         let mut bad = b.clone();

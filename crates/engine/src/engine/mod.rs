@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_protocol::{
-    Executor, ExecutorError, FailedSequence, KvCacheShape, SampledToken, SeqId, StepOutput,
-    StepPlan,
+    Executor, ExecutorError, FailedSequence, KvCacheShape, SampledToken, ScheduledChunk, SeqId,
+    StepOutput, StepPlan,
 };
 
 use crate::error::{EngineError, Result};
-use crate::model::batch::RowReduce;
+use crate::model::batch::{PoolSpan, RowReduce};
+use crate::model::decoder::Pooled;
 use crate::model::{Batch, ChunkLimits};
 use crate::prompt_logprobs::PromptLogprobs;
 use crate::sampler::Sampler;
@@ -21,6 +22,9 @@ use crate::structured::start_constraint;
 use crate::tp::ShardPlan;
 use crate::worker::{self, Fault, Job, Reduced, WorkerHandle};
 
+use embedding::PoolState;
+
+mod embedding;
 mod kv_sizing;
 mod load;
 mod nodes;
@@ -31,6 +35,8 @@ struct SeqState {
     sampler: Sampler,
     /// When the sequence asked for its prompt's log-probabilities.
     prompt: Option<PromptLogprobs>,
+    /// An embedding sequence's pooled hidden states so far.
+    pool: Option<PoolState>,
 }
 
 /// A loaded model on its group of devices.
@@ -212,6 +218,57 @@ impl Engine {
         self.failed.is_some()
     }
 
+    /// Embedding sequences' chunks pool their hidden states instead of sampling: their
+    /// sample rows leave the batch and their spans join `batch.pool`. Returns each
+    /// span's sequence and first position, in order.
+    fn pool_rows(&self, chunks: &[&ScheduledChunk], batch: &mut Batch) -> Vec<(SeqId, usize)> {
+        let kind = |id: &SeqId| {
+            self.sequences
+                .get(id)
+                .and_then(|s| s.pool.as_ref().map(PoolState::kind))
+        };
+        if !chunks.iter().any(|c| kind(&c.id).is_some()) {
+            return Vec::new();
+        }
+        let mut spans = Vec::new();
+        batch.sample_rows.clear();
+        for (chunk, seq) in chunks.iter().zip(&batch.seqs) {
+            match kind(&chunk.id) {
+                Some(kind) => {
+                    batch.pool.push(PoolSpan {
+                        token_start: seq.token_start,
+                        num_tokens: seq.num_tokens,
+                        start_pos: seq.start_pos,
+                        kind,
+                    });
+                    spans.push((chunk.id, seq.start_pos));
+                }
+                None if chunk.sample => {
+                    batch.sample_rows.push(seq.token_start + seq.num_tokens - 1)
+                }
+                None => {}
+            }
+        }
+        spans
+    }
+
+    /// Adds each pooled span's part to its sequence's embedding.
+    fn add_pooled(&mut self, spans: &[(SeqId, usize)], parts: Vec<Pooled>) -> Result<()> {
+        if parts.len() != spans.len() {
+            return Err(EngineError::Step(format!(
+                "{} of {} embedding chunks came back pooled",
+                parts.len(),
+                spans.len()
+            )));
+        }
+        for ((id, start_pos), part) in spans.iter().zip(parts) {
+            if let Some(pool) = self.sequences.get_mut(id).and_then(|s| s.pool.as_mut()) {
+                pool.add(*start_pos, part);
+            }
+        }
+        Ok(())
+    }
+
     fn run_step(&mut self, plan: &StepPlan) -> Result<StepOutput> {
         for id in &plan.finished {
             self.sequences.remove(id);
@@ -239,7 +296,15 @@ impl Engine {
                 .sampling
                 .prompt_logprobs
                 .map(|top| PromptLogprobs::new(&new.prompt_ids, top));
-            self.sequences.insert(new.id, SeqState { sampler, prompt });
+            let pool = new.sampling.pooling.map(PoolState::new);
+            self.sequences.insert(
+                new.id,
+                SeqState {
+                    sampler,
+                    prompt,
+                    pool,
+                },
+            );
         }
         // A chunk that cannot run fails its own sequence; the rest of the step runs.
         let limits = ChunkLimits {
@@ -277,9 +342,11 @@ impl Engine {
         }
         let mut batch = Batch::from_chunks(runnable.iter().copied(), &limits)?;
         let unknown = |id: SeqId| EngineError::Step(format!("{id} was never announced"));
+        let pooled = |id: &SeqId| self.sequences.get(id).is_some_and(|s| s.pool.is_some());
+        let pool_chunks = self.pool_rows(&runnable, &mut batch);
         batch.row_reduce = runnable
             .iter()
-            .filter(|c| c.sample)
+            .filter(|c| c.sample && !pooled(&c.id))
             .map(|c| {
                 let state = self.sequences.get(&c.id).ok_or_else(|| unknown(c.id))?;
                 Ok(state.sampler.reduction())
@@ -302,16 +369,40 @@ impl Engine {
             }
         }
         let mut logits = self.forward_rows(batch)?;
+        self.add_pooled(&pool_chunks, std::mem::take(&mut logits.pooled))?;
         let vocab = self.config.vocab_size;
         let mut rows = logits.values.chunks_exact_mut(vocab.max(1));
         let mut samples = Vec::new();
         let sampled = runnable.iter().filter(|c| c.sample);
-        for (row, chunk) in sampled.enumerate() {
+        let mut row = 0;
+        for chunk in sampled {
             let state = self
                 .sequences
                 .get_mut(&chunk.id)
                 .ok_or_else(|| unknown(chunk.id))?;
-            let (token, logprobs) = match logits.reduced.get(row).cloned().flatten() {
+            if let Some(pool) = &state.pool {
+                match pool.finish() {
+                    Some(embedding) => samples.push(SampledToken {
+                        id: chunk.id,
+                        token: 0,
+                        logprobs: None,
+                        prompt_logprobs: None,
+                        embedding: Some(embedding),
+                    }),
+                    None => {
+                        self.sequences.remove(&chunk.id);
+                        failed.push(FailedSequence {
+                            id: chunk.id,
+                            message: "the prompt's hidden states were not all pooled".into(),
+                            by_request: false,
+                        });
+                    }
+                }
+                continue;
+            }
+            let this_row = row;
+            row += 1;
+            let (token, logprobs) = match logits.reduced.get(this_row).cloned().flatten() {
                 Some(Reduced::Token(token)) => (state.sampler.accept(token), None),
                 Some(Reduced::Candidates(c)) => (state.sampler.sample_candidates(&c), None),
                 Some(Reduced::Scored {
@@ -344,6 +435,7 @@ impl Engine {
                 token,
                 logprobs,
                 prompt_logprobs: None,
+                embedding: None,
             });
         }
         for (id, pos) in prompt_rows {

@@ -1,7 +1,7 @@
 //! A step's tokens flattened across sequences, with the KV slots they write.
 
 use tessera_kernels::gpu::reference::StepSeq;
-use tessera_protocol::{KvCacheShape, ScheduledChunk, StepPlan};
+use tessera_protocol::{KvCacheShape, PoolingKind, ScheduledChunk, StepPlan};
 
 use crate::error::{EngineError, Result};
 
@@ -29,6 +29,21 @@ pub struct Batch {
     /// Per sample row, what of its logits the sampler needs; a GPU rank reduces the row
     /// on the device to that instead of copying it. Empty: every row's logits.
     pub row_reduce: Vec<RowReduce>,
+    /// Embedding sequences' chunks, whose final hidden states are pooled instead of
+    /// sampled (their chunks have no sample row). Read only by the rank that returns
+    /// logits.
+    pub pool: Vec<PoolSpan>,
+}
+
+/// One embedding sequence's chunk in a batch: what its final hidden states give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSpan {
+    /// The chunk's first row in the flattened batch.
+    pub token_start: usize,
+    pub num_tokens: usize,
+    /// The position of its first token (0: the chunk holds the prompt's first token).
+    pub start_pos: usize,
+    pub kind: PoolingKind,
 }
 
 /// What of one sampled row's logits the host needs.

@@ -24,6 +24,8 @@ pub struct FakeExecutor {
     /// `kv[block][slot]`: the position and token whose KV was written there.
     kv: Vec<Vec<Option<(usize, u32)>>>,
     known: HashSet<tessera_protocol::SeqId>,
+    /// Embedding sequences: their sample is an embedding (`[next_token as f32]`).
+    pooled: HashSet<tessera_protocol::SeqId>,
     pub plans: Arc<Mutex<Vec<StepPlan>>>,
     pub fail_when: Option<FailWhen>,
     /// An injected failure has scope `Group` (the executor is gone), else `Step`.
@@ -41,6 +43,7 @@ impl FakeExecutor {
             max_context,
             kv: vec![vec![None; block_size]; num_blocks],
             known: HashSet::new(),
+            pooled: HashSet::new(),
             plans: Arc::new(Mutex::new(Vec::new())),
             fail_when: None,
             failure_is_fatal: false,
@@ -84,6 +87,9 @@ impl Executor for FakeExecutor {
         for n in &plan.new_sequences {
             if !self.known.insert(n.id) {
                 return Err(Self::violation(format!("{} announced twice", n.id)));
+            }
+            if n.sampling.pooling.is_some() {
+                self.pooled.insert(n.id);
             }
         }
         // A real executor registers new sequences before its forward pass can fail, so
@@ -158,11 +164,13 @@ impl Executor for FakeExecutor {
                         }
                     }
                 }
+                let token = next_token(&context);
                 samples.push(SampledToken {
                     id: c.id,
-                    token: next_token(&context),
+                    token,
                     logprobs: None,
                     prompt_logprobs: None,
+                    embedding: self.pooled.contains(&c.id).then(|| vec![token as f32]),
                 });
             }
         }

@@ -13,8 +13,10 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod error;
 pub mod error_body;
+pub mod messages;
 pub mod models;
 pub mod openapi;
 pub mod params;

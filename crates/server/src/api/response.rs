@@ -9,6 +9,15 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// Of the prompt's tokens, those the prefix cache held (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -17,7 +26,19 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
         }
+    }
+
+    /// With `cached_tokens` of the prompt found in the prefix cache.
+    pub fn with_cached(mut self, cached_tokens: usize) -> Self {
+        self.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens });
+        self
+    }
+
+    /// The prompt's tokens the prefix cache held.
+    pub fn cached_tokens(&self) -> usize {
+        self.prompt_tokens_details.map_or(0, |d| d.cached_tokens)
     }
 }
 

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use tessera_protocol::{GenerationRequest, SamplingParams, StopCondition, ThinkingTags};
+use tessera_protocol::{
+    GenerationRequest, SamplingParams, StopCondition, ThinkingBudget, ThinkingTags,
+};
 use tessera_tokenizer::{Tokenizer, TokenizerError};
 
 use crate::api::chat::render::template_error;
@@ -395,6 +397,30 @@ impl ValidRequest {
         self.spec.skip_special_tokens
     }
 
+    /// Caps the reply's thinking at `budget` tokens (0: none at all): once spent, the
+    /// thinking block's closing tag is forced. Only for replies split at `<think>` tags.
+    pub fn limit_thinking(
+        &mut self,
+        budget: usize,
+        ctx: &ValidationContext,
+    ) -> Result<(), ServerError> {
+        let Some(ReplySplit::Think { open }) = self.reasoning else {
+            return Err(ServerError::invalid(
+                "thinking",
+                "this model's thinking cannot be limited: its replies are not split at \
+                 <think> tags",
+            ));
+        };
+        let tags = |text: &str| ctx.tokenizer.encode(text, false);
+        self.spec.sampling.thinking_budget = Some(ThinkingBudget {
+            tokens: budget,
+            open: tags("<think>")?,
+            close: tags("</think>")?,
+            starts_open: open,
+        });
+        Ok(())
+    }
+
     /// Compiles the request's constraint, if it has one, once for all its choices.
     async fn prepare_constraint(&mut self, ctx: &ValidationContext) -> Result<(), ServerError> {
         let Some(constraint) = self.spec.sampling.constraint.clone() else {
@@ -503,7 +529,11 @@ pub(crate) fn too_long(e: TokenizerError, param: &str, max_model_len: usize) -> 
 
 /// Every token id must have a row in the model's embedding (and in the tokenizer, to
 /// be decoded): the smaller of the two bounds them.
-fn check_token_ids(ids: &[u32], param: &str, ctx: &ValidationContext) -> Result<(), ServerError> {
+pub(crate) fn check_token_ids(
+    ids: &[u32],
+    param: &str,
+    ctx: &ValidationContext,
+) -> Result<(), ServerError> {
     check_in_vocab(param, ids, ctx.vocab_rows.min(ctx.tokenizer.vocab_size()))
 }
 

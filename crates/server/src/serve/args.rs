@@ -73,6 +73,21 @@ pub struct ServeArgs {
     #[arg(long, help_heading = HTTP)]
     pub no_ui: bool,
 
+    /// What the model is served for: generate (chat, completions, Responses, Messages)
+    /// or pooling (an embedding model: /v1/embeddings, vLLM's name).
+    #[arg(long, value_enum, default_value_t = crate::runner::RunnerKind::Generate, help_heading = MODEL)]
+    pub runner: crate::runner::RunnerKind,
+
+    /// How an embedding model (--runner pooling) pools its final hidden states: last,
+    /// mean or cls (default: from the model's sentence-transformers files, else a GGUF
+    /// file's pooling_type, else last).
+    #[arg(long, value_enum, help_heading = MODEL)]
+    pub pooling: Option<crate::runner::PoolingFlag>,
+
+    /// Scale embeddings to unit length (--runner pooling): true or false.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, help_heading = MODEL)]
+    pub embedding_normalize: bool,
+
     /// Origins allowed by CORS, comma-separated, or `*`. CORS is off by default.
     #[arg(long, value_delimiter = ',', help_heading = HTTP)]
     pub allowed_origins: Vec<String>,

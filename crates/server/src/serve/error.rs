@@ -71,11 +71,20 @@ impl ServerError {
     }
 }
 
+/// The message of an error response, kept beside its OpenAI envelope for routes whose
+/// API wraps errors otherwise.
+#[derive(Debug, Clone)]
+pub struct ErrorMessage(pub String);
+
 impl IntoResponse for ServerError {
     fn into_response(self) -> Response {
         self.log();
         let status = self.status();
-        let mut response = (status, axum::Json(self.body())).into_response();
+        let body = self.body();
+        let message = ErrorMessage(body.error.message.clone());
+        let mut response = (status, axum::Json(body)).into_response();
+        // Routes of other APIs re-envelope the error from it (Anthropic's Messages API).
+        response.extensions_mut().insert(message);
         if matches!(
             status,
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE

@@ -45,6 +45,10 @@ pub enum ChoiceEvent {
         index: usize,
         reason: &'static str,
         completion_tokens: usize,
+        /// The stop string that ended the choice, when one did.
+        stop_sequence: Option<String>,
+        /// The prompt's tokens the prefix cache held.
+        cached_prompt_tokens: usize,
     },
     Failed(ServerError),
 }
@@ -66,6 +70,11 @@ pub struct ChoiceRun {
     pending_logprobs: Vec<TokenLogprob>,
     queued: VecDeque<ChoiceEvent>,
     timing: SeqTiming,
+    /// The request's stop strings (to name the one that ended the choice) and which did.
+    stop_strings: Arc<[String]>,
+    stopped_by: Option<usize>,
+    /// The prompt's tokens the prefix cache held (known from the first event on).
+    cached_prompt_tokens: usize,
     /// The field that asked for the request's constraint (named when the engine refuses
     /// the sequence because of it).
     constraint_param: &'static str,
@@ -123,6 +132,7 @@ pub struct Submitted {
 impl Submitted {
     /// Submits every choice of `req`; the response id is `{id_prefix}-{random}`.
     pub fn new(app: &AppState, req: &ValidRequest, id_prefix: &str) -> Result<Self, ServerError> {
+        app.require_generate()?;
         Ok(Self {
             runs: submit_all(app, req)?,
             prompt_tokens: req.prompts().iter().map(|p| p.ids.len()).sum(),
@@ -180,6 +190,7 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
         include: req.include_stop_str_in_output(),
         min_tokens: req.min_tokens(),
     };
+    let stop_strings: Arc<[String]> = req.stop_strings().into();
     let mut runs = Vec::new();
     for planned in req.planned_choices() {
         let (_, receiver) = app.scheduler.submit(planned.request)?;
@@ -204,6 +215,9 @@ fn submit_all(app: &AppState, req: &ValidRequest) -> Result<Vec<ChoiceRun>, Serv
             queued: VecDeque::new(),
             timing,
             constraint_param: req.constraint_param(),
+            stop_strings: Arc::clone(&stop_strings),
+            stopped_by: None,
+            cached_prompt_tokens: 0,
         });
     }
     Ok(runs)
@@ -218,6 +232,7 @@ impl ChoiceRun {
             }
             let receiver = self.receiver.as_mut()?;
             let event = receiver.recv().await;
+            self.cached_prompt_tokens = receiver.cached_prompt_tokens();
             if let Err(e) = self.apply(event) {
                 self.receiver = None;
                 self.queued.clear();
@@ -259,6 +274,7 @@ impl ChoiceRun {
                 }
                 let out = self.matcher.push(&piece);
                 self.queue_delta(out.text);
+                self.stopped_by = self.stopped_by.or(out.stopped_by);
                 if out.stopped_by.is_some() {
                     // Dropping the receiver cancels the sequence in the scheduler.
                     self.timing.finished();
@@ -272,6 +288,7 @@ impl ChoiceRun {
                 self.receiver = None;
                 let tail = self.decoder.finish()?;
                 let out = self.matcher.push(&tail);
+                self.stopped_by = self.stopped_by.or(out.stopped_by);
                 let mut text = out.text;
                 if out.stopped_by.is_none() {
                     text.push_str(&self.matcher.finish());
@@ -289,6 +306,10 @@ impl ChoiceRun {
             }
             Some(TokenEvent::Error(message)) => Err(ServerError::EngineFailed(message)),
             Some(TokenEvent::Failed(message)) => Err(ServerError::GenerationFailed(message)),
+            // A generation is never an embedding sequence.
+            Some(TokenEvent::Embedding(_)) => Err(ServerError::Internal(
+                "an embedding came back for a generation".into(),
+            )),
             // Only a constraint makes the engine refuse a request's sequence.
             Some(TokenEvent::Refused(message)) => {
                 Err(ServerError::invalid(self.constraint_param, message))
@@ -322,6 +343,10 @@ impl ChoiceRun {
             index: self.index,
             reason,
             completion_tokens: self.completion_tokens,
+            stop_sequence: self
+                .stopped_by
+                .and_then(|i| self.stop_strings.get(i).cloned()),
+            cached_prompt_tokens: self.cached_prompt_tokens,
         });
     }
 
@@ -359,6 +384,21 @@ pub struct ChoiceOutput {
     pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
     pub finish_reason: &'static str,
     pub completion_tokens: usize,
+    /// The stop string that ended the choice, when one did.
+    pub stop_sequence: Option<String>,
+    /// The prompt's tokens the prefix cache held.
+    pub cached_prompt_tokens: usize,
+}
+
+/// The prompts' tokens the prefix cache held: for each prompt, the most any of its
+/// choices found.
+pub fn cached_prompt_tokens(outputs: &[ChoiceOutput]) -> usize {
+    let mut by_prompt = std::collections::HashMap::new();
+    for o in outputs {
+        let c = by_prompt.entry(o.prompt_index).or_insert(0);
+        *c = (*c).max(o.cached_prompt_tokens);
+    }
+    by_prompt.values().sum()
 }
 
 /// Run every choice to its end, concurrently. The first failure drops the others
@@ -387,6 +427,8 @@ async fn collect_one(mut run: ChoiceRun) -> Result<ChoiceOutput, ServerError> {
             ChoiceEvent::Finished {
                 reason,
                 completion_tokens,
+                stop_sequence,
+                cached_prompt_tokens,
                 ..
             } => {
                 return Ok(ChoiceOutput {
@@ -397,6 +439,8 @@ async fn collect_one(mut run: ChoiceRun) -> Result<ChoiceOutput, ServerError> {
                     prompt_logprobs,
                     finish_reason: reason,
                     completion_tokens,
+                    stop_sequence,
+                    cached_prompt_tokens,
                 })
             }
             ChoiceEvent::Failed(e) => return Err(e),

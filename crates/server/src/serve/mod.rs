@@ -60,6 +60,7 @@ use tessera_scheduler::{
 use crate::api::models::ServedNames;
 use crate::api::params::grammar::GrammarService;
 use crate::api::valid_request::ValidationContext;
+use crate::runner::Runner;
 use crate::serve::connection::{fit_connections_to_open_files, ConnHandle, LimitedListener};
 use crate::serve::lifecycle::Lifecycle;
 use crate::serve::metrics::ServerMetrics;
@@ -145,6 +146,14 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
     let mut engine = Engine::load(&cfg).context("loading the model")?;
     check_vocabulary(&tokenizer, engine.model_config()).context("checking the tokenizer")?;
     let vocab_rows = engine.model_config().vocab_size;
+    let runner = Runner::resolve(
+        args.runner,
+        args.pooling,
+        args.embedding_normalize,
+        &cfg.model_path,
+        engine.model_config().hidden_size,
+    )
+    .context("choosing the pooling")?;
     let grammar = GrammarCompiler::new(&tokenizer, engine.model_config().vocab_size);
     if let Err(e) = &grammar {
         tracing::warn!("response_format json_object/json_schema will be refused: {e}");
@@ -210,6 +219,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
         metrics: Arc::clone(&front.metrics),
         engine_stats: Some(engine_stats),
         ui: !args.no_ui,
+        runner: Arc::new(runner),
     })
 }
 
@@ -248,6 +258,7 @@ pub fn warm_up(state: &AppState) -> Result<()> {
     loop {
         match events.blocking_recv() {
             Some(TokenEvent::Token { .. }) => tokens += 1,
+            Some(TokenEvent::Embedding(_)) => anyhow::bail!("warm-up came back as an embedding"),
             Some(TokenEvent::Finished { .. }) => break,
             Some(TokenEvent::Error(e) | TokenEvent::Failed(e) | TokenEvent::Refused(e)) => {
                 anyhow::bail!("warm-up generation failed: {e}")

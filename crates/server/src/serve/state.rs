@@ -7,7 +7,9 @@ use axum::extract::FromRef;
 
 use tessera_scheduler::SchedulerHandle;
 
+use crate::api::error::ServerError;
 use crate::api::valid_request::ValidationContext;
+use crate::runner::{PoolingSetup, Runner};
 use crate::serve::lifecycle::Lifecycle;
 use crate::serve::limits::ServerLimits;
 use crate::serve::metrics::ServerMetrics;
@@ -31,12 +33,39 @@ pub struct AppState {
     pub engine_stats: Option<tessera_engine::EngineStats>,
     /// Serve the chat page at `/` (not with `--no-ui`).
     pub ui: bool,
+    /// Whether the model generates or embeds (`--runner`).
+    pub runner: Arc<Runner>,
 }
 
 impl AppState {
     /// The name replies and metrics report (the first served name).
     pub fn model_name(&self) -> &str {
         self.validation.served_model_names.primary()
+    }
+
+    /// Refuses a generating route on an embedding server.
+    pub fn require_generate(&self) -> Result<(), ServerError> {
+        match self.runner.pooling() {
+            None => Ok(()),
+            Some(_) => Err(ServerError::InvalidRequest {
+                message: "this server runs an embedding model (--runner pooling): it serves \
+                          /v1/embeddings, not generation"
+                    .into(),
+                param: None,
+            }),
+        }
+    }
+
+    /// How embeddings are pooled, or a refusal on a generating server.
+    pub fn require_pooling(&self) -> Result<&PoolingSetup, ServerError> {
+        self.runner
+            .pooling()
+            .ok_or_else(|| ServerError::InvalidRequest {
+                message: "this server runs a generating model: start it with --runner pooling \
+                      and an embedding model to serve /v1/embeddings"
+                    .into(),
+                param: None,
+            })
     }
 }
 

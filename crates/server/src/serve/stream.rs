@@ -55,9 +55,43 @@ pub trait ChunkFormat: Send + 'static {
     }
     /// Chunks for new text of choice `index` (none while a format holds text back).
     fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Vec<String>;
-    /// Chunks that end choice `index`: whatever was held back, then the finish reason.
-    fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String>;
+    /// Chunks that end choice `index`: whatever was held back, then how it ended.
+    fn finish(&mut self, index: usize, end: &ChoiceEnd) -> Vec<String>;
     fn usage(&mut self, usage: Usage) -> String;
+
+    /// Whether each event carries its chunk's `type` as its SSE `event:` name, as the
+    /// Responses and Messages APIs' streams do.
+    fn named_events() -> bool
+    where
+        Self: Sized,
+    {
+        false
+    }
+
+    /// The data of the event that ends a stream with `e`.
+    fn error_data(e: &ServerError) -> String
+    where
+        Self: Sized,
+    {
+        to_json(&e.body())
+    }
+
+    /// What keeps an idle stream open: a comment line unless the API names an event.
+    fn keep_alive() -> KeepAlive
+    where
+        Self: Sized,
+    {
+        KeepAlive::default()
+    }
+}
+
+/// How a choice ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChoiceEnd {
+    /// `stop` or `length`.
+    pub reason: &'static str,
+    /// The stop string that ended it, when one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// JSON text of a chunk. Serializing these plain structs cannot fail; if it ever did,
@@ -71,24 +105,46 @@ pub fn frame(data: impl AsRef<str>) -> Event {
     Event::default().data(data)
 }
 
+/// One SSE event of format `F`: named after its chunk's `type` where `F` names events.
+fn framed<F: ChunkFormat>(data: String) -> Event {
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<&'a str>,
+    }
+    let name = match F::named_events() {
+        true => serde_json::from_str::<Typed<'_>>(&data)
+            .ok()
+            .and_then(|t| t.kind.map(str::to_string)),
+        false => None,
+    };
+    match name {
+        Some(name) => Event::default().event(name).data(data),
+        None => Event::default().data(data),
+    }
+}
+
 struct StreamState<F> {
     merged: SelectAll<BoxStream<'static, ChoiceEvent>>,
     queued: VecDeque<Event>,
     format: F,
     prompt_tokens: usize,
     completion_tokens: usize,
+    /// Each prompt's tokens the prefix cache held (the most any of its choices found).
+    cached: std::collections::HashMap<usize, usize>,
+    prompt_of: std::collections::HashMap<usize, usize>,
     include_usage: bool,
     done: bool,
 }
 
-impl<F> StreamState<F> {
-    /// Ends the stream with `e`'s error envelope; dropping the other choices cancels
-    /// them.
+impl<F: ChunkFormat> StreamState<F> {
+    /// Ends the stream with `e`'s error event; dropping the other choices cancels them.
     fn fail(&mut self, e: ServerError, terminator: Option<&'static str>) {
         e.log();
         self.merged = SelectAll::new();
-        self.queued.push_back(frame(to_json(&e.body())));
-        self.queued.extend(terminator.map(frame));
+        self.queued.push_back(framed::<F>(F::error_data(&e)));
+        self.queued
+            .extend(terminator.map(|t| framed::<F>(t.to_string())));
         self.done = true;
     }
 }
@@ -102,7 +158,11 @@ pub fn sse_response<F: ChunkFormat>(
     limits: &ServerLimits,
 ) -> Response {
     let choices: Vec<(usize, usize)> = runs.iter().map(|r| (r.index, r.prompt_index)).collect();
-    let queued = format.opening(&choices).into_iter().map(frame).collect();
+    let queued = format
+        .opening(&choices)
+        .into_iter()
+        .map(framed::<F>)
+        .collect();
     let terminator = format.terminator();
     let merged = stream::select_all(runs.into_iter().map(|run| {
         stream::unfold(run, |mut run| async move {
@@ -116,6 +176,8 @@ pub fn sse_response<F: ChunkFormat>(
         format,
         prompt_tokens,
         completion_tokens: 0,
+        cached: Default::default(),
+        prompt_of: choices.iter().copied().collect(),
         include_usage,
         done: false,
     };
@@ -130,7 +192,7 @@ pub fn sse_response<F: ChunkFormat>(
             match s.merged.next().await {
                 Some(ChoiceEvent::PromptScored { index, logprobs }) => {
                     match s.format.prompt_scored(index, &logprobs) {
-                        Ok(chunks) => s.queued.extend(chunks.into_iter().map(frame)),
+                        Ok(chunks) => s.queued.extend(chunks.into_iter().map(framed::<F>)),
                         Err(e) => s.fail(e, terminator),
                     }
                 }
@@ -140,25 +202,36 @@ pub fn sse_response<F: ChunkFormat>(
                     logprobs,
                 }) => {
                     let chunks = s.format.delta(index, text, &logprobs);
-                    s.queued.extend(chunks.into_iter().map(frame));
+                    s.queued.extend(chunks.into_iter().map(framed::<F>));
                 }
                 Some(ChoiceEvent::Finished {
                     index,
                     reason,
                     completion_tokens,
+                    stop_sequence,
+                    cached_prompt_tokens,
                 }) => {
                     s.completion_tokens += completion_tokens;
-                    let chunks = s.format.finish(index, reason);
-                    s.queued.extend(chunks.into_iter().map(frame));
+                    let prompt = s.prompt_of.get(&index).copied().unwrap_or(0);
+                    let cached = s.cached.entry(prompt).or_default();
+                    *cached = (*cached).max(cached_prompt_tokens);
+                    let end = ChoiceEnd {
+                        reason,
+                        stop_sequence,
+                    };
+                    let chunks = s.format.finish(index, &end);
+                    s.queued.extend(chunks.into_iter().map(framed::<F>));
                 }
                 Some(ChoiceEvent::Failed(e)) => s.fail(e, terminator),
                 None => {
                     if s.include_usage {
-                        let usage = Usage::new(s.prompt_tokens, s.completion_tokens);
+                        let usage = Usage::new(s.prompt_tokens, s.completion_tokens)
+                            .with_cached(s.cached.values().sum());
                         let data = s.format.usage(usage);
-                        s.queued.push_back(frame(data));
+                        s.queued.push_back(framed::<F>(data));
                     }
-                    s.queued.extend(terminator.map(frame));
+                    s.queued
+                        .extend(terminator.map(|t| framed::<F>(t.to_string())));
                     s.done = true;
                 }
             }
@@ -170,16 +243,15 @@ pub fn sse_response<F: ChunkFormat>(
         deadline: scope.as_ref().and_then(|s| s.deadline),
         timeout: limits.request_timeout.unwrap_or_default(),
         stall: limits.stream_stall_timeout,
-        terminator,
+        terminator: terminator.map(|t| framed::<F>(t.to_string())),
+        error_event: |e| framed::<F>(F::error_data(e)),
     };
     // Log lines written while streaming carry the request's span (its request id).
     let span = tracing::Span::current();
     tokio::spawn(within(scope, pump(events.boxed(), sender, ends)).instrument(span));
     let body =
         stream::poll_fn(move |cx| receiver.poll_recv(cx).map(|e| e.map(Ok::<_, Infallible>)));
-    Sse::new(body)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    Sse::new(body).keep_alive(F::keep_alive()).into_response()
 }
 
 /// When a stream is cut short.
@@ -190,7 +262,9 @@ struct StreamEnds {
     /// How long the channel may stay full.
     stall: Duration,
     /// The format's last event, if it has one.
-    terminator: Option<&'static str>,
+    terminator: Option<Event>,
+    /// The event that ends the stream with an error, in the format's shape.
+    error_event: fn(&ServerError) -> Event,
 }
 
 /// Move `events` into `sender` until the stream ends, the client leaves or stalls, or
@@ -224,9 +298,9 @@ async fn pump(
                 };
                 e.log();
                 // A full buffer means a client that does not read: it gets nothing more.
-                let _ = sender.try_send(Event::default().data(to_json(&e.body())));
+                let _ = sender.try_send((ends.error_event)(&e));
                 if let Some(last) = ends.terminator {
-                    let _ = sender.try_send(Event::default().data(last));
+                    let _ = sender.try_send(last);
                 }
                 return;
             }

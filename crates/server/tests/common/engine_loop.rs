@@ -85,6 +85,7 @@ pub fn stream_all(handle: &SchedulerHandle, requests: &[GenerationRequest]) -> V
                             | TokenEvent::Refused(e) => {
                                 panic!("engine error: {e}")
                             }
+                            TokenEvent::Embedding(_) => panic!("an embedding for a generation"),
                         }
                     }
                     out

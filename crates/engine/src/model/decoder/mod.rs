@@ -24,7 +24,9 @@ mod forward;
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 mod gpu_parts;
 mod load;
+mod pool;
 mod shard;
 
 pub use load::{load_rank_shards, load_shards};
+pub use pool::Pooled;
 pub use shard::DecoderShard;

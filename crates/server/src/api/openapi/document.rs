@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use crate::api::openapi::schema::with_properties;
 use crate::api::openapi::vllm::vllm_properties;
+use crate::api::openapi::{embeddings, messages};
 
 fn reference(name: &str) -> Value {
     json!({ "$ref": format!("#/components/schemas/{name}") })
@@ -165,7 +166,12 @@ fn schemas() -> Value {
         "properties": {
             "prompt_tokens": { "type": "integer" },
             "completion_tokens": { "type": "integer" },
-            "total_tokens": { "type": "integer" }
+            "total_tokens": { "type": "integer" },
+            "prompt_tokens_details": {
+                "type": "object",
+                "required": ["cached_tokens"],
+                "properties": { "cached_tokens": { "type": "integer" } }
+            }
         }
     });
     let top_logprob = json!({
@@ -471,6 +477,9 @@ pub fn document_for(served_model: &str) -> Value {
         "CompletionRequest",
         "TokenizeRequest",
         "DetokenizeRequest",
+        "MessagesRequest",
+        "CountTokensRequest",
+        "EmbeddingRequest",
     ] {
         let model = &mut doc["components"]["schemas"][schema]["properties"]["model"];
         if let Some(m) = model.as_object_mut() {
@@ -491,7 +500,7 @@ pub fn document() -> Value {
             }
         })
     };
-    json!({
+    let mut doc = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Tessera",
@@ -499,7 +508,13 @@ pub fn document() -> Value {
             "description": "OpenAI-compatible LLM inference server"
         },
         "components": {
-            "schemas": with_properties(schemas(), responses_schemas()),
+            "schemas": with_properties(
+                with_properties(
+                    with_properties(schemas(), responses_schemas()),
+                    messages::schemas()
+                ),
+                embeddings::schemas()
+            ),
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
         },
         "security": [ { "bearer": [] } ],
@@ -587,5 +602,13 @@ pub fn document() -> Value {
                 }
             } }
         }
-    })
+    });
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for more in [messages::paths(), embeddings::paths()] {
+            if let Value::Object(more) = more {
+                paths.extend(more);
+            }
+        }
+    }
+    doc
 }

@@ -1,6 +1,8 @@
 //! The OpenAPI 3.1 document of every route, with vLLM's request extensions.
 
 mod document;
+mod embeddings;
+mod messages;
 mod schema;
 mod vllm;
 

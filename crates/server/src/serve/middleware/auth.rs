@@ -1,7 +1,8 @@
-//! Bearer-token authentication, before any routing: with keys configured, every path
-//! but the open ones (the probes) needs `Authorization: Bearer <key>` (the scheme in
-//! any case, as RFC 7235 has it), so neither a wrong method nor an unknown path tells a
-//! client without a key which routes exist. Keys are compared in constant time: the time
+//! API-key authentication, before any routing: with keys configured, every path but the
+//! open ones (the probes) needs `Authorization: Bearer <key>` (the scheme in any case,
+//! as RFC 7235 has it) or, as Anthropic's clients send it, `x-api-key: <key>`, so
+//! neither a wrong method nor an unknown path tells a client without a key which routes
+//! exist. Keys are compared in constant time: the time
 //! depends on the configured keys' lengths only, never on how much of a key the
 //! presented one matches or on its length. Keys are never logged.
 
@@ -20,11 +21,17 @@ pub async fn require_api_key(State(front): State<Front>, req: Request, next: Nex
     if front.api_keys.is_empty() || route_table::is_open(req.uri().path()) {
         return next.run(req).await;
     }
-    let presented = req
-        .headers()
+    let headers = req.headers();
+    let presented = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
+        .and_then(bearer_token)
+        .or_else(|| {
+            headers
+                .get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        });
     match presented {
         Some(key) if key_matches(&front.api_keys, key) => next.run(req).await,
         _ => ServerError::Unauthorized.into_response(),

@@ -140,6 +140,7 @@ pub async fn request_context(State(front): State<Front>, req: Request, next: Nex
         .map(|ConnectInfo(conn)| conn.0.request_started());
     let id = request_id(&req);
     let route = route_table::template(req.uri().path());
+    let anthropic = route_table::is_messages(req.uri().path());
     let method = req.method().clone();
     let span = tracing::info_span!("request", request_id = %id);
     let scope = RequestScope {
@@ -162,6 +163,10 @@ pub async fn request_context(State(front): State<Front>, req: Request, next: Nex
     if large_body {
         return_freed_memory();
     }
+    let response = match anthropic {
+        true => crate::serve::middleware::envelope::anthropic(response),
+        false => response,
+    };
     let mut response = match in_progress {
         Some(guard) => response.map(|body| {
             Body::new(Guarded {

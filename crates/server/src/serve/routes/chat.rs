@@ -15,11 +15,13 @@ use crate::api::response::{
 };
 use crate::api::tools::prompt::ToolOutput;
 use crate::api::valid_request::ValidRequest;
-use crate::serve::generation::{collect_all, log_end_user, log_ignored_fields, Submitted};
+use crate::serve::generation::{
+    cached_prompt_tokens, collect_all, log_end_user, log_ignored_fields, Submitted,
+};
 use crate::serve::json_body::JsonBody;
 use crate::serve::routes::chat_tools::{finish_reason, reply_message, StreamedCalls};
 use crate::serve::state::AppState;
-use crate::serve::stream::{sse_response, to_json, ChunkFormat};
+use crate::serve::stream::{sse_response, to_json, ChoiceEnd, ChunkFormat};
 
 pub async fn chat_completions(
     State(app): State<AppState>,
@@ -50,6 +52,7 @@ pub async fn chat_completions(
         ));
     }
     let outputs = collect_all(runs).await?;
+    let cached = cached_prompt_tokens(&outputs);
     let completion_tokens = outputs.iter().map(|o| o.completion_tokens).sum();
     let choices = outputs
         .into_iter()
@@ -77,7 +80,7 @@ pub async fn chat_completions(
         created,
         model,
         choices,
-        usage: Usage::new(prompt_tokens, completion_tokens),
+        usage: Usage::new(prompt_tokens, completion_tokens).with_cached(cached),
     })
     .into_response())
 }
@@ -199,7 +202,8 @@ impl ChunkFormat for ChatFormat {
         }
     }
 
-    fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String> {
+    fn finish(&mut self, index: usize, end: &ChoiceEnd) -> Vec<String> {
+        let reason = end.reason;
         let mut chunks = match self.split(index, "", true) {
             Some(split) => self.split_chunks(index, split, &[]),
             None => Vec::new(),
@@ -338,7 +342,13 @@ mod tests {
             for part in chars.chunks(piece) {
                 chunks.extend(format.delta(0, part.iter().collect(), &[]));
             }
-            chunks.extend(format.finish(0, "stop"));
+            chunks.extend(format.finish(
+                0,
+                &ChoiceEnd {
+                    reason: "stop",
+                    stop_sequence: None,
+                },
+            ));
             let (mut thinking, mut content, mut name, mut args, mut reason) = (
                 String::new(),
                 String::new(),

@@ -14,11 +14,11 @@ use crate::api::error::ServerError;
 use crate::api::response::{Completion, CompletionChoice, CompletionLogprobs, TokenLogprob, Usage};
 use crate::api::valid_request::ValidRequest;
 use crate::serve::generation::{
-    collect_all, log_end_user, log_ignored_fields, token_logprob, Submitted,
+    cached_prompt_tokens, collect_all, log_end_user, log_ignored_fields, token_logprob, Submitted,
 };
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
-use crate::serve::stream::{sse_response, to_json, ChunkFormat};
+use crate::serve::stream::{sse_response, to_json, ChoiceEnd, ChunkFormat};
 
 pub async fn completions(
     State(app): State<AppState>,
@@ -62,6 +62,7 @@ pub async fn completions(
         ));
     }
     let outputs = collect_all(runs).await?;
+    let cached = cached_prompt_tokens(&outputs);
     let score_only = valid.score_only();
     let completion_tokens = if score_only {
         0
@@ -107,7 +108,7 @@ pub async fn completions(
         created,
         model,
         choices,
-        usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+        usage: Some(Usage::new(prompt_tokens, completion_tokens).with_cached(cached)),
     })
     .into_response())
 }
@@ -283,7 +284,8 @@ impl ChunkFormat for CompletionFormat {
         out
     }
 
-    fn finish(&mut self, index: usize, reason: &'static str) -> Vec<String> {
+    fn finish(&mut self, index: usize, end: &ChoiceEnd) -> Vec<String> {
+        let reason = end.reason;
         let mut out = self.release_echo(index, &[]).unwrap_or_default();
         out.push(self.chunk(
             vec![CompletionChoice {

@@ -5,7 +5,9 @@
 pub mod chat;
 pub mod chat_tools;
 pub mod completions;
+pub mod embeddings;
 pub mod info;
+pub mod messages;
 pub mod metrics;
 pub mod responses;
 pub mod table;
@@ -57,6 +59,9 @@ fn handler(path: &str) -> Option<MethodRouter<AppState>> {
         "/v1/chat/completions" => post(chat::chat_completions),
         "/v1/completions" => post(completions::completions),
         "/v1/responses" => post(responses::create_response),
+        "/v1/messages" => post(messages::create_message),
+        "/v1/embeddings" => post(embeddings::create_embeddings),
+        "/v1/messages/count_tokens" => post(messages::count_tokens),
         "/v1/models" => get(info::list_models),
         "/v1/models/{id}" => get(info::get_model),
         "/tokenize" => post(tokenize::tokenize),

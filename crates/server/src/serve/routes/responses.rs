@@ -27,7 +27,7 @@ use crate::serve::generation::{collect_all, log_end_user, log_ignored_fields, Su
 use crate::serve::json_body::JsonBody;
 use crate::serve::routes::chat_tools::new_call_id;
 use crate::serve::state::{random_id, AppState};
-use crate::serve::stream::{sse_response, to_json, ChunkFormat};
+use crate::serve::stream::{sse_response, to_json, ChoiceEnd, ChunkFormat};
 
 pub async fn create_response(
     State(app): State<AppState>,
@@ -409,6 +409,11 @@ impl ResponsesFormat {
 }
 
 impl ChunkFormat for ResponsesFormat {
+    /// OpenAI's Responses streams name each event after its type.
+    fn named_events() -> bool {
+        true
+    }
+
     fn terminator(&self) -> Option<&'static str> {
         None
     }
@@ -430,7 +435,8 @@ impl ChunkFormat for ResponsesFormat {
         out
     }
 
-    fn finish(&mut self, _index: usize, reason: &'static str) -> Vec<String> {
+    fn finish(&mut self, _index: usize, end: &ChoiceEnd) -> Vec<String> {
+        let reason = end.reason;
         let mut out = Vec::new();
         if let Some(rest) = self.split.as_mut().map(ReasoningSplit::finish) {
             self.split_delta(rest, &mut out);

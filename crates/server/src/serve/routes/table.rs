@@ -25,6 +25,9 @@ pub const ROUTES: &[RouteSpec] = &[
     route(Method::POST, "/v1/chat/completions", false),
     route(Method::POST, "/v1/completions", false),
     route(Method::POST, "/v1/responses", false),
+    route(Method::POST, "/v1/messages", false),
+    route(Method::POST, "/v1/messages/count_tokens", false),
+    route(Method::POST, "/v1/embeddings", false),
     route(Method::GET, "/v1/models", false),
     route(Method::GET, "/v1/models/{id}", false),
     route(Method::POST, "/tokenize", false),
@@ -42,6 +45,12 @@ pub const ROUTES: &[RouteSpec] = &[
 /// paths are all `unmatched`).
 pub fn template(path: &str) -> &'static str {
     find(path).map_or("unmatched", |r| r.path)
+}
+
+/// Whether `path` is one of the Messages API's (Anthropic's), whose errors leave in
+/// Anthropic's envelope.
+pub fn is_messages(path: &str) -> bool {
+    matches!(template(path), "/v1/messages" | "/v1/messages/count_tokens")
 }
 
 /// Whether `path` is reachable without an API key.

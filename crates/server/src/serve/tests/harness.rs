@@ -228,6 +228,7 @@ impl Executor for FakeExecutor {
                     token: self.token,
                     logprobs: None,
                     prompt_logprobs: None,
+                    embedding: None,
                 })
                 .collect(),
             failed: Vec::new(),
@@ -305,6 +306,7 @@ pub fn fake_state_with_tokenizer<E: Executor + 'static>(
     lifecycle.set_loaded(scheduler.clone());
     lifecycle.set_started();
     AppState {
+        runner: Default::default(),
         scheduler,
         validation: Arc::new(ValidationContext {
             vocab_rows: tokenizer.vocab_size(),

@@ -37,6 +37,7 @@ impl Executor for RecordingExecutor {
                 token,
                 logprobs: None,
                 prompt_logprobs: None,
+                embedding: None,
             });
         }
         Ok(StepOutput {

@@ -4,11 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod embeddings_tests;
 mod fake_engine_tests;
 mod harness;
 mod infill_tests;
 mod limits_tests;
 mod mask_metrics_tests;
+mod messages_tests;
 mod model_tests;
 mod openapi_tests;
 mod ops_tests;

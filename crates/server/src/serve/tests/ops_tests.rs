@@ -284,13 +284,31 @@ async fn metrics_parse_and_move_after_real_requests() {
     let prompt = reply["usage"]["prompt_tokens"].as_f64().unwrap();
     assert_eq!(prompt, mine.len() as f64);
     assert_eq!(reply["usage"]["completion_tokens"], 4);
+    assert_eq!(
+        reply["usage"]["prompt_tokens_details"]["cached_tokens"].as_f64(),
+        Some(full_blocks(common)),
+        "{reply}"
+    );
     let mut streamed = unique;
     streamed["stream"] = json!(true);
     let (status, events) = post_sse(&s.url("/v1/chat/completions"), &france(streamed)).await;
     assert_eq!(status, 200);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
 
-    let after = scraped_metrics(s).await;
+    // The engine loop publishes its counters after each step, which may be just after
+    // the last response went out: read them once they have settled.
+    let mut after = scraped_metrics(s).await;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let again = scraped_metrics(s).await;
+        let settled = ["vllm:generation_tokens_total", "tessera_steps_total"]
+            .iter()
+            .all(|k| again.get(*k) == after.get(*k));
+        after = again;
+        if settled {
+            break;
+        }
+    }
     let grew = |name: &str, by: f64| {
         let (b, a) = (before.get(name).copied().unwrap_or(0.0), after[name]);
         assert_eq!(a - b, by, "{name}: {b} -> {a}");
@@ -327,11 +345,9 @@ async fn metrics_parse_and_move_after_real_requests() {
         "tessera_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"}",
         2.0,
     );
-    // The scrape before (a response is counted once it has started).
-    grew(
-        "tessera_http_requests_total{route=\"/metrics\",status=\"200\"}",
-        1.0,
-    );
+    // The scrapes before the last (a response is counted once it has started).
+    let name = "tessera_http_requests_total{route=\"/metrics\",status=\"200\"}";
+    assert!(after[name] - before[name] >= 2.0, "{name}");
 }
 
 #[tokio::test]

@@ -1,0 +1,4 @@
+//! `POST /v1/embeddings` (OpenAI's): the request as sent, and the reply.
+
+pub mod reply;
+pub mod request;
