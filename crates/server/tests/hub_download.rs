@@ -251,11 +251,13 @@ fn a_sharded_safetensors_folder_comes_whole_and_loads() {
         got,
         [
             "config.json",
+            "embeddings.json",
             "generation_config.json",
             "model-00001-of-00002.safetensors",
             "model-00002-of-00002.safetensors",
             "model.safetensors.index.json",
-            // The fixture's transformers logits: every top-level JSON file comes.
+            // The fixture's transformers logits and embeddings: every top-level JSON
+            // file comes.
             "reference.json",
         ]
     );
