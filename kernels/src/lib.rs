@@ -8,11 +8,15 @@
 //! into the layout of [`cpu::layout`]. Each kernel has a scalar reference and
 //! runtime-dispatched AVX2 and AVX-512 VNNI versions; tests compare them on random data.
 //!
+//! KV cache formats ([`kv_quant`]): the 16- and 8-bit element types of the paged KV cache
+//! and their scales, shared by the CPU attention and the CUDA kernels' references.
+//!
 //! CUDA: paged attention, RoPE with the KV-cache write, and SiLU·up ([`gpu`]), compiled
 //! to PTX by the build script under the `cuda` feature.
 
 pub mod cpu;
 pub mod gpu;
+pub mod kv_quant;
 pub mod memory;
 
 pub use cpu::isa::Isa;

@@ -24,13 +24,14 @@ pub fn advise_huge_pages<T: Copy>(buf: &mut [T]) {
 }
 
 /// Touches every page of a fresh, lazily mapped buffer (writing the zero it already
-/// reads), so that the page faults and zeroing happen now rather than on the first
-/// writes of a hot loop, and a machine short of memory fails here instead of there.
-pub fn prefault(buf: &mut [f32]) {
-    const PAGE: usize = 4096 / std::mem::size_of::<f32>();
-    for i in (0..buf.len()).step_by(PAGE) {
+/// reads: `T::default()` must be all zero bits, as it is for the float and integer types
+/// the kernels store), so that the page faults and zeroing happen now rather than on the
+/// first writes of a hot loop, and a machine short of memory fails here instead of there.
+pub fn prefault<T: Copy + Default>(buf: &mut [T]) {
+    let page = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for i in (0..buf.len()).step_by(page) {
         // SAFETY: `i` is in bounds; a volatile write is not removed as a store of the
         // value the freshly mapped memory already holds.
-        unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), 0.0) };
+        unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), T::default()) };
     }
 }

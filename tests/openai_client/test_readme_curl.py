@@ -40,7 +40,7 @@ ALL = [c for b in bash_blocks(http_api_section()) for c in commands(b)]
 
 def test_every_route_has_an_example():
     routes = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
-              "/detokenize", "/health", "/openapi.json", "/v1/messages", "/v1/embeddings"]
+              "/detokenize", "/health", "/openapi.json", "/v1/messages", "/v1/embeddings", "/v1/rerank"]
     for route in routes:
         assert any(route in c for c in ALL), f"no README curl example for {route}"
 
@@ -82,6 +82,9 @@ def test_curl_example(command, base_url):
             assert set(args) == {"city"} and len(args["city"]) <= 20
         elif "/chat/completions" in cmd:
             assert body["choices"][0]["message"]["content"] == "The capital of France is Paris."
+        elif "/v1/rerank" in cmd:
+            assert len(body["results"]) == 2
+            assert body["results"][0]["relevance_score"] >= body["results"][1]["relevance_score"]
         elif "/v1/embeddings" in cmd:
             assert [d["index"] for d in body["data"]] == [0, 1]
             assert len(body["data"][0]["embedding"]) == 576

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::device::device_spec::DeviceSpec;
+use crate::device::dtype::KvCacheDtypeChoice;
+use crate::device::host_memory::CpuKvSizing;
 use crate::device::layer_map::LayerMap;
 use crate::tp::AllReduceDtype;
 
@@ -24,8 +26,15 @@ pub struct EngineConfig {
     pub allreduce_dtype: AllReduceDtype,
     pub block_size_tokens: usize,
     /// KV cache budget per rank; the number of blocks follows from it. CUDA ranks size
-    /// their cache from `gpu_memory_utilization` instead when that is set.
+    /// their cache from `gpu_memory_utilization` instead when that is set, CPU ranks
+    /// from `cpu_kv_sizing`.
     pub kv_cache_bytes: usize,
+    /// What the KV cache stores (`--kv-cache-dtype`). `None`: the type each rank computes
+    /// in (f32 on CPU ranks, bf16 on GPUs), what the engine's reference tests run.
+    pub kv_cache_dtype: Option<KvCacheDtypeChoice>,
+    /// CPU ranks' cache from the memory available after the weights (one node only: the
+    /// nodes of a group agree on `kv_cache_bytes` instead). `None`: `kv_cache_bytes`.
+    pub cpu_kv_sizing: Option<CpuKvSizing>,
     /// Fraction of each GPU's memory the engine may use: the KV cache gets what the
     /// weights and a profile step at the largest batch leave under it.
     pub gpu_memory_utilization: Option<f64>,
@@ -64,6 +73,8 @@ impl EngineConfig {
             allreduce_dtype: AllReduceDtype::F32,
             block_size_tokens: 16,
             kv_cache_bytes: 256 << 20,
+            cpu_kv_sizing: None,
+            kv_cache_dtype: None,
             gpu_memory_utilization: None,
             max_batch_tokens: 2048,
             max_num_seqs: 64,

@@ -81,6 +81,7 @@ pub fn generate_sampled(
                 start_pos: pos,
                 block_table: blocks.clone(),
                 sample,
+                num_draft: 0,
             }],
             finished: vec![],
         };

@@ -83,6 +83,7 @@ mod tests {
             start_pos,
             block_table: vec![],
             sample: false,
+            num_draft: 0,
         }
     }
 

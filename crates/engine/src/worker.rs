@@ -388,9 +388,12 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
                 block_size,
             } => {
                 // The old cache goes first: on a GPU its memory is what the new one takes.
-                cache = RankCache::Cpu(crate::model::KvCache::new(0, 0, block_size, 0, 0));
-                let resized =
-                    RankCache::new(&shard.cache_shape(), num_blocks, block_size).map(|c| {
+                // The new one starts uncalibrated (fp8): the engine's warm-up step, after
+                // every resize, sets its scales.
+                let dtype = cache.dtype();
+                cache = RankCache::Cpu(crate::model::KvCache::new(dtype, 0, 0, block_size, 0, 0));
+                let resized = RankCache::new(&shard.cache_shape(dtype), num_blocks, block_size)
+                    .map(|c| {
                         cache = c;
                         None
                     });

@@ -32,6 +32,7 @@ fn prompt_logprobs(
         start_pos: start,
         block_table: table.clone(),
         sample,
+        num_draft: 0,
     };
     let first = engine
         .step(&StepPlan {

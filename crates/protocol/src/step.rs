@@ -43,6 +43,12 @@ pub struct ScheduledChunk {
     pub block_table: Vec<u32>,
     /// Sample a next token after this chunk (false for all but the last prefill chunk).
     pub sample: bool,
+    /// Speculative decoding: the last `num_draft` of `tokens` are guesses at the tokens
+    /// after the sequence's last one. The executor samples after the last accepted token
+    /// and after each draft, and keeps drafts while each equals the token sampled before
+    /// it ([`SampledToken::accepted`]). Only with `sample`.
+    #[serde(default)]
+    pub num_draft: usize,
 }
 
 impl ScheduledChunk {
@@ -90,6 +96,11 @@ pub struct SampledToken {
     /// prompt chunk: its embedding, and `token` means nothing.
     #[serde(default)]
     pub embedding: Option<Vec<f32>>,
+    /// For a chunk with drafts: the tokens sampled after `token`, one per draft accepted
+    /// (`token` equalled the first draft, each of these but the last the next one), in
+    /// order, with their log-probabilities when asked for.
+    #[serde(default)]
+    pub accepted: Vec<(u32, Option<TokenLogprobs>)>,
 }
 
 /// A sequence the executor refused in a step that otherwise ran: its own input is at

@@ -3,6 +3,7 @@
 use tessera_protocol::KvCacheShape;
 
 use crate::error::SchedulerError;
+use crate::speculation::NgramSpeculation;
 
 /// How the scheduler batches work. The KV cache shape itself comes from the executor;
 /// `block_size_tokens` must agree with it (checked, never silently overridden).
@@ -25,6 +26,8 @@ pub struct SchedulerConfig {
     /// Events a request's channel holds unread. A sequence whose client lets them pile
     /// up gets no more steps until it reads (backpressure); at least 2.
     pub max_buffered_events: usize,
+    /// Guess tokens after each decoding sequence's last one, for the executor to verify.
+    pub speculation: Option<NgramSpeculation>,
 }
 
 impl Default for SchedulerConfig {
@@ -37,6 +40,7 @@ impl Default for SchedulerConfig {
             max_model_len: None,
             enable_prefix_caching: true,
             max_buffered_events: 64,
+            speculation: None,
         }
     }
 }
@@ -53,6 +57,7 @@ pub struct ResolvedConfig {
     pub max_model_len: usize,
     pub enable_prefix_caching: bool,
     pub max_buffered_events: usize,
+    pub speculation: Option<NgramSpeculation>,
 }
 
 impl ResolvedConfig {
@@ -114,6 +119,9 @@ impl SchedulerConfig {
                 self.max_buffered_events
             ));
         }
+        if let Some(s) = &self.speculation {
+            s.check().map_err(SchedulerError::InvalidConfig)?;
+        }
         if max_model_len == 0 {
             return bad("max_model_len must be at least 1".into());
         }
@@ -125,6 +133,7 @@ impl SchedulerConfig {
             max_model_len,
             enable_prefix_caching: self.enable_prefix_caching,
             max_buffered_events: self.max_buffered_events,
+            speculation: self.speculation,
         })
     }
 }

@@ -4,6 +4,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::speculation::SpeculationCounters;
+
+/// Guess positions whose acceptance is counted (the most `num_speculative_tokens` allows).
+const SPEC_POSITIONS: usize = 16;
+
 /// A point-in-time view of the scheduler. Token counters are in tokens.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SchedulerMetrics {
@@ -31,6 +36,8 @@ pub struct SchedulerMetrics {
     pub prompt_tokens_total: u64,
     /// Tokens sampled and delivered.
     pub generation_tokens_total: u64,
+    /// Speculation: guesses made and kept.
+    pub speculation: SpeculationCounters,
 }
 
 /// Atomics mirroring [`SchedulerMetrics`]; each field is read and written on its own, so
@@ -50,6 +57,11 @@ pub struct SharedMetrics {
     last_step_duration_ns: AtomicU64,
     prompt_tokens_total: AtomicU64,
     generation_tokens_total: AtomicU64,
+    spec_drafts: AtomicU64,
+    spec_draft_tokens: AtomicU64,
+    spec_accepted_tokens: AtomicU64,
+    spec_positions: AtomicU64,
+    spec_accepted_per_position: [AtomicU64; SPEC_POSITIONS],
 }
 
 impl SharedMetrics {
@@ -74,6 +86,19 @@ impl SharedMetrics {
         self.prompt_tokens_total.store(m.prompt_tokens_total, r);
         self.generation_tokens_total
             .store(m.generation_tokens_total, r);
+        let s = &m.speculation;
+        self.spec_drafts.store(s.drafts, r);
+        self.spec_draft_tokens.store(s.draft_tokens, r);
+        self.spec_accepted_tokens.store(s.accepted_tokens, r);
+        let positions = s.accepted_per_position.len().min(SPEC_POSITIONS);
+        self.spec_positions.store(positions as u64, r);
+        for (cell, n) in self
+            .spec_accepted_per_position
+            .iter()
+            .zip(&s.accepted_per_position)
+        {
+            cell.store(*n, r);
+        }
     }
 
     pub fn snapshot(&self) -> SchedulerMetrics {
@@ -92,6 +117,16 @@ impl SharedMetrics {
             last_step_duration: Duration::from_nanos(self.last_step_duration_ns.load(r)),
             prompt_tokens_total: self.prompt_tokens_total.load(r),
             generation_tokens_total: self.generation_tokens_total.load(r),
+            speculation: SpeculationCounters {
+                drafts: self.spec_drafts.load(r),
+                draft_tokens: self.spec_draft_tokens.load(r),
+                accepted_tokens: self.spec_accepted_tokens.load(r),
+                accepted_per_position: self.spec_accepted_per_position
+                    [..self.spec_positions.load(r) as usize]
+                    .iter()
+                    .map(|n| n.load(r))
+                    .collect(),
+            },
         }
     }
 }
@@ -116,6 +151,12 @@ mod tests {
             last_step_duration: Duration::from_micros(1500),
             prompt_tokens_total: 70,
             generation_tokens_total: 30,
+            speculation: SpeculationCounters {
+                drafts: 4,
+                draft_tokens: 12,
+                accepted_tokens: 5,
+                accepted_per_position: vec![3, 2, 0],
+            },
         };
         let shared = SharedMetrics::default();
         shared.publish(&m);

@@ -43,6 +43,7 @@ use crate::config::{ResolvedConfig, SchedulerConfig};
 use crate::error::{AdmissionError, SchedulerError};
 use crate::metrics::SchedulerMetrics;
 use crate::sequence::{Sequence, PROMPT_LOGPROBS_CHUNK};
+use crate::speculation::SpeculationCounters;
 use crate::token_channel::TokenReceiver;
 
 #[derive(Debug, Default)]
@@ -54,6 +55,7 @@ struct Counters {
     prefix_queries: u64,
     prefix_hits: u64,
     last_step_duration: Duration,
+    speculation: SpeculationCounters,
 }
 
 /// Continuous batching over a paged KV cache. Single-threaded: the engine loop owns it.
@@ -71,6 +73,8 @@ pub struct Scheduler {
     pending_finished: Vec<SeqId>,
     /// Chunks of the plan in flight, in plan order: `(id, sample)`.
     in_flight: Vec<(SeqId, bool)>,
+    /// The guessed tokens of the chunks in flight that carry some.
+    drafts_in_flight: HashMap<SeqId, Vec<u32>>,
     counters: Counters,
     /// Time from admission to first step of the sequences announced since the last
     /// [`Scheduler::take_queue_times`].
@@ -109,6 +113,7 @@ impl Scheduler {
             running: Vec::new(),
             pending_finished: Vec::new(),
             in_flight: Vec::new(),
+            drafts_in_flight: HashMap::new(),
             counters: Counters::default(),
             queue_times: Vec::new(),
             num_stalled: 0,
@@ -243,7 +248,10 @@ impl Scheduler {
                 self.kv.release_behind_window(*id, seq.num_computed_tokens);
             }
         }
+        let mut drafts_in_flight = mem::take(&mut self.drafts_in_flight);
         for sample in &output.samples {
+            let drafts = drafts_in_flight.remove(&sample.id).unwrap_or_default();
+            check_accepted(sample, &drafts)?;
             let Some(seq) = self.seqs.get_mut(&sample.id) else {
                 return Err(SchedulerError::UnknownSequence(sample.id));
             };
@@ -253,17 +261,41 @@ impl Scheduler {
                 self.finish(sample.id, delivered.then_some(FinishReason::Stop));
                 continue;
             }
-            seq.tokens.push(sample.token);
-            self.counters.generation_tokens += 1;
-            let delivered = seq.send(TokenEvent::Token {
-                token: sample.token,
-                logprobs: sample.logprobs.clone(),
-                prompt_logprobs: sample.prompt_logprobs.clone(),
-            });
-            if !delivered {
-                self.finish(sample.id, None);
-            } else if let Some(reason) = seq.stop_reason(self.cfg.max_model_len) {
-                self.finish(sample.id, Some(reason));
+            if !drafts.is_empty() {
+                self.counters
+                    .speculation
+                    .record(drafts.len(), sample.accepted.len());
+            }
+            // The sampled token, then one per accepted guess; each accepted guess's KV
+            // (written in this step) now holds a token of the sequence. A stop ends the
+            // sequence where it happens, and what came after it is dropped.
+            let first = (
+                sample.token,
+                sample.logprobs.clone(),
+                sample.prompt_logprobs.clone(),
+            );
+            let rest = sample.accepted.iter().map(|(t, lp)| (*t, lp.clone(), None));
+            for (i, (token, logprobs, prompt_logprobs)) in
+                std::iter::once(first).chain(rest).enumerate()
+            {
+                if i > 0 {
+                    seq.num_computed_tokens += 1;
+                }
+                seq.tokens.push(token);
+                self.counters.generation_tokens += 1;
+                let delivered = seq.send(TokenEvent::Token {
+                    token,
+                    logprobs,
+                    prompt_logprobs,
+                });
+                if !delivered {
+                    self.finish(sample.id, None);
+                    break;
+                }
+                if let Some(reason) = seq.stop_reason(self.cfg.max_model_len) {
+                    self.finish(sample.id, Some(reason));
+                    break;
+                }
             }
         }
         self.counters.steps += 1;
@@ -275,6 +307,7 @@ impl Scheduler {
     /// Announced sequences are listed in the next plan's `finished` so the executor
     /// drops their state; the scheduler then serves new requests as usual.
     pub fn fail_all(&mut self, message: &str) {
+        self.drafts_in_flight.clear();
         self.end_all(|_| TokenEvent::Error(message.to_string()));
         self.kv.reset_prefix_cache();
     }
@@ -285,6 +318,7 @@ impl Scheduler {
     /// failed step wrote only into blocks of its own sequences past their shared,
     /// committed prefix, and those blocks are freed here.
     pub fn fail_in_flight(&mut self, message: &str) {
+        self.drafts_in_flight.clear();
         for (id, _) in mem::take(&mut self.in_flight) {
             self.end_with(id, TokenEvent::Failed(message.to_string()));
         }
@@ -330,12 +364,22 @@ impl Scheduler {
             last_step_duration: c.last_step_duration,
             prompt_tokens_total: c.prompt_tokens,
             generation_tokens_total: c.generation_tokens,
+            speculation: c.speculation.clone(),
         }
     }
 
     /// Step 2 of `schedule`. Returns whether any sequence was preempted.
     fn schedule_running(&mut self, plan: &mut StepPlan, budget: &mut usize) -> bool {
         let mut preempted = false;
+        // Guesses pay while a step decodes few sequences (see `NgramSpeculation`).
+        let speculate = self.cfg.speculation.is_some_and(|s| {
+            let decoding = self
+                .running
+                .iter()
+                .filter(|id| self.seqs.get(id).is_some_and(|s| s.num_uncomputed() == 1))
+                .count();
+            decoding <= s.disable_by_batch_size
+        });
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
@@ -358,6 +402,20 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
+            let drafts = match speculate && num_new == 1 && !scoring {
+                true => self.drafts_for(seq, *budget),
+                false => Vec::new(),
+            };
+            // Room for the guesses too, or none are made.
+            let drafts = match drafts.is_empty()
+                || self
+                    .kv
+                    .grow(id, seq.num_computed_tokens + num_new + drafts.len())
+                    .is_ok()
+            {
+                true => drafts,
+                false => Vec::new(),
+            };
             let target = seq.num_computed_tokens + num_new;
             let mut fits = true;
             while self.kv.grow(id, target).is_err() {
@@ -377,8 +435,8 @@ impl Scheduler {
             if !fits {
                 break;
             }
-            self.push_chunk(plan, id, num_new);
-            *budget -= num_new;
+            *budget -= num_new + drafts.len();
+            self.push_chunk(plan, id, num_new, drafts);
             if scoring {
                 self.scoring_left -= num_new;
             }
@@ -452,14 +510,14 @@ impl Scheduler {
                     prompt_ids: seq.tokens[..seq.prompt_len].to_vec(),
                 });
             }
-            self.push_chunk(plan, id, num_new);
+            self.push_chunk(plan, id, num_new, Vec::new());
             *budget -= num_new;
         }
     }
 
     /// Plan `num_new` tokens of `id` starting at its computed count, and count them as
     /// computed (the step either succeeds or `fail_all` discards everything).
-    fn push_chunk(&mut self, plan: &mut StepPlan, id: SeqId, num_new: usize) {
+    fn push_chunk(&mut self, plan: &mut StepPlan, id: SeqId, num_new: usize, drafts: Vec<u32>) {
         let Some(seq) = self.seqs.get_mut(&id) else {
             return;
         };
@@ -467,9 +525,15 @@ impl Scheduler {
         let end = start_pos + num_new;
         let sample = end == seq.num_tokens();
         seq.num_computed_tokens = end;
+        let mut tokens = seq.tokens[start_pos..end].to_vec();
+        tokens.extend(&drafts);
+        let num_draft = drafts.len();
+        if num_draft > 0 {
+            self.drafts_in_flight.insert(id, drafts);
+        }
         plan.scheduled.push(ScheduledChunk {
             id,
-            tokens: seq.tokens[start_pos..end].to_vec(),
+            tokens,
             start_pos,
             block_table: self
                 .kv
@@ -477,8 +541,33 @@ impl Scheduler {
                 .map(<[u32]>::to_vec)
                 .unwrap_or_default(),
             sample,
+            num_draft,
         });
         self.in_flight.push((id, sample));
+    }
+
+    /// Guesses after a decoding sequence's last token: no more than the step's budget,
+    /// its client's channel, its `max_tokens` and the context leave room for beside the
+    /// token it decodes anyway.
+    fn drafts_for(&self, seq: &Sequence, budget: usize) -> Vec<u32> {
+        let Some(spec) = &self.cfg.speculation else {
+            return Vec::new();
+        };
+        if seq.sampling.pooling.is_some() || seq.sampling.prompt_logprobs.is_some() {
+            return Vec::new();
+        }
+        let left_to_generate = seq.stop.max_tokens.saturating_sub(seq.num_output_tokens());
+        let left_in_context = self.cfg.max_model_len.saturating_sub(seq.num_tokens());
+        let limit = [
+            budget.saturating_sub(1),
+            seq.sender.token_room().saturating_sub(1),
+            left_to_generate.saturating_sub(1),
+            left_in_context.saturating_sub(1),
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(0);
+        spec.propose(&seq.tokens, limit)
     }
 
     /// Free a running sequence's blocks and queue it for recompute at the front.
@@ -542,4 +631,21 @@ impl Scheduler {
         self.waiting.clear();
         self.in_flight.clear();
     }
+}
+
+/// The executor's contract for a chunk with guesses: each accepted guess equals the
+/// token sampled before it, and no more are accepted than were made.
+fn check_accepted(
+    sample: &tessera_protocol::SampledToken,
+    drafts: &[u32],
+) -> Result<(), SchedulerError> {
+    let n = sample.accepted.len();
+    let sampled = std::iter::once(sample.token).chain(sample.accepted.iter().map(|(t, _)| *t));
+    if n > drafts.len() || !sampled.take(n).eq(drafts[..n].iter().copied()) {
+        return Err(SchedulerError::OutputMismatch(format!(
+            "{} accepted {n} guesses that do not follow its samples (guesses {drafts:?})",
+            sample.id
+        )));
+    }
+    Ok(())
 }

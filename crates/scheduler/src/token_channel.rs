@@ -107,6 +107,11 @@ impl TokenSender {
         false
     }
 
+    /// Tokens that fit the channel now besides the final event.
+    pub fn token_room(&self) -> usize {
+        self.tx.capacity().saturating_sub(1)
+    }
+
     /// Send an event; false when the receiver is gone (or, against the invariant, the
     /// channel is full: the event is dropped and the sequence must end).
     pub fn send(&self, event: TokenEvent) -> bool {

@@ -17,6 +17,7 @@ pub mod models_cmd;
 pub mod node_args;
 pub mod runner;
 pub mod serve;
+pub mod speculation_args;
 pub mod template_sandbox;
 #[cfg(test)]
 pub(crate) mod test_fixtures;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tessera_engine::device::dtype::KvCacheDtypeChoice;
+use tessera_engine::device::host_memory::CpuKvSizing;
 use tessera_engine::tp::AllReduceDtype;
 use tessera_engine::{load_tokenizer, DeviceSpec, EngineConfig, Tokenizer};
 use tessera_tokenizer::sandbox::SandboxLauncher;
@@ -13,7 +15,8 @@ use tessera_tokenizer::sandbox::SandboxLauncher;
 use crate::help_headings::{DEVICES, MODEL};
 use crate::hub::{self, HubSettings, ModelRef};
 
-/// `--kv-cache-memory-mib` on CPU ranks when none is given.
+/// `--kv-cache-memory-mib` of CPU ranks in a group of nodes when none is given (one
+/// node sizes its CPU ranks' cache from the memory left after the weights).
 pub const DEFAULT_CPU_KV_CACHE_MIB: usize = 256;
 
 #[derive(Debug, Clone, Args)]
@@ -83,10 +86,25 @@ pub struct ModelArgs {
     #[arg(long, default_value = "f32", help_heading = DEVICES)]
     pub allreduce_dtype: AllReduceDtype,
 
-    /// KV cache budget per rank, in MiB (default: 256 on CPU ranks; on GPUs, what
-    /// --gpu-memory-utilization leaves).
+    /// KV cache budget per rank, in MiB (default: on CPU ranks, what
+    /// --cpu-kv-cache-utilization gives; on GPUs, what --gpu-memory-utilization leaves).
     #[arg(long, help_heading = DEVICES)]
     pub kv_cache_memory_mib: Option<usize>,
+
+    /// What the KV cache stores: auto (bf16 on GPUs, f32 on CPU ranks: no 8-bit type keeps
+    /// greedy text equal on most prompts, see docs/fidelity.md), bf16, fp16, fp8 (fp8_e4m3: a
+    /// scale per layer and KV head, set by a warm-up step at load), int8 (a scale per
+    /// block and KV head), or f32 (CPU ranks only). A type a device cannot hold is refused.
+    #[arg(long, default_value = "auto", help_heading = DEVICES)]
+    pub kv_cache_dtype: KvCacheDtypeChoice,
+
+    /// Share of the memory available after the weights that the KV cache of CPU ranks
+    /// takes, less 1 GiB and the chat-template sandboxes' limits, which always stay free,
+    /// and at most what --max-num-seqs sequences of the longest context use. Not used
+    /// when --kv-cache-memory-mib is given, or by a group of nodes (which agree on
+    /// --kv-cache-memory-mib, 256 MiB by default).
+    #[arg(long, default_value_t = 0.5, help_heading = DEVICES)]
+    pub cpu_kv_cache_utilization: f64,
 
     /// Fraction of each GPU's memory Tessera may use: the KV cache gets what the weights
     /// and a profile step at the largest batch leave under it. Not used when
@@ -207,6 +225,16 @@ impl ModelArgs {
         Ok(tokenizer)
     }
 
+    /// Host memory the CPU ranks' KV cache always leaves free: 1 GiB for the OS and the
+    /// server, and each chat-template sandbox's memory limit.
+    pub fn host_reserve_bytes(&self) -> usize {
+        let sandboxes = self
+            .template_sandbox
+            .as_ref()
+            .map_or(0, |l| l.max_sandboxes.max(1));
+        (1 << 30) + sandboxes * ((self.chat_template_memory_mib as usize) << 20)
+    }
+
     /// The devices of this node's ranks: `--devices`, else one CPU rank per rank.
     pub fn devices(&self) -> Result<Vec<DeviceSpec>> {
         if self.tensor_parallel_size == 0 {
@@ -240,6 +268,17 @@ impl ModelArgs {
         cfg.device_layers = self.device_layers.as_deref().map(str::parse).transpose()?;
         cfg.allreduce_dtype = self.allreduce_dtype;
         cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(DEFAULT_CPU_KV_CACHE_MIB) << 20;
+        cfg.kv_cache_dtype = Some(self.kv_cache_dtype);
+        if !(self.cpu_kv_cache_utilization > 0.0 && self.cpu_kv_cache_utilization <= 1.0) {
+            bail!(
+                "--cpu-kv-cache-utilization must be above 0 and at most 1, not {}",
+                self.cpu_kv_cache_utilization
+            );
+        }
+        cfg.cpu_kv_sizing = self.kv_cache_memory_mib.is_none().then(|| CpuKvSizing {
+            utilization: self.cpu_kv_cache_utilization,
+            reserve_bytes: self.host_reserve_bytes(),
+        });
         if !(self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0) {
             bail!(
                 "--gpu-memory-utilization must be above 0 and at most 1, not {}",

@@ -79,7 +79,6 @@ fn print_config_shows_the_values_start_up_derives() {
     for line in [
         format!("model = \"{}\"", model.display()),
         "port = 8000".to_string(),
-        "kv_cache_memory_mib = 256".to_string(),
         "max_batch_tokens = 256".to_string(),
         "devices = \"cpu:0\"".to_string(),
         "served_model_name = [\"SmolLM2-135M-Instruct.Q4_1\"]".to_string(),
@@ -92,6 +91,27 @@ fn print_config_shows_the_values_start_up_derives() {
     }
     assert!(
         printed.contains("# max_model_len: the model's context length"),
+        "{printed}"
+    );
+    // One node's CPU cache is sized from free memory; a group's is fixed.
+    assert!(
+        printed.contains("# kv_cache_memory_mib: cpu_kv_cache_utilization of the memory"),
+        "{printed}"
+    );
+    let out = tessera(
+        &[
+            "serve",
+            "--print-config",
+            "--nnodes",
+            "2",
+            "--tensor-parallel-size",
+            "2",
+        ],
+        &[],
+    );
+    let printed = text(&out.stdout);
+    assert!(
+        printed.lines().any(|l| l == "kv_cache_memory_mib = 256"),
         "{printed}"
     );
     // GPU ranks: a larger step, and a cache sized at start-up.

@@ -1,5 +1,5 @@
 //! Devices and what lives on them: device names as users write them, the element types a
-//! rank computes in, layer maps for pipeline stages, GPU memory sizing, and the buffers
+//! rank computes in, layer maps for pipeline stages, GPU and host memory sizing, and the buffers
 //! our kernels are launched on. Below the loader and the model, which place tensors here.
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
@@ -7,6 +7,7 @@ pub mod buffers;
 pub mod device_spec;
 pub mod dtype;
 pub mod gpu_memory;
+pub mod host_memory;
 pub mod layer_map;
 
 pub use device_spec::DeviceSpec;

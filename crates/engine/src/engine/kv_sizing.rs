@@ -26,6 +26,7 @@ pub(crate) fn profile_plan(tokens: usize, seqs: usize, block_size: usize) -> (St
             start_pos: 0,
             block_table: (next_block..next_block + blocks.max(1)).collect(),
             sample: true,
+            num_draft: 0,
         });
         next_block += blocks.max(1);
     }
@@ -53,7 +54,7 @@ impl Engine {
         &mut self,
         ranks: &[RankMemory],
         utilization: f64,
-        cpu_budget_bytes: usize,
+        cpu_max_blocks: usize,
         max_batch_tokens: usize,
         max_num_seqs: usize,
     ) -> crate::error::Result<()> {
@@ -121,7 +122,7 @@ impl Engine {
             .map(|r| {
                 let budget = match r.device {
                     DeviceSpec::Cuda(i) => budgets.get(&i).copied().unwrap_or(0),
-                    DeviceSpec::Cpu(_) => cpu_budget_bytes,
+                    DeviceSpec::Cpu(_) => return cpu_max_blocks,
                 };
                 budget / r.block_bytes.max(1)
             })

@@ -10,6 +10,7 @@ use tessera_protocol::KvCacheShape;
 use super::{kv_sizing, nodes, placement, Engine};
 use crate::config::EngineConfig;
 use crate::device::device_spec::DeviceSpec;
+use crate::device::dtype::{kv_cache_dtype, KvCacheDtype};
 use crate::error::{EngineError, Result};
 use crate::loader;
 use crate::model::RankCache;
@@ -50,23 +51,31 @@ impl Engine {
         tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
         let world = placement.members.len();
 
-        // Every member holds the same blocks; the one with the most KV per token sizes them.
-        let per_token = placement
+        // Each member's cache type, and its bytes for one block.
+        let member_blocks = placement
             .members
             .iter()
             .map(|m| {
-                RankCache::bytes_per_token(
-                    m.shard.runs_gpu_path(),
+                let gpu_path = m.shard.runs_gpu_path();
+                let dtype = kv_cache_dtype(cfg.kv_cache_dtype, gpu_path)?;
+                let kv_heads = placement
+                    .kv_heads_max
+                    .unwrap_or_else(|| m.shard.num_local_kv_heads());
+                let bytes = RankCache::block_bytes_of(
+                    dtype,
                     m.layers.len(),
-                    placement
-                        .kv_heads_max
-                        .unwrap_or_else(|| m.shard.num_local_kv_heads()),
+                    kv_heads,
                     config.head_dim,
-                )
+                    cfg.block_size_tokens,
+                );
+                Ok((dtype, bytes))
             })
-            .max()
-            .unwrap_or(1);
-        let block_bytes = per_token * cfg.block_size_tokens;
+            .collect::<Result<Vec<_>>>()?;
+        // Every member holds the same blocks; the one with the most KV per block sizes them.
+        let block_bytes = member_blocks.iter().map(|(_, b)| *b).max().unwrap_or(1);
+        let dtypes: std::collections::BTreeSet<&str> =
+            member_blocks.iter().map(|(d, _)| d.name()).collect();
+        let dtypes = dtypes.into_iter().collect::<Vec<_>>().join(" and ");
         let any_gpu = placement
             .members
             .iter()
@@ -83,11 +92,24 @@ impl Engine {
                 cfg.kv_cache_bytes >> 20
             );
         }
+        if spans_nodes && cfg.cpu_kv_sizing.is_some() && !any_gpu {
+            tracing::warn!(
+                "a group of nodes sizes its KV cache from the KV cache budget ({} MiB per \
+                 rank), the same on every node; --cpu-kv-cache-utilization is not used",
+                cfg.kv_cache_bytes >> 20
+            );
+        }
         let gpu_sizing = cfg
             .gpu_memory_utilization
             .filter(|_| any_gpu && !spans_nodes);
-        let num_blocks = match gpu_sizing {
-            Some(_) => {
+        // CPU ranks: a share of the memory the weights left, or the fixed budget.
+        let cpu_blocks = match cfg.cpu_kv_sizing.filter(|_| !spans_nodes) {
+            Some(sizing) => host_kv_blocks(&placement, &member_blocks, &config, cfg, &sizing)?,
+            None => None,
+        };
+        let fixed_blocks = cfg.kv_cache_bytes / block_bytes.max(1);
+        let num_blocks = match (gpu_sizing, cpu_blocks) {
+            (Some(_), _) => {
                 kv_sizing::profile_plan(
                     cfg.max_batch_tokens,
                     cfg.max_num_seqs,
@@ -95,7 +117,9 @@ impl Engine {
                 )
                 .1
             }
-            None => cfg.kv_cache_bytes / block_bytes.max(1),
+            (None, Some(blocks)) if !any_gpu => blocks,
+            (None, Some(blocks)) => blocks.min(fixed_blocks),
+            (None, None) => fixed_blocks,
         };
         if num_blocks == 0 {
             return Err(EngineError::Config(format!(
@@ -114,7 +138,8 @@ impl Engine {
             );
         }
         tracing::info!(
-            "KV cache{}: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per device)",
+            "KV cache{} of {dtypes}: {num_blocks} blocks of {} tokens = {} tokens ({} MiB per \
+             device)",
             if gpu_sizing.is_some() {
                 " for the profile step"
             } else {
@@ -135,9 +160,18 @@ impl Engine {
         let stats = EngineStats::new(world);
         let mut workers = Vec::with_capacity(world);
         let mut memory = Vec::with_capacity(world);
-        for (i, m) in placement.members.into_iter().enumerate() {
+        for (i, (m, (dtype, _))) in placement
+            .members
+            .into_iter()
+            .zip(&member_blocks)
+            .enumerate()
+        {
             let rank = placement.first_rank + i;
-            let cache = RankCache::new(&m.shard.cache_shape(), num_blocks, cfg.block_size_tokens)?;
+            let cache = RankCache::new(
+                &m.shard.cache_shape(*dtype),
+                num_blocks,
+                cfg.block_size_tokens,
+            )?;
             memory.push(kv_sizing::RankMemory {
                 device: m.device,
                 handle: m.shard.device().clone(),
@@ -175,17 +209,72 @@ impl Engine {
             engine.size_kv_to_gpus(
                 &memory,
                 utilization,
-                cfg.kv_cache_bytes,
+                cpu_blocks.unwrap_or(fixed_blocks),
                 cfg.max_batch_tokens,
                 cfg.max_num_seqs,
             )?;
         }
         #[cfg(not(feature = "cuda"))]
-        let _ = (gpu_sizing, memory);
+        let _ = (gpu_sizing, memory, fixed_blocks);
+        // The leader drives every node's ranks through the step; a worker node's ranks
+        // take it from the leader.
+        if engine.leader.is_none()
+            && member_blocks
+                .iter()
+                .any(|(d, _)| *d == KvCacheDtype::Fp8E4m3)
+        {
+            engine.calibrate_kv_scales()?;
+        }
         tracing::info!(
             "engine ready: {world} rank(s), {threads} thread(s) each, loaded in {:.2}s",
             started.elapsed().as_secs_f64()
         );
         Ok(engine)
     }
+}
+
+/// Blocks the KV cache of this process's CPU ranks holds when it takes its share of the
+/// memory the weights left (`cfg.cpu_kv_sizing`); `None` when no rank is on a CPU. Every
+/// rank holds every block, so the blocks are the budget over the bytes one block takes
+/// on all CPU ranks together. Logged, with what was available and what stays free.
+fn host_kv_blocks(
+    placement: &placement::Placement,
+    member_blocks: &[(KvCacheDtype, usize)],
+    config: &crate::spec::model::ModelConfig,
+    cfg: &EngineConfig,
+    sizing: &crate::device::host_memory::CpuKvSizing,
+) -> Result<Option<usize>> {
+    use crate::device::host_memory::{cpu_kv_budget, HostMemory};
+    let block_bytes: usize = placement
+        .members
+        .iter()
+        .zip(member_blocks)
+        .filter(|(m, _)| matches!(m.device, DeviceSpec::Cpu(_)))
+        .map(|(_, (_, bytes))| bytes)
+        .sum();
+    if block_bytes == 0 {
+        return Ok(None);
+    }
+    // Every sequence the scheduler may run, each at the longest context, and a block of
+    // slack each: more could never be used.
+    let needed_blocks = cfg.max_num_seqs.max(1)
+        * (config
+            .max_position_embeddings
+            .div_ceil(cfg.block_size_tokens.max(1))
+            + 1);
+    let memory = HostMemory::read()?;
+    let budget = cpu_kv_budget(&memory, sizing, needed_blocks.saturating_mul(block_bytes))?;
+    let blocks = budget / block_bytes;
+    tracing::info!(
+        "KV cache on CPU ranks: {} MiB in all ({} of the {} MiB available after the weights, \
+         {} MiB kept free for the OS and chat-template sandboxes, at most what {} sequences \
+         of {} tokens use): {blocks} blocks",
+        (blocks * block_bytes) >> 20,
+        sizing.utilization,
+        memory.available_bytes >> 20,
+        sizing.reserve_bytes >> 20,
+        cfg.max_num_seqs,
+        config.max_position_embeddings
+    );
+    Ok(Some(blocks))
 }

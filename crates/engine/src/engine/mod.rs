@@ -20,15 +20,18 @@ use crate::spec::model::ModelConfig;
 use crate::stats::EngineStats;
 use crate::structured::start_constraint;
 use crate::tp::ShardPlan;
-use crate::worker::{self, Fault, Job, Reduced, WorkerHandle};
+use crate::worker::{self, Fault, Job, WorkerHandle};
 
 use embedding::PoolState;
+use verify::{sample_rows, Row};
 
 mod embedding;
+mod kv_calibration;
 mod kv_sizing;
 mod load;
 mod nodes;
 mod placement;
+mod verify;
 mod worker_node;
 
 struct SeqState {
@@ -243,9 +246,10 @@ impl Engine {
                     });
                     spans.push((chunk.id, seq.start_pos));
                 }
-                None if chunk.sample => {
-                    batch.sample_rows.push(seq.token_start + seq.num_tokens - 1)
-                }
+                None if chunk.sample => batch.sample_rows.extend(
+                    seq.token_start + seq.num_tokens - 1 - chunk.num_draft
+                        ..seq.token_start + seq.num_tokens,
+                ),
                 None => {}
             }
         }
@@ -344,14 +348,14 @@ impl Engine {
         let unknown = |id: SeqId| EngineError::Step(format!("{id} was never announced"));
         let pooled = |id: &SeqId| self.sequences.get(id).is_some_and(|s| s.pool.is_some());
         let pool_chunks = self.pool_rows(&runnable, &mut batch);
-        batch.row_reduce = runnable
-            .iter()
-            .filter(|c| c.sample && !pooled(&c.id))
-            .map(|c| {
-                let state = self.sequences.get(&c.id).ok_or_else(|| unknown(c.id))?;
-                Ok(state.sampler.reduction())
-            })
-            .collect::<Result<_>>()?;
+        batch.row_reduce = Vec::with_capacity(batch.sample_rows.len());
+        for c in runnable.iter().filter(|c| c.sample && !pooled(&c.id)) {
+            let state = self.sequences.get(&c.id).ok_or_else(|| unknown(c.id))?;
+            let reduction = state.sampler.reduction();
+            batch
+                .row_reduce
+                .extend(std::iter::repeat_n(reduction, c.num_draft + 1));
+        }
         // Rows scoring prompt tokens, after the sampled ones: whole rows.
         let mut prompt_rows = Vec::new();
         for (chunk, seq) in runnable.iter().zip(&batch.seqs) {
@@ -388,6 +392,7 @@ impl Engine {
                         logprobs: None,
                         prompt_logprobs: None,
                         embedding: Some(embedding),
+                        accepted: Vec::new(),
                     }),
                     None => {
                         self.sequences.remove(&chunk.id);
@@ -400,25 +405,20 @@ impl Engine {
                 }
                 continue;
             }
-            let this_row = row;
-            row += 1;
-            let (token, logprobs) = match logits.reduced.get(this_row).cloned().flatten() {
-                Some(Reduced::Token(token)) => (state.sampler.accept(token), None),
-                Some(Reduced::Candidates(c)) => (state.sampler.sample_candidates(&c), None),
-                Some(Reduced::Scored {
-                    argmax,
-                    candidates,
-                    log_sum_exp,
-                }) => state
-                    .sampler
-                    .sample_scored(argmax, &candidates, log_sum_exp),
-                None => {
-                    let row_logits = rows
-                        .next()
-                        .ok_or_else(|| EngineError::Step("fewer logit rows than samples".into()))?;
-                    state.sampler.sample(row_logits)
-                }
-            };
+            // A row after the last token and one after each guess, every one taken so
+            // the step's later rows stay in place.
+            let mut chunk_rows = Vec::with_capacity(chunk.num_draft + 1);
+            for _ in 0..=chunk.num_draft {
+                chunk_rows.push(match logits.reduced.get(row).cloned().flatten() {
+                    Some(reduced) => Row::Reduced(reduced),
+                    None => Row::Logits(rows.next().ok_or_else(|| {
+                        EngineError::Step("fewer logit rows than samples".into())
+                    })?),
+                });
+                row += 1;
+            }
+            let drafts = &chunk.tokens[chunk.tokens.len() - chunk.num_draft..];
+            let mut emitted = sample_rows(&mut state.sampler, chunk_rows, drafts).into_iter();
             if let Some(fault) = state.sampler.grammar_fault() {
                 // The sequence fails alone, with the reason; the rest of the step goes on.
                 let (message, by_request) = (fault.message.clone(), fault.by_request);
@@ -430,12 +430,16 @@ impl Engine {
                 });
                 continue;
             }
+            let (token, logprobs) = emitted
+                .next()
+                .ok_or_else(|| EngineError::Step("a chunk's first row gave no token".into()))?;
             samples.push(SampledToken {
                 id: chunk.id,
                 token,
                 logprobs,
                 prompt_logprobs: None,
                 embedding: None,
+                accepted: emitted.collect(),
             });
         }
         for (id, pos) in prompt_rows {

@@ -91,6 +91,15 @@ impl ChunkLimits {
         if chunk.tokens.is_empty() {
             return Err(format!("{} scheduled with no tokens", chunk.id));
         }
+        if chunk.num_draft > 0 && (!chunk.sample || chunk.num_draft >= chunk.tokens.len()) {
+            return Err(format!(
+                "{}: {} guesses in a chunk of {} tokens that samples {}",
+                chunk.id,
+                chunk.num_draft,
+                chunk.tokens.len(),
+                if chunk.sample { "once" } else { "nothing" }
+            ));
+        }
         if let Some(bad) = chunk
             .tokens
             .iter()
@@ -176,7 +185,11 @@ impl Batch {
                 batch.slots.push(block * block_size + pos % block_size);
             }
             if chunk.sample {
-                batch.sample_rows.push(token_start + chunk.tokens.len() - 1);
+                // The last token's row, and one after each speculative guess.
+                let end = token_start + chunk.tokens.len();
+                batch
+                    .sample_rows
+                    .extend(end - 1 - chunk.num_draft.min(chunk.tokens.len() - 1)..end);
             }
             batch.seqs.push(BatchSeq {
                 token_start,

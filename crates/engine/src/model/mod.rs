@@ -11,6 +11,7 @@ pub mod decoder;
 pub mod fast_math;
 pub(crate) mod head_norms;
 pub mod kv_cache;
+pub mod kv_write;
 pub mod linear;
 pub mod linear_weight;
 pub mod moe;

@@ -2,38 +2,23 @@
 //!
 //! Keys and values of a sequence are never gathered into a contiguous copy: for each
 //! query token and head the kernel walks the sequence's block table. New tokens' K/V are
-//! written to their slots before attention runs, so prefill chunks, decodes and mixes of
-//! both take the same path.
+//! written to their slots before attention runs (`kv_write`), so prefill chunks, decodes
+//! and mixes of both take the same path.
 //!
 //! Keys are stored transposed within a block (see [`KvCache`]): the scores of a block's
 //! positions are then a sum over head dimensions of a broadcast query value times a
-//! contiguous row of keys, with no horizontal sums.
+//! contiguous row of keys, with no horizontal sums. A cache of another type than `f32` is
+//! decoded a block of keys (and a task's values) at a time into `f32` scratch, with its
+//! scales applied, and attended as an `f32` cache is.
 
 use rayon::prelude::*;
+use tessera_kernels::kv_quant::{decode_into, E4m3, KvElement};
 
 use crate::model::fast_math::exp_nonpositive;
 use crate::model::simd::simd_dispatch;
 
 use crate::model::batch::Batch;
-use crate::model::kv_cache::{KvCache, LayerCache};
-
-/// Writes the new tokens' keys and values (rows of `num_kv_heads * head_dim`) to their
-/// slots.
-pub fn write_kv(layer: &mut LayerCache, cache: &KvCache, batch: &Batch, k: &[f32], v: &[f32]) {
-    let stride = cache.slot_stride();
-    let (bs, hd) = (cache.block_size, cache.head_dim);
-    for (t, &slot) in batch.slots.iter().enumerate() {
-        let (block, i) = (slot / bs, slot % bs);
-        for (h, kh) in k[t * stride..(t + 1) * stride].chunks_exact(hd).enumerate() {
-            let base = cache.key_row(block, h);
-            for (d, x) in kh.iter().enumerate() {
-                layer.k[base + d * bs + i] = *x;
-            }
-        }
-        layer.v[slot * stride..(slot + 1) * stride]
-            .copy_from_slice(&v[t * stride..(t + 1) * stride]);
-    }
-}
+use crate::model::kv_cache::{with_layer, KvCache, LayerCache, TypedLayer};
 
 /// Geometry of one attention call.
 #[derive(Debug, Clone, Copy)]
@@ -89,6 +74,16 @@ pub fn attend(
     q: &[f32],
     shape: AttentionShape<'_>,
 ) -> Vec<f32> {
+    with_layer!(layer, l => attend_typed(l, cache, batch, q, shape))
+}
+
+fn attend_typed<T: CacheElement>(
+    layer: &TypedLayer<T>,
+    cache: &KvCache,
+    batch: &Batch,
+    q: &[f32],
+    shape: AttentionShape<'_>,
+) -> Vec<f32> {
     let hd = shape.head_dim;
     let nq = shape.num_q_heads;
     let n = batch.num_tokens();
@@ -133,11 +128,11 @@ pub fn attend(
                 scale: shape.scale,
                 softcap: shape.softcap,
             };
-            // The scores buffer leaves the thread-local for the call: a closure run by
+            // The scratch buffers leave the thread-local for the call: a closure run by
             // `LocalKey::with` would be compiled outside the vector build below.
-            let mut scores = SCORES.with_borrow_mut(std::mem::take);
-            attend_group_simd(&group, &mut scores, &mut part[..heads.len() * (2 + hd)]);
-            SCORES.with_borrow_mut(|s| *s = scores);
+            let mut scratch = SCRATCH.with_borrow_mut(std::mem::take);
+            T::attend_group_simd(&group, &mut scratch, &mut part[..heads.len() * (2 + hd)]);
+            SCRATCH.with_borrow_mut(|s| *s = scratch);
         });
     let mut out = vec![0f32; n * nq * hd];
     let mut first = 0;
@@ -201,8 +196,8 @@ fn merge_partials<'a>(
 }
 
 /// The query heads of one token that read the same KV head, over a sequence's blocks.
-struct Group<'a> {
-    layer: &'a LayerCache,
+struct Group<'a, T> {
+    layer: &'a TypedLayer<T>,
     cache: &'a KvCache,
     block_table: &'a [u32],
     kv_head: usize,
@@ -218,38 +213,90 @@ struct Group<'a> {
     softcap: Option<f32>,
 }
 
-simd_dispatch! {
-    /// [`attend_group`] compiled for this CPU's vector unit.
-    fn attend_group_simd(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
-        attend_group(group, scores, out)
-    }
+/// A cache element type with [`attend_group`] compiled for this CPU's vector unit.
+trait CacheElement: KvElement {
+    fn attend_group_simd(group: &Group<'_, Self>, scratch: &mut Scratch, out: &mut [f32]);
+}
+
+macro_rules! cache_elements {
+    ($($t:ty => $name:ident),* $(,)?) => {$(
+        simd_dispatch! {
+            /// [`attend_group`] of one cache type, compiled for this CPU's vector unit.
+            fn $name(group: &Group<'_, $t>, scratch: &mut Scratch, out: &mut [f32]) {
+                attend_group(group, scratch, out)
+            }
+        }
+        impl CacheElement for $t {
+            fn attend_group_simd(group: &Group<'_, Self>, scratch: &mut Scratch, out: &mut [f32]) {
+                $name(group, scratch, out)
+            }
+        }
+    )*};
+}
+
+cache_elements! {
+    f32 => attend_group_f32,
+    half::bf16 => attend_group_bf16,
+    half::f16 => attend_group_f16,
+    E4m3 => attend_group_fp8,
+    i8 => attend_group_int8,
+}
+
+/// Buffers a task reuses from task to task on its thread: scores, and a cache of another
+/// type than `f32` decoded (a block of keys, the task's values).
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    keys: Vec<f32>,
+    values: Vec<f32>,
 }
 
 thread_local! {
-    /// Scores of the task running on this thread, reused from task to task.
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::RefCell<Scratch> = const {
+        std::cell::RefCell::new(Scratch {
+            scores: Vec::new(),
+            keys: Vec::new(),
+            values: Vec::new(),
+        })
+    };
 }
 
 /// Attention of each query head of the group over `group.positions`, as a partial
 /// result to merge ([`merge_partials`]) written to `out` (`heads × (2 + head_dim)`): per
 /// head its largest scaled score `m`, then per head `s = Σ e^(score − m)`, then per head
-/// the `head_dim` sums `Σ e^(score − m)·v`. `scores` is scratch space.
+/// the `head_dim` sums `Σ e^(score − m)·v`.
 #[inline(always)]
-fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+fn attend_group<T: KvElement>(group: &Group<'_, T>, scratch: &mut Scratch, out: &mut [f32]) {
     let cache = group.cache;
     let hd = cache.head_dim;
     let bs = cache.block_size;
+    let nkv = cache.num_kv_heads;
     let stride = cache.slot_stride();
     let nh = group.heads.len();
     let query = |i: usize| &group.q[group.heads[i] * hd..(group.heads[i] + 1) * hd];
     let (lo, len) = (group.positions.start, group.positions.len());
+    let Scratch {
+        scores,
+        keys: key_buf,
+        values: value_buf,
+    } = scratch;
     scores.clear();
     scores.resize(nh * len, 0.0);
+    key_buf.resize(hd * bs, 0.0);
     let blocks = group.block_table.iter().enumerate();
     for (b, &block) in blocks.skip(lo / bs).take(len.div_ceil(bs)) {
         let first = b * bs - lo;
         let n = bs.min(len - first);
-        let keys = &group.layer.k[cache.key_row(block as usize, group.kv_head)..][..hd * bs];
+        let block = block as usize;
+        let raw = &group.layer.k[cache.key_row(block, group.kv_head)..][..hd * bs];
+        let keys: &[f32] = match T::as_f32(raw) {
+            Some(keys) => keys,
+            None => {
+                let scale = group.layer.k_scale(block, group.kv_head, nkv);
+                decode_into(raw, scale, key_buf);
+                key_buf
+            }
+        };
         let row = |h: usize| h * len + first..h * len + first + n;
         if bs == KEY_LANES {
             // Up to four heads at once: one load of each key row serves them all, and
@@ -303,13 +350,42 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
         out[h] = max;
         out[nh + h] = sum(row);
     }
-    let value = |i: usize| {
-        let pos = lo + i;
-        let slot = group.block_table[pos / bs] as usize * bs + pos % bs;
-        let o = slot * stride + group.kv_head * hd;
-        &group.layer.v[o..o + hd]
-    };
     let sums = &mut out[2 * nh..2 * nh + nh * hd];
+    let slot = |i: usize| {
+        let pos = lo + i;
+        group.block_table[pos / bs] as usize * bs + pos % bs
+    };
+    match T::as_f32(&group.layer.v) {
+        Some(v) => {
+            let value = |i: usize| {
+                let o = slot(i) * stride + group.kv_head * hd;
+                &v[o..o + hd]
+            };
+            weighted_sums(scores, (len, nh, hd), &value, sums);
+        }
+        None => {
+            // The task's values decoded once, whatever the number of heads reading them.
+            value_buf.resize(len * hd, 0.0);
+            for (i, dst) in value_buf.chunks_exact_mut(hd).enumerate() {
+                let s = slot(i);
+                let o = s * stride + group.kv_head * hd;
+                let scale = group.layer.v_scale(s / bs, group.kv_head, nkv);
+                decode_into(&group.layer.v[o..o + hd], scale, dst);
+            }
+            let value = |i: usize| &value_buf[i * hd..(i + 1) * hd];
+            weighted_sums(scores, (len, nh, hd), &value, sums);
+        }
+    }
+}
+
+/// `sums[h] = Σ_i p_h[i]·value(i)` for the `nh` heads' weights `scores` (`len` each).
+#[inline(always)]
+fn weighted_sums<'a>(
+    scores: &[f32],
+    (len, nh, hd): (usize, usize, usize),
+    value: &impl Fn(usize) -> &'a [f32],
+    sums: &mut [f32],
+) {
     if hd.is_multiple_of(VALUE_SLICE) {
         // Up to four heads at once, a slice of the head dimension at a time: one load of
         // each value slice serves all of them, and their sums stay in registers.
@@ -317,10 +393,10 @@ fn attend_group(group: &Group<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
             let probs = |i: usize| &scores[(h + i) * len..(h + i + 1) * len];
             let heads = &mut sums[h * hd..(h + take) * hd];
             match take {
-                4 => weighted_values::<4>(std::array::from_fn(probs), &value, hd, heads),
-                3 => weighted_values::<3>(std::array::from_fn(probs), &value, hd, heads),
-                2 => weighted_values::<2>(std::array::from_fn(probs), &value, hd, heads),
-                _ => weighted_values::<1>([probs(0)], &value, hd, heads),
+                4 => weighted_values::<4>(std::array::from_fn(probs), value, hd, heads),
+                3 => weighted_values::<3>(std::array::from_fn(probs), value, hd, heads),
+                2 => weighted_values::<2>(std::array::from_fn(probs), value, hd, heads),
+                _ => weighted_values::<1>([probs(0)], value, hd, heads),
             }
         }
     } else {
@@ -427,6 +503,8 @@ fn sum(xs: &[f32]) -> f32 {
 mod tests {
     use super::*;
     use crate::model::batch::BatchSeq;
+    use crate::model::kv_cache::KvCacheDtype;
+    use crate::model::kv_write::write_kv;
 
     /// Reference: plain softmax attention over contiguous K/V, scores capped where
     /// `softcap` is set, a `sink` logit in the softmax where one is given.
@@ -463,7 +541,23 @@ mod tests {
         // Small sizes take the general loops; heads of 64, 128 and 256 in blocks of 16
         // the register-resident ones.
         for (hd, bs) in [(8, 4), (64, KEY_LANES), (128, KEY_LANES), (256, KEY_LANES)] {
-            scattered_blocks_case(hd, bs, None, None);
+            scattered_blocks_case(KvCacheDtype::F32, hd, bs, None, None);
+        }
+    }
+
+    /// Every cache type is attended as the values it holds: each block of keys and each
+    /// value decoded with its own scale.
+    #[test]
+    fn every_cache_type_attends_to_what_it_holds() {
+        for dtype in [
+            KvCacheDtype::Bf16,
+            KvCacheDtype::F16,
+            KvCacheDtype::Fp8E4m3,
+            KvCacheDtype::Int8,
+        ] {
+            for (hd, bs) in [(8, 4), (64, KEY_LANES)] {
+                scattered_blocks_case(dtype, hd, bs, None, None);
+            }
         }
     }
 
@@ -473,7 +567,7 @@ mod tests {
     fn sinks_take_their_share_of_the_softmax() {
         let sinks = [2.5f32, -1.0, 0.0, 4.0, 0.5, -3.0, 1.5, 3.0, -0.5];
         for (hd, bs) in [(8, 4), (64, KEY_LANES)] {
-            scattered_blocks_case(hd, bs, None, Some(&sinks));
+            scattered_blocks_case(KvCacheDtype::F32, hd, bs, None, Some(&sinks));
         }
     }
 
@@ -481,13 +575,19 @@ mod tests {
     #[test]
     fn capped_scores_match_the_reference() {
         for (hd, bs) in [(8, 4), (64, KEY_LANES)] {
-            scattered_blocks_case(hd, bs, Some(0.5), None);
+            scattered_blocks_case(KvCacheDtype::F32, hd, bs, Some(0.5), None);
         }
     }
 
-    fn scattered_blocks_case(hd: usize, bs: usize, softcap: Option<f32>, sinks: Option<&[f32]>) {
+    fn scattered_blocks_case(
+        dtype: KvCacheDtype,
+        hd: usize,
+        bs: usize,
+        softcap: Option<f32>,
+        sinks: Option<&[f32]>,
+    ) {
         let nkv = 3;
-        let mut cache = KvCache::new(1, 8, bs, nkv, hd);
+        let mut cache = KvCache::new(dtype, 1, 8, bs, nkv, hd);
         // A sequence stored in blocks 5, 1, 6, 2, 7, 0 (out of order on purpose), the last
         // partly: longer than one run of CHUNK_BLOCKS blocks, so later tokens' results
         // are merged from two runs.
@@ -520,6 +620,16 @@ mod tests {
         };
         let mut layer = std::mem::take(&mut cache.layers);
         write_kv(&mut layer[0], &cache, &batch, &k, &v);
+        // The reference attends to what the cache holds.
+        let (mut k, mut v) = (k, v);
+        for (p, &slot) in batch.slots.iter().enumerate() {
+            for h in 0..nkv {
+                let (ks, vs) = cache.read(&layer[0], slot, h);
+                let o = (p * nkv + h) * hd;
+                k[o..o + hd].copy_from_slice(&ks);
+                v[o..o + hd].copy_from_slice(&vs);
+            }
+        }
         // Groups of five, three and one query heads: the loops over heads take four at a
         // time, then what is left.
         let kv_of_q = [0, 0, 0, 0, 0, 1, 1, 1, 2];
@@ -560,7 +670,7 @@ mod tests {
                     .fold(moved, |m, (a, b)| m.max((a - b).abs()));
                 let got = &out[(t * nq + h) * hd..(t * nq + h + 1) * hd];
                 for (a, b) in got.iter().zip(&want) {
-                    assert!((a - b).abs() < 1e-5, "t={t} h={h}: {a} vs {b}");
+                    assert!((a - b).abs() < 1e-5, "{dtype} t={t} h={h}: {a} vs {b}");
                 }
             }
         }

@@ -114,6 +114,7 @@ fn chunk_logits(engine: &mut Engine, prefix: &[u32], start: usize, capacity: usi
             start_pos: start,
             block_table: (0..capacity.div_ceil(16) as u32).collect(),
             sample: true,
+            num_draft: 0,
         }],
         finished: vec![],
     };
@@ -303,6 +304,7 @@ pub fn greedy_steps(
                 start_pos: pos,
                 block_table: table.clone(),
                 sample,
+                num_draft: 0,
             }],
             finished: vec![],
         };

@@ -76,6 +76,7 @@ fn decode_step_profile() {
                     start_pos: 0,
                     block_table: table.clone(),
                     sample: true,
+                    num_draft: 0,
                 })
                 .collect(),
             finished: vec![],
@@ -98,6 +99,7 @@ fn decode_step_profile() {
                         start_pos: prompt_len + step,
                         block_table: table.clone(),
                         sample: true,
+                        num_draft: 0,
                     })
                     .collect(),
                 finished: vec![],

@@ -89,6 +89,7 @@ pub fn run(path: &Path, gpu: &mut Engine, cpu: &mut Engine) -> Compared {
                 start_pos: seq.computed,
                 block_table: seq.blocks.clone(),
                 sample: end == seq.tokens.len(),
+                num_draft: 0,
             });
             seq.computed = end;
         }

@@ -26,6 +26,8 @@ pub struct FakeExecutor {
     known: HashSet<tessera_protocol::SeqId>,
     /// Embedding sequences: their sample is an embedding (`[next_token as f32]`).
     pooled: HashSet<tessera_protocol::SeqId>,
+    /// Guessed tokens the fake accepted, over all steps.
+    pub accepted_guesses: usize,
     pub plans: Arc<Mutex<Vec<StepPlan>>>,
     pub fail_when: Option<FailWhen>,
     /// An injected failure has scope `Group` (the executor is gone), else `Step`.
@@ -44,6 +46,7 @@ impl FakeExecutor {
             kv: vec![vec![None; block_size]; num_blocks],
             known: HashSet::new(),
             pooled: HashSet::new(),
+            accepted_guesses: 0,
             plans: Arc::new(Mutex::new(Vec::new())),
             fail_when: None,
             failure_is_fatal: false,
@@ -136,10 +139,16 @@ impl Executor for FakeExecutor {
             }
             if c.sample {
                 let mut context = Vec::with_capacity(c.end_pos());
-                let first = self
-                    .shape
-                    .attention_window
-                    .map_or(0, |w| c.end_pos().saturating_sub(w));
+                // Guesses are scored like the executor scores them: a sample after the
+                // last real token and after each guess, kept while each guess equals the
+                // sample before it.
+                let base = c.end_pos() - c.num_draft;
+                let window_start = |end: usize| {
+                    self.shape
+                        .attention_window
+                        .map_or(0, |w| end.saturating_sub(w))
+                };
+                let first = window_start(base);
                 for pos in first..c.end_pos() {
                     let block = c.block_table[pos / bs] as usize;
                     match self.kv.get(block).map(|b| b[pos % bs]) {
@@ -164,13 +173,26 @@ impl Executor for FakeExecutor {
                         }
                     }
                 }
-                let token = next_token(&context);
+                let sample_after =
+                    |end: usize| next_token(&context[window_start(end) - first..end - first]);
+                let token = sample_after(base);
+                let mut accepted = Vec::new();
+                let mut previous = token;
+                for i in 0..c.num_draft {
+                    if previous != c.tokens[c.tokens.len() - c.num_draft + i] {
+                        break;
+                    }
+                    previous = sample_after(base + i + 1);
+                    accepted.push((previous, None));
+                }
+                self.accepted_guesses += accepted.len();
                 samples.push(SampledToken {
                     id: c.id,
                     token,
                     logprobs: None,
                     prompt_logprobs: None,
                     embedding: self.pooled.contains(&c.id).then(|| vec![token as f32]),
+                    accepted,
                 });
             }
         }

@@ -21,6 +21,7 @@ pub mod models;
 pub mod openapi;
 pub mod params;
 pub mod reasoning;
+pub mod rerank;
 pub mod response;
 pub mod responses;
 pub mod tokenize;

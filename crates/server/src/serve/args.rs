@@ -88,6 +88,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, help_heading = MODEL)]
     pub embedding_normalize: bool,
 
+    /// Speculative decoding, as vLLM's JSON: {"method": "ngram", "num_speculative_tokens":
+    /// K, "prompt_lookup_min": A, "prompt_lookup_max": B, "disable_by_batch_size": N}
+    /// guesses up to K tokens after each decoding sequence from the latest earlier
+    /// occurrence of its last B..A tokens, in steps of at most N decoding sequences
+    /// (default 8); output is unchanged, token for token. Off by default.
+    #[arg(long, help_heading = LIMITS)]
+    pub speculative_config: Option<String>,
+
     /// Origins allowed by CORS, comma-separated, or `*`. CORS is off by default.
     #[arg(long, value_delimiter = ',', help_heading = HTTP)]
     pub allowed_origins: Vec<String>,
@@ -295,11 +303,20 @@ impl ServeArgs {
                     "max_batch_tokens",
                     value((default_max_batch_tokens(&devices) as i64).into()),
                 ));
-                if cpu_only {
+                if cpu_only && self.model.nodes.nnodes > 1 {
+                    // Nodes of a group must agree on the cache: a fixed default.
                     out.push((
                         "kv_cache_memory_mib",
                         value((DEFAULT_CPU_KV_CACHE_MIB as i64).into()),
                     ));
+                }
+                if cpu_only && self.model.nodes.nnodes <= 1 {
+                    out.push((
+                        "kv_cache_memory_mib",
+                        note("cpu_kv_cache_utilization of the memory left after the weights"),
+                    ));
+                }
+                if cpu_only {
                     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
                     let threads = (cores / devices.len().max(1)).max(1);
                     out.push(("threads_per_rank", value((threads as i64).into())));

@@ -117,6 +117,8 @@ fn watch_nodes(node_loss: NodeLoss, loop_: ExecutorLossNotifier) -> Result<()> {
 
 /// The layers in front of every route, from the flags: ready before the model loads.
 pub fn front_of(args: &ServeArgs) -> Result<Front> {
+    // A bad speculation config is refused before the model loads.
+    crate::speculation_args::speculation(args.speculative_config.as_deref())?;
     Ok(Front {
         metrics: Arc::new(ServerMetrics::default()),
         limits: args.server_limits(),
@@ -181,6 +183,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
             max_waiting: args.max_waiting,
             max_model_len: args.max_model_len,
             enable_prefix_caching: true,
+            speculation: crate::speculation_args::speculation(args.speculative_config.as_deref())?,
             ..SchedulerConfig::default()
         },
         engine,

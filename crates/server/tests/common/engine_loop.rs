@@ -28,12 +28,19 @@ pub fn greedy_request(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
 /// Loads `cfg` and runs the scheduler's engine loop over it, at most 16 sequences and
 /// `max_batch_tokens` tokens a step.
 pub fn spawn_loop(cfg: &EngineConfig, max_batch_tokens: usize) -> SchedulerHandle {
+    spawn_loop_with(
+        cfg,
+        SchedulerConfig {
+            max_batch_tokens,
+            max_num_seqs: 16,
+            ..SchedulerConfig::default()
+        },
+    )
+}
+
+/// Loads `cfg` and runs the scheduler's engine loop over it with `sched`.
+pub fn spawn_loop_with(cfg: &EngineConfig, sched: SchedulerConfig) -> SchedulerHandle {
     let engine = Engine::load(cfg).expect("engine");
-    let sched = SchedulerConfig {
-        max_batch_tokens,
-        max_num_seqs: 16,
-        ..SchedulerConfig::default()
-    };
     EngineLoop::spawn(sched, engine).expect("engine loop")
 }
 

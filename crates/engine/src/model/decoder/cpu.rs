@@ -9,7 +9,8 @@ use crate::model::batch::Batch;
 use crate::model::cpu_ops;
 use crate::model::head_norms::{norm_across_heads, HeadNorms};
 use crate::model::kv_cache::KvCache;
-use crate::model::paged_attention::{attend, write_kv, AttentionShape};
+use crate::model::kv_write::write_kv;
+use crate::model::paged_attention::{attend, AttentionShape};
 use crate::tp::Communicator;
 
 impl DecoderShard {

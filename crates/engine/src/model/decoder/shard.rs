@@ -12,7 +12,7 @@ use super::gpu_parts::GpuParts;
 use crate::error::Result;
 use crate::loader::source::Embedding;
 use crate::model::head_norms::HeadNorms;
-use crate::model::kv_cache::CacheShape;
+use crate::model::kv_cache::{CacheShape, KvCacheDtype};
 use crate::model::linear::{ColumnParallel, Linear};
 use crate::model::moe::MoeShard;
 use crate::model::paged_attention::QueryGroup;
@@ -109,9 +109,10 @@ impl DecoderShard {
         Ok(())
     }
 
-    /// The KV cache this shard's layers read and write.
-    pub fn cache_shape(&self) -> CacheShape {
+    /// The KV cache of `dtype` this shard's layers read and write.
+    pub fn cache_shape(&self, dtype: KvCacheDtype) -> CacheShape {
         CacheShape {
+            dtype,
             layers: self.num_layers(),
             kv_heads: self.num_local_kv_heads(),
             head_dim: self.head_dim(),

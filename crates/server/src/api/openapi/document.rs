@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use crate::api::openapi::schema::with_properties;
 use crate::api::openapi::vllm::vllm_properties;
-use crate::api::openapi::{embeddings, messages};
+use crate::api::openapi::{embeddings, messages, rerank};
 
 fn reference(name: &str) -> Value {
     json!({ "$ref": format!("#/components/schemas/{name}") })
@@ -480,6 +480,7 @@ pub fn document_for(served_model: &str) -> Value {
         "MessagesRequest",
         "CountTokensRequest",
         "EmbeddingRequest",
+        "RerankRequest",
     ] {
         let model = &mut doc["components"]["schemas"][schema]["properties"]["model"];
         if let Some(m) = model.as_object_mut() {
@@ -513,7 +514,7 @@ pub fn document() -> Value {
                     with_properties(schemas(), responses_schemas()),
                     messages::schemas()
                 ),
-                embeddings::schemas()
+                with_properties(embeddings::schemas(), rerank::schemas())
             ),
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
         },
@@ -604,7 +605,7 @@ pub fn document() -> Value {
         }
     });
     if let Some(paths) = doc["paths"].as_object_mut() {
-        for more in [messages::paths(), embeddings::paths()] {
+        for more in [messages::paths(), embeddings::paths(), rerank::paths()] {
             if let Value::Object(more) = more {
                 paths.extend(more);
             }

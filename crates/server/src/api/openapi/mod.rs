@@ -3,6 +3,7 @@
 mod document;
 mod embeddings;
 mod messages;
+mod rerank;
 mod schema;
 mod vllm;
 

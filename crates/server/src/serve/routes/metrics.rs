@@ -150,6 +150,38 @@ pub fn render(app: &AppState) -> String {
         "Prompt tokens found in the prefix cache.",
         m.prefix_cache_hits_tokens as f64,
     );
+    let spec = &m.speculation;
+    w.vllm(
+        "vllm:spec_decode_num_drafts_total",
+        "counter",
+        "Sequence steps that carried speculative guesses.",
+        spec.drafts as f64,
+    );
+    w.vllm(
+        "vllm:spec_decode_num_draft_tokens_total",
+        "counter",
+        "Speculative guesses made.",
+        spec.draft_tokens as f64,
+    );
+    w.vllm(
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Speculative guesses accepted (each a token gained).",
+        spec.accepted_tokens as f64,
+    );
+    w.header(
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "counter",
+        "Speculative guesses accepted, by position in the guess (0 first).",
+    );
+    for (position, n) in spec.accepted_per_position.iter().enumerate() {
+        let labels = format!("{},position=\"{position}\"", w.model_label);
+        w.sample(
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+            &labels,
+            *n as f64,
+        );
+    }
     w.server_histogram(
         "vllm:time_to_first_token_seconds",
         "Seconds from submit to the first token, per sequence.",

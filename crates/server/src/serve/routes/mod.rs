@@ -9,6 +9,7 @@ pub mod embeddings;
 pub mod info;
 pub mod messages;
 pub mod metrics;
+pub mod rerank;
 pub mod responses;
 pub mod table;
 pub mod tokenize;
@@ -61,6 +62,7 @@ fn handler(path: &str) -> Option<MethodRouter<AppState>> {
         "/v1/responses" => post(responses::create_response),
         "/v1/messages" => post(messages::create_message),
         "/v1/embeddings" => post(embeddings::create_embeddings),
+        "/v1/rerank" | "/rerank" => post(rerank::rerank),
         "/v1/messages/count_tokens" => post(messages::count_tokens),
         "/v1/models" => get(info::list_models),
         "/v1/models/{id}" => get(info::get_model),

@@ -28,6 +28,8 @@ pub const ROUTES: &[RouteSpec] = &[
     route(Method::POST, "/v1/messages", false),
     route(Method::POST, "/v1/messages/count_tokens", false),
     route(Method::POST, "/v1/embeddings", false),
+    route(Method::POST, "/v1/rerank", false),
+    route(Method::POST, "/rerank", false),
     route(Method::GET, "/v1/models", false),
     route(Method::GET, "/v1/models/{id}", false),
     route(Method::POST, "/tokenize", false),

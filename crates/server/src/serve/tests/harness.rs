@@ -229,6 +229,7 @@ impl Executor for FakeExecutor {
                     logprobs: None,
                     prompt_logprobs: None,
                     embedding: None,
+                    accepted: Vec::new(),
                 })
                 .collect(),
             failed: Vec::new(),

@@ -38,6 +38,7 @@ impl Executor for RecordingExecutor {
                 logprobs: None,
                 prompt_logprobs: None,
                 embedding: None,
+                accepted: Vec::new(),
             });
         }
         Ok(StepOutput {

@@ -1,0 +1,144 @@
+//! `POST /v1/rerank` and `POST /rerank`, on a generating server whose model is a
+//! Qwen3-Reranker-style reranker: each document is a one-token generation after the
+//! reranker's prompt, limited to `yes` and `no`, and its score is `yes`'s probability
+//! between the two. Every document is submitted before any is awaited, so they share
+//! steps (and the prompt's common prefix in the prefix cache).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use serde_json::Value;
+use tessera_protocol::{GenerationRequest, SamplingParams, StopCondition, TokenEvent};
+use tessera_scheduler::{AdmissionError, TokenReceiver};
+
+use crate::api::error::ServerError;
+use crate::api::rerank::prompt::rerank_prompt;
+use crate::api::rerank::reply::rerank_reply;
+use crate::api::rerank::request::rerank_request;
+use crate::api::valid_request::{blocking, too_long};
+use crate::serve::generation::log_ignored_fields;
+use crate::serve::json_body::JsonBody;
+use crate::serve::state::{random_id, AppState};
+
+pub async fn rerank(
+    State(app): State<AppState>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ServerError> {
+    let req = rerank_request(&body)?;
+    log_ignored_fields(&req.ignored);
+    app.require_generate()?;
+    if let Some(model) = &req.model {
+        app.validation.served_model_names.check(model)?;
+    }
+    let tokenizer = &app.validation.tokenizer;
+    let (Some(yes), Some(no)) = (tokenizer.token_to_id("yes"), tokenizer.token_to_id("no")) else {
+        return Err(ServerError::invalid(
+            "model",
+            "this model's vocabulary has no `yes` and `no` tokens: it cannot be a \
+             Qwen3-Reranker-style reranker",
+        ));
+    };
+    let prompts = tokenize(&app, &req.query, &req.instruction, &req.documents).await?;
+    let prompt_tokens = prompts.iter().map(Vec::len).sum();
+    let receivers = prompts
+        .into_iter()
+        .map(|prompt_ids| submit(&app, prompt_ids, yes, no))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut scores = Vec::with_capacity(receivers.len());
+    for receiver in receivers {
+        scores.push(score(receiver, yes).await?);
+    }
+    Ok(Json(rerank_reply(
+        &format!("rerank-{}", random_id()),
+        app.model_name(),
+        &req.documents,
+        &scores,
+        req.top_n,
+        req.return_documents,
+        prompt_tokens,
+    )))
+}
+
+async fn tokenize(
+    app: &AppState,
+    query: &str,
+    instruction: &str,
+    documents: &[String],
+) -> Result<Vec<Vec<u32>>, ServerError> {
+    let ctx = Arc::clone(&app.validation);
+    let texts: Vec<String> = documents
+        .iter()
+        .map(|d| rerank_prompt(instruction, query, d))
+        .collect();
+    blocking(&app.validation.work_slots, move || {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                // Room for the one token scored after the prompt.
+                let within = ctx.max_model_len.saturating_sub(1);
+                ctx.tokenizer
+                    .encode_within(text, false, within)
+                    .map_err(|e| too_long(e, &format!("documents.{i}"), ctx.max_model_len))
+            })
+            .collect()
+    })
+    .await?
+}
+
+fn submit(
+    app: &AppState,
+    prompt_ids: Vec<u32>,
+    yes: u32,
+    no: u32,
+) -> Result<TokenReceiver, ServerError> {
+    let request = GenerationRequest {
+        prompt_ids,
+        sampling: SamplingParams {
+            allowed_token_ids: vec![yes, no],
+            logprobs: Some(2),
+            ..SamplingParams::greedy()
+        },
+        stop: StopCondition {
+            max_tokens: 1,
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+            request_stop_token_ids: Vec::new(),
+        },
+        cache_salt: None,
+    };
+    Ok(app.scheduler.submit(request)?.1)
+}
+
+/// `yes`'s probability between `yes` and `no`: the sampler's log-probabilities are
+/// over the tokens it may choose from, here those two.
+async fn score(mut receiver: TokenReceiver, yes: u32) -> Result<f64, ServerError> {
+    let mut found = None;
+    loop {
+        match receiver.recv().await {
+            Some(TokenEvent::Token { logprobs, .. }) => {
+                let lp =
+                    logprobs.and_then(|l| l.top.iter().find(|(t, _)| *t == yes).map(|(_, lp)| *lp));
+                // `yes` missing from the two: its probability is nil.
+                found = Some(lp.map_or(0.0, |lp| f64::from(lp).exp()));
+            }
+            Some(TokenEvent::Finished { .. }) => {
+                return found.ok_or(ServerError::Admission(AdmissionError::ShuttingDown))
+            }
+            Some(TokenEvent::Embedding(_)) => {
+                return Err(ServerError::Internal(
+                    "an embedding came back for a score".into(),
+                ))
+            }
+            Some(TokenEvent::Error(message)) => return Err(ServerError::EngineFailed(message)),
+            Some(TokenEvent::Failed(message)) => {
+                return Err(ServerError::GenerationFailed(message))
+            }
+            Some(TokenEvent::Refused(message)) => {
+                return Err(ServerError::invalid("documents", message))
+            }
+            None => return Err(ServerError::Admission(AdmissionError::ShuttingDown)),
+        }
+    }
+}
