@@ -184,7 +184,16 @@ fn a_tokenizer_larger_than_the_embedding_is_refused_at_load() {
 fn a_prompt_of_dash_is_read_from_standard_input() {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["generate", "--chat", "--prompt", "-", "--temperature", "0"])
+        .args([
+            "generate",
+            "--chat",
+            "--prompt",
+            "-",
+            "--temperature",
+            "0",
+            "--kv-cache-memory-mib",
+            "64",
+        ])
         .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -217,6 +226,8 @@ fn generate_logs_json_when_asked() {
             "Hello",
             "--max-tokens",
             "2",
+            "--kv-cache-memory-mib",
+            "64",
         ])
         .env("RUST_LOG", "info")
         .output()
