@@ -140,7 +140,7 @@ fn a_node_with_another_model_is_refused_naming_the_fingerprint() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(
-        err.contains("refused") && err.contains("model_fingerprint differs"),
+        err.contains("refused") && err.contains("--model (the file's contents) differs"),
         "{err}"
     );
     let leader_err = leader.join().expect("leader");

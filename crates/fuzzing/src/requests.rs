@@ -8,6 +8,7 @@ use tessera_engine::GrammarCompiler;
 use tessera_server::api::chat::request::ChatRequest;
 use tessera_server::api::completions::request::CompletionRequest;
 use tessera_server::api::error::ServerError;
+use tessera_server::api::models::ServedNames;
 use tessera_server::api::params::grammar::GrammarService;
 use tessera_server::api::params::limits::RequestLimits;
 use tessera_server::api::valid_request::{ValidRequest, ValidationContext};
@@ -30,7 +31,10 @@ fn context() -> &'static ValidationContext {
             // The default model's embedding has a row for every token of its tokenizer.
             vocab_rows: tokenizer.vocab_size(),
             tokenizer,
-            served_model_name: SERVED_MODEL.to_string(),
+            served_model_names: ServedNames::new(
+                &[SERVED_MODEL.to_string()],
+                SERVED_MODEL.to_string(),
+            ),
             max_model_len: MAX_MODEL_LEN,
             kv_sequence_tokens: 4 * MAX_MODEL_LEN,
             limits: RequestLimits::default(),
@@ -108,5 +112,5 @@ fn check_valid(valid: &ValidRequest, ctx: &ValidationContext) {
         "{} choices",
         choices.len()
     );
-    assert_eq!(valid.model(), ctx.served_model_name);
+    assert_eq!(valid.model(), ctx.served_model_names.primary());
 }

@@ -50,6 +50,14 @@ impl DurationHistogram {
         self.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
+    /// Back to no durations (what was recorded before a server's start is not traffic).
+    pub fn clear(&self) {
+        for c in self.counts.iter() {
+            c.store(0, Ordering::Relaxed);
+        }
+        self.sum_ns.store(0, Ordering::Relaxed);
+    }
+
     /// The counts so far.
     pub fn snapshot(&self) -> HistogramSnapshot {
         let counts: Vec<u64> = self

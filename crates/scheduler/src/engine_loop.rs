@@ -48,6 +48,8 @@ enum Command {
     /// The executor is gone without a step saying so (a node of its group was lost
     /// while idle): fail like a step whose failure has scope `Group`.
     ExecutorLost(String),
+    /// Zero the traffic counters and queue times, then answer on the channel.
+    ClearTrafficCounters(std::sync::mpsc::SyncSender<()>),
     Shutdown,
 }
 
@@ -118,6 +120,7 @@ impl std::fmt::Debug for Command {
             Command::Add(a) => write!(f, "Add({})", a.id),
             Command::Wake => write!(f, "Wake"),
             Command::ExecutorLost(why) => write!(f, "ExecutorLost({why})"),
+            Command::ClearTrafficCounters(_) => write!(f, "ClearTrafficCounters"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }
@@ -174,6 +177,22 @@ impl SchedulerHandle {
     /// Histogram of queue times: admission to a sequence's first step.
     pub fn queue_durations(&self) -> StepDurations {
         self.inner.stats.queue_durations()
+    }
+
+    /// Zero the token, prefix-cache and queue-time counts the metrics report, once the
+    /// sequences before have finished: a server's warm-up generation is not traffic.
+    /// Blocks until the loop has done it (or has stopped).
+    pub fn clear_traffic_counters(&self) {
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        if self
+            .inner
+            .commands
+            .send(Command::ClearTrafficCounters(done))
+            .is_ok()
+        {
+            // An error means the loop stopped first: nothing is counted any more.
+            let _ = wait.recv();
+        }
     }
 
     /// Refuse new requests (`AdmissionError::ShuttingDown`) but keep running the ones
@@ -344,6 +363,13 @@ impl<E: Executor> Worker<E> {
                 self.scheduler.fail_all(&why);
                 self.publish();
                 Flow::Stop
+            }
+            Command::ClearTrafficCounters(done) => {
+                self.scheduler.clear_traffic_counters();
+                self.stats.clear_queue_times();
+                self.publish();
+                let _ = done.send(());
+                Flow::Continue
             }
             Command::Shutdown => Flow::Stop,
         }

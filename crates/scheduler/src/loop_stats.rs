@@ -103,6 +103,10 @@ impl LoopStats {
         self.queue.record(duration);
     }
 
+    pub(crate) fn clear_queue_times(&self) {
+        self.queue.clear();
+    }
+
     pub(crate) fn queue_durations(&self) -> StepDurations {
         self.queue.snapshot()
     }

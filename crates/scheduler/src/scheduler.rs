@@ -334,6 +334,16 @@ impl Scheduler {
         self.counters.last_step_duration = duration;
     }
 
+    /// Zero the traffic counters (prompt and generated tokens, prefix-cache lookups):
+    /// what ran before is not traffic (a server's warm-up). Steps and preemptions stay.
+    pub fn clear_traffic_counters(&mut self) {
+        let c = &mut self.counters;
+        c.prompt_tokens = 0;
+        c.generation_tokens = 0;
+        c.prefix_queries = 0;
+        c.prefix_hits = 0;
+    }
+
     pub fn metrics(&self) -> SchedulerMetrics {
         let c = &self.counters;
         SchedulerMetrics {

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{generate_cmd, serve};
+use crate::{chat_cmd, generate_cmd, serve};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -13,7 +13,7 @@ use crate::{generate_cmd, serve};
 pub struct Cli {
     /// Log line format: human-readable text, or one JSON object per line (with the
     /// request id of the current request in `span`/`spans`). Filter with RUST_LOG.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "TESSERA_LOG_FORMAT")]
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "TESSERA_LOG_FORMAT", help_heading = crate::help_headings::LOGGING)]
     pub log_format: LogFormat,
 
     #[command(subcommand)]
@@ -30,8 +30,13 @@ pub enum LogFormat {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Serve the model over the OpenAI-compatible HTTP API (and a chat page at `/`).
+    Serve(serve::ServeArgs),
+    /// Chat in the terminal: with the model loaded here (the `serve` flags), or with a
+    /// running server (--url).
+    Chat(chat_cmd::ChatArgs),
     /// Generate a completion for one prompt and print it.
     Generate(generate_cmd::GenerateArgs),
-    /// Serve the model over the OpenAI-compatible HTTP API.
-    Serve(serve::ServeArgs),
+    /// List the model families Tessera runs, with their config.json and GGUF names.
+    Models,
 }

@@ -2,11 +2,14 @@
 //! environment variables `TESSERA_<KEY>` < command-line flags.
 //!
 //! Every key is a `serve` flag's long name with `_` for `-` (`max_num_seqs` is
-//! `--max-num-seqs`, its variable `TESSERA_MAX_NUM_SEQS`). The lower layers become
-//! flags inserted after `serve`, and only for keys the higher layers leave unset, so
-//! clap parses and validates every value exactly as if it had been typed, and
-//! list-valued flags (`api_key`) come whole from one layer. A file key that is not a
-//! flag is an error naming the key and the file: a typo must not be silently ignored.
+//! `--max-num-seqs`, its variable `TESSERA_MAX_NUM_SEQS`), or the global `log_format`.
+//! The lower layers become flags inserted after `serve` (or `chat`, which takes the same
+//! flags), and only for keys the higher layers leave unset, so clap parses every value
+//! exactly as if it had been typed, and list-valued flags (`api_key`) come whole from
+//! one layer. Each value from a file or a variable is checked by its flag's parser
+//! first, so a bad one is refused naming the file and key, or the variable, not a flag
+//! nobody typed. A file key that is not a flag is an error naming the key and the file:
+//! a typo must not be silently ignored.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -15,6 +18,9 @@ use clap::{ArgAction, ArgMatches, Command};
 
 /// Flags that steer the layering itself and are not configuration keys.
 const NOT_KEYS: &[&str] = &["config", "print-config", "help", "version"];
+
+/// The subcommands that take the `serve` flags, and so the layers.
+const LAYERED: &[&str] = &["serve", "chat"];
 
 /// Keys whose values are secrets: shown as `<redacted>` by `--print-config`.
 const SECRET_KEYS: &[&str] = &["api_key"];
@@ -40,6 +46,17 @@ pub enum ConfigError {
         path: PathBuf,
         message: String,
     },
+    #[error("environment variable {var}: {message}")]
+    BadEnv { var: String, message: String },
+}
+
+/// A value `--print-config` shows for a key no layer set and clap has no default for:
+/// the one start-up will use, as far as it is known before the model is read.
+#[derive(Debug, Clone)]
+pub enum Derived {
+    Value(toml_edit::Value),
+    /// Known only once the model is loaded: a comment saying where it comes from.
+    Note(String),
 }
 
 /// A configurable flag of `serve`.
@@ -47,11 +64,18 @@ struct Key {
     name: String,
     long: String,
     multiple: bool,
+    /// A switch (`--no-ui`): its value is `true` or `false`, and only `true` sets it.
+    switch: bool,
+    arg: clap::Arg,
 }
 
-fn keys(serve: &Command) -> Vec<Key> {
+/// The configuration keys: every `serve` flag, and the global flags of `cli` (whose
+/// `serve` subcommand is `serve`).
+fn keys(cli: &Command, serve: &Command) -> Vec<Key> {
+    let globals = cli.get_arguments().filter(|a| a.is_global_set());
     serve
         .get_arguments()
+        .chain(globals)
         // Hidden flags are test hooks: never set from a file or the environment.
         .filter(|a| !a.is_hide_set())
         .filter_map(|a| {
@@ -60,9 +84,40 @@ fn keys(serve: &Command) -> Vec<Key> {
                 name: long.replace('-', "_"),
                 long: long.to_string(),
                 multiple: matches!(a.get_action(), ArgAction::Append),
+                switch: matches!(a.get_action(), ArgAction::SetTrue),
+                arg: a.clone(),
             })
         })
         .collect()
+}
+
+/// Every configuration key, in the order `--help` lists the flags.
+pub fn key_names(cli: &Command) -> Vec<String> {
+    match cli.find_subcommand("serve") {
+        Some(serve) => keys(cli, serve).into_iter().map(|k| k.name).collect(),
+        None => Vec::new(),
+    }
+}
+
+/// Checks `value` with the flag's own parser (on a command of that flag alone):
+/// `Err(message)` as clap words it.
+fn check_value(key: &Key, value: &str) -> Result<(), String> {
+    if key.switch {
+        return match value {
+            "true" | "false" => Ok(()),
+            other => Err(format!("invalid value '{other}': expected true or false")),
+        };
+    }
+    clap::Command::new("tessera")
+        .no_binary_name(true)
+        .arg(key.arg.clone())
+        .try_get_matches_from([format!("--{}={value}", key.long)])
+        .map(|_| ())
+        .map_err(|e| {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            first.trim_start_matches("error: ").to_string()
+        })
 }
 
 /// The value of `--flag VALUE` / `--flag=VALUE` among `args`, if present.
@@ -130,6 +185,9 @@ fn file_flags(path: &Path, keys: &[Key]) -> Result<Vec<(String, Vec<String>)>, C
             None => scalar(value).map(|v| vec![v]),
         }
         .ok_or_else(|| bad("expected a string, number or boolean"))?;
+        for v in &values {
+            check_value(key, v).map_err(|m| bad(&m))?;
+        }
         out.push((key.long.clone(), values));
     }
     Ok(out)
@@ -152,8 +210,9 @@ pub fn env_name(key: &str) -> String {
     format!("TESSERA_{}", key.to_ascii_uppercase())
 }
 
-/// `argv` with the file and environment layers inserted after `serve` as flags, for
-/// keys the command line leaves unset. Other commands pass through unchanged.
+/// `argv` with the file and environment layers inserted after `serve` (or `chat`) as
+/// flags, for keys the command line leaves unset. Other commands pass through
+/// unchanged.
 pub fn layered_argv(
     cli: &Command,
     argv: Vec<OsString>,
@@ -165,13 +224,19 @@ pub fn layered_argv(
     let Some(at) = argv
         .iter()
         .skip(1)
-        .position(|a| a == "serve")
+        .position(|a| LAYERED.iter().any(|c| a == c))
         .map(|i| i + 1)
     else {
         return Ok(argv);
     };
+    // Global flags typed before the subcommand count as set too.
     let user = &argv[at + 1..];
-    let keys = keys(serve);
+    // A chat with a server elsewhere loads nothing here: no layer applies.
+    if argv[at] == "chat" && has_flag(user, "url") {
+        return Ok(argv);
+    }
+    let before = &argv[1..at];
+    let keys = keys(cli, serve);
     let config_path = flag_value(user, "config")
         .map(PathBuf::from)
         .or_else(|| env("TESSERA_CONFIG").map(PathBuf::from));
@@ -181,16 +246,30 @@ pub fn layered_argv(
     };
     let mut inserted: Vec<OsString> = Vec::new();
     for key in &keys {
-        if has_flag(user, &key.long) {
+        if has_flag(user, &key.long) || has_flag(before, &key.long) {
             continue;
         }
-        let values = match env(&env_name(&key.name)) {
-            Some(v) => vec![v],
+        let var = env_name(&key.name);
+        let values = match env(&var) {
+            Some(v) => {
+                check_value(key, &v).map_err(|message| ConfigError::BadEnv {
+                    var: var.clone(),
+                    message,
+                })?;
+                vec![v]
+            }
             None => match from_file.iter().find(|(long, _)| *long == key.long) {
                 Some((_, values)) => values.clone(),
                 None => continue,
             },
         };
+        if key.switch {
+            // A switch takes no value: `true` is the bare flag, `false` leaves it off.
+            if values.iter().any(|v| v == "true") {
+                inserted.push(OsString::from(format!("--{}", key.long)));
+            }
+            continue;
+        }
         inserted.extend(
             values
                 .into_iter()
@@ -204,15 +283,29 @@ pub fn layered_argv(
 }
 
 /// The effective `serve` configuration as TOML (what `--print-config` shows): every
-/// key with its value after layering and defaults; secrets redacted.
-pub fn render(serve: &Command, matches: &ArgMatches) -> String {
+/// key with its value after layering and defaults, then `derived` for keys with neither
+/// (values start-up computes: the default model, the port, the KV cache size); secrets
+/// redacted. `matches` are the `serve` subcommand's (which hold the global flags too).
+pub fn render(
+    cli: &Command,
+    serve: &Command,
+    matches: &ArgMatches,
+    derived: &[(&str, Derived)],
+) -> String {
     let mut doc = toml_edit::DocumentMut::new();
-    for key in keys(serve) {
-        let id = serve
-            .get_arguments()
-            .find(|a| a.get_long() == Some(key.long.as_str()))
-            .map(|a| a.get_id().as_str().to_string());
-        let Some(raw) = id.as_deref().and_then(|id| matches.get_raw(id)) else {
+    let mut notes = String::new();
+    for key in keys(cli, serve) {
+        let id = key.arg.get_id().as_str().to_string();
+        let Some(raw) = matches.get_raw(&id).filter(|r| r.len() > 0) else {
+            match derived.iter().find(|(name, _)| *name == key.name) {
+                Some((_, Derived::Value(v))) => {
+                    doc[key.name.as_str()] = toml_edit::value(v.clone())
+                }
+                Some((_, Derived::Note(why))) => {
+                    notes.push_str(&format!("# {}: {why}\n", key.name));
+                }
+                None => {}
+            }
             continue;
         };
         let values: Vec<String> = raw.map(|v| v.to_string_lossy().into_owned()).collect();
@@ -239,7 +332,12 @@ pub fn render(serve: &Command, matches: &ArgMatches) -> String {
         };
         doc[key.name.as_str()] = toml_edit::value(value);
     }
-    doc.to_string()
+    let mut text = doc.to_string();
+    if !notes.is_empty() {
+        text.push_str("\n# Known once the model is loaded:\n");
+        text.push_str(&notes);
+    }
+    text
 }
 
 #[cfg(test)]
@@ -266,8 +364,14 @@ mod tests {
     fn serve(cli: Cli) -> crate::serve::ServeArgs {
         match cli.command {
             CliCommand::Serve(args) => args,
-            CliCommand::Generate(_) => panic!("expected serve"),
+            _ => panic!("expected serve"),
         }
+    }
+
+    fn render_plain(m: &ArgMatches) -> String {
+        let cmd = Cli::command();
+        let serve_cmd = cmd.find_subcommand("serve").unwrap();
+        render(&cmd, serve_cmd, m.subcommand_matches("serve").unwrap(), &[])
     }
 
     fn write(name: &str, text: &str) -> PathBuf {
@@ -334,11 +438,129 @@ mod tests {
         let default = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/default.toml");
         let (_, with_file) = parse(&["tessera", "serve", "--config", default], &[]).unwrap();
         let (_, plain) = parse(&["tessera", "serve"], &[]).unwrap();
-        let cmd = Cli::command();
-        let serve_cmd = cmd.find_subcommand("serve").unwrap();
-        let render_serve =
-            |m: &ArgMatches| render(serve_cmd, m.subcommand_matches("serve").unwrap());
-        assert_eq!(render_serve(&with_file), render_serve(&plain));
+        assert_eq!(render_plain(&with_file), render_plain(&plain));
+    }
+
+    /// `config/default.toml` lists every key: a flag added without its key (set, or
+    /// commented out where it has no default) fails here.
+    #[test]
+    fn the_default_config_file_lists_every_key() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../config/default.toml"
+        ))
+        .unwrap();
+        let listed = |key: &str| {
+            text.lines().any(|line| {
+                let line = line.trim_start_matches('#').trim_start();
+                line.strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            })
+        };
+        let keys = key_names(&Cli::command());
+        assert!(keys.len() > 40, "{keys:?}");
+        for key in [
+            "log_format",
+            "tokenizer",
+            "chat_template",
+            "reasoning_parser",
+        ] {
+            assert!(keys.iter().any(|k| k == key), "{key} is a key: {keys:?}");
+        }
+        let missing: Vec<&String> = keys.iter().filter(|k| !listed(k)).collect();
+        assert!(missing.is_empty(), "config/default.toml lacks {missing:?}");
+    }
+
+    /// A switch is a boolean key: `true` sets it, `false` leaves it off, and what
+    /// `--print-config` prints reads back.
+    #[test]
+    fn a_switch_is_a_boolean_key() {
+        let on = write("switch-on.toml", "no_ui = true\n");
+        let (cli, m) = parse(&["tessera", "serve", "--config", on.to_str().unwrap()], &[]).unwrap();
+        assert!(serve(cli).no_ui);
+        assert!(render_plain(&m).lines().any(|l| l == "no_ui = true"));
+        let (cli, m) = parse(&["tessera", "serve"], &[("TESSERA_NO_UI", "false")]).unwrap();
+        assert!(!serve(cli).no_ui);
+        let printed = render_plain(&m);
+        assert!(printed.lines().any(|l| l == "no_ui = false"), "{printed}");
+        let off = write("switch-off.toml", &printed);
+        let (cli, _) = parse(
+            &["tessera", "serve", "--config", off.to_str().unwrap()],
+            &[],
+        )
+        .unwrap();
+        assert!(!serve(cli).no_ui);
+        let err = parse(&["tessera", "serve"], &[("TESSERA_NO_UI", "yes")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("TESSERA_NO_UI") && err.contains("expected true or false"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn log_format_is_a_key_of_files_and_variables() {
+        use crate::cli::LogFormat;
+        let path = write("log.toml", "log_format = \"json\"\n");
+        let (cli, _) = parse(
+            &["tessera", "serve", "--config", path.to_str().unwrap()],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(cli.log_format, LogFormat::Json);
+        // A flag before the subcommand wins over the file.
+        let (cli, _) = parse(
+            &[
+                "tessera",
+                "--log-format",
+                "text",
+                "serve",
+                "--config",
+                path.to_str().unwrap(),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(cli.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn bad_values_name_the_file_or_the_variable_they_came_from() {
+        let path = write("bad.toml", "max_num_seqs = \"many\"\n");
+        let err = parse(
+            &["tessera", "serve", "--config", path.to_str().unwrap()],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("key `max_num_seqs` in "), "{err}");
+        assert!(err.contains("bad.toml") && err.contains("'many'"), "{err}");
+        let err = parse(&["tessera", "serve"], &[("TESSERA_MAX_NUM_SEQS", "-3")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("environment variable TESSERA_MAX_NUM_SEQS: ") && err.contains("'-3'"),
+            "{err}"
+        );
+        let err = parse(
+            &["tessera", "serve"],
+            &[("TESSERA_REASONING_PARSER", "psychic")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("TESSERA_REASONING_PARSER") && err.contains("psychic"),
+            "{err}"
+        );
+        // Each value of a list is checked.
+        let err = parse(&["tessera", "serve"], &[("TESSERA_TENSOR_SPLIT", "3,x")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("TESSERA_TENSOR_SPLIT") && err.contains("'x'"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -348,11 +570,7 @@ mod tests {
             &[("TESSERA_API_KEY", "sk-secret")],
         )
         .unwrap();
-        let cmd = Cli::command();
-        let text = render(
-            cmd.find_subcommand("serve").unwrap(),
-            m.subcommand_matches("serve").unwrap(),
-        );
+        let text = render_plain(&m);
         let doc: toml_edit::DocumentMut = text.parse().unwrap();
         assert_eq!(doc["max_num_seqs"].as_integer(), Some(3), "{text}");
         assert_eq!(doc["host"].as_str(), Some("127.0.0.1"), "{text}");

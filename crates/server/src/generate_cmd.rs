@@ -17,7 +17,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
 
-    /// The prompt text.
+    /// The prompt text, or `-` to read it from standard input.
     #[arg(long)]
     pub prompt: String,
 
@@ -47,22 +47,45 @@ pub struct GenerateArgs {
     pub seed: Option<u64>,
 }
 
-pub fn run(args: GenerateArgs) -> Result<()> {
+/// A line of progress: plain on standard error, or a log line when logs are JSON.
+fn progress(json_logs: bool, line: &str) {
+    if json_logs {
+        tracing::info!("{line}");
+    } else {
+        eprintln!("{line}");
+    }
+}
+
+pub fn run(mut args: GenerateArgs, json_logs: bool) -> Result<()> {
+    if args.prompt == "-" {
+        let mut prompt = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut prompt)
+            .context("reading the prompt from standard input")?;
+        // A shell's `echo` or a file's last line adds one newline that is not the prompt's.
+        if prompt.ends_with('\n') {
+            prompt.pop();
+        }
+        args.prompt = prompt;
+    }
     let started = Instant::now();
     let cfg = args.model.engine_config()?;
-    eprintln!("[1/3] weights: {}", cfg.model_path.display());
+    progress(
+        json_logs,
+        &format!("[1/3] weights: {}", cfg.model_path.display()),
+    );
     let mut engine = Engine::load(&cfg)?;
     if engine.is_worker_node() {
         // In a group of nodes the leader generates; this node runs its steps.
         return engine.serve_leader().map_err(Into::into);
     }
-    eprintln!("[2/3] tokenizer");
+    progress(json_logs, "[2/3] tokenizer");
     let tokenizer = Arc::new(args.model.load_tokenizer()?);
     check_vocabulary(&tokenizer, engine.model_config())?;
     let text = if args.chat {
-        let template = tokenizer
-            .chat_template()
-            .context("--chat needs the model's chat template")?;
+        let template = tokenizer.chat_template().context(
+            "--chat needs a chat template, and the model has none: give one with \
+                 --chat-template FILE",
+        )?;
         template.render(&ChatRenderRequest {
             messages: vec![ChatMessage::new("user", &args.prompt)],
             add_generation_prompt: true,
@@ -73,10 +96,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         args.prompt.clone()
     };
     let prompt = tokenizer.encode(&text, true)?;
-    eprintln!(
-        "[3/3] loaded in {:.2}s; generating from {} prompt tokens",
-        started.elapsed().as_secs_f64(),
-        prompt.len()
+    progress(
+        json_logs,
+        &format!(
+            "[3/3] loaded in {:.2}s; generating from {} prompt tokens",
+            started.elapsed().as_secs_f64(),
+            prompt.len()
+        ),
     );
     let sampling = SamplingParams {
         temperature: args.temperature,
@@ -114,10 +140,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let tail = decoder.finish()?;
     writeln!(stdout, "{tail}")?;
     let secs = gen_started.elapsed().as_secs_f64();
-    eprintln!(
-        "{} tokens in {secs:.2}s ({:.1} tok/s)",
-        tokens.len(),
-        tokens.len() as f64 / secs.max(1e-9)
+    progress(
+        json_logs,
+        &format!(
+            "{} tokens in {secs:.2}s ({:.1} tok/s)",
+            tokens.len(),
+            tokens.len() as f64 / secs.max(1e-9)
+        ),
     );
     Ok(())
 }

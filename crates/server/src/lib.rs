@@ -6,10 +6,14 @@
 //! parsing and validation code the server runs.
 
 pub mod api;
+pub mod chat_cmd;
 pub mod cli;
 pub mod config_layers;
 pub mod generate_cmd;
+pub mod help_headings;
+pub mod hub;
 pub mod model_args;
+pub mod models_cmd;
 pub mod node_args;
 pub mod runner;
 pub mod serve;

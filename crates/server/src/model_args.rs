@@ -1,6 +1,7 @@
 //! Command-line options that choose the model and how it is spread over devices.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -11,30 +12,52 @@ use tessera_engine::tp::AllReduceDtype;
 use tessera_engine::{load_tokenizer, DeviceSpec, EngineConfig, Tokenizer};
 use tessera_tokenizer::sandbox::SandboxLauncher;
 
+use crate::help_headings::{DEVICES, MODEL};
+use crate::hub::{self, HubSettings, ModelRef};
+
+/// `--kv-cache-memory-mib` of CPU ranks in a group of nodes when none is given (one
+/// node sizes its CPU ranks' cache from the memory left after the weights).
+pub const DEFAULT_CPU_KV_CACHE_MIB: usize = 256;
+
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// A .gguf file or a Hugging Face folder (config.json + safetensors). Default: the
-    /// SmolLM2 model fetched by scripts/fetch-model.
-    #[arg(long, env = "TESSERA_MODEL")]
-    pub model: Option<PathBuf>,
+    /// A .gguf file, a Hugging Face folder (config.json + safetensors), or a Hugging Face
+    /// repository: org/repo (safetensors), org/repo:Q4_K_M or org/repo:FILE.gguf (GGUF),
+    /// downloaded into the Hugging Face cache (HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE).
+    /// Default: the SmolLM2 model fetched by scripts/fetch-model.
+    #[arg(long, env = "TESSERA_MODEL", value_name = "PATH|ORG/REPO[:TAG]", help_heading = MODEL)]
+    pub model: Option<String>,
+
+    /// Branch, tag or commit of the --model repository (default: main).
+    #[arg(long, help_heading = MODEL)]
+    pub revision: Option<String>,
+
+    /// The local path `model` resolved to (a download happens once per process).
+    #[arg(skip)]
+    resolved: Arc<Mutex<Option<PathBuf>>>,
+
+    /// Logs are JSON lines: a download reports progress as log lines, never as a bar,
+    /// even on a terminal.
+    #[arg(skip)]
+    pub json_logs: bool,
 
     /// Where the tokenizer and chat template come from, when not from the model itself: a
     /// folder with tokenizer.json (and tokenizer_config.json), or a GGUF file.
-    #[arg(long, env = "TESSERA_TOKENIZER")]
+    #[arg(long, env = "TESSERA_TOKENIZER", help_heading = MODEL)]
     pub tokenizer: Option<PathBuf>,
 
     /// A Jinja chat template file that replaces the model's own (for a model file that
     /// has none, or to change it), as in tokenizer_config.json's `chat_template`.
-    #[arg(long, env = "TESSERA_CHAT_TEMPLATE")]
+    #[arg(long, env = "TESSERA_CHAT_TEMPLATE", help_heading = MODEL)]
     pub chat_template: Option<PathBuf>,
 
     /// Memory, in MiB, that one chat-template render may use (at least 16). Templates
     /// render in sandbox processes; a render that needs more fails its request with a 400.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(16..))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(16..), help_heading = MODEL)]
     pub chat_template_memory_mib: u64,
 
     /// Seconds one chat-template render may take before it is stopped (a 400; at least 1).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..), help_heading = MODEL)]
     pub chat_template_timeout: u64,
 
     /// Where chat templates render: in sandbox processes when set (the `tessera` binary
@@ -43,42 +66,42 @@ pub struct ModelArgs {
     pub template_sandbox: Option<SandboxLauncher>,
 
     /// Number of devices (ranks) the model is split over.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, help_heading = DEVICES)]
     pub tensor_parallel_size: usize,
 
     /// Devices, one per rank, e.g. cpu:0,cpu:1 (default: cpu:0..cpu:N-1).
-    #[arg(long)]
+    #[arg(long, help_heading = DEVICES)]
     pub devices: Option<String>,
 
     /// Relative share of each device, e.g. 3,1 (default: equal).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help_heading = DEVICES)]
     pub tensor_split: Option<Vec<f64>>,
 
     /// Pipeline placement of whole layers instead of tensor parallelism, e.g. "0:16;1:14"
     /// (ordinal:layers of the --devices; layers left over run on the host CPU).
-    #[arg(long)]
+    #[arg(long, help_heading = DEVICES)]
     pub device_layers: Option<String>,
 
     /// Precision of the all-reduce between ranks: f32 or bf16.
-    #[arg(long, default_value = "f32")]
+    #[arg(long, default_value = "f32", help_heading = DEVICES)]
     pub allreduce_dtype: AllReduceDtype,
 
     /// How ranks that share one GPU (--devices cuda:0,cuda:0) are joined: device (the
     /// same-GPU communicator) or nccl (NCCL 2.30 or newer, with
     /// NCCL_MULTI_RANK_GPU_ENABLE=1; refused at start-up otherwise, naming both).
-    #[arg(long, default_value = "device")]
+    #[arg(long, default_value = "device", help_heading = DEVICES)]
     pub same_gpu_comm: tessera_engine::tp::SameGpuComm,
 
     /// KV cache budget per rank, in MiB (default: on CPU ranks, what
     /// --cpu-kv-cache-utilization gives; on GPUs, what --gpu-memory-utilization leaves).
-    #[arg(long)]
+    #[arg(long, help_heading = DEVICES)]
     pub kv_cache_memory_mib: Option<usize>,
 
     /// What the KV cache stores: auto (bf16 on GPUs, f32 on CPU ranks: no 8-bit type keeps
     /// greedy text equal on most prompts, see docs/fidelity.md), bf16, fp16, fp8 (fp8_e4m3: a
     /// scale per layer and KV head, set by a warm-up step at load), int8 (a scale per
     /// block and KV head), or f32 (CPU ranks only). A type a device cannot hold is refused.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", help_heading = DEVICES)]
     pub kv_cache_dtype: KvCacheDtypeChoice,
 
     /// Size the KV cache of CPU ranks from free memory: this share of the memory
@@ -87,25 +110,25 @@ pub struct ModelArgs {
     /// context use (e.g. 0.5). Unset: --kv-cache-memory-mib, 256 MiB by default. Not used
     /// when --kv-cache-memory-mib is given, or by a group of nodes (which agree on
     /// --kv-cache-memory-mib).
-    #[arg(long)]
+    #[arg(long, help_heading = DEVICES)]
     pub cpu_kv_cache_utilization: Option<f64>,
 
     /// Fraction of each GPU's memory Tessera may use: the KV cache gets what the weights
     /// and a profile step at the largest batch leave under it. Not used when
     /// --kv-cache-memory-mib is given, or on CPU ranks.
-    #[arg(long, default_value_t = 0.90)]
+    #[arg(long, default_value_t = 0.90, help_heading = DEVICES)]
     pub gpu_memory_utilization: f64,
 
     /// Tokens per KV cache block.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, help_heading = DEVICES)]
     pub block_size: usize,
 
     /// Worker threads per rank (default: the cores divided among the ranks).
-    #[arg(long)]
+    #[arg(long, help_heading = DEVICES)]
     pub threads_per_rank: Option<usize>,
 
     /// Seconds a step may take before the engine is declared failed.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = 120, help_heading = DEVICES)]
     pub step_timeout: u64,
 
     #[command(flatten)]
@@ -113,10 +136,55 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// The model path, falling back to the cached default model.
+    /// The hub repository `--model` names, when it is not a path here.
+    pub fn hub_model(&self) -> Option<ModelRef> {
+        let given = self.model.as_deref()?;
+        if std::path::Path::new(given).exists() {
+            return None;
+        }
+        ModelRef::parse(given, self.revision.as_deref())
+    }
+
+    /// The name the model is served as when `--served-model-name` is not given: a hub
+    /// model's reference as given (vLLM's rule), else the file's (or folder's) stem.
+    pub fn default_served_name(&self) -> Result<String> {
+        if let Some(model) = self.hub_model() {
+            return Ok(model.to_string());
+        }
+        let path = self.model_path()?;
+        Ok(path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".to_string()))
+    }
+
+    /// The model path: `--model` as a path, or a hub model downloaded into the cache
+    /// (once; later calls return the same path), falling back to the cached default
+    /// model.
     pub fn model_path(&self) -> Result<PathBuf> {
-        if let Some(p) = &self.model {
-            return Ok(p.clone());
+        if let Some(given) = &self.model {
+            let Some(model) = self.hub_model() else {
+                if self.revision.is_some() {
+                    bail!(
+                        "--revision is for a Hugging Face repository (--model org/repo), \
+                         not the path {given}"
+                    );
+                }
+                return Ok(PathBuf::from(given));
+            };
+            let mut resolved = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(path) = resolved.as_ref() {
+                return Ok(path.clone());
+            }
+            let mut settings = HubSettings::from_process_env();
+            settings.progress_bar &= !self.json_logs;
+            let path = hub::fetch(&model, &settings)
+                .with_context(|| format!("getting the model {model}"))?;
+            *resolved = Some(path.clone());
+            return Ok(path);
+        }
+        if self.revision.is_some() {
+            bail!("--revision is for a Hugging Face repository given with --model org/repo");
         }
         let path = tessera_engine::default_model_path();
         if !path.exists() {
@@ -174,13 +242,14 @@ impl ModelArgs {
         (1 << 30) + sandboxes * ((self.chat_template_memory_mib as usize) << 20)
     }
 
-    pub fn engine_config(&self) -> Result<EngineConfig> {
+    /// The devices of this node's ranks: `--devices`, else one CPU rank per rank.
+    pub fn devices(&self) -> Result<Vec<DeviceSpec>> {
         if self.tensor_parallel_size == 0 {
             bail!("--tensor-parallel-size must be at least 1");
         }
         // With several nodes, this node's devices run its share of the ranks.
         let ranks_here = self.nodes.local_ranks(self.tensor_parallel_size)?;
-        let devices = match &self.devices {
+        Ok(match &self.devices {
             Some(list) => {
                 let d = DeviceSpec::parse_list(list)?;
                 if self.tensor_parallel_size != 1 && d.len() != ranks_here {
@@ -195,14 +264,18 @@ impl ModelArgs {
                 d
             }
             None => (0..ranks_here).map(DeviceSpec::Cpu).collect(),
-        };
+        })
+    }
+
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        let devices = self.devices()?;
         let mut cfg = EngineConfig::new(self.model_path().context("choosing the model")?);
         cfg.devices = devices;
         cfg.tensor_split = self.tensor_split.clone();
         cfg.device_layers = self.device_layers.as_deref().map(str::parse).transpose()?;
         cfg.allreduce_dtype = self.allreduce_dtype;
         cfg.same_gpu_comm = self.same_gpu_comm;
-        cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(256) << 20;
+        cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(DEFAULT_CPU_KV_CACHE_MIB) << 20;
         cfg.kv_cache_dtype = Some(self.kv_cache_dtype);
         if let Some(u) = self.cpu_kv_cache_utilization {
             if !(u > 0.0 && u <= 1.0) {

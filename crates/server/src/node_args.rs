@@ -9,6 +9,7 @@ use clap::Args;
 use tessera_engine::cluster::NodeTopology;
 
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = crate::help_headings::NODES)]
 pub struct NodeArgs {
     /// Nodes (processes, one per machine) that serve the model together;
     /// --tensor-parallel-size is the ranks of all of them, each node runs an equal share.

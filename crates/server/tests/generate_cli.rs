@@ -177,3 +177,97 @@ fn a_tokenizer_larger_than_the_embedding_is_refused_at_load() {
         "{err}"
     );
 }
+
+/// `--prompt -` reads the prompt from standard input (its one trailing newline is not
+/// part of it).
+#[test]
+fn a_prompt_of_dash_is_read_from_standard_input() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "generate",
+            "--chat",
+            "--prompt",
+            "-",
+            "--temperature",
+            "0",
+            "--kv-cache-memory-mib",
+            "64",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tessera");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(format!("{FRANCE}\n").as_bytes())
+        .expect("write the prompt");
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        "The capital of France is Paris."
+    );
+}
+
+/// With `--log-format json` every line on standard error is a JSON log record, the
+/// progress lines included.
+#[test]
+fn generate_logs_json_when_asked() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "--log-format",
+            "json",
+            "generate",
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "2",
+            "--kv-cache-memory-mib",
+            "64",
+        ])
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run tessera");
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let records: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let messages: Vec<&str> = records
+        .iter()
+        .filter_map(|r| r["fields"]["message"].as_str())
+        .collect();
+    for stage in [
+        "[1/3] weights",
+        "[2/3] tokenizer",
+        "[3/3] loaded in",
+        " tokens in ",
+    ] {
+        assert!(
+            messages.iter().any(|m| m.contains(stage)),
+            "no '{stage}' record in {messages:?}"
+        );
+    }
+    // An error is a record too.
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "--log-format",
+            "json",
+            "generate",
+            "--model",
+            "/no/such.gguf",
+            "--prompt",
+            "x",
+        ])
+        .output()
+        .expect("run tessera");
+    assert!(!out.status.success());
+    let last = stderr(&out).lines().last().unwrap_or_default().to_string();
+    let record: serde_json::Value = serde_json::from_str(&last).expect("a JSON record");
+    assert_eq!(record["level"], "ERROR", "{last}");
+}

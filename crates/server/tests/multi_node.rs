@@ -231,6 +231,20 @@ async fn two_nodes_of_two_ranks_serve_as_tp4_and_a_worker_exits_when_its_leader_
     common::wait_ready(&client, &leader.base, Duration::from_secs(300)).await;
     assert_eq!(texts(&client, &leader.base).await, want);
 
+    // The worker's probes answer as the leader's do: JSON, with the request's id.
+    for path in ["/livez", "/readyz"] {
+        let resp = client
+            .get(format!("{}{path}", worker.base))
+            .header("x-request-id", "probe-7")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(resp.headers()["x-request-id"], "probe-7", "{path}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body, json!({"status": "ok"}), "{path}");
+    }
+
     // The leader goes away: the worker exits, asking for a restart.
     leader.server.0.kill().unwrap();
     let _ = exit_status(&mut leader.server);
@@ -254,7 +268,7 @@ async fn a_worker_with_another_model_is_refused_naming_the_mismatch() {
     let log = rest_of_log(&worker.log);
     assert!(
         log.contains("refused this node at rendezvous")
-            && log.contains("model_fingerprint differs"),
+            && log.contains("--model (the file's contents) differs"),
         "{log}"
     );
     // The leader is still waiting for a node that agrees: not ready.

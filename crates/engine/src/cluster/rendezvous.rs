@@ -50,8 +50,9 @@ pub struct NodeIdentity {
 }
 
 impl NodeIdentity {
-    /// Every field in which `other` differs, as "FIELD differs: the leader has A, node N
-    /// has B", joined by `; `.
+    /// Every field in which `other` differs, as "SETTING differs: the leader has A, node
+    /// N has B" joined by `; `, where SETTING is what a person sets: the flag
+    /// (`--block-size`), or the model file.
     pub fn mismatch(&self, other: &NodeIdentity, other_rank: usize) -> Option<String> {
         let (serde_json::Value::Object(mine), serde_json::Value::Object(theirs)) = (
             serde_json::to_value(self).ok()?,
@@ -65,12 +66,32 @@ impl NodeIdentity {
                 let theirs = theirs.get(field).unwrap_or(&serde_json::Value::Null);
                 (value != theirs).then(|| {
                     format!(
-                        "{field} differs: the leader has {value}, node {other_rank} has {theirs}"
+                        "{} differs: the leader has {value}, node {other_rank} has {theirs}",
+                        setting(field)
                     )
                 })
             })
             .collect();
         (!differences.is_empty()).then(|| differences.join("; "))
+    }
+}
+
+/// The setting behind an identity field, as a person gives it: the flag, or what is
+/// meant when no flag sets it.
+fn setting(field: &str) -> &str {
+    match field {
+        "protocol_version" => "the Tessera version (its node protocol)",
+        "model_fingerprint" => "--model (the file's contents)",
+        "architecture" => "--model (the architecture)",
+        "world_size" => "--tensor-parallel-size",
+        "nnodes" => "--nnodes",
+        "split" => "--tensor-split",
+        "allreduce_dtype" => "--allreduce-dtype",
+        "device_kind" => "--devices (cpu or cuda)",
+        "block_size_tokens" => "--block-size",
+        "kv_cache_bytes" => "--kv-cache-memory-mib (the KV cache in bytes)",
+        "context_length" => "--max-model-len",
+        other => other,
     }
 }
 
@@ -306,7 +327,7 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(
-            refused.contains("model_fingerprint differs")
+            refused.contains("--model (the file's contents) differs")
                 && refused.contains("00112233aabbccdd")
                 && refused.contains("ffffffffffffffff"),
             "{refused}"
@@ -317,7 +338,7 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(refused.contains("split differs"), "{refused}");
+        assert!(refused.contains("--tensor-split differs"), "{refused}");
         let (_s1, w1) = join(addr, 1, &identity(), Duration::from_secs(10)).expect("node 1");
         let refused = join(addr, 1, &identity(), Duration::from_secs(10))
             .err()
@@ -350,7 +371,7 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(err.contains("nnodes differs"), "{err}");
+        assert!(err.contains("--nnodes differs"), "{err}");
         let leader_err = leader
             .join()
             .expect("leader")
@@ -360,7 +381,7 @@ mod tests {
             leader_err.contains("nodes [1] did not join"),
             "{leader_err}"
         );
-        assert!(leader_err.contains("nnodes differs"), "{leader_err}");
+        assert!(leader_err.contains("--nnodes differs"), "{leader_err}");
     }
 
     #[test]

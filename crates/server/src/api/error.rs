@@ -22,9 +22,9 @@ pub enum ServerError {
     /// Keys are configured and the request has none or a wrong one (401).
     #[error("missing or incorrect API key")]
     Unauthorized,
-    /// The `model` field is not the served model (404).
-    #[error("the model `{0}` does not exist")]
-    ModelNotFound(String),
+    /// The `model` field is not a name of the served model (404); `served` lists them.
+    #[error("the model `{requested}` does not exist; this server serves {served}")]
+    ModelNotFound { requested: String, served: String },
     /// No route has this path (404).
     #[error("no route for {method} {path}")]
     RouteNotFound { method: String, path: String },
@@ -115,7 +115,7 @@ impl ServerError {
                 ("invalid_request_error", None)
             }
             ServerError::Unauthorized => ("authentication_error", Some("invalid_api_key")),
-            ServerError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
+            ServerError::ModelNotFound { .. } => ("invalid_request_error", Some("model_not_found")),
             ServerError::RouteNotFound { .. } => ("invalid_request_error", Some("not_found")),
             ServerError::MethodNotAllowed { .. } => {
                 ("invalid_request_error", Some("method_not_allowed"))
@@ -153,7 +153,7 @@ impl ServerError {
         };
         let param = match self {
             ServerError::InvalidRequest { param, .. } => param.clone(),
-            ServerError::ModelNotFound(_) => Some("model".to_string()),
+            ServerError::ModelNotFound { .. } => Some("model".to_string()),
             ServerError::Admission(AdmissionError::NeverFits { .. }) => {
                 Some("max_tokens".to_string())
             }
@@ -171,6 +171,12 @@ impl ServerError {
                  unaffected, so it may be retried"
             ),
             ServerError::Internal(_) => format!("internal server error{request}"),
+            // The client can shorten the request; the operator can raise the limits, and
+            // should be told which flags do.
+            ServerError::Admission(never @ AdmissionError::NeverFits { .. }) => format!(
+                "{never}; a shorter prompt or a smaller max_tokens fits, or the server can \
+                 be started with a larger --max-model-len or --kv-cache-memory-mib"
+            ),
             other => other.to_string(),
         };
         ErrorBody::new(message, kind, param, code.map(str::to_string))

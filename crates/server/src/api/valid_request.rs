@@ -14,6 +14,7 @@ use crate::api::chat::request::ChatRequest;
 use crate::api::completions::infill::requested_suffix;
 use crate::api::completions::request::{CompletionRequest, PromptInput};
 use crate::api::error::ServerError;
+use crate::api::models::ServedNames;
 use crate::api::params::grammar::GrammarService;
 use crate::api::params::limits::RequestLimits;
 use crate::api::params::spec::{check_in_vocab, check_top_logprobs, GenerationSpec};
@@ -28,7 +29,9 @@ pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
 #[derive(Debug, Clone)]
 pub struct ValidationContext {
     pub tokenizer: Arc<Tokenizer>,
-    pub served_model_name: String,
+    /// The names the model is served under: requests may send any, replies report the
+    /// first.
+    pub served_model_names: ServedNames,
     /// Longest context (prompt + completion) in tokens.
     pub max_model_len: usize,
     /// Longest context the KV cache holds for one sequence (the whole cache, or no
@@ -110,7 +113,7 @@ impl ValidRequest {
     pub async fn chat(req: ChatRequest, ctx: &ValidationContext) -> Result<Self, ServerError> {
         let mut spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
         spec.sampling.bad_words = bad_word_tokens(&spec.bad_words, &ctx.tokenizer)?;
-        check_model(&spec.model, ctx)?;
+        spec.model = check_model(&spec.model, ctx)?;
         let tools = req.tool_request()?;
         if let Some(forced) = tools.as_ref().and_then(|t| t.forced_constraint()) {
             if spec.sampling.constraint.is_some() {
@@ -209,7 +212,7 @@ impl ValidRequest {
         }
         let mut spec = GenerationSpec::from_params(&req.params, ctx.vocab_rows, &ctx.limits)?;
         spec.sampling.bad_words = bad_word_tokens(&spec.bad_words, &ctx.tokenizer)?;
-        check_model(&spec.model, ctx)?;
+        spec.model = check_model(&spec.model, ctx)?;
         check_constraint_bounds(&spec, ctx)?;
         let logprobs = match req.completion.logprobs {
             Some(top) => Some(LogprobsShape::Completion {
@@ -534,11 +537,11 @@ pub(crate) fn check_token_ids(
     check_in_vocab(param, ids, ctx.vocab_rows.min(ctx.tokenizer.vocab_size()))
 }
 
-fn check_model(model: &str, ctx: &ValidationContext) -> Result<(), ServerError> {
-    if model != ctx.served_model_name {
-        return Err(ServerError::ModelNotFound(model.to_string()));
-    }
-    Ok(())
+/// The name replies report (the first served name, as vLLM reports it), if `model` is
+/// one of the served names.
+fn check_model(model: &str, ctx: &ValidationContext) -> Result<String, ServerError> {
+    ctx.served_model_names.check(model)?;
+    Ok(ctx.served_model_names.primary().to_string())
 }
 
 /// A constraint over the size and depth bounds is refused before anything else is done

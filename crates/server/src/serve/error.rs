@@ -20,7 +20,7 @@ impl ServerError {
                 StatusCode::BAD_REQUEST
             }
             ServerError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ServerError::ModelNotFound(_) | ServerError::RouteNotFound { .. } => {
+            ServerError::ModelNotFound { .. } | ServerError::RouteNotFound { .. } => {
                 StatusCode::NOT_FOUND
             }
             ServerError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,

@@ -44,7 +44,7 @@ mod worker_node;
 #[cfg(test)]
 mod tests;
 
-pub use args::{default_max_batch_tokens, ServeArgs};
+pub use args::{default_max_batch_tokens, ServeArgs, DEFAULT_PORT};
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -58,6 +58,7 @@ use tessera_scheduler::{
     EngineLoop, ExecutorLossNotifier, SchedulerConfig, SchedulerError, SchedulerHandle,
 };
 
+use crate::api::models::ServedNames;
 use crate::api::params::grammar::GrammarService;
 use crate::api::valid_request::ValidationContext;
 use crate::runner::Runner;
@@ -169,6 +170,9 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
     let kv_sequence_tokens = engine
         .kv_cache_shape()
         .max_sequence_tokens(max_batch_tokens);
+    if let Some(warning) = kv_cache_shortfall(kv_sequence_tokens, max_model_len) {
+        tracing::warn!("{warning}");
+    }
     let engine_stats = engine.stats();
     let node_loss = engine.take_node_loss();
     let scheduler = spawn_loop(
@@ -189,16 +193,11 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
     if let Some(node_loss) = node_loss {
         watch_nodes(node_loss, scheduler.loss_notifier())?;
     }
-    let served_model_name = match &args.served_model_name {
-        Some(name) => name.clone(),
-        None => cfg
-            .model_path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".to_string()),
-    };
+    let served_model_names =
+        ServedNames::new(&args.served_model_name, args.model.default_served_name()?);
     tracing::info!(
-        "[3/3] loaded `{served_model_name}` in {:.2}s (max_model_len {max_model_len})",
+        "[3/3] loaded {} in {:.2}s (max_model_len {max_model_len})",
+        served_model_names.listing(),
         started.elapsed().as_secs_f64()
     );
     lifecycle.set_loaded(scheduler.clone());
@@ -206,7 +205,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
         scheduler,
         validation: Arc::new(ValidationContext {
             tokenizer,
-            served_model_name,
+            served_model_names,
             max_model_len,
             kv_sequence_tokens,
             vocab_rows,
@@ -223,6 +222,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
         lifecycle,
         metrics: Arc::clone(&front.metrics),
         engine_stats: Some(engine_stats),
+        ui: !args.no_ui,
         runner: Arc::new(runner),
     })
 }
@@ -270,6 +270,9 @@ pub fn warm_up(state: &AppState) -> Result<()> {
             None => anyhow::bail!("warm-up generation ended without finishing"),
         }
     }
+    // The warm-up is not traffic: the token, prefix-cache and queue-time metrics start
+    // from zero.
+    state.scheduler.clear_traffic_counters();
     tracing::info!(
         "warm-up: {tokens} tokens in {:.3}s",
         started.elapsed().as_secs_f64()
@@ -277,17 +280,88 @@ pub fn warm_up(state: &AppState) -> Result<()> {
     Ok(())
 }
 
+/// The start-up warning for a KV cache that holds fewer tokens than one sequence may
+/// use: requests longer than the cache are refused even though the context allows them.
+fn kv_cache_shortfall(kv_sequence_tokens: usize, max_model_len: usize) -> Option<String> {
+    (kv_sequence_tokens < max_model_len).then(|| {
+        format!(
+            "the KV cache holds {kv_sequence_tokens} tokens, fewer than max_model_len \
+             {max_model_len}: longer requests will be refused; give more memory with \
+             --kv-cache-memory-mib, or a shorter context with --max-model-len"
+        )
+    })
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
+    run_with(args, None)
+}
+
+/// How a server that another command starts (`tessera chat` on a local model) says it
+/// is ready and is told to stop; signals are then that command's.
+#[derive(Debug)]
+pub struct Embedded {
+    /// Gets the address once the API routes serve.
+    pub ready: tokio::sync::oneshot::Sender<SocketAddr>,
+    /// Drains and stops the server when it resolves (or its sender is dropped).
+    pub stop: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// `serve` for another command: no signal handling, readiness and stop through
+/// `embedded`.
+pub fn run_embedded(args: ServeArgs, embedded: Embedded) -> Result<()> {
+    run_with(args, Some(embedded))
+}
+
+fn run_with(args: ServeArgs, embedded: Option<Embedded>) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("tessera-http")
         .build()
         .context("starting the async runtime")?;
-    let result = runtime.block_on(serve(args));
+    let result = runtime.block_on(serve(args, embedded));
     // A signal during loading leaves the load running on the blocking pool; do not
     // wait for it.
     runtime.shutdown_background();
     result
+}
+
+/// Resolves once the server should stop: the first SIGTERM or Ctrl-C, or, embedded,
+/// the stop of its command. A second signal ends the process at once, without the
+/// drain, as a person pressing Ctrl-C again expects.
+fn stop_requested(
+    stop: Option<tokio::sync::oneshot::Receiver<()>>,
+) -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        match stop {
+            Some(stop) => {
+                let _ = stop.await;
+                let _ = tx.send(true);
+            }
+            None => {
+                shutdown_signal().await;
+                let _ = tx.send(true);
+                shutdown_signal().await;
+                tracing::warn!(
+                    "second interrupt: exiting now, without waiting for running requests"
+                );
+                eprintln!("second interrupt: exiting now, without waiting for running requests");
+                std::process::exit(SECOND_SIGNAL_EXIT_CODE);
+            }
+        }
+    });
+    rx
+}
+
+/// Exit status after a second SIGTERM or Ctrl-C: 130, a shell's status for an
+/// interrupted command.
+pub const SECOND_SIGNAL_EXIT_CODE: i32 = 130;
+
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    // `Err` only if the sender is gone, which means it can no longer ask: wait forever.
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 fn listen_addr(args: &ServeArgs) -> Result<SocketAddr> {
@@ -297,13 +371,15 @@ fn listen_addr(args: &ServeArgs) -> Result<SocketAddr> {
         .with_context(|| format!("--host {} --port {port} is not an address", args.host))
 }
 
-/// `--port` when none is given.
-pub const DEFAULT_PORT: u16 = 8000;
-
-async fn serve(args: ServeArgs) -> Result<()> {
+async fn serve(args: ServeArgs, embedded: Option<Embedded>) -> Result<()> {
     if args.model.nodes.is_worker() {
         return worker_node::serve(args).await;
     }
+    let (ready, stop) = match embedded {
+        Some(Embedded { ready, stop }) => (Some(ready), Some(stop)),
+        None => (None, None),
+    };
+    let stop = stop_requested(stop);
     let addr = listen_addr(&args)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -319,6 +395,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         &front,
         &args.allowed_origins,
         Arc::clone(&api),
+        !args.no_ui,
     );
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = tokio::spawn(serve_http(listener, app, async move {
@@ -338,7 +415,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     let state = tokio::select! {
         loaded = load => loaded.context("the loading task")??,
-        _ = shutdown_signal() => {
+        _ = stopped(stop.clone()) => {
             tracing::info!("signal during start-up: exiting");
             return Ok(());
         }
@@ -351,9 +428,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // that passed before would send requests to a 503 `model_loading`.
     state.lifecycle.set_started();
     tracing::info!("ready on http://{local}");
+    if let Some(ready) = ready {
+        let _ = ready.send(local);
+    }
 
     let engine_failed = tokio::select! {
-        _ = shutdown_signal() => None,
+        _ = stopped(stop) => None,
         why = engine_stopped(&state.scheduler) => Some(why),
     };
     if let Some(why) = engine_failed {

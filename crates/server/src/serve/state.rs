@@ -31,13 +31,16 @@ pub struct AppState {
     pub metrics: Arc<ServerMetrics>,
     /// Per-rank step and collective times of the real engine (none with a fake one).
     pub engine_stats: Option<tessera_engine::EngineStats>,
+    /// Serve the chat page at `/` (not with `--no-ui`).
+    pub ui: bool,
     /// Whether the model generates or embeds (`--runner`).
     pub runner: Arc<Runner>,
 }
 
 impl AppState {
+    /// The name replies and metrics report (the first served name).
     pub fn model_name(&self) -> &str {
-        &self.validation.served_model_name
+        self.validation.served_model_names.primary()
     }
 
     /// Refuses a generating route on an embedding server.

@@ -1,10 +1,11 @@
 //! `tessera serve --nnodes N --node-rank R` with R > 0: a worker node. It joins the
 //! leader at rendezvous, loads its share of the ranks and runs the leader's steps; it
-//! serves no API. With `--port` it answers the probes of its pod: `/livez` 200 while
-//! the process runs, `/readyz` 200 once it has joined and loaded, 503 before.
+//! serves no API. With `--port` it answers the probes of its pod as the leader does
+//! (JSON bodies, request ids, the same layers): `/livez` 200 while the process runs,
+//! `/readyz` 200 once it has joined and loaded, 503 `joining` before.
 //!
 //! Exit status: 1 when it could not join (no leader within `--node-join-timeout`, or
-//! refused at rendezvous: the message names the field the nodes disagree on);
+//! refused at rendezvous: the message names the flag the nodes disagree on);
 //! [`ENGINE_FAILED_EXIT_CODE`](super::ENGINE_FAILED_EXIT_CODE) when the group it
 //! served in ended (the leader went away or went quiet, or a rank failed), so that the
 //! orchestrator restarts the group; 0 on SIGTERM/Ctrl-C.
@@ -15,21 +16,27 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Json, Router};
+use serde_json::json;
 use tessera_engine::Engine;
 
-use super::{shutdown_signal, EngineFailure, ServeArgs};
+use super::{front_of, shutdown_signal, EngineFailure, ServeArgs};
 
-async fn livez() -> (StatusCode, &'static str) {
-    (StatusCode::OK, "ok")
+async fn livez() -> Response {
+    Json(json!({"status": "ok"})).into_response()
 }
 
-async fn readyz(State(ready): State<Arc<AtomicBool>>) -> (StatusCode, &'static str) {
+async fn readyz(State(ready): State<Arc<AtomicBool>>) -> Response {
     if ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready")
+        Json(json!({"status": "ok"})).into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "reason": "joining"})),
+        )
+            .into_response()
     }
 }
 
@@ -57,6 +64,9 @@ pub(super) async fn serve(args: ServeArgs) -> Result<()> {
             .fallback(crate::serve::routes::info::not_found)
             .method_not_allowed_fallback(crate::serve::routes::info::method_not_allowed)
             .with_state(Arc::clone(&ready));
+        // The leader's layers: request ids, header and time limits, the HTTP counts.
+        // The probes are open; nothing else is served here.
+        let app = crate::serve::middleware::front(app, &front_of(&args)?, &[]);
         // The same connection hygiene as the leader's port.
         let listener = crate::serve::connection::LimitedListener::new(
             listener,

@@ -6,6 +6,7 @@
 
 pub mod engine_loop;
 pub mod hostile;
+pub mod mock_hub;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};

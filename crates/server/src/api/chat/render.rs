@@ -64,7 +64,8 @@ impl RenderFields {
                 {
                     return Err(ServerError::invalid(
                         "chat_template_kwargs",
-                        "`chat_template_kwargs.reasoning_effort` differs from                          `reasoning_effort`: set one",
+                        "`chat_template_kwargs.reasoning_effort` differs from \
+                         `reasoning_effort`: set one",
                     ));
                 }
                 kwargs.insert("reasoning_effort".into(), Value::String(e.clone()));
@@ -172,7 +173,8 @@ pub fn template_error(e: TokenizerError) -> ServerError {
     match e {
         TokenizerError::NoChatTemplate => ServerError::invalid(
             "messages",
-            "the model has no chat template; use /v1/completions",
+            "the model has no chat template: start the server with --chat-template FILE (a \
+             Jinja template), or send a prompt to /v1/completions",
         ),
         TokenizerError::Template(m) | TokenizerError::TemplateInput(m) => {
             ServerError::invalid("messages", format!("the chat template failed: {m}"))
@@ -185,6 +187,13 @@ pub fn template_error(e: TokenizerError) -> ServerError {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_model_without_a_chat_template_is_told_which_flag_gives_one() {
+        let e = template_error(TokenizerError::NoChatTemplate);
+        assert_eq!(e.param(), Some("messages"));
+        assert!(e.to_string().contains("--chat-template FILE"), "{e}");
+    }
 
     fn messages(v: Value) -> Vec<ChatMessageIn> {
         serde_json::from_value(v).unwrap_or_default()

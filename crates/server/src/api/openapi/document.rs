@@ -591,6 +591,16 @@ pub fn document() -> Value {
                 "description": "Start-up: model loaded and warm-up generation done.",
                 "security": [],
                 "responses": probe_responses("Started")
+            } },
+            "/": { "get": {
+                "operationId": "chatPage",
+                "description": "The chat page: HTML with its script, streaming through /v1/chat/completions; it asks for the API key itself. A 404 with --no-ui.",
+                "security": [],
+                "responses": {
+                    "200": { "description": "The page",
+                             "content": { "text/html": { "schema": { "type": "string" } } } },
+                    "default": errors()
+                }
             } }
         }
     });

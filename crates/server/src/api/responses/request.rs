@@ -179,6 +179,21 @@ fn calls_possible(tools: Option<&Value>, choice: Option<&Value>) -> bool {
     any_tool && choice.and_then(Value::as_str) != Some("none")
 }
 
+/// A refusal of the chat request made from a Responses request, naming the Responses
+/// field the client sent: `reasoning.effort` where chat says `reasoning_effort`.
+pub fn in_responses_terms(e: ServerError) -> ServerError {
+    match e {
+        ServerError::InvalidRequest {
+            message,
+            param: Some(param),
+        } if param == "reasoning_effort" => ServerError::InvalidRequest {
+            message: message.replace("`reasoning_effort`", "`reasoning.effort`"),
+            param: Some("reasoning.effort".to_string()),
+        },
+        other => other,
+    }
+}
+
 /// `reasoning: {"effort": ...}` as chat's `reasoning_effort` (which the template must
 /// read); a reasoning summary is refused, since none is written.
 fn reasoning_effort(reasoning: Option<&Value>) -> Result<Option<Value>, ServerError> {

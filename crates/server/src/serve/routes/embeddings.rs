@@ -31,9 +31,7 @@ pub async fn create_embeddings(
     log_end_user(req.user.as_ref());
     log_ignored_fields(&req.ignored);
     let setup = app.require_pooling()?.clone();
-    if req.model != app.model_name() {
-        return Err(ServerError::ModelNotFound(req.model));
-    }
+    app.validation.served_model_names.check(&req.model)?;
     let width = match req.dimensions {
         Some(d) => Some(check_dimensions(&setup, d)?),
         None => None,

@@ -9,9 +9,9 @@ use crate::api::error::ServerError;
 use crate::api::models::{ModelCard, ModelList};
 use crate::serve::state::AppState;
 
-fn card(app: &AppState) -> ModelCard {
+fn card(app: &AppState, id: &str) -> ModelCard {
     ModelCard {
-        id: app.model_name().to_string(),
+        id: id.to_string(),
         object: "model",
         created: app.started_unix,
         owned_by: "tessera",
@@ -22,7 +22,13 @@ fn card(app: &AppState) -> ModelCard {
 pub async fn list_models(State(app): State<AppState>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: vec![card(&app)],
+        data: app
+            .validation
+            .served_model_names
+            .all()
+            .iter()
+            .map(|name| card(&app, name))
+            .collect(),
     })
 }
 
@@ -30,10 +36,8 @@ pub async fn get_model(
     State(app): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ServerError> {
-    if id != app.model_name() {
-        return Err(ServerError::ModelNotFound(id));
-    }
-    Ok(Json(card(&app)))
+    app.validation.served_model_names.check(&id)?;
+    Ok(Json(card(&app, &id)))
 }
 
 pub async fn openapi(State(app): State<AppState>) -> Json<serde_json::Value> {

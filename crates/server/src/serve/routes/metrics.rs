@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 
 use tessera_protocol::DurationHistogram;
 
+use crate::serve::metrics::ServerMetrics;
 use crate::serve::state::AppState;
 
 /// Label values escaped per the text format.
@@ -295,7 +296,30 @@ pub fn render(app: &AppState) -> String {
             masks.sum_seconds,
         );
     }
-    let http = app.metrics.http_counts();
+    http_counts(&mut w, &app.metrics);
+    w.text
+}
+
+/// `GET /metrics` while the model loads: the HTTP counts, the one thing measured before
+/// the engine exists (scrapers see the server up, and what it has answered).
+pub fn loading(server: &ServerMetrics) -> Response {
+    let mut w = Writer {
+        text: String::new(),
+        model_label: String::new(),
+    };
+    http_counts(&mut w, server);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        w.text,
+    )
+        .into_response()
+}
+
+fn http_counts(w: &mut Writer, server: &ServerMetrics) {
+    let http = server.http_counts();
     w.header(
         "tessera_http_requests_total",
         "counter",
@@ -305,7 +329,6 @@ pub fn render(app: &AppState) -> String {
         let labels = format!("route=\"{}\",status=\"{status}\"", escape(route));
         w.sample("tessera_http_requests_total", &labels, count as f64);
     }
-    w.text
 }
 
 /// `GET /metrics`.

@@ -13,6 +13,7 @@ pub mod rerank;
 pub mod responses;
 pub mod table;
 pub mod tokenize;
+pub mod ui;
 
 use std::sync::{Arc, OnceLock};
 
@@ -72,15 +73,19 @@ fn handler(path: &str) -> Option<MethodRouter<AppState>> {
         "/health" | "/readyz" => get(lifecycle::readyz),
         "/livez" => get(lifecycle::livez),
         "/startupz" => get(lifecycle::startupz),
+        "/" => get(ui::chat_page),
         _ => return None,
     })
 }
 
-/// Every route with its handler, the JSON 404/405 fallbacks and the body limit; the
-/// layers in front of them are [`front`]'s.
+/// Every route with its handler (the chat page only where `state.ui` says), the JSON
+/// 404/405 fallbacks and the body limit; the layers in front of them are [`front`]'s.
 pub fn api_router(state: AppState) -> Router {
     let mut router = Router::new();
     for route in routes() {
+        if route.path == "/" && !state.ui {
+            continue;
+        }
         router = router.route(route.path, route.handler);
     }
     router
@@ -97,28 +102,50 @@ pub fn build_router(state: AppState, allowed_origins: &[String]) -> Router {
 }
 
 /// The router served from the moment the port is bound, behind the same layers: the
-/// probes answer from `lifecycle`, and everything else goes to `app` once it is set
-/// (after loading and warm-up: [`api_router`]), or gets a 503 `model_loading` until then.
+/// probes answer from `lifecycle`, the chat page (where `ui` says) is served at once,
+/// `/metrics` gives the HTTP counts while the model loads, and everything else goes to
+/// `app` once it is set (after loading and warm-up: [`api_router`]), or gets a 503
+/// `model_loading` until then.
 pub fn startup_router(
     lifecycle: Arc<Lifecycle>,
     layers: &Front,
     allowed_origins: &[String],
     app: Arc<OnceLock<Router>>,
+    ui: bool,
 ) -> Router {
-    let forward = tower::service_fn(move |req: Request| {
+    let forward = {
+        let app = Arc::clone(&app);
+        tower::service_fn(move |req: Request| {
+            let app = app.get().cloned();
+            async move {
+                match app {
+                    Some(router) => router.oneshot(req).await,
+                    None => Ok(ServerError::Starting.into_response()),
+                }
+            }
+        })
+    };
+    let server_metrics = Arc::clone(&layers.metrics);
+    let metrics_route = get(move |req: Request| {
         let app = app.get().cloned();
+        let server_metrics = Arc::clone(&server_metrics);
         async move {
             match app {
-                Some(router) => router.oneshot(req).await,
-                None => Ok(ServerError::Starting.into_response()),
+                Some(router) => router.oneshot(req).await.into_response(),
+                None => metrics::loading(&server_metrics),
             }
         }
     });
-    let probes = Router::new()
+    let mut probes = Router::new()
         .route("/livez", get(lifecycle::livez))
         .route("/startupz", get(lifecycle::startupz))
         .route("/readyz", get(lifecycle::readyz))
         .route("/health", get(lifecycle::readyz))
+        .route("/metrics", metrics_route);
+    if ui {
+        probes = probes.route("/", get(ui::chat_page));
+    }
+    let probes = probes
         .method_not_allowed_fallback(info::method_not_allowed)
         .with_state(lifecycle)
         .fallback_service(forward);

@@ -33,9 +33,7 @@ pub async fn rerank(
     log_ignored_fields(&req.ignored);
     app.require_generate()?;
     if let Some(model) = &req.model {
-        if model != app.model_name() {
-            return Err(ServerError::ModelNotFound(model.clone()));
-        }
+        app.validation.served_model_names.check(model)?;
     }
     let tokenizer = &app.validation.tokenizer;
     let (Some(yes), Some(no)) = (tokenizer.token_to_id("yes"), tokenizer.token_to_id("no")) else {

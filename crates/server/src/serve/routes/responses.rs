@@ -20,7 +20,7 @@ use crate::api::responses::object::{
     function_call_item, logprob_values, message_item, output_text_part, reasoning_item, status_of,
     OutputUsage, ResponseHeader,
 };
-use crate::api::responses::request::chat_body;
+use crate::api::responses::request::{chat_body, in_responses_terms};
 use crate::api::tools::parsers::{ParsedReply, ToolCallParser, ToolEvent};
 use crate::api::valid_request::ValidRequest;
 use crate::serve::generation::{collect_all, log_end_user, log_ignored_fields, Submitted};
@@ -34,10 +34,12 @@ pub async fn create_response(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ServerError> {
     let (chat, ignored) = chat_body(&body)?;
-    let req = ChatRequest::parse(&chat)?;
+    let req = ChatRequest::parse(&chat).map_err(in_responses_terms)?;
     log_end_user(req.params.user.as_ref());
     log_ignored_fields(&ignored);
-    let valid = ValidRequest::chat(req, &app.validation).await?;
+    let valid = ValidRequest::chat(req, &app.validation)
+        .await
+        .map_err(in_responses_terms)?;
     if valid.reasoning().is_some() && valid.logprobs().is_some() {
         return Err(ServerError::invalid(
             "include",

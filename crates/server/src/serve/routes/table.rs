@@ -11,7 +11,8 @@ use axum::http::Method;
 pub struct RouteSpec {
     pub method: Method,
     pub path: &'static str,
-    /// Reachable without an API key (the probes).
+    /// Reachable without an API key (the probes, and the chat page, which asks for the
+    /// key itself).
     pub open: bool,
 }
 
@@ -39,6 +40,7 @@ pub const ROUTES: &[RouteSpec] = &[
     route(Method::GET, "/livez", true),
     route(Method::GET, "/readyz", true),
     route(Method::GET, "/startupz", true),
+    route(Method::GET, "/", true),
 ];
 
 /// The template `path` falls under, for metric labels (bounded cardinality: unknown
@@ -95,8 +97,10 @@ mod tests {
         assert_eq!(template("/v1/models/a/b"), "unmatched");
         assert_eq!(template("/v1/models/"), "unmatched");
         assert_eq!(template("/v1/chat/completions/x"), "unmatched");
-        assert_eq!(template("/"), "unmatched");
-        assert!(is_open("/readyz") && is_open("/health"));
+        assert_eq!(template("/"), "/");
+        assert_eq!(template("/index.html"), "unmatched");
+        assert!(is_open("/readyz") && is_open("/health") && is_open("/"));
+        assert!(is_open("/livez") && is_open("/startupz"));
         assert!(!is_open("/v1/models") && !is_open("/nope"));
     }
 }

@@ -19,8 +19,8 @@ use axum::Json;
 
 fn check_model(app: &AppState, model: &Option<String>) -> Result<(), ServerError> {
     match model {
-        Some(m) if m != app.model_name() => Err(ServerError::ModelNotFound(m.clone())),
-        _ => Ok(()),
+        Some(m) => app.validation.served_model_names.check(m),
+        None => Ok(()),
     }
 }
 

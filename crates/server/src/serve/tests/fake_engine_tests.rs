@@ -114,10 +114,14 @@ async fn request_larger_than_kv_cache_is_400() {
     )
     .await;
     assert_error(status, &body, 400, Some("max_tokens"));
-    assert!(body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("KV cache"));
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("KV cache"), "{message}");
+    // The operator is told which flags raise the limits.
+    assert!(
+        message.contains("--max-model-len") && message.contains("--kv-cache-memory-mib"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -147,4 +151,64 @@ async fn fake_generation_streams_n_choices_and_usage() {
     }
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(usage["completion_tokens"], 6);
+}
+
+/// `--served-model-name` with several names (as vLLM takes them): a request may send
+/// any, replies report the first, `/v1/models` lists them all, and a 404 names them.
+#[tokio::test]
+async fn several_served_names_are_accepted_and_a_404_names_them() {
+    use std::sync::Arc;
+
+    use crate::api::models::ServedNames;
+
+    let executor = FakeExecutor {
+        token: hello_token(),
+        fail_at: None,
+        fail_from: None,
+        panic_at: None,
+        step_delay: None,
+        steps: 0,
+        kv: tessera_protocol::KvCacheShape::new(64, 16),
+    };
+    let mut state = fake_state(executor, 64, 1024, 16);
+    let mut ctx = (*state.validation).clone();
+    ctx.served_model_names = ServedNames::new(&["primary".into(), "alias".into()], "x".into());
+    state.validation = Arc::new(ctx);
+    let s = start(state, &[]);
+    let (status, body) = post(
+        &s.url("/v1/chat/completions"),
+        &chat(json!({"model": "alias"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], "primary");
+    let (_, models) = get(&s.url("/v1/models")).await;
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["primary", "alias"]);
+    let (status, body) = get(&s.url("/v1/models/alias")).await;
+    assert_eq!((status.as_u16(), &body["id"]), (200, &json!("alias")));
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let (status, body) = post(
+            &s.url(path),
+            &json!({"model": "gpt-17", "prompt": "x",
+                    "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+        assert_error(status, &body, 404, Some("model"));
+        assert_eq!(
+            body["error"]["message"],
+            "the model `gpt-17` does not exist; this server serves `primary` (also `alias`)"
+        );
+    }
+    let (status, body) = get(&s.url("/v1/models/gpt-17")).await;
+    assert_error(status, &body, 404, Some("model"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("`primary` (also `alias`)"));
 }

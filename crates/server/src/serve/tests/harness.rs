@@ -11,6 +11,7 @@ use serde_json::Value;
 use tessera_protocol::{Executor, ExecutorError, KvCacheShape, SampledToken, StepOutput, StepPlan};
 use tessera_scheduler::{EngineLoop, SchedulerConfig};
 
+use crate::api::models::ServedNames;
 use crate::api::params::grammar::GrammarService;
 use crate::api::params::limits::RequestLimits;
 use crate::api::valid_request::ValidationContext;
@@ -311,7 +312,7 @@ pub fn fake_state_with_tokenizer<E: Executor + 'static>(
         validation: Arc::new(ValidationContext {
             vocab_rows: tokenizer.vocab_size(),
             tokenizer,
-            served_model_name: "fake".into(),
+            served_model_names: ServedNames::new(&["fake".into()], "fake".into()),
             max_model_len,
             kv_sequence_tokens: num_blocks * 16,
             limits: RequestLimits::default(),
@@ -330,6 +331,7 @@ pub fn fake_state_with_tokenizer<E: Executor + 'static>(
         lifecycle,
         metrics: Arc::new(ServerMetrics::default()),
         engine_stats: None,
+        ui: true,
     }
 }
 

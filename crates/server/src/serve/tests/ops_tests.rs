@@ -60,6 +60,7 @@ async fn probes_answer_while_loading_then_the_api_takes_over() {
         &front,
         &[],
         Arc::clone(&api),
+        true,
     ));
 
     assert_eq!(probe(&base, "/livez").await, (200, None));
@@ -74,6 +75,33 @@ async fn probes_answer_while_loading_then_the_api_takes_over() {
     assert!(resp.headers().get("retry-after").is_some());
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "model_loading", "{body}");
+    // Probes echo the client's request id, or mint one, as every route does.
+    let client = reqwest::Client::new();
+    for path in ["/livez", "/startupz", "/readyz", "/health"] {
+        let resp = client
+            .get(format!("{base}{path}"))
+            .header("x-request-id", "probe-42")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.headers()["x-request-id"], "probe-42", "{path}");
+        let resp = client.get(format!("{base}{path}")).send().await.unwrap();
+        let minted = resp.headers()["x-request-id"].to_str().unwrap();
+        assert!(minted.len() >= 16, "{path}: {minted}");
+    }
+    // `/metrics` answers while the model loads, with what the server has counted: the
+    // probes just sent.
+    let resp = reqwest::get(format!("{base}/metrics")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("tessera_http_requests_total{route=\"/livez\",status=\"200\"} 3"),
+        "{text}"
+    );
+    // The chat page is there from the start.
+    let resp = reqwest::get(format!("{base}/")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("<title>"));
 
     // Loaded, then warmed up: the same lifecycle, now behind a real API router.
     let fake = fake_server_with(fake_executor(), 16);
@@ -427,4 +455,54 @@ async fn gauges_count_each_waiting_request_once() {
         idle = gauges().await;
     }
     assert_eq!(idle, [0.0, 0.0, 0.0, 0.0]);
+}
+
+/// The metric names the README's "Metrics" section gives, `a_{b,c}` spelled out and
+/// label lists (`{route,status}`) dropped.
+fn readme_metric_names() -> std::collections::BTreeSet<String> {
+    let readme = include_str!("../../../../../README.md");
+    let start = readme.find("### Metrics").expect("a Metrics section");
+    let section = &readme[start..];
+    let section = &section[..section[4..].find("\n### ").map_or(section.len(), |e| e + 4)];
+    let mut names = std::collections::BTreeSet::new();
+    for quoted in section.split('`').skip(1).step_by(2) {
+        if !(quoted.starts_with("vllm:") || quoted.starts_with("tessera_")) {
+            continue;
+        }
+        match quoted.split_once('{') {
+            Some((stem, rest)) if stem.ends_with('_') => {
+                for alt in rest.trim_end_matches('}').split(',') {
+                    names.insert(format!("{stem}{alt}"));
+                }
+            }
+            Some((name, _)) => {
+                names.insert(name.to_string());
+            }
+            None => {
+                names.insert(quoted.to_string());
+            }
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_exported_metric_is_in_the_readme_and_every_documented_one_exported() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let text = metrics_text(model_server()).await;
+    let exported: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    let documented = readme_metric_names();
+    let undocumented: Vec<&String> = exported.difference(&documented).collect();
+    let missing: Vec<&String> = documented.difference(&exported).collect();
+    assert!(
+        undocumented.is_empty(),
+        "not in the README: {undocumented:?}"
+    );
+    assert!(missing.is_empty(), "documented, not exported: {missing:?}");
+    assert!(exported.len() > 20, "{exported:?}");
 }

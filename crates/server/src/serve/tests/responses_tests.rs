@@ -137,3 +137,28 @@ async fn logprobs_that_cannot_be_honoured_are_refused() {
         );
     }
 }
+
+/// A reasoning effort the model's template cannot take is refused naming the Responses
+/// field the client sent, not chat's.
+#[tokio::test]
+async fn an_effort_the_template_cannot_take_is_refused_as_reasoning_effort() {
+    let _gate = SCHEDULER_GATE.read().await;
+    let s = model_server();
+    let (status, body) = post(
+        &s.url("/v1/responses"),
+        &ask(json!({"reasoning": {"effort": "high"}})),
+    )
+    .await;
+    assert_error(status, &body, 400, Some("reasoning.effort"));
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("`reasoning.effort` is not supported"),
+        "{message}"
+    );
+    let (status, body) = post(
+        &s.url("/v1/responses"),
+        &ask(json!({"reasoning": {"effort": "extreme"}})),
+    )
+    .await;
+    assert_error(status, &body, 400, Some("reasoning.effort"));
+}
