@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 
-use tessera_protocol::TokenEvent;
+use tessera_protocol::{GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{AdmissionError, TokenReceiver};
 
 use crate::api::error::ServerError;
@@ -16,6 +16,27 @@ use crate::serve::state::AppState;
 /// Sequences of one request submitted at once: a quarter of the queue, at most 64.
 pub fn window(app: &AppState) -> usize {
     (app.scheduler.max_waiting() / 4).clamp(1, 64)
+}
+
+/// Submits `prompt_ids` as a sequence of one step: `sampling` decides what that step
+/// brings (an embedding, or one token with its log-probabilities).
+pub fn submit_one_step(
+    app: &AppState,
+    prompt_ids: Vec<u32>,
+    sampling: SamplingParams,
+) -> Result<TokenReceiver, ServerError> {
+    let request = GenerationRequest {
+        prompt_ids,
+        sampling,
+        stop: StopCondition {
+            max_tokens: 1,
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+            request_stop_token_ids: Vec::new(),
+        },
+        cache_salt: None,
+    };
+    Ok(app.scheduler.submit(request)?.1)
 }
 
 /// Each prompt's result, in order: `submit` sends a prompt to the scheduler, `read`

@@ -8,9 +8,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json;
 use serde_json::Value;
-use tessera_protocol::{
-    FinishReason, GenerationRequest, SamplingParams, StopCondition, TokenEvent,
-};
+use tessera_protocol::{FinishReason, SamplingParams, TokenEvent};
 use tessera_scheduler::TokenReceiver;
 
 use crate::api::embeddings::reply::{embeddings_reply, truncate};
@@ -21,7 +19,7 @@ use crate::runner::PoolingSetup;
 use crate::serve::generation::{log_end_user, log_ignored_fields};
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::AppState;
-use crate::serve::windowed::{no_result, run_windowed, window};
+use crate::serve::windowed::{no_result, run_windowed, submit_one_step, window};
 
 pub async fn create_embeddings(
     State(app): State<AppState>,
@@ -43,7 +41,13 @@ pub async fn create_embeddings(
     let vectors = run_windowed(
         prompts,
         window(&app),
-        |prompt_ids| submit(&app, &setup, prompt_ids),
+        |prompt_ids| {
+            let sampling = SamplingParams {
+                pooling: Some(setup.pooling),
+                ..SamplingParams::greedy()
+            };
+            submit_one_step(&app, prompt_ids, sampling)
+        },
         embedding,
     )
     .await?;
@@ -133,28 +137,6 @@ async fn tokenize(
             .collect()
     })
     .await?
-}
-
-fn submit(
-    app: &AppState,
-    setup: &PoolingSetup,
-    prompt_ids: Vec<u32>,
-) -> Result<TokenReceiver, ServerError> {
-    let request = GenerationRequest {
-        prompt_ids,
-        sampling: SamplingParams {
-            pooling: Some(setup.pooling),
-            ..SamplingParams::greedy()
-        },
-        stop: StopCondition {
-            max_tokens: 1,
-            stop_token_ids: Vec::new(),
-            ignore_eos: true,
-            request_stop_token_ids: Vec::new(),
-        },
-        cache_salt: None,
-    };
-    Ok(app.scheduler.submit(request)?.1)
 }
 
 /// The embedding `receiver` brings, or why none came.

@@ -10,9 +10,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json;
 use serde_json::Value;
-use tessera_protocol::{
-    FinishReason, GenerationRequest, SamplingParams, StopCondition, TokenEvent,
-};
+use tessera_protocol::{FinishReason, SamplingParams, TokenEvent};
 use tessera_scheduler::TokenReceiver;
 
 use crate::api::error::ServerError;
@@ -23,7 +21,7 @@ use crate::api::valid_request::{blocking, too_long};
 use crate::serve::generation::log_ignored_fields;
 use crate::serve::json_body::JsonBody;
 use crate::serve::state::{random_id, AppState};
-use crate::serve::windowed::{no_result, run_windowed, window};
+use crate::serve::windowed::{no_result, run_windowed, submit_one_step, window};
 
 pub async fn rerank(
     State(app): State<AppState>,
@@ -48,7 +46,14 @@ pub async fn rerank(
     let scores = run_windowed(
         prompts,
         window(&app),
-        |prompt_ids| submit(&app, prompt_ids, yes, no),
+        |prompt_ids| {
+            let sampling = SamplingParams {
+                allowed_token_ids: vec![yes, no],
+                logprobs: Some(2),
+                ..SamplingParams::greedy()
+            };
+            submit_one_step(&app, prompt_ids, sampling)
+        },
         |receiver| score(receiver, yes),
     )
     .await?;
@@ -88,30 +93,6 @@ async fn tokenize(
             .collect()
     })
     .await?
-}
-
-fn submit(
-    app: &AppState,
-    prompt_ids: Vec<u32>,
-    yes: u32,
-    no: u32,
-) -> Result<TokenReceiver, ServerError> {
-    let request = GenerationRequest {
-        prompt_ids,
-        sampling: SamplingParams {
-            allowed_token_ids: vec![yes, no],
-            logprobs: Some(2),
-            ..SamplingParams::greedy()
-        },
-        stop: StopCondition {
-            max_tokens: 1,
-            stop_token_ids: Vec::new(),
-            ignore_eos: true,
-            request_stop_token_ids: Vec::new(),
-        },
-        cache_salt: None,
-    };
-    Ok(app.scheduler.submit(request)?.1)
 }
 
 /// `yes`'s probability between `yes` and `no`: the sampler's log-probabilities are
