@@ -43,7 +43,7 @@ use crate::config::{ResolvedConfig, SchedulerConfig};
 use crate::error::{AdmissionError, SchedulerError};
 use crate::metrics::SchedulerMetrics;
 use crate::sequence::{Sequence, PROMPT_LOGPROBS_CHUNK};
-use crate::speculation::SpeculationCounters;
+use crate::speculation::{check_accepted, SpeculationCounters};
 use crate::token_channel::TokenReceiver;
 
 #[derive(Debug, Default)]
@@ -631,21 +631,4 @@ impl Scheduler {
         self.waiting.clear();
         self.in_flight.clear();
     }
-}
-
-/// The executor's contract for a chunk with guesses: each accepted guess equals the
-/// token sampled before it, and no more are accepted than were made.
-fn check_accepted(
-    sample: &tessera_protocol::SampledToken,
-    drafts: &[u32],
-) -> Result<(), SchedulerError> {
-    let n = sample.accepted.len();
-    let sampled = std::iter::once(sample.token).chain(sample.accepted.iter().map(|(t, _)| *t));
-    if n > drafts.len() || !sampled.take(n).eq(drafts[..n].iter().copied()) {
-        return Err(SchedulerError::OutputMismatch(format!(
-            "{} accepted {n} guesses that do not follow its samples (guesses {drafts:?})",
-            sample.id
-        )));
-    }
-    Ok(())
 }

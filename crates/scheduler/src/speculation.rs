@@ -88,6 +88,23 @@ impl SpeculationCounters {
     }
 }
 
+/// The executor's contract for a chunk with guesses: each accepted guess equals the
+/// token sampled before it, and no more are accepted than were made.
+pub(crate) fn check_accepted(
+    sample: &tessera_protocol::SampledToken,
+    drafts: &[u32],
+) -> Result<(), crate::error::SchedulerError> {
+    let n = sample.accepted.len();
+    let sampled = std::iter::once(sample.token).chain(sample.accepted.iter().map(|(t, _)| *t));
+    if n > drafts.len() || !sampled.take(n).eq(drafts[..n].iter().copied()) {
+        return Err(crate::error::SchedulerError::OutputMismatch(format!(
+            "{} accepted {n} guesses that do not follow its samples (guesses {drafts:?})",
+            sample.id
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
