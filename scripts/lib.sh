@@ -41,3 +41,61 @@ cuda_toolkit() {
     export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-2}"
     CUDA_TOOLKIT_DIR="$dir"
 }
+
+# apt_install PACKAGE...: installs Debian packages with apt-get (as root; fails loudly
+# otherwise). A machine whose last package run was cut off refuses every install until
+# dpkg finishes it, and another apt run may hold the lock for a while: both are waited
+# out or repaired first, and the package lists are refreshed only when an install fails.
+apt_install() {
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "installing $* needs root (apt-get); install them by hand or run as root" >&2
+        return 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    local apt=(apt-get -o DPkg::Lock::Timeout=300 -y -q --no-install-recommends)
+    _apt_repair() { dpkg --configure -a >/dev/null 2>&1 || true; "${apt[@]}" -f install >/dev/null 2>&1 || true; }
+    _apt_repair
+    "${apt[@]}" install "$@" >/dev/null 2>&1 \
+        || { "${apt[@]}" update >/dev/null; _apt_repair; "${apt[@]}" install "$@" >/dev/null; }
+}
+
+# Servers started by start_server; stop_servers (the caller's EXIT trap) ends them.
+server_pids=()
+server_logs=()
+
+# start_server VAR BIN ARGS...: starts `BIN serve ARGS` on a free loopback port, waits
+# (up to 5 minutes) for /health, and sets VAR to its URL. Its log is the last entry of
+# server_logs. Exits, printing the log, when the server stops or never becomes healthy.
+start_server() {
+    local _var="$1" _bin="$2"; shift 2
+    local _port _log _pid _url
+    _port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    _log="$(mktemp)"
+    "$_bin" serve --host 127.0.0.1 --port "$_port" "$@" >"$_log" 2>&1 &
+    _pid=$!
+    server_pids+=("$_pid")
+    server_logs+=("$_log")
+    _url="http://127.0.0.1:$_port"
+    for _ in $(seq 1 600); do
+        if curl -sf "$_url/health" >/dev/null 2>&1; then break; fi
+        if ! kill -0 "$_pid" 2>/dev/null; then
+            echo "tessera serve on port $_port exited before it was ready:" >&2
+            cat "$_log" >&2
+            exit 1
+        fi
+        sleep 0.5
+    done
+    if ! curl -sf "$_url/health" >/dev/null; then
+        echo "tessera serve on port $_port did not become healthy in time:" >&2
+        cat "$_log" >&2
+        exit 1
+    fi
+    printf -v "$_var" '%s' "$_url"
+}
+
+stop_servers() {
+    local pid
+    for pid in "${server_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${server_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ "${#server_logs[@]}" -gt 0 ]; then rm -f "${server_logs[@]}"; fi
+}
