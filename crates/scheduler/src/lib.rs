@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod scheduler;
 mod sequence;
 pub mod speculation;
+mod speculation_policy;
 pub use sequence::PROMPT_LOGPROBS_CHUNK;
 pub mod token_channel;
 
@@ -30,5 +31,5 @@ pub use error::{AdmissionError, SchedulerError};
 pub use loop_stats::{LoopHealth, StepDurations, STEP_DURATION_BUCKETS_SECONDS};
 pub use metrics::{SchedulerMetrics, SharedMetrics};
 pub use scheduler::Scheduler;
-pub use speculation::{NgramSpeculation, SpeculationCounters};
+pub use speculation::{NgramSpeculation, Proposal, SpeculationCounters};
 pub use token_channel::{TokenReceiver, TryRecvError};

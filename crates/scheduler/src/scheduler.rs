@@ -43,7 +43,8 @@ use crate::config::{ResolvedConfig, SchedulerConfig};
 use crate::error::{AdmissionError, SchedulerError};
 use crate::metrics::SchedulerMetrics;
 use crate::sequence::{Sequence, PROMPT_LOGPROBS_CHUNK};
-use crate::speculation::{check_accepted, SpeculationCounters};
+use crate::speculation::{check_accepted, NgramSpeculation, Proposal, SpeculationCounters};
+use crate::speculation_policy::StepCost;
 use crate::token_channel::TokenReceiver;
 
 #[derive(Debug, Default)]
@@ -73,8 +74,10 @@ pub struct Scheduler {
     pending_finished: Vec<SeqId>,
     /// Chunks of the plan in flight, in plan order: `(id, sample)`.
     in_flight: Vec<(SeqId, bool)>,
-    /// The guessed tokens of the chunks in flight that carry some.
-    drafts_in_flight: HashMap<SeqId, Vec<u32>>,
+    /// The guesses of the chunks in flight that carry some.
+    drafts_in_flight: HashMap<SeqId, Proposal>,
+    /// Decode steps' time against their token rows: what a guess costs here.
+    step_cost: StepCost,
     counters: Counters,
     /// Time from admission to first step of the sequences announced since the last
     /// [`Scheduler::take_queue_times`].
@@ -114,6 +117,7 @@ impl Scheduler {
             pending_finished: Vec::new(),
             in_flight: Vec::new(),
             drafts_in_flight: HashMap::new(),
+            step_cost: StepCost::default(),
             counters: Counters::default(),
             queue_times: Vec::new(),
             num_stalled: 0,
@@ -194,6 +198,14 @@ impl Scheduler {
         if !preempted {
             self.schedule_waiting(&mut plan, &mut budget);
         }
+        // A step of decodes only (with or without guesses) measures what a row costs.
+        let decodes_only = !plan.scheduled.is_empty()
+            && plan
+                .scheduled
+                .iter()
+                .all(|c| c.sample && c.tokens.len() == 1 + c.num_draft);
+        self.step_cost
+            .planned(decodes_only.then(|| plan.num_tokens()));
         plan
     }
 
@@ -250,8 +262,9 @@ impl Scheduler {
         }
         let mut drafts_in_flight = mem::take(&mut self.drafts_in_flight);
         for sample in &output.samples {
-            let drafts = drafts_in_flight.remove(&sample.id).unwrap_or_default();
-            check_accepted(sample, &drafts)?;
+            let proposal = drafts_in_flight.remove(&sample.id).unwrap_or_default();
+            let drafts = &proposal.tokens;
+            check_accepted(sample, drafts)?;
             let Some(seq) = self.seqs.get_mut(&sample.id) else {
                 return Err(SchedulerError::UnknownSequence(sample.id));
             };
@@ -265,6 +278,8 @@ impl Scheduler {
                 self.counters
                     .speculation
                     .record(drafts.len(), sample.accepted.len());
+                seq.guesses
+                    .record(proposal.match_len, drafts.len(), sample.accepted.len());
             }
             // The sampled token, then one per accepted guess; each accepted guess's KV
             // (written in this step) now holds a token of the sequence. A stop ends the
@@ -332,6 +347,7 @@ impl Scheduler {
     /// Record how long the last executor step took (for metrics).
     pub fn record_step_duration(&mut self, duration: Duration) {
         self.counters.last_step_duration = duration;
+        self.step_cost.took(duration);
     }
 
     /// Zero the traffic counters (prompt and generated tokens, prefix-cache lookups):
@@ -371,19 +387,23 @@ impl Scheduler {
     /// Step 2 of `schedule`. Returns whether any sequence was preempted.
     fn schedule_running(&mut self, plan: &mut StepPlan, budget: &mut usize) -> bool {
         let mut preempted = false;
-        // Guesses pay while a step decodes few sequences (see `NgramSpeculation`).
-        let speculate = self.cfg.speculation.is_some_and(|s| {
-            let decoding = self
-                .running
-                .iter()
-                .filter(|id| self.seqs.get(id).is_some_and(|s| s.num_uncomputed() == 1))
-                .count();
-            decoding <= s.disable_by_batch_size
-        });
+        // Guesses pay while a step decodes few sequences (see `NgramSpeculation`), and
+        // each only above the chance of being kept that its row's cost asks for (see
+        // `speculation_policy`).
+        let decoding = self
+            .running
+            .iter()
+            .filter(|id| self.seqs.get(id).is_some_and(|s| s.num_uncomputed() == 1))
+            .count();
+        let speculation = self
+            .cfg
+            .speculation
+            .filter(|s| decoding <= s.disable_by_batch_size);
+        let threshold = self.step_cost.threshold(decoding);
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
-            let Some(seq) = self.seqs.get(&id) else {
+            let Some(seq) = self.seqs.get_mut(&id) else {
                 // Unreachable by construction (running ids always have a sequence);
                 // dropping the id keeps the lists consistent if it ever happens.
                 self.running.remove(i);
@@ -402,19 +422,21 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let drafts = match speculate && num_new == 1 && !scoring {
-                true => self.drafts_for(seq, *budget),
-                false => Vec::new(),
+            let drafts = match (&speculation, num_new == 1 && !scoring) {
+                (Some(spec), true) => {
+                    drafts_for(spec, self.cfg.max_model_len, seq, *budget, threshold)
+                }
+                _ => Proposal::default(),
             };
             // Room for the guesses too, or none are made.
-            let drafts = match drafts.is_empty()
+            let drafts = match drafts.tokens.is_empty()
                 || self
                     .kv
-                    .grow(id, seq.num_computed_tokens + num_new + drafts.len())
+                    .grow(id, seq.num_computed_tokens + num_new + drafts.tokens.len())
                     .is_ok()
             {
                 true => drafts,
-                false => Vec::new(),
+                false => Proposal::default(),
             };
             let target = seq.num_computed_tokens + num_new;
             let mut fits = true;
@@ -435,7 +457,7 @@ impl Scheduler {
             if !fits {
                 break;
             }
-            *budget -= num_new + drafts.len();
+            *budget -= num_new + drafts.tokens.len();
             self.push_chunk(plan, id, num_new, drafts);
             if scoring {
                 self.scoring_left -= num_new;
@@ -510,14 +532,14 @@ impl Scheduler {
                     prompt_ids: seq.tokens[..seq.prompt_len].to_vec(),
                 });
             }
-            self.push_chunk(plan, id, num_new, Vec::new());
+            self.push_chunk(plan, id, num_new, Proposal::default());
             *budget -= num_new;
         }
     }
 
     /// Plan `num_new` tokens of `id` starting at its computed count, and count them as
     /// computed (the step either succeeds or `fail_all` discards everything).
-    fn push_chunk(&mut self, plan: &mut StepPlan, id: SeqId, num_new: usize, drafts: Vec<u32>) {
+    fn push_chunk(&mut self, plan: &mut StepPlan, id: SeqId, num_new: usize, drafts: Proposal) {
         let Some(seq) = self.seqs.get_mut(&id) else {
             return;
         };
@@ -526,8 +548,8 @@ impl Scheduler {
         let sample = end == seq.num_tokens();
         seq.num_computed_tokens = end;
         let mut tokens = seq.tokens[start_pos..end].to_vec();
-        tokens.extend(&drafts);
-        let num_draft = drafts.len();
+        tokens.extend(&drafts.tokens);
+        let num_draft = drafts.tokens.len();
         if num_draft > 0 {
             self.drafts_in_flight.insert(id, drafts);
         }
@@ -544,30 +566,6 @@ impl Scheduler {
             num_draft,
         });
         self.in_flight.push((id, sample));
-    }
-
-    /// Guesses after a decoding sequence's last token: no more than the step's budget,
-    /// its client's channel, its `max_tokens` and the context leave room for beside the
-    /// token it decodes anyway.
-    fn drafts_for(&self, seq: &Sequence, budget: usize) -> Vec<u32> {
-        let Some(spec) = &self.cfg.speculation else {
-            return Vec::new();
-        };
-        if seq.sampling.pooling.is_some() || seq.sampling.prompt_logprobs.is_some() {
-            return Vec::new();
-        }
-        let left_to_generate = seq.stop.max_tokens.saturating_sub(seq.num_output_tokens());
-        let left_in_context = self.cfg.max_model_len.saturating_sub(seq.num_tokens());
-        let limit = [
-            budget.saturating_sub(1),
-            seq.sender.token_room().saturating_sub(1),
-            left_to_generate.saturating_sub(1),
-            left_in_context.saturating_sub(1),
-        ]
-        .into_iter()
-        .min()
-        .unwrap_or(0);
-        spec.propose(&seq.tokens, limit)
     }
 
     /// Free a running sequence's blocks and queue it for recompute at the front.
@@ -631,4 +629,36 @@ impl Scheduler {
         self.waiting.clear();
         self.in_flight.clear();
     }
+}
+
+/// Guesses after a decoding sequence's last token: no more than the step's budget, its
+/// client's channel, its `max_tokens` and the context leave room for beside the token
+/// it decodes anyway, and only as many as its record says pay at `threshold`.
+fn drafts_for(
+    spec: &NgramSpeculation,
+    max_model_len: usize,
+    seq: &mut Sequence,
+    budget: usize,
+    threshold: f64,
+) -> Proposal {
+    if seq.sampling.pooling.is_some() || seq.sampling.prompt_logprobs.is_some() {
+        return Proposal::default();
+    }
+    let left_to_generate = seq.stop.max_tokens.saturating_sub(seq.num_output_tokens());
+    let left_in_context = max_model_len.saturating_sub(seq.num_tokens());
+    let limit = [
+        budget.saturating_sub(1),
+        seq.sender.token_room().saturating_sub(1),
+        left_to_generate.saturating_sub(1),
+        left_in_context.saturating_sub(1),
+    ]
+    .into_iter()
+    .min()
+    .unwrap_or(0);
+    let mut proposal = spec.propose(&seq.tokens, limit);
+    let k = seq
+        .guesses
+        .guesses_to_make(proposal.match_len, proposal.tokens.len(), threshold);
+    proposal.tokens.truncate(k);
+    proposal
 }

@@ -6,6 +6,7 @@
 //! that reaches `num_tokens` samples the next token.
 
 use crate::admission::{AdmittedRequest, QueuePermit};
+use crate::speculation_policy::GuessHistory;
 use crate::token_channel::TokenSender;
 use tessera_protocol::{FinishReason, SamplingParams, SeqId, StopCondition, TokenEvent};
 
@@ -36,6 +37,8 @@ pub(crate) struct Sequence {
     pub permit: Option<QueuePermit>,
     /// When the request was admitted.
     pub submitted: std::time::Instant,
+    /// How its speculative guesses fared (what decides how many it is given).
+    pub guesses: GuessHistory,
 }
 
 impl Sequence {
@@ -59,6 +62,7 @@ impl Sequence {
             announced: false,
             submitted,
             permit: Some(permit),
+            guesses: GuessHistory::default(),
         }
     }
 

@@ -2,7 +2,10 @@
 //! followed the latest earlier occurrence of a sequence's last few tokens are guessed to
 //! follow them again. The executor scores the guesses in the same forward pass as the
 //! sequence's next token and keeps those its own samples agree with, so output is what
-//! it would be without speculation; a step gains a token per accepted guess.
+//! it would be without speculation; a step gains a token per accepted guess. How many of
+//! the proposed guesses a sequence is given, if any, is decided by
+//! the scheduler's `speculation_policy` from what its guesses earned and what a row
+//! costs.
 
 /// `{"method": "ngram", ...}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,10 +42,10 @@ impl NgramSpeculation {
     /// Up to `limit` guessed tokens after `tokens`: from the longest suffix (of
     /// `prompt_lookup_max` down to `prompt_lookup_min` tokens) that occurred earlier, the
     /// tokens that followed its latest earlier occurrence.
-    pub fn propose(&self, tokens: &[u32], limit: usize) -> Vec<u32> {
+    pub fn propose(&self, tokens: &[u32], limit: usize) -> Proposal {
         let limit = limit.min(self.num_speculative_tokens);
         if limit == 0 {
-            return Vec::new();
+            return Proposal::default();
         }
         let len = tokens.len();
         for n in (self.prompt_lookup_min..=self.prompt_lookup_max.min(len.saturating_sub(1))).rev()
@@ -56,11 +59,21 @@ impl NgramSpeculation {
             if let Some(start) = found {
                 let from = start + n;
                 let to = (from + limit).min(len);
-                return tokens[from..to].to_vec();
+                return Proposal {
+                    tokens: tokens[from..to].to_vec(),
+                    match_len: n,
+                };
             }
         }
-        Vec::new()
+        Proposal::default()
     }
+}
+
+/// Guessed tokens and the length of the suffix match they follow (0: none found).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Proposal {
+    pub tokens: Vec<u32>,
+    pub match_len: usize,
 }
 
 /// Counters of the guesses made and kept (vLLM's `spec_decode` metrics).
@@ -124,17 +137,25 @@ mod tests {
         let s = ngram(3, 1, 3);
         // "1 2 3" occurred with "4 5 6" after it; the suffix "2 3" too, later, with "9".
         let tokens = [1, 2, 3, 4, 5, 6, 2, 3, 9, 1, 2, 3];
-        assert_eq!(s.propose(&tokens, 8), vec![4, 5, 6]);
+        let guess = |s: &NgramSpeculation, t: &[u32], limit| s.propose(t, limit).tokens;
+        assert_eq!(
+            s.propose(&tokens, 8),
+            Proposal {
+                tokens: vec![4, 5, 6],
+                match_len: 3
+            }
+        );
         // At most `limit`, and at most what the context holds after the match.
-        assert_eq!(s.propose(&tokens, 2), vec![4, 5]);
-        assert_eq!(s.propose(&[7, 8, 7], 3), vec![8, 7]);
+        assert_eq!(guess(&s, &tokens, 2), vec![4, 5]);
+        assert_eq!(s.propose(&[7, 8, 7], 3).tokens, vec![8, 7]);
+        assert_eq!(s.propose(&[7, 8, 7], 3).match_len, 1);
         // Nothing seen before: no guess.
-        assert!(s.propose(&[1, 2, 3, 4], 3).is_empty());
-        assert!(s.propose(&[5], 3).is_empty());
+        assert_eq!(s.propose(&[1, 2, 3, 4], 3), Proposal::default());
+        assert!(guess(&s, &[5], 3).is_empty());
         // A shorter suffix is tried when the longer one is new; the latest occurrence wins.
         let tokens = [5, 1, 8, 6, 1, 9, 7, 1];
-        assert_eq!(ngram(2, 1, 2).propose(&tokens, 2), vec![9, 7]);
-        assert!(ngram(2, 2, 2).propose(&tokens, 2).is_empty());
+        assert_eq!(guess(&ngram(2, 1, 2), &tokens, 2), vec![9, 7]);
+        assert!(guess(&ngram(2, 2, 2), &tokens, 2).is_empty());
     }
 
     #[test]
