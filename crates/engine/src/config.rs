@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::device::device_spec::DeviceSpec;
 use crate::device::dtype::KvCacheDtypeChoice;
 use crate::device::host_memory::CpuKvSizing;
-use crate::device::layer_map::LayerMap;
+use crate::device::layer_map::DeviceLayers;
+use crate::device::memory_caps::DeviceMemory;
 use crate::tp::AllReduceDtype;
 
 // What a model is, under the paths other crates name it by.
@@ -44,9 +45,17 @@ pub struct EngineConfig {
     /// step that measures activation memory on GPUs.
     pub max_batch_tokens: usize,
     pub max_num_seqs: usize,
-    /// Pipeline placement of whole layers (`--device-layers "0:16;1:14"`) instead of
-    /// tensor parallelism over `devices`.
-    pub device_layers: Option<LayerMap>,
+    /// Pipeline placement of whole layers (`--device-layers "0:16;1:14"`, or `auto` to
+    /// fit them to each device's memory) instead of tensor parallelism over `devices`.
+    pub device_layers: Option<DeviceLayers>,
+    /// The most the automatic layer map may use on each device and on the host
+    /// (`--device-memory-mib`); with caps that tensor parallelism cannot fit, the map is
+    /// fitted even when none is asked for.
+    pub device_memory: DeviceMemory,
+    /// The routed experts of layers `0..n` stay on the host, run by the CPU kernels, the
+    /// rest of those layers on their device (`--n-cpu-moe`; `--cpu-moe`: every layer).
+    /// `None`: none, or as many as the automatic layer map needs.
+    pub host_expert_layers: Option<usize>,
     /// Worker threads per rank; by default the machine's cores divided among the ranks.
     pub threads_per_rank: Option<usize>,
     /// A collective waiting longer than this for other ranks fails; a step taking longer
@@ -82,6 +91,8 @@ impl EngineConfig {
             max_batch_tokens: 2048,
             max_num_seqs: 64,
             device_layers: None,
+            device_memory: DeviceMemory::default(),
+            host_expert_layers: None,
             threads_per_rank: None,
             step_timeout: Duration::from_secs(120),
             nodes: None,

@@ -29,7 +29,7 @@ pub mod tp;
 mod worker;
 
 pub use config::EngineConfig;
-pub use device::{DeviceSpec, LayerMap, Stage};
+pub use device::{DeviceLayers, DeviceMemory, DeviceSpec, LayerMap, Stage};
 pub use engine::Engine;
 pub use error::{EngineError, Result};
 pub use generate::{generate, generate_sampled, GenerateOptions};

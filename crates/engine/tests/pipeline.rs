@@ -14,7 +14,7 @@ use tessera_protocol::{FailureScope, SamplingParams};
 fn engine(path: std::path::PathBuf, map: Option<&str>) -> Engine {
     let mut cfg = EngineConfig::new(path).with_cpu_ranks(if map.is_some() { 2 } else { 1 });
     cfg.kv_cache_bytes = 32 << 20;
-    cfg.device_layers = map.map(|m| m.parse::<LayerMap>().expect("layer map"));
+    cfg.device_layers = map.map(|m| m.parse::<LayerMap>().expect("layer map").into());
     Engine::load(&cfg).expect("load")
 }
 
@@ -123,7 +123,7 @@ fn every_stage_after_a_failing_one_is_released() {
         cfg.kv_cache_bytes = 16 << 20;
         cfg.step_timeout = Duration::from_secs(30);
         cfg.threads_per_rank = Some(1);
-        cfg.device_layers = Some(layer_map);
+        cfg.device_layers = Some(layer_map.into());
         let mut engine = Engine::load(&cfg).expect("load");
         let want = greedy(&mut engine, &prompt, 3).expect("runs");
         if let Some(r) = &reference {

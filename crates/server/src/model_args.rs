@@ -78,9 +78,27 @@ pub struct ModelArgs {
     pub tensor_split: Option<Vec<f64>>,
 
     /// Pipeline placement of whole layers instead of tensor parallelism, e.g. "0:16;1:14"
-    /// (ordinal:layers of the --devices; layers left over run on the host CPU).
+    /// (ordinal:layers of the --devices; layers left over run on the host CPU), or "auto"
+    /// to fit the layers to each device's free memory (also chosen when the weights do
+    /// not fit the devices by tensor parallelism).
     #[arg(long, help_heading = DEVICES)]
     pub device_layers: Option<String>,
+
+    /// The most the automatic layer map may use per device, in MiB, e.g.
+    /// "cuda:0=20000,cuda:1=20000" (and "host=MIB" for the host). Required for CPU ranks
+    /// under --device-layers auto.
+    #[arg(long, help_heading = DEVICES)]
+    pub device_memory_mib: Option<String>,
+
+    /// Keep every mixture-of-experts layer's routed experts on the host, run by the CPU
+    /// kernels, with attention, dense layers and the router on the GPU.
+    #[arg(long, help_heading = DEVICES)]
+    pub cpu_moe: bool,
+
+    /// Keep the routed experts of the first N layers on the host (--cpu-moe for some).
+    /// Unset with --device-layers auto: as few as let every layer fit the devices.
+    #[arg(long, help_heading = DEVICES)]
+    pub n_cpu_moe: Option<usize>,
 
     /// Precision of the all-reduce between ranks: f32 or bf16.
     #[arg(long, default_value = "f32", help_heading = DEVICES)]
@@ -273,6 +291,14 @@ impl ModelArgs {
         cfg.devices = devices;
         cfg.tensor_split = self.tensor_split.clone();
         cfg.device_layers = self.device_layers.as_deref().map(str::parse).transpose()?;
+        if let Some(caps) = &self.device_memory_mib {
+            cfg.device_memory = caps.parse()?;
+        }
+        cfg.host_expert_layers = match (self.cpu_moe, self.n_cpu_moe) {
+            (true, Some(_)) => bail!("give --cpu-moe (every layer) or --n-cpu-moe N, not both"),
+            (true, None) => Some(usize::MAX),
+            (false, n) => n,
+        };
         cfg.allreduce_dtype = self.allreduce_dtype;
         cfg.same_gpu_comm = self.same_gpu_comm;
         cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(DEFAULT_CPU_KV_CACHE_MIB) << 20;

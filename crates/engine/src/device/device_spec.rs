@@ -41,6 +41,13 @@ impl std::str::FromStr for DeviceSpec {
 }
 
 impl DeviceSpec {
+    /// The device's number among those of its kind (`cuda:1` → 1).
+    pub fn ordinal(&self) -> usize {
+        match self {
+            DeviceSpec::Cpu(i) | DeviceSpec::Cuda(i) => *i,
+        }
+    }
+
     /// Parses a comma-separated list; rejects mixed kinds and repeated CPU ranks. A CUDA
     /// device may be listed several times: its ranks then share the GPU (tensor
     /// parallelism on one GPU, joined by [`crate::tp::DeviceComm`]), and then every rank

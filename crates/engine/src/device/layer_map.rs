@@ -16,7 +16,31 @@ pub struct LayerMapEntry {
     pub layers: usize,
 }
 
-/// A parsed `--device-layers` spec.
+/// `--device-layers`: a map as written, or `auto` (fitted to each device's memory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceLayers {
+    Auto,
+    Map(LayerMap),
+}
+
+impl std::str::FromStr for DeviceLayers {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "auto" => Ok(DeviceLayers::Auto),
+            map => Ok(DeviceLayers::Map(map.parse()?)),
+        }
+    }
+}
+
+impl From<LayerMap> for DeviceLayers {
+    fn from(map: LayerMap) -> Self {
+        DeviceLayers::Map(map)
+    }
+}
+
+/// A parsed `--device-layers` map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerMap(pub Vec<LayerMapEntry>);
 
@@ -65,7 +89,10 @@ impl std::str::FromStr for LayerMap {
             entries.push(LayerMapEntry { ordinal, layers });
         }
         if entries.is_empty() {
-            return Err(bad("empty map; write e.g. \"0:16;1:14\"".into()));
+            return Err(bad(
+                "empty map; write e.g. \"0:16;1:14\", or \"auto\" to fit the devices' memory"
+                    .into(),
+            ));
         }
         Ok(LayerMap(entries))
     }
@@ -74,9 +101,6 @@ impl std::str::FromStr for LayerMap {
 impl LayerMap {
     /// The stages for a model of `num_layers` over `devices` (whose ordinals the map names).
     pub fn stages(&self, devices: &[DeviceSpec], num_layers: usize) -> Result<Vec<Stage>> {
-        let ordinal = |d: &DeviceSpec| match d {
-            DeviceSpec::Cpu(i) | DeviceSpec::Cuda(i) => *i,
-        };
         let listed = devices
             .iter()
             .map(|d| d.to_string())
@@ -87,7 +111,7 @@ impl LayerMap {
         for e in &self.0 {
             let device = devices
                 .iter()
-                .find(|d| ordinal(d) == e.ordinal)
+                .find(|d| d.ordinal() == e.ordinal)
                 .ok_or_else(|| {
                     bad(format!(
                         "ordinal {} is not among the devices ({listed})",

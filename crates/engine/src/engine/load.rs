@@ -7,10 +7,11 @@ use std::time::Instant;
 
 use tessera_protocol::KvCacheShape;
 
-use super::{kv_sizing, nodes, placement, Engine};
+use super::{auto_map, kv_sizing, nodes, placement, Engine};
 use crate::config::EngineConfig;
 use crate::device::device_spec::DeviceSpec;
 use crate::device::dtype::{kv_cache_dtype, KvCacheDtype};
+use crate::device::layer_map::DeviceLayers;
 use crate::error::{EngineError, Result};
 use crate::loader;
 use crate::model::RankCache;
@@ -41,12 +42,34 @@ impl Engine {
                 "emulated GPU ranks run on one node only".into(),
             ));
         }
+        check_host_experts(cfg, &config)?;
         let placement = match (&cfg.device_layers, &cfg.nodes) {
             (_, Some(nodes)) if nodes.nnodes > 1 => {
                 nodes::place(source.as_ref(), cfg, &config, input_block, nodes)?
             }
-            (Some(map), _) => placement::pipeline(source.as_ref(), cfg, &config, input_block, map)?,
-            (None, _) => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
+            (Some(DeviceLayers::Map(map)), _) => {
+                let host_experts = cfg.host_expert_layers.unwrap_or(0);
+                placement::pipeline(
+                    source.as_ref(),
+                    cfg,
+                    &config,
+                    input_block,
+                    map,
+                    host_experts,
+                )?
+            }
+            (Some(DeviceLayers::Auto), _) => fitted(source.as_ref(), cfg, &config, input_block)?,
+            (None, _) => match auto_map::tensor_parallel_fits(source.as_ref(), cfg, &config)? {
+                Some(false) => {
+                    tracing::info!(
+                        "the model's weights do not fit the devices given ({}) by tensor \
+                         parallelism: fitting a layer map to their memory instead",
+                        device_list(&cfg.devices)
+                    );
+                    fitted(source.as_ref(), cfg, &config, input_block)?
+                }
+                _ => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
+            },
         };
         tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
         let world = placement.members.len();
@@ -160,6 +183,12 @@ impl Engine {
         let stats = EngineStats::new(world);
         let mut workers = Vec::with_capacity(world);
         let mut memory = Vec::with_capacity(world);
+        let host_expert_layers = placement.host_expert_layers.min(config.num_layers);
+        let layers = placement
+            .members
+            .iter()
+            .map(|m| (m.device, m.layers.clone()))
+            .collect();
         for (i, (m, (dtype, _))) in placement
             .members
             .into_iter()
@@ -193,6 +222,8 @@ impl Engine {
         #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
         let mut engine = Engine {
             workers,
+            layers,
+            host_expert_layers,
             config,
             plan,
             kv,
@@ -277,4 +308,55 @@ fn host_kv_blocks(
         config.max_position_embeddings
     );
     Ok(Some(blocks))
+}
+
+/// Pipeline stages from the layer map fitted to the devices' memory.
+fn fitted(
+    source: &dyn loader::TensorSource,
+    cfg: &EngineConfig,
+    config: &crate::spec::model::ModelConfig,
+    input_block: usize,
+) -> Result<placement::Placement> {
+    let (map, plan) = auto_map::fit(source, cfg, config)?;
+    placement::pipeline(
+        source,
+        cfg,
+        config,
+        input_block,
+        &map,
+        plan.host_expert_layers,
+    )
+}
+
+fn device_list(devices: &[DeviceSpec]) -> String {
+    devices
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `--cpu-moe` and `--n-cpu-moe` keep experts off a GPU: they need a mixture of experts,
+/// and a rank that runs the GPU path.
+fn check_host_experts(cfg: &EngineConfig, config: &crate::spec::model::ModelConfig) -> Result<()> {
+    if cfg.host_expert_layers.unwrap_or(0) == 0 {
+        return Ok(());
+    }
+    if config.moe.is_none() {
+        return Err(EngineError::Config(
+            "--cpu-moe / --n-cpu-moe: this model has no mixture-of-experts layers".into(),
+        ));
+    }
+    #[cfg(feature = "gpu-emulation")]
+    let emulated = cfg.emulate_gpu;
+    #[cfg(not(feature = "gpu-emulation"))]
+    let emulated = false;
+    if !emulated && !cfg.devices.iter().any(|d| matches!(d, DeviceSpec::Cuda(_))) {
+        return Err(EngineError::Config(format!(
+            "--cpu-moe / --n-cpu-moe keep experts on the host instead of a GPU; the devices \
+             ({}) are CPU ranks, whose weights are all on the host already",
+            device_list(&cfg.devices)
+        )));
+    }
+    Ok(())
 }

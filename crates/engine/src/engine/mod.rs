@@ -10,6 +10,7 @@ use tessera_protocol::{
     StepOutput, StepPlan,
 };
 
+use crate::device::device_spec::DeviceSpec;
 use crate::error::{EngineError, Result};
 use crate::model::batch::{PoolSpan, RowReduce};
 use crate::model::decoder::Pooled;
@@ -25,6 +26,7 @@ use crate::worker::{self, Fault, Job, WorkerHandle};
 use embedding::PoolState;
 use verify::{sample_rows, Row};
 
+mod auto_map;
 mod embedding;
 mod kv_calibration;
 mod kv_sizing;
@@ -45,6 +47,10 @@ struct SeqState {
 /// A loaded model on its group of devices.
 pub struct Engine {
     workers: Vec<WorkerHandle>,
+    /// Each worker's device and the layers it runs.
+    layers: Vec<(DeviceSpec, std::ops::Range<usize>)>,
+    /// The routed experts of layers `0..n` run on the host.
+    host_expert_layers: usize,
     config: ModelConfig,
     plan: ShardPlan,
     kv: KvCacheShape,
@@ -74,6 +80,18 @@ impl Engine {
 
     pub fn shard_plan(&self) -> &ShardPlan {
         &self.plan
+    }
+
+    /// Each worker's device and the decoder layers it runs: every layer on each
+    /// tensor-parallel rank, a range on each pipeline stage (the host's as `cpu:0`, last).
+    pub fn layer_placement(&self) -> &[(DeviceSpec, std::ops::Range<usize>)] {
+        &self.layers
+    }
+
+    /// The routed experts of layers `0..n` are on the host (`--n-cpu-moe`, or the
+    /// automatic layer map's choice).
+    pub fn host_expert_layers(&self) -> usize {
+        self.host_expert_layers
     }
 
     /// On the leader of a group of nodes, how it hears of a worker node lost between

@@ -17,7 +17,7 @@ use crate::config::{EngineConfig, NodeTopology};
 use crate::device::device_spec::DeviceSpec;
 use crate::error::{EngineError, Result};
 use crate::loader::source::TensorSource;
-use crate::model::load_rank_shards;
+use crate::model::{load_rank_shards, ShardParts};
 use crate::spec::model::ModelConfig;
 use crate::tp::{AllReduceDtype, Endpoint, GroupToken, PlanOptions, ShardPlan, TcpEndpoint};
 use crate::worker::{StageLinks, WorkerHandle};
@@ -286,6 +286,10 @@ pub(crate) fn place(
         first..first + local,
         &devices,
         0..config.num_layers,
+        &ShardParts {
+            host_expert_layers: cfg.host_expert_layers.unwrap_or(0),
+            ..ShardParts::WHOLE
+        },
     )?;
     settle_uploads(&devices)?;
     let members = shards
@@ -309,6 +313,7 @@ pub(crate) fn place(
         first_rank: first,
         kv_heads_max,
         links,
+        host_expert_layers: cfg.host_expert_layers.unwrap_or(0),
     })
 }
 

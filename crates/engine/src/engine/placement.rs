@@ -11,7 +11,7 @@ use crate::device::device_spec::DeviceSpec;
 use crate::device::layer_map::{LayerMap, Stage};
 use crate::error::{EngineError, Result};
 use crate::loader::source::TensorSource;
-use crate::model::{load_shards, DecoderShard};
+use crate::model::{load_shards, DecoderShard, ShardParts};
 use crate::spec::model::ModelConfig;
 use crate::tp::{AllReduceDtype, Endpoint, LocalComm, PlanOptions, ShardPlan};
 use crate::worker::{StageLinks, StageMsg};
@@ -40,6 +40,8 @@ pub(crate) struct Placement {
     pub kv_heads_max: Option<usize>,
     /// The connections to the other nodes.
     pub links: NodeLinks,
+    /// The routed experts of layers `0..n` are on the host.
+    pub host_expert_layers: usize,
 }
 
 /// The communicator groups of a placement (all ranks in one for tensor parallelism, one
@@ -127,7 +129,11 @@ pub(crate) fn tensor_parallel(
             s.vocab
         );
     }
-    let shards = load_shards(source, &plan, &devices, 0..config.num_layers)?
+    let parts = ShardParts {
+        host_expert_layers: cfg.host_expert_layers.unwrap_or(0),
+        ..ShardParts::WHOLE
+    };
+    let shards = load_shards(source, &plan, &devices, 0..config.num_layers, &parts)?
         .into_iter()
         .map(|s| path_for(s, cfg, false))
         .collect::<Result<Vec<_>>>()?;
@@ -154,6 +160,7 @@ pub(crate) fn tensor_parallel(
         first_rank: 0,
         kv_heads_max: None,
         links: NodeLinks::Single,
+        host_expert_layers: parts.host_expert_layers,
     })
 }
 
@@ -171,13 +178,15 @@ fn path_for(shard: DecoderShard, cfg: &EngineConfig, host: bool) -> Result<Decod
     Ok(shard)
 }
 
-/// Pipeline stages from a layer map: whole layers per device, host layers last.
+/// Pipeline stages from a layer map: whole layers per device, host layers last; the
+/// routed experts of layers `0..host_experts` on the host.
 pub(crate) fn pipeline(
     source: &dyn TensorSource,
     cfg: &EngineConfig,
     config: &ModelConfig,
     input_block: usize,
     map: &LayerMap,
+    host_experts: usize,
 ) -> Result<Placement> {
     if cfg.tensor_split.is_some() {
         return Err(EngineError::Parallel(
@@ -198,17 +207,23 @@ pub(crate) fn pipeline(
             stage.layers
         );
         let device = stage.device.open()?;
+        let last = i + 1 == stages.len();
+        let parts = ShardParts {
+            embedding: i == 0,
+            head: last,
+            host_expert_layers: host_experts,
+        };
         let shard = load_shards(
             source,
             &plan,
             std::slice::from_ref(&device),
             stage.layers.clone(),
+            &parts,
         )?
         .pop()
         .ok_or_else(|| EngineError::Parallel("no shard was loaded".into()))?;
         let shard = path_for(shard, cfg, stage.host)?;
         settle_uploads(std::slice::from_ref(&device))?;
-        let last = i + 1 == stages.len();
         let (next, next_prev) = if last {
             (None, None)
         } else {
@@ -239,6 +254,7 @@ pub(crate) fn pipeline(
         first_rank: 0,
         kv_heads_max: None,
         links: NodeLinks::Single,
+        host_expert_layers: host_experts,
     })
 }
 

@@ -4,7 +4,7 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::loader::matrix::Matrix;
-use crate::loader::source::{Embedding, TensorSource};
+use crate::loader::source::{Embedding, StoredSize, TensorSource};
 use crate::spec::model::ModelConfig;
 
 /// `inner`'s weights, with its config's context limited.
@@ -45,5 +45,9 @@ impl TensorSource for ContextLimit {
 
     fn embedding(&self) -> Result<Embedding> {
         self.inner.embedding()
+    }
+
+    fn stored_size(&self, name: &str) -> Result<StoredSize> {
+        self.inner.stored_size(name)
     }
 }

@@ -11,7 +11,7 @@ use candle_core::Tensor;
 
 use crate::error::{EngineError, Result};
 use crate::loader::matrix::Matrix;
-use crate::loader::source::{Embedding, TensorSource};
+use crate::loader::source::{Embedding, StoredSize, TensorSource};
 use crate::spec::model::ModelConfig;
 
 /// A source that answers for `q_proj`/`k_proj`/`v_proj` and `gate_proj`/`up_proj` from
@@ -116,5 +116,14 @@ impl TensorSource for FusedProjections {
 
     fn embedding(&self) -> Result<Embedding> {
         self.inner.embedding()
+    }
+
+    fn stored_size(&self, name: &str) -> Result<StoredSize> {
+        match self.fused(name) {
+            Some((fused, rows, total)) => {
+                Ok(self.inner.stored_size(&fused)?.rows(rows.len(), total))
+            }
+            None => self.inner.stored_size(name),
+        }
     }
 }

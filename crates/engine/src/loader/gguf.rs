@@ -21,7 +21,7 @@ use crate::loader::matrix::Matrix;
 use crate::loader::mxfp4::{
     ggml_blocks_to_q5_0, GGML_MXFP4_BLOCK_BYTES, MXFP4_BLOCK, Q5_0_BLOCK_BYTES,
 };
-use crate::loader::source::{Embedding, TensorSource};
+use crate::loader::source::{Embedding, StoredSize, TensorSource};
 use crate::spec::model::ModelConfig;
 use crate::spec::rope::RopeFactorTensors;
 
@@ -351,6 +351,27 @@ impl TensorSource for GgufSource {
         let q =
             candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &data, dims, &Device::Cpu)?;
         Ok(Embedding::Quantized(Arc::new(q)))
+    }
+
+    fn stored_size(&self, name: &str) -> Result<StoredSize> {
+        let at = self.locate(name)?;
+        let Some(info) = self.content.tensor_infos.get(&at.name) else {
+            return Ok(StoredSize::of(&self.matrix(name)?));
+        };
+        let dims = info.shape.dims();
+        // One expert of a stacked tensor is one `dims[0]`-th of it.
+        let experts = match at.expert {
+            Some(_) => dims.first().copied().unwrap_or(1).max(1),
+            None => 1,
+        };
+        let elements = dims.iter().product::<usize>() / experts;
+        Ok(match info.ggml_dtype {
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => StoredSize::dense(elements),
+            _ => StoredSize {
+                elements,
+                quantized_bytes: Some(tensor_bytes(info).unwrap_or(0) as usize / experts),
+            },
+        })
     }
 }
 

@@ -20,6 +20,7 @@ mod safetensors;
 pub(crate) mod source;
 mod stacked_experts;
 mod tokenizer;
+pub(crate) mod weight_bytes;
 
 pub use cache::{cache_dir, default_model_path, DEFAULT_MODEL_FILE};
 pub use gguf::{GgufHeader, GgufSource};

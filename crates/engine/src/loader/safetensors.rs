@@ -16,7 +16,7 @@ use crate::families::hf_config::HfConfig;
 use crate::loader::fp8::{scale_name, Fp8Blocks};
 use crate::loader::matrix::Matrix;
 use crate::loader::quantization;
-use crate::loader::source::{Embedding, TensorSource};
+use crate::loader::source::{Embedding, StoredSize, TensorSource};
 use crate::spec::model::ModelConfig;
 
 pub struct SafetensorsSource {
@@ -176,5 +176,12 @@ impl TensorSource for SafetensorsSource {
 
     fn embedding(&self) -> Result<Embedding> {
         Ok(Embedding::Dense(self.load("model.embed_tokens.weight")?))
+    }
+
+    fn stored_size(&self, name: &str) -> Result<StoredSize> {
+        match self.files.get(name) {
+            Ok(view) => Ok(StoredSize::dense(view.shape().iter().product())),
+            Err(_) => Ok(StoredSize::of(&self.matrix(name)?)),
+        }
     }
 }

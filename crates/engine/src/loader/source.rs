@@ -22,6 +22,65 @@ pub trait TensorSource: Send + Sync {
     fn block_cols(&self, name: &str) -> Result<usize>;
     /// The token embedding table, kept in the file's representation.
     fn embedding(&self) -> Result<Embedding>;
+    /// The size of a 2-D weight as stored, for planning where layers go before any is
+    /// loaded. Readers answer from the file's metadata where they can; this default
+    /// reads the weight.
+    fn stored_size(&self, name: &str) -> Result<StoredSize> {
+        Ok(StoredSize::of(&self.matrix(name)?))
+    }
+}
+
+/// The LM head's weight: its own, or the embedding's where the two are tied.
+pub(crate) fn lm_head_name(source: &dyn TensorSource) -> &'static str {
+    if source.contains("lm_head.weight") && !source.config().tie_word_embeddings {
+        "lm_head.weight"
+    } else {
+        "model.embed_tokens.weight"
+    }
+}
+
+/// A weight's size as stored: its elements, and for a quantized weight its bytes, which
+/// every device keeps as they are (a dense weight takes the device's compute type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredSize {
+    pub elements: usize,
+    /// Bytes of a quantized weight; `None` for a dense one.
+    pub quantized_bytes: Option<usize>,
+}
+
+impl StoredSize {
+    pub fn of(m: &Matrix) -> StoredSize {
+        match m {
+            Matrix::Quantized {
+                rows, cols, data, ..
+            } => StoredSize {
+                elements: rows * cols,
+                quantized_bytes: Some(data.len()),
+            },
+            Matrix::Dense { weight, .. } => StoredSize::dense(weight.elem_count()),
+        }
+    }
+
+    pub fn dense(elements: usize) -> StoredSize {
+        StoredSize {
+            elements,
+            quantized_bytes: None,
+        }
+    }
+
+    /// Bytes on a device whose dense weights take `dense_bytes` per element.
+    pub fn bytes(&self, dense_bytes: usize) -> usize {
+        self.quantized_bytes.unwrap_or(self.elements * dense_bytes)
+    }
+
+    /// `part` of `whole` rows of this weight (a projection read out of a fused one).
+    pub fn rows(&self, part: usize, whole: usize) -> StoredSize {
+        let share = |n: usize| n * part / whole.max(1);
+        StoredSize {
+            elements: share(self.elements),
+            quantized_bytes: self.quantized_bytes.map(share),
+        }
+    }
 }
 
 /// Token embedding lookup. Quantized tables dequantize only the rows looked up.

@@ -21,5 +21,5 @@ pub mod simd;
 pub mod step_meta;
 
 pub use batch::{Batch, BatchSeq, ChunkLimits};
-pub use decoder::{load_rank_shards, load_shards, DecoderShard};
+pub use decoder::{load_rank_shards, load_shards, DecoderShard, ShardParts};
 pub use kv_cache::{CacheShape, KvCache, RankCache};

@@ -15,6 +15,7 @@
 mod batched;
 #[path = "../common/mod.rs"]
 mod common;
+mod host_experts;
 
 use std::path::{Path, PathBuf};
 

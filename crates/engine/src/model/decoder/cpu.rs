@@ -123,7 +123,8 @@ impl DecoderShard {
         let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
         let last = x.index_select(&rows, 0)?;
         let last = cpu_ops::rms_norm(&last, &self.norm, eps)?;
-        let logits = final_logits(self.lm_head.forward(&last)?, &self.config)?;
+        let head = Self::part(&self.lm_head, "LM head")?;
+        let logits = final_logits(head.forward(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
     }
 }

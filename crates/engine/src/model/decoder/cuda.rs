@@ -242,7 +242,8 @@ impl DecoderShard {
         let last = x.index_select(&rows, 0)?;
         let last = candle_nn::ops::rms_norm(&last.contiguous()?, &self.norm, eps)?
             .to_dtype(candle_dtype(ACTIVATIONS))?;
-        let logits = final_logits(self.lm_head.forward_f32(&last)?, &self.config)?;
+        let head = Self::part(&self.lm_head, "LM head")?;
+        let logits = final_logits(head.forward_f32(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
     }
 }

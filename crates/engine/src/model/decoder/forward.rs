@@ -13,7 +13,9 @@ impl DecoderShard {
     /// Token embeddings of the batch, `[tokens, hidden]`.
     pub fn embed(&self, batch: &Batch) -> Result<Tensor> {
         let ids = Tensor::from_slice(&batch.token_ids, batch.num_tokens(), &self.device)?;
-        let x = self.embedding.forward(&ids)?.to_dtype(DType::F32)?;
+        let x = Self::part(&self.embedding, "token embedding")?
+            .forward(&ids)?
+            .to_dtype(DType::F32)?;
         Ok(match self.config.embed_scale {
             Some(scale) => (x * f64::from(scale))?,
             None => x,

@@ -13,7 +13,7 @@ use super::shard::{Block, DecoderShard, Mlp};
 use crate::error::{EngineError, Result};
 use crate::loader::blocks::down_block;
 use crate::loader::matrix::Matrix;
-use crate::loader::source::{vector_of_len, TensorSource};
+use crate::loader::source::{lm_head_name, vector_of_len, TensorSource};
 use crate::model::head_norms::HeadNorms;
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::model::linear_weight::LinearWeight;
@@ -23,14 +23,35 @@ use crate::model::rope::RopeTable;
 use crate::spec::tensor_names::layer_name;
 use crate::tp::ShardPlan;
 
+/// What a shard holds beside its layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardParts {
+    /// The token embedding (the first pipeline stage, every tensor-parallel rank).
+    pub embedding: bool,
+    /// The final norm and LM head (the last stage, every rank).
+    pub head: bool,
+    /// The routed experts of layers `0..n` stay on the host (`--n-cpu-moe`).
+    pub host_expert_layers: usize,
+}
+
+impl ShardParts {
+    /// Embedding and head, every expert with its layer.
+    pub const WHOLE: ShardParts = ShardParts {
+        embedding: true,
+        head: true,
+        host_expert_layers: 0,
+    };
+}
+
 /// Loads every rank's shard of the decoder `layers`, reading each tensor once.
 pub fn load_shards(
     source: &dyn TensorSource,
     plan: &ShardPlan,
     devices: &[Device],
     layers: std::ops::Range<usize>,
+    parts: &ShardParts,
 ) -> Result<Vec<DecoderShard>> {
-    load_rank_shards(source, plan, 0..plan.world_size, devices, layers)
+    load_rank_shards(source, plan, 0..plan.world_size, devices, layers, parts)
 }
 
 /// Loads the shards of the plan's ranks `ranks` only (one device each): a node of a
@@ -41,6 +62,7 @@ pub fn load_rank_shards(
     ranks: std::ops::Range<usize>,
     devices: &[Device],
     layers: std::ops::Range<usize>,
+    parts: &ShardParts,
 ) -> Result<Vec<DecoderShard>> {
     let config = source.config().clone();
     let world = plan.world_size;
@@ -148,7 +170,8 @@ pub fn load_rank_shards(
         // Per rank: the dense MLP, or its slice of every expert.
         let mut mlps: Vec<Mlp> = match (&config.moe, &expert_ranges) {
             (Some(m), Some(ranges)) if config.is_moe_layer(layer) => {
-                moe::load_shards(source, m, layer, ranges, ranks.start, devices)?
+                let host = layer < parts.host_expert_layers;
+                moe::load_shards(source, m, layer, ranges, ranks.start, devices, host)?
                     .into_iter()
                     .map(Mlp::Experts)
                     .collect()
@@ -278,13 +301,14 @@ pub fn load_rank_shards(
         }
     }
     let norm = norm_weight("model.norm.weight")?;
-    let head_name = if source.contains("lm_head.weight") && !config.tie_word_embeddings {
-        "lm_head.weight"
-    } else {
-        "model.embed_tokens.weight"
+    let head = match parts.head {
+        true => {
+            let head = source.matrix(lm_head_name(source))?;
+            head.check_dims((config.vocab_size, h))?;
+            Some(head)
+        }
+        false => None,
     };
-    let head = source.matrix(head_name)?;
-    head.check_dims((config.vocab_size, h))?;
     let head_split = plan.lm_head();
     let mut shards = Vec::with_capacity(devices.len());
     for (i, (blocks, dev)) in per_rank_blocks.into_iter().zip(devices).enumerate() {
@@ -308,13 +332,21 @@ pub fn load_rank_shards(
             query_groups: query_groups(&kv_of_q),
             config: config.clone(),
             shard,
-            embedding: embedding.to_device(dev)?,
+            embedding: parts
+                .embedding
+                .then(|| embedding.to_device(dev))
+                .transpose()?,
             blocks,
             norm: norm.to_device(dev)?,
-            lm_head: Linear::new(
-                LinearWeight::place(head.select_rows(&head_rows)?, dev)?,
-                None,
-            ),
+            lm_head: head
+                .as_ref()
+                .map(|head| -> Result<Linear> {
+                    Ok(Linear::new(
+                        LinearWeight::place(head.select_rows(&head_rows)?, dev)?,
+                        None,
+                    ))
+                })
+                .transpose()?,
             rope: rope.clone(),
             rope_sliding: rope_sliding.clone(),
             device: dev.clone(),

@@ -27,6 +27,6 @@ mod load;
 mod pool;
 mod shard;
 
-pub use load::{load_rank_shards, load_shards};
+pub use load::{load_rank_shards, load_shards, ShardParts};
 pub use pool::Pooled;
 pub use shard::DecoderShard;

@@ -61,10 +61,12 @@ pub(super) enum Mlp {
 pub struct DecoderShard {
     pub(super) config: ModelConfig,
     pub(super) shard: RankShard,
-    pub(super) embedding: Embedding,
+    /// The token embedding; `None` on a pipeline stage after the first.
+    pub(super) embedding: Option<Embedding>,
     pub(super) blocks: Vec<Block>,
     pub(super) norm: Tensor,
-    pub(super) lm_head: Linear,
+    /// The LM head; `None` on a pipeline stage before the last.
+    pub(super) lm_head: Option<Linear>,
     pub(super) rope: Arc<RopeTable>,
     /// RoPE of the sliding-window layers, where they have their own base.
     pub(super) rope_sliding: Option<Arc<RopeTable>>,
@@ -119,6 +121,16 @@ impl DecoderShard {
             gpu_path: self.runs_gpu_path(),
             device: self.device.clone(),
         }
+    }
+
+    /// A part this shard was loaded without (a pipeline stage holds the embedding only
+    /// if it is the first, the head only if it is the last).
+    pub(super) fn part<'a, T>(part: &'a Option<T>, what: &str) -> Result<&'a T> {
+        part.as_ref().ok_or_else(|| {
+            crate::error::EngineError::Parallel(format!(
+                "this pipeline stage was loaded without the {what}"
+            ))
+        })
     }
 
     pub fn num_local_kv_heads(&self) -> usize {

@@ -2,9 +2,10 @@
 //! come to the host, which routes as CPU ranks do; each chosen expert then runs once over
 //! the rows of its tokens, gathered on the device, and each token's weighted outputs are
 //! added there in expert order (the CPU's order), then the shared expert's output where
-//! the family has one.
+//! the family has one. Experts kept on the host (`--cpu-moe`) run there instead, on the
+//! hidden states copied over once per layer, while the device runs the shared expert.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::MoeShard;
 use crate::error::Result;
@@ -27,23 +28,8 @@ impl MoeShard {
         let gate = self
             .clamped_swiglu
             .map_or(MlpGate::Plain(Activation::Silu), MlpGate::Clamped);
-        // Every chosen expert once over its tokens' rows; their weighted outputs, in
-        // expert order, are then summed per token.
-        let (mut ids, mut outputs) = (Vec::new(), Vec::new());
-        for (expert, group) in self.experts.iter().zip(self.groups(&logits)) {
-            if group.is_empty() {
-                continue;
-            }
-            let tokens: Vec<u32> = group.iter().map(|(t, _)| *t as u32).collect();
-            let weights: Vec<f32> = group.iter().map(|(_, w)| *w).collect();
-            let idx = Tensor::from_vec(tokens.clone(), group.len(), device)?;
-            let rows = h.index_select(&idx, 0)?;
-            let y = gated_mlp(&expert.gate_up, &expert.down, &rows, gate)?.to_dtype(DType::F32)?;
-            let w = Tensor::from_vec(weights, (group.len(), 1), device)?;
-            outputs.push(y.broadcast_mul(&w)?);
-            ids.extend(tokens);
-        }
-        // GLM-4.5's shared expert over every row, added after the routed experts.
+        // GLM-4.5's shared expert over every row, added after the routed experts; queued
+        // first, so the device runs it while the host runs experts it holds.
         let shared = match &self.shared {
             Some(s) => Some(
                 gated_mlp(&s.gate_up, &s.down, h, MlpGate::Plain(Activation::Silu))?
@@ -57,6 +43,34 @@ impl MoeShard {
                 None => routed,
             })
         };
+        let groups = self.groups(&logits);
+        if self.host_experts {
+            // The hidden states cross to the host once, the experts' sum comes back once.
+            let xs = h
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_device(&Device::Cpu)?
+                .to_vec1::<f32>()?;
+            let routed = self.routed_on_host(&xs, &groups)?;
+            let routed = Tensor::from_vec(routed, (n, hidden), &Device::Cpu)?.to_device(device)?;
+            return with_shared(routed);
+        }
+        // Every chosen expert once over its tokens' rows; their weighted outputs, in
+        // expert order, are then summed per token.
+        let (mut ids, mut outputs) = (Vec::new(), Vec::new());
+        for (expert, group) in self.experts.iter().zip(groups) {
+            if group.is_empty() {
+                continue;
+            }
+            let tokens: Vec<u32> = group.iter().map(|(t, _)| *t as u32).collect();
+            let weights: Vec<f32> = group.iter().map(|(_, w)| *w).collect();
+            let idx = Tensor::from_vec(tokens.clone(), group.len(), device)?;
+            let rows = h.index_select(&idx, 0)?;
+            let y = gated_mlp(&expert.gate_up, &expert.down, &rows, gate)?.to_dtype(DType::F32)?;
+            let w = Tensor::from_vec(weights, (group.len(), 1), device)?;
+            outputs.push(y.broadcast_mul(&w)?);
+            ids.extend(tokens);
+        }
         if ids.is_empty() {
             return with_shared(Tensor::zeros((n, hidden), DType::F32, device)?);
         }

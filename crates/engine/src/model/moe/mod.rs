@@ -51,6 +51,13 @@ pub struct MoeShard {
     hidden: usize,
     /// gpt-oss's gate in place of `SiLU(gate) · up`.
     clamped_swiglu: Option<ClampedSwiglu>,
+    /// The routed experts' weights are on the host (`--cpu-moe`), run by the CPU
+    /// kernels whatever the rank's device.
+    #[cfg_attr(
+        not(any(feature = "cuda", feature = "gpu-emulation")),
+        allow(dead_code)
+    )]
+    host_experts: bool,
 }
 
 /// Each rank's intermediate columns of every routed expert, and of the shared expert
@@ -92,7 +99,8 @@ pub fn expert_split(moe: &MoeConfig, plan: &ShardPlan, block: usize) -> Result<E
 }
 
 /// Loads the shards of layer `layer`'s mixture for ranks `first_rank..` (one per device),
-/// reading each expert once.
+/// reading each expert once. With `host_experts`, the routed experts' slices stay on the
+/// host; the router and the shared expert go to each rank's device.
 pub fn load_shards(
     source: &dyn TensorSource,
     moe: &MoeConfig,
@@ -100,6 +108,7 @@ pub fn load_shards(
     ranges: &ExpertRanges,
     first_rank: usize,
     devices: &[Device],
+    host_experts: bool,
 ) -> Result<Vec<MoeShard>> {
     let h = source.config().hidden_size;
     let name = |t: ExpertTensor| moe.names.tensor(layer, t);
@@ -173,7 +182,7 @@ pub fn load_shards(
             let slice = Slice {
                 ranges: &ranges.routed,
                 rank: first_rank + i,
-                device: dev,
+                device: if host_experts { &Device::Cpu } else { dev },
             };
             per_rank[i].push(slice.expert(&gate_up, &down, &biases)?);
         }
@@ -197,6 +206,7 @@ pub fn load_shards(
                 shared,
                 hidden: h,
                 clamped_swiglu: moe.clamped_swiglu,
+                host_experts,
             })
         })
         .collect()
@@ -278,8 +288,25 @@ impl MoeShard {
         let logits = cpu_ops::with_values(&self.router.forward(x)?, |v| v.to_vec())?;
         let groups = self.groups(&logits);
         let xs = cpu_ops::with_values(x, |v| v.to_vec())?;
-        let mut out = vec![0f32; n * h];
-        for (expert, group) in self.experts.iter().zip(&groups) {
+        let mut out = self.routed_on_host(&xs, &groups)?;
+        // The shared expert, after the routed ones (transformers' order).
+        if let Some(shared) = &self.shared {
+            let act = shared.gate_up.forward_gated(x, Activation::Silu)?;
+            let y = cpu_ops::with_values(&shared.down.forward(&act)?, |v| v.to_vec())?;
+            for (o, v) in out.iter_mut().zip(y) {
+                *o += v;
+            }
+        }
+        Ok(Tensor::from_vec(out, (n, h), x.device())?)
+    }
+
+    /// The routed experts' weighted sum over the rows `xs` (`[tokens, hidden]`, row
+    /// major) on the host, each expert once over its `groups` tokens, added per token in
+    /// expert order.
+    fn routed_on_host(&self, xs: &[f32], groups: &[Vec<(usize, f32)>]) -> Result<Vec<f32>> {
+        let h = self.hidden;
+        let mut out = vec![0f32; xs.len()];
+        for (expert, group) in self.experts.iter().zip(groups) {
             if group.is_empty() {
                 continue;
             }
@@ -287,7 +314,7 @@ impl MoeShard {
             for (t, _) in group {
                 rows.extend_from_slice(&xs[t * h..(t + 1) * h]);
             }
-            let rows = Tensor::from_vec(rows, (group.len(), h), x.device())?;
+            let rows = Tensor::from_vec(rows, (group.len(), h), &Device::Cpu)?;
             let act = match self.clamped_swiglu {
                 Some(c) => match expert.gate_up.forward(&rows)?.as_slice() {
                     [gate, up] => clamped_swiglu(gate, up, c)?,
@@ -302,15 +329,7 @@ impl MoeShard {
                 }
             }
         }
-        // The shared expert, after the routed ones (transformers' order).
-        if let Some(shared) = &self.shared {
-            let act = shared.gate_up.forward_gated(x, Activation::Silu)?;
-            let y = cpu_ops::with_values(&shared.down.forward(&act)?, |v| v.to_vec())?;
-            for (o, v) in out.iter_mut().zip(y) {
-                *o += v;
-            }
-        }
-        Ok(Tensor::from_vec(out, (n, h), x.device())?)
+        Ok(out)
     }
 }
 
