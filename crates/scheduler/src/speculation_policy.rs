@@ -45,6 +45,8 @@ const FIT_DECAY: f64 = 0.98;
 /// A fit needs this much (decayed) weight of steps and this spread of their row counts.
 const FIT_MIN_WEIGHT: f64 = 8.0;
 const FIT_MIN_ROW_VARIANCE: f64 = 0.1;
+/// The fitted row cost is logged when it moves by more than this.
+const LOG_CHANGE: f64 = 0.05;
 
 /// How a sequence's guesses fared, per length of the match they came from.
 #[derive(Debug, Clone, Default)]
@@ -159,6 +161,8 @@ pub(crate) struct StepCost {
     fit: Option<(f64, f64)>,
     /// Rows of the decode step in flight, until its duration is known.
     pending: Option<usize>,
+    /// The row cost last written to the log.
+    logged: Option<f64>,
 }
 
 impl StepCost {
@@ -192,6 +196,16 @@ impl StepCost {
         let t0 = (my - beta * mx).max(0.0);
         if t0 + beta > 0.0 {
             self.fit = Some((t0, beta));
+            let rho = self.row_cost();
+            if self.logged.is_none_or(|l| (l - rho).abs() > LOG_CHANGE) {
+                self.logged = Some(rho);
+                tracing::info!(
+                    "speculation: a guessed token's row costs {rho:.2} of a one-token step \
+                     (decode steps take {:.2} ms + {:.2} ms a row)",
+                    t0 * 1e3,
+                    beta * 1e3
+                );
+            }
         }
     }
 
