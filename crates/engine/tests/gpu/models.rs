@@ -28,6 +28,8 @@ use crate::gguf_writer::{
 };
 use crate::report::check;
 
+mod fit;
+
 const MIN_COMPARED: usize = 8;
 
 fn models_dir() -> PathBuf {
