@@ -1,6 +1,8 @@
 """The chat page at `GET /` in a real browser: it loads, streams an answer through the
 API, and asks for the API key when the server has one."""
 
+import time
+
 import pytest
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
@@ -118,3 +120,25 @@ def test_page_asks_for_the_api_key(browser, keyed_url, api_key, model):
     browser.refresh()
     wait_ready(browser, model)
     assert_no_prompt(browser)
+
+
+def test_cancelling_the_key_prompt_stops_asking(browser, keyed_url, api_key, model):
+    # Forget the key on a page of the same origin that runs no script, then open the chat.
+    browser.get(keyed_url + "/health")
+    browser.execute_script("localStorage.removeItem('tessera-api-key')")
+    browser.get(keyed_url + "/")
+    prompt = wait(browser).until(EC.alert_is_present())
+    prompt.dismiss()
+    # The refusal and the way out are shown (the settings open on the key button), and
+    # the page does not ask again by itself.
+    wait(browser, 10).until(
+        EC.text_to_be_present_in_element((By.ID, "model"), "Settings: \"Set the API key\"")
+    )
+    time.sleep(3)
+    assert_no_prompt(browser)
+    assert not browser.find_element(By.ID, "send").is_enabled()
+    browser.find_element(By.ID, "key").click()
+    prompt = wait(browser, 10).until(EC.alert_is_present())
+    prompt.send_keys(api_key)
+    prompt.accept()
+    wait_ready(browser, model)
