@@ -102,6 +102,11 @@ fn embed(engine: &mut Engine, prompts: &[Vec<u32>], kind: PoolingKind) -> Vec<Ve
 }
 
 fn check(model: &str, tp: usize) {
+    check_file(model, &fixtures().join(model), tp);
+}
+
+/// The embeddings of the model at `path` against the references of fixture `model`.
+fn check_file(model: &str, path: &std::path::Path, tp: usize) {
     let reference = read_json(fixtures().join(model).join("embeddings.json"));
     let prompts: Vec<Vec<u32>> = reference["prompts"]
         .as_array()
@@ -109,7 +114,7 @@ fn check(model: &str, tp: usize) {
         .iter()
         .map(ids)
         .collect();
-    let cfg = EngineConfig::new(fixtures().join(model)).with_cpu_ranks(tp);
+    let cfg = EngineConfig::new(path).with_cpu_ranks(tp);
     let mut engine = Engine::load(&cfg).expect("load");
     for (kind, name) in [
         (PoolingKind::Last, "last"),
@@ -151,6 +156,12 @@ fn check(model: &str, tp: usize) {
 fn tiny_qwen3_embeddings_match_transformers_at_tp_1_and_2() {
     check("tiny-qwen3", 1);
     check("tiny-qwen3", 2);
+}
+
+/// The same weights in a GGUF file (f32): pooled from the GGUF reader's model.
+#[test]
+fn tiny_qwen3_gguf_embeddings_match_transformers() {
+    check_file("tiny-qwen3", &fixtures().join("tiny-qwen3.gguf"), 1);
 }
 
 #[test]

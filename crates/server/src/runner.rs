@@ -235,6 +235,71 @@ mod tests {
         Runner::resolve(RunnerKind::Pooling, flag, true, dir, 8)
     }
 
+    /// A copy of the tiny Qwen3 GGUF fixture in `dir` whose metadata adds
+    /// `qwen3.pooling_type = value`.
+    fn gguf_with_pooling(dir: &Path, value: u32) -> std::path::PathBuf {
+        use candle_core::quantized::gguf_file::{self, Value};
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/models/tiny-qwen3.gguf");
+        let mut file = std::fs::File::open(&fixture).unwrap();
+        let content = gguf_file::Content::read(&mut file).unwrap();
+        let tensors: Vec<(String, candle_core::quantized::QTensor)> = content
+            .tensor_infos
+            .keys()
+            .map(|name| {
+                let t = content
+                    .tensor(&mut file, name, &candle_core::Device::Cpu)
+                    .unwrap();
+                (name.clone(), t)
+            })
+            .collect();
+        let mut metadata: Vec<(String, Value)> = content.metadata.into_iter().collect();
+        metadata.push(("qwen3.pooling_type".into(), Value::U32(value)));
+        let path = dir.join(format!("pooling-{value}.gguf"));
+        let mut out = std::fs::File::create(&path).unwrap();
+        gguf_file::write(
+            &mut out,
+            &metadata
+                .iter()
+                .map(|(k, v)| (k.as_str(), v))
+                .collect::<Vec<_>>(),
+            &tensors
+                .iter()
+                .map(|(k, t)| (k.as_str(), t))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        path
+    }
+
+    #[test]
+    fn a_gguf_files_pooling_type_chooses_the_pooling() {
+        let dir = folder(&[]);
+        for (value, kind) in [
+            (1, PoolingKind::Mean),
+            (2, PoolingKind::Cls),
+            (3, PoolingKind::Last),
+            // 0: none stated, a decoder's default.
+            (0, PoolingKind::Last),
+        ] {
+            let path = gguf_with_pooling(dir.path(), value);
+            let runner = resolve(&path, None).unwrap();
+            assert_eq!(runner.pooling().unwrap().pooling.kind, kind, "{value}");
+        }
+        // The flag wins; a pooling the server does not run (4: rank) is refused, naming
+        // the key and the flag.
+        let path = gguf_with_pooling(dir.path(), 1);
+        let flagged = resolve(&path, Some(PoolingFlag::Last)).unwrap();
+        assert_eq!(flagged.pooling().unwrap().pooling.kind, PoolingKind::Last);
+        let path = gguf_with_pooling(dir.path(), 4);
+        let err = resolve(&path, None)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(err.contains("qwen3.pooling_type"), "{err}");
+        assert!(err.contains("--pooling"), "{err}");
+    }
+
     #[test]
     fn sentence_transformers_files_choose_the_pooling_and_the_flag_wins() {
         for (mode, kind) in [
