@@ -373,8 +373,10 @@ async fn a_client_that_leaves_while_queued_or_prefilling_is_cancelled_at_once() 
         assert!(eventually(Duration::from_secs(10), || async { waiting().await == 1.0 }).await);
         raw.shutdown().await.unwrap();
         drop(raw);
+        // A leak would keep it queued for good; on a loaded machine noticing the closed
+        // connection may take a few seconds.
         assert!(
-            eventually(Duration::from_secs(3), || async { waiting().await == 0.0 }).await,
+            eventually(Duration::from_secs(10), || async { waiting().await == 0.0 }).await,
             "the abandoned request (stream: {stream}) stayed queued"
         );
         assert_eq!(running().await, 1.0, "the long request still runs alone");
@@ -397,8 +399,9 @@ async fn a_client_that_leaves_while_queued_or_prefilling_is_cancelled_at_once() 
     assert!(eventually(Duration::from_secs(10), || async { running().await == 1.0 }).await);
     raw.shutdown().await.unwrap();
     drop(raw);
+    // How soon is counted in steps below, which machine load does not stretch.
     assert!(
-        eventually(Duration::from_secs(3), || async {
+        eventually(Duration::from_secs(10), || async {
             running().await == 0.0
                 && metric(&client, &base, "tessera_kv_blocks_in_use", "").await == 0.0
         })
