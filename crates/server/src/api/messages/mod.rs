@@ -4,3 +4,4 @@
 pub mod error;
 pub mod reply;
 pub mod request;
+mod tools;
