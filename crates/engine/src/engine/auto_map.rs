@@ -215,7 +215,7 @@ fn gpu_free_bytes(cfg: &EngineConfig, device: &DeviceSpec) -> Result<usize> {
     let reserve = (total as f64 * (1.0 - utilization)) as usize;
     let budget = free.saturating_sub(reserve);
     tracing::info!(
-        "{device}: {} MiB free of {} MiB; the map may use {} MiB",
+        "{device}: {} MiB free of {} MiB, {} MiB of it usable under --gpu-memory-utilization",
         free >> 20,
         total >> 20,
         budget >> 20
