@@ -23,15 +23,56 @@ pub fn advise_huge_pages<T: Copy>(buf: &mut [T]) {
     let _ = buf;
 }
 
-/// Touches every page of a fresh, lazily mapped buffer (writing the zero it already
-/// reads: `T::default()` must be all zero bits, as it is for the float and integer types
-/// the kernels store), so that the page faults and zeroing happen now rather than on the
-/// first writes of a hot loop, and a machine short of memory fails here instead of there.
-pub fn prefault<T: Copy + Default>(buf: &mut [T]) {
-    let page = (4096 / std::mem::size_of::<T>().max(1)).max(1);
-    for i in (0..buf.len()).step_by(page) {
-        // SAFETY: `i` is in bounds; a volatile write is not removed as a store of the
-        // value the freshly mapped memory already holds.
-        unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), T::default()) };
+/// Types whose all-zero bit pattern is a valid value, zero itself: the float and integer
+/// types the kernels store.
+///
+/// # Safety
+///
+/// An implementor must be plain data for which every byte being 0 is a valid value.
+pub unsafe trait ZeroBits: Copy {}
+
+// SAFETY: all-zero bits are 0 (or +0.0) for each of these.
+unsafe impl ZeroBits for f32 {}
+unsafe impl ZeroBits for i8 {}
+unsafe impl ZeroBits for u8 {}
+unsafe impl ZeroBits for half::bf16 {}
+unsafe impl ZeroBits for half::f16 {}
+unsafe impl ZeroBits for crate::kv_quant::E4m3 {}
+
+/// `len` zeros of `T` from the allocator's zeroed allocation: a large one is fresh
+/// anonymous memory that the kernel maps on first touch, so it costs neither resident
+/// memory nor time until its pages are written. (`vec![T::default(); len]` writes every
+/// element unless the standard library knows `T`'s zero, which it does not for `bf16`,
+/// `f16` or [`crate::kv_quant::E4m3`].) `None` when `len` elements do not fit in memory's
+/// address range or the allocator refuses.
+pub fn zeroed_vec<T: ZeroBits>(len: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `len` elements of
+    // `T`, so it is aligned and owns that capacity; all of it is zero bytes, which
+    // `ZeroBits` makes `len` initialized values of `T`.
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroed_vectors_hold_zeros() {
+        let v = zeroed_vec::<half::bf16>(5000).unwrap_or_default();
+        assert_eq!(v.len(), 5000);
+        assert!(v.iter().all(|x| x.to_f32() == 0.0));
+        let e = zeroed_vec::<crate::kv_quant::E4m3>(3).unwrap_or_default();
+        assert_eq!(e, vec![crate::kv_quant::E4m3(0); 3]);
+        assert_eq!(zeroed_vec::<f32>(0), Some(Vec::new()));
+        assert_eq!(zeroed_vec::<f32>(usize::MAX), None);
     }
 }

@@ -31,7 +31,8 @@ fn main() {
         for dtype in dtypes {
             let (seqs, bs) = (16usize, 16usize);
             let blocks_per_seq = context.div_ceil(bs);
-            let mut cache = KvCache::new(dtype, 1, seqs * blocks_per_seq, bs, nkv, hd);
+            let mut cache =
+                KvCache::new(dtype, 1, seqs * blocks_per_seq, bs, nkv, hd).expect("cache");
             // Blocks interleaved across sequences, as a cache that served a while holds them.
             let table = |s: usize| -> Vec<u32> {
                 (0..blocks_per_seq).map(|b| (b * seqs + s) as u32).collect()

@@ -391,7 +391,7 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
                 // The new one starts uncalibrated (fp8): the engine's warm-up step, after
                 // every resize, sets its scales.
                 let dtype = cache.dtype();
-                cache = RankCache::Cpu(crate::model::KvCache::new(dtype, 0, 0, block_size, 0, 0));
+                cache = RankCache::Cpu(crate::model::KvCache::empty(dtype, block_size));
                 let resized = RankCache::new(&shard.cache_shape(dtype), num_blocks, block_size)
                     .map(|c| {
                         cache = c;

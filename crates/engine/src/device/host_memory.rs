@@ -2,6 +2,10 @@
 //! memory limit) has available once the weights are loaded, and the share of it the
 //! cache takes (`--cpu-kv-cache-utilization`), as `--gpu-memory-utilization` does on GPUs.
 //!
+//! The cache's memory is reserved at load but becomes resident only as sequences write
+//! into its blocks, so the share is of what is free when the server starts, and the
+//! reserve is what stays free once the cache is full.
+//!
 //! The arithmetic is plain Rust with the readings passed in, so it is tested with made-up
 //! machines; [`HostMemory::read`] reads `/proc/meminfo` and the cgroup's limit.
 

@@ -13,6 +13,7 @@
 
 use half::{bf16, f16};
 use tessera_kernels::kv_quant::{E4m3, KvElement, ScaleKind};
+use tessera_kernels::memory::{zeroed_vec, ZeroBits};
 
 pub use tessera_kernels::kv_quant::KvCacheDtype;
 
@@ -87,7 +88,7 @@ impl RankCache {
             block_size,
             kv_heads,
             head_dim,
-        )))
+        )?))
     }
 
     /// What this cache stores.
@@ -132,28 +133,31 @@ pub struct TypedLayer<T> {
     pub v_scales: Vec<f32>,
 }
 
-impl<T: KvElement> TypedLayer<T> {
-    fn new(len: usize, blocks: usize, kv_heads: usize) -> Self {
+impl<T: KvElement + ZeroBits> TypedLayer<T> {
+    /// A layer of `len` zeros for K and for V, in memory the kernel maps as it is first
+    /// written: a cache sized to the machine costs neither resident memory nor load time
+    /// until sequences write into its blocks (on first write, a page is zeroed where it
+    /// is needed). `None` when the host refuses the memory.
+    fn new(len: usize, blocks: usize, kv_heads: usize) -> Option<Self> {
         let scales = match T::DTYPE.scales() {
             ScaleKind::None => 0,
             ScaleKind::PerHead => kv_heads,
             ScaleKind::PerBlockHead => blocks * kv_heads,
         };
-        let (mut k, mut v) = (vec![T::default(); len], vec![T::default(); len]);
+        let (mut k, mut v) = (zeroed_vec::<T>(len)?, zeroed_vec::<T>(len)?);
         for buf in [&mut k, &mut v] {
             tessera_kernels::memory::advise_huge_pages(buf);
-            // Faulted in at load: first writes to fresh pages took 2-3% of a 16-client
-            // Gemma 3 benchmark's CPU time (write_kv).
-            tessera_kernels::memory::prefault(buf);
         }
-        TypedLayer {
+        Some(TypedLayer {
             k,
             v,
-            k_scales: vec![0.0; scales],
-            v_scales: vec![0.0; scales],
-        }
+            k_scales: zeroed_vec(scales)?,
+            v_scales: zeroed_vec(scales)?,
+        })
     }
+}
 
+impl<T: KvElement> TypedLayer<T> {
     /// The index of the scale of `(block, kv_head)` among `nkv` heads, for the cache
     /// types that have scales.
     #[inline(always)]
@@ -203,14 +207,14 @@ macro_rules! with_layer {
 pub(crate) use with_layer;
 
 impl LayerCache {
-    fn new(dtype: KvCacheDtype, len: usize, blocks: usize, kv_heads: usize) -> Self {
-        match dtype {
-            KvCacheDtype::F32 => LayerCache::F32(TypedLayer::new(len, blocks, kv_heads)),
-            KvCacheDtype::Bf16 => LayerCache::Bf16(TypedLayer::new(len, blocks, kv_heads)),
-            KvCacheDtype::F16 => LayerCache::F16(TypedLayer::new(len, blocks, kv_heads)),
-            KvCacheDtype::Fp8E4m3 => LayerCache::Fp8(TypedLayer::new(len, blocks, kv_heads)),
-            KvCacheDtype::Int8 => LayerCache::Int8(TypedLayer::new(len, blocks, kv_heads)),
-        }
+    fn new(dtype: KvCacheDtype, len: usize, blocks: usize, kv_heads: usize) -> Option<Self> {
+        Some(match dtype {
+            KvCacheDtype::F32 => LayerCache::F32(TypedLayer::new(len, blocks, kv_heads)?),
+            KvCacheDtype::Bf16 => LayerCache::Bf16(TypedLayer::new(len, blocks, kv_heads)?),
+            KvCacheDtype::F16 => LayerCache::F16(TypedLayer::new(len, blocks, kv_heads)?),
+            KvCacheDtype::Fp8E4m3 => LayerCache::Fp8(TypedLayer::new(len, blocks, kv_heads)?),
+            KvCacheDtype::Int8 => LayerCache::Int8(TypedLayer::new(len, blocks, kv_heads)?),
+        })
     }
 
     /// fp8: the per-head scales of K and V, once the first write has set them.
@@ -235,6 +239,9 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// A cache of `num_blocks` blocks for `num_layers` layers, all zero, none of it
+    /// resident until written (see [`TypedLayer`]'s allocation). An error when the host
+    /// cannot give the memory.
     pub fn new(
         dtype: KvCacheDtype,
         num_layers: usize,
@@ -242,17 +249,39 @@ impl KvCache {
         block_size: usize,
         num_kv_heads: usize,
         head_dim: usize,
-    ) -> Self {
-        let len = num_blocks * block_size * num_kv_heads * head_dim;
+    ) -> crate::error::Result<Self> {
+        // Too many to address saturates, and is refused below like too many to hold.
+        let len = num_blocks.saturating_mul(block_size * num_kv_heads * head_dim);
         let layers = (0..num_layers)
             .map(|_| LayerCache::new(dtype, len, num_blocks, num_kv_heads))
-            .collect();
-        Self {
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                crate::error::EngineError::Config(format!(
+                    "the host cannot allocate a KV cache of {num_blocks} blocks ({} MiB per \
+                     layer); give a smaller --kv-cache-memory-mib or \
+                     --cpu-kv-cache-utilization",
+                    (len.saturating_mul(2 * dtype.bytes())) >> 20
+                ))
+            })?;
+        Ok(Self {
             layers,
             num_blocks,
             block_size,
             num_kv_heads,
             head_dim,
+            dtype,
+        })
+    }
+
+    /// A cache with no layers and no blocks, holding nothing (a rank's cache between
+    /// dropping one and allocating the next).
+    pub fn empty(dtype: KvCacheDtype, block_size: usize) -> Self {
+        Self {
+            layers: Vec::new(),
+            num_blocks: 0,
+            block_size,
+            num_kv_heads: 0,
+            head_dim: 0,
             dtype,
         }
     }

@@ -236,7 +236,7 @@ mod tests {
             (KvCacheDtype::Fp8E4m3, 1.0 / 16.0),
             (KvCacheDtype::Int8, 0.5 / 127.0),
         ] {
-            let mut cache = KvCache::new(dtype, 1, 4, bs, nkv, hd);
+            let mut cache = KvCache::new(dtype, 1, 4, bs, nkv, hd).expect("cache");
             let mut layers = std::mem::take(&mut cache.layers);
             // Two steps: a prefill of 6 tokens, then 5 decodes, the way a sequence grows.
             for (start, len) in [(0, 6), (6, 1), (7, 1), (8, 1), (9, 1), (10, 1)] {
@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn an_fp8_layer_keeps_the_scales_of_its_first_write() {
         let (bs, nkv, hd) = (4, 2, 8);
-        let mut cache = KvCache::new(KvCacheDtype::Fp8E4m3, 1, 2, bs, nkv, hd);
+        let mut cache = KvCache::new(KvCacheDtype::Fp8E4m3, 1, 2, bs, nkv, hd).expect("cache");
         let mut layers = std::mem::take(&mut cache.layers);
         assert!(layers[0].fp8_scales().is_none());
         let k = vec![2.0f32; nkv * hd];
@@ -313,7 +313,7 @@ mod tests {
     #[test]
     fn an_int8_block_rescales_its_earlier_entries_and_a_fresh_one_starts_anew() {
         let (bs, nkv, hd) = (4, 1, 8);
-        let mut cache = KvCache::new(KvCacheDtype::Int8, 1, 2, bs, nkv, hd);
+        let mut cache = KvCache::new(KvCacheDtype::Int8, 1, 2, bs, nkv, hd).expect("cache");
         let mut layers = std::mem::take(&mut cache.layers);
         let small = vec![1.0f32; hd];
         let large = vec![10.0f32; hd];

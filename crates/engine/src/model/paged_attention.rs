@@ -587,7 +587,7 @@ mod tests {
         sinks: Option<&[f32]>,
     ) {
         let nkv = 3;
-        let mut cache = KvCache::new(dtype, 1, 8, bs, nkv, hd);
+        let mut cache = KvCache::new(dtype, 1, 8, bs, nkv, hd).expect("cache");
         // A sequence stored in blocks 5, 1, 6, 2, 7, 0 (out of order on purpose), the last
         // partly: longer than one run of CHUNK_BLOCKS blocks, so later tokens' results
         // are merged from two runs.
