@@ -19,6 +19,10 @@ use crate::hub::{self, HubSettings, ModelRef};
 /// node sizes its CPU ranks' cache from the memory left after the weights).
 pub const DEFAULT_CPU_KV_CACHE_MIB: usize = 256;
 
+/// `--cpu-kv-cache-utilization`: half the memory available after the weights, so the
+/// machine keeps as much for everything else even once the cache is full.
+pub const DEFAULT_CPU_KV_CACHE_UTILIZATION: f64 = 0.5;
+
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
     /// A .gguf file, a Hugging Face folder (config.json + safetensors), or a Hugging Face
@@ -111,7 +115,8 @@ pub struct ModelArgs {
     pub same_gpu_comm: tessera_engine::tp::SameGpuComm,
 
     /// KV cache budget per rank, in MiB (default: on CPU ranks, what
-    /// --cpu-kv-cache-utilization gives; on GPUs, what --gpu-memory-utilization leaves).
+    /// --cpu-kv-cache-utilization gives, 256 in a group of nodes; on GPUs, what
+    /// --gpu-memory-utilization leaves).
     #[arg(long, help_heading = DEVICES)]
     pub kv_cache_memory_mib: Option<usize>,
 
@@ -122,14 +127,14 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto", help_heading = DEVICES)]
     pub kv_cache_dtype: KvCacheDtypeChoice,
 
-    /// Size the KV cache of CPU ranks from free memory: this share of the memory
-    /// available after the weights, less 1 GiB and the chat-template sandboxes' limits,
-    /// which always stay free, and at most what --max-num-seqs sequences of the longest
-    /// context use (e.g. 0.5). Unset: --kv-cache-memory-mib, 256 MiB by default. Not used
-    /// when --kv-cache-memory-mib is given, or by a group of nodes (which agree on
-    /// --kv-cache-memory-mib).
-    #[arg(long, help_heading = DEVICES)]
-    pub cpu_kv_cache_utilization: Option<f64>,
+    /// Share of the memory available after the weights that the KV cache of CPU ranks
+    /// takes, less 1 GiB and the chat-template sandboxes' limits, which always stay free,
+    /// and at most what --max-num-seqs sequences of the longest context use. Its pages
+    /// become resident only as sequences write into them. Not used when
+    /// --kv-cache-memory-mib is given, or by a group of nodes (which agree on
+    /// --kv-cache-memory-mib, 256 MiB by default).
+    #[arg(long, default_value_t = DEFAULT_CPU_KV_CACHE_UTILIZATION, help_heading = DEVICES)]
+    pub cpu_kv_cache_utilization: f64,
 
     /// Fraction of each GPU's memory Tessera may use: the KV cache gets what the weights
     /// and a profile step at the largest batch leave under it. Not used when
@@ -303,18 +308,16 @@ impl ModelArgs {
         cfg.same_gpu_comm = self.same_gpu_comm;
         cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(DEFAULT_CPU_KV_CACHE_MIB) << 20;
         cfg.kv_cache_dtype = Some(self.kv_cache_dtype);
-        if let Some(u) = self.cpu_kv_cache_utilization {
-            if !(u > 0.0 && u <= 1.0) {
-                bail!("--cpu-kv-cache-utilization must be above 0 and at most 1, not {u}");
-            }
+        let utilization = self.cpu_kv_cache_utilization;
+        if !(utilization > 0.0 && utilization <= 1.0) {
+            bail!("--cpu-kv-cache-utilization must be above 0 and at most 1, not {utilization}");
         }
-        cfg.cpu_kv_sizing = match (self.kv_cache_memory_mib, self.cpu_kv_cache_utilization) {
-            (None, Some(utilization)) => Some(CpuKvSizing {
-                utilization,
-                reserve_bytes: self.host_reserve_bytes(),
-            }),
-            _ => None,
-        };
+        // A group of nodes agrees on a fixed budget instead.
+        let one_node = self.nodes.nnodes <= 1;
+        cfg.cpu_kv_sizing = (self.kv_cache_memory_mib.is_none() && one_node).then(|| CpuKvSizing {
+            utilization,
+            reserve_bytes: self.host_reserve_bytes(),
+        });
         if !(self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0) {
             bail!(
                 "--gpu-memory-utilization must be above 0 and at most 1, not {}",
@@ -386,6 +389,48 @@ mod tests {
             .expect("render");
         assert_eq!(rendered, "[system] Be brief.\n[user] Hi\n[assistant]");
         let _ = std::fs::remove_file(path);
+    }
+
+    /// Without --kv-cache-memory-mib, CPU ranks size their cache from free memory at the
+    /// default share, keeping 1 GiB and the sandboxes' memory free; a budget given (or a
+    /// group of nodes' fixed one) replaces the sizing, and a share outside (0, 1] is refused.
+    #[test]
+    fn cpu_ranks_size_their_kv_cache_from_free_memory_unless_given_a_budget() {
+        let parse = |extra: &[&str]| {
+            let args = ["t", "--model", "/nonexistent/model.gguf"];
+            Cli::parse_from(args.iter().chain(extra)).model
+        };
+        let plain = parse(&[]);
+        let cfg = plain.engine_config().expect("config");
+        assert_eq!(
+            cfg.cpu_kv_sizing,
+            Some(CpuKvSizing {
+                utilization: DEFAULT_CPU_KV_CACHE_UTILIZATION,
+                reserve_bytes: plain.host_reserve_bytes(),
+            })
+        );
+        assert!(plain.host_reserve_bytes() >= 1 << 30);
+        let cfg = parse(&["--cpu-kv-cache-utilization", "0.25"])
+            .engine_config()
+            .expect("config");
+        assert_eq!(cfg.cpu_kv_sizing.map(|s| s.utilization), Some(0.25));
+        let cfg = parse(&["--kv-cache-memory-mib", "64"])
+            .engine_config()
+            .expect("config");
+        assert_eq!((cfg.cpu_kv_sizing, cfg.kv_cache_bytes), (None, 64 << 20));
+        let cfg = parse(&["--nnodes", "2", "--tensor-parallel-size", "2"])
+            .engine_config()
+            .expect("config");
+        assert_eq!(
+            (cfg.cpu_kv_sizing, cfg.kv_cache_bytes),
+            (None, DEFAULT_CPU_KV_CACHE_MIB << 20)
+        );
+        let err = parse(&["--cpu-kv-cache-utilization", "1.5"])
+            .engine_config()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("--cpu-kv-cache-utilization"), "{err}");
     }
 
     #[test]
