@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """The load and report of scripts/bench-speculation (standard library only).
 
-    bench-speculation.py run --base-url URL --out FILE
-        runs each workload's prompts one at a time (greedy, 128 tokens, EOS ignored) and
-        writes output tokens, seconds and the server's vllm:spec_decode_* counters.
+    bench-speculation.py run --plain URL --ngram URL --round R --dir DIR
+        runs each workload's prompts one at a time (greedy, 128 tokens, EOS ignored), each
+        prompt on both servers in turn (plain first in odd rounds, ngram first in even
+        ones, so both see the same load), and writes DIR/{plain,ngram}-R.json: output
+        tokens, seconds, the server's vllm:spec_decode_* counters and how much of each
+        answer is copied from its prompt.
     bench-speculation.py report --dir DIR --spec JSON
-        prints the markdown table from DIR/{plain,ngram}-R.json.
+        prints the markdown tables from DIR/{plain,ngram}-R.json.
+
+"Copied" counts the answer's tokens that lie in a run of COPY_RUN tokens found in the
+prompt: the part of the answer an n-gram guess can at best predict from the prompt.
 """
 
 import argparse
@@ -37,7 +43,9 @@ WORKLOADS = {
         "Explain how photosynthesis works.",
     ],
 }
+PROMPT_NAMES = {"grounded": ["paragraph", "function"], "free": ["story", "photosynthesis"]}
 TOKENS = 128
+COPY_RUN = 4
 
 
 def post(base, path, body):
@@ -58,25 +66,53 @@ def counters(base):
     return out
 
 
+def tokenize(base, text, special):
+    return post(base, "/tokenize", {"prompt": text, "add_special_tokens": special})["tokens"]
+
+
+def copied(prompt, answer):
+    """Tokens of `answer` inside a run of COPY_RUN tokens that occurs in `prompt`."""
+    runs = {tuple(prompt[i:i + COPY_RUN]) for i in range(len(prompt) - COPY_RUN + 1)}
+    inside = [False] * len(answer)
+    for i in range(len(answer) - COPY_RUN + 1):
+        if tuple(answer[i:i + COPY_RUN]) in runs:
+            inside[i:i + COPY_RUN] = [True] * COPY_RUN
+    return sum(inside)
+
+
+def one(base, prompt):
+    before = counters(base)
+    started = time.perf_counter()
+    reply = post(base, "/v1/completions", {
+        "model": model(base), "prompt": prompt, "max_tokens": TOKENS, "temperature": 0,
+        "ignore_eos": True})
+    seconds = time.perf_counter() - started
+    after = counters(base)
+    answer = tokenize(base, reply["choices"][0]["text"], False)
+    return {"tokens": reply["usage"]["completion_tokens"], "seconds": seconds,
+            "copied": copied(tokenize(base, prompt, True), answer) / max(len(answer), 1),
+            "spec": {k: after[k] - before.get(k, 0) for k in after}}
+
+
 def run(args):
-    base = args.base_url
-    post(base, "/v1/completions", {"model": model(base), "prompt": "Hello", "max_tokens": 8})
-    result = {}
+    sides = {"plain": args.plain, "ngram": args.ngram}
+    order = ["plain", "ngram"] if args.round % 2 else ["ngram", "plain"]
+    for base in sides.values():
+        post(base, "/v1/completions", {"model": model(base), "prompt": "Hello", "max_tokens": 8})
+    result = {side: {} for side in sides}
     for name, prompts in WORKLOADS.items():
-        before = counters(base)
-        tokens, seconds = 0, 0.0
+        each = {side: [] for side in sides}
         for p in prompts:
-            started = time.perf_counter()
-            reply = post(base, "/v1/completions", {
-                "model": model(base), "prompt": p, "max_tokens": TOKENS, "temperature": 0,
-                "ignore_eos": True})
-            seconds += time.perf_counter() - started
-            tokens += reply["usage"]["completion_tokens"]
-        after = counters(base)
-        result[name] = {"tokens": tokens, "seconds": seconds,
-                        "spec": {k: after[k] - before.get(k, 0) for k in after}}
-    with open(args.out, "w") as f:
-        json.dump(result, f)
+            for side in order:
+                each[side].append(one(sides[side], p))
+        for side, e in each.items():
+            result[side][name] = {
+                "tokens": sum(x["tokens"] for x in e), "seconds": sum(x["seconds"] for x in e),
+                "copied": statistics.mean(x["copied"] for x in e),
+                "spec": {k: sum(x["spec"][k] for x in e) for k in e[0]["spec"]}, "prompts": e}
+    for side, r in result.items():
+        with open(f"{args.dir}/{side}-{args.round}.json", "w") as f:
+            json.dump(r, f)
 
 
 def model(base):
@@ -85,7 +121,7 @@ def model(base):
 
 
 def report(args):
-    rows = []
+    rows, steps = [], []
     for name in WORKLOADS:
         rate = {}
         spec = {}
@@ -94,24 +130,59 @@ def report(args):
             rate[side] = statistics.median(r["tokens"] / r["seconds"] for r in runs)
             if side == "ngram":
                 spec = {k: sum(r["spec"].get(k, 0) for r in runs) for k in runs[0]["spec"]}
+                tokens = sum(r["tokens"] for r in runs)
+                copies = statistics.mean(r.get("copied", 0) for r in runs)
         drafts = spec.get("draft_tokens", 0)
         accepted = spec.get("accepted_tokens", 0)
+        guessing = spec.get("drafts", 0)
         rows.append(f"| {name} | {rate['plain']:.1f} | {rate['ngram']:.1f} | "
                     f"{rate['ngram'] / rate['plain']:.2f}× | "
-                    f"{accepted / drafts * 100 if drafts else 0:.0f}% of {int(drafts)} |")
+                    f"{accepted / drafts * 100 if drafts else 0:.0f}% of {int(drafts)} | "
+                    f"{copies * 100:.0f}% |")
+        # Steps: one per token not gained by a kept guess (less the first, from the prefill).
+        decode_steps = tokens - accepted
+        per = (lambda x: x / guessing) if guessing else (lambda x: 0)
+        steps.append(f"| {name} | {int(tokens)} | {int(decode_steps)} | {int(guessing)} "
+                     f"({guessing / decode_steps * 100:.0f}%) | {per(drafts):.2f} | "
+                     f"{per(accepted):.2f} |")
     print(f"`--speculative-config '{args.spec}'`, greedy, {TOKENS} tokens a request, one "
           "request at a time; medians over rounds.\n")
-    print("| workload | without tok/s | with tok/s | with / without | guesses accepted |")
-    print("|---|---|---|---|---|")
+    print("| workload | without tok/s | with tok/s | with / without | guesses accepted "
+          "| answer copied from the prompt |")
+    print("|---|---|---|---|---|---|")
     print("\n".join(rows))
+    print("\nEach prompt (medians over rounds):\n")
+    print("| prompt | without tok/s | with tok/s | with / without | guesses accepted "
+          "| answer copied from the prompt |")
+    print("|---|---|---|---|---|---|")
+    for name in WORKLOADS:
+        for i, label in enumerate(PROMPT_NAMES[name]):
+            side = {s: [json.load(open(p))[name]["prompts"][i]
+                        for p in sorted(glob.glob(f"{args.dir}/{s}-*.json"))]
+                    for s in ("plain", "ngram")}
+            r = {s: statistics.median(e["tokens"] / e["seconds"] for e in v)
+                 for s, v in side.items()}
+            drafts = sum(e["spec"].get("draft_tokens", 0) for e in side["ngram"])
+            kept = sum(e["spec"].get("accepted_tokens", 0) for e in side["ngram"])
+            print(f"| {name}: {label} | {r['plain']:.1f} | {r['ngram']:.1f} | "
+                  f"{r['ngram'] / r['plain']:.2f}× | "
+                  f"{kept / drafts * 100 if drafts else 0:.0f}% of {int(drafts)} | "
+                  f"{statistics.mean(e['copied'] for e in side['ngram']) * 100:.0f}% |")
+    print("\nWith speculation, over all rounds:\n")
+    print("| workload | tokens | steps | steps with guesses | guesses per such step "
+          "| kept per such step |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(steps))
 
 
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--base-url", required=True)
-    r.add_argument("--out", required=True)
+    r.add_argument("--plain", required=True)
+    r.add_argument("--ngram", required=True)
+    r.add_argument("--round", type=int, required=True)
+    r.add_argument("--dir", required=True)
     rep = sub.add_parser("report")
     rep.add_argument("--dir", required=True)
     rep.add_argument("--spec", required=True)
