@@ -20,6 +20,12 @@
 // QT = 1 serves decoding tokens; its context may be split into partitions (grid z),
 // whose partial results `attention_merge` combines. QT = 16 serves prefill chunks: each
 // key is loaded once for 16 queries.
+//
+// The cache holds the activation type T, or an 8-bit type C with scales
+// (kernels/src/kv_quant.rs): int8 with one scale per (block, KV head), `[num_blocks,
+// num_kv_heads]`; fp8 E4M3 with one per KV head of the layer, `[num_kv_heads]`; K's and
+// V's apart. A key's score is its raw dot product times its scale; a value's weight is
+// multiplied by its scale.
 
 #include "common.cuh"
 
@@ -41,12 +47,27 @@ __device__ __forceinline__ float normalized(float a, float m, float l,
     return a * f / (l * f + __expf(s - top));
 }
 
-template <typename T, int HD, int QT>
+// Where a cache element type keeps its scales: none (the activation types), one per
+// (block, KV head) (int8), one per KV head (fp8).
+template <typename C> struct ScaleOf { static constexpr int kind = 0; };
+template <> struct ScaleOf<int8_t> { static constexpr int kind = 1; };
+template <> struct ScaleOf<e4m3> { static constexpr int kind = 2; };
+
+template <typename C>
+__device__ __forceinline__ float scale_of(const float* __restrict__ scales, size_t block,
+                                          int nkv, int kv_head) {
+    if constexpr (ScaleOf<C>::kind == 1) return scales[block * nkv + kv_head];
+    if constexpr (ScaleOf<C>::kind == 2) return scales[kv_head];
+    return 1.f;
+}
+
+template <typename T, typename C, int HD, int QT>
 __device__ __forceinline__ void attention_tile(
     T* __restrict__ out, int out_stride,
     float* __restrict__ part_ms, float* __restrict__ part_acc,
     const T* __restrict__ q, int q_stride,
-    const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+    const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+    const float* __restrict__ k_scales, const float* __restrict__ v_scales,
     const uint32_t* __restrict__ positions,
     const uint32_t* __restrict__ tile_start, const uint32_t* __restrict__ tile_len,
     const uint32_t* __restrict__ seq_of_token,
@@ -55,6 +76,7 @@ __device__ __forceinline__ void attention_tile(
     int nq, int nkv, int block_size, float scale, int partition_size, int window,
     float softcap, const float* __restrict__ sinks) {
     static_assert(HD % 8 == 0, "head dim must be a multiple of 8");
+    constexpr bool SCALED = ScaleOf<C>::kind != 0;
     const int head = blockIdx.x;
     const int tile = blockIdx.y;
     const int part = blockIdx.z;
@@ -73,6 +95,8 @@ __device__ __forceinline__ void attention_tile(
 
     __shared__ float qs[QT][HD];
     __shared__ float sc[QT][CHUNK];
+    // The scale of each key's value in the chunk (8-bit caches).
+    __shared__ float vsc[SCALED ? CHUNK : 1];
     __shared__ float m_s[QT];
     __shared__ float l_s[QT];
     __shared__ float r_s[QT];
@@ -109,7 +133,8 @@ __device__ __forceinline__ void attention_tile(
 
     const uint32_t* table = block_tables + (size_t)seq_of_token[t0] * max_blocks;
     const size_t row_stride = (size_t)nkv * HD;
-    const size_t head_offset = (size_t)kv_of_q[head] * HD;
+    const int kv_head = (int)kv_of_q[head];
+    const size_t head_offset = (size_t)kv_head * HD;
 
     for (int c0 = k_begin; c0 < k_end; c0 += CHUNK) {
         const int n_keys = min(CHUNK, k_end - c0);
@@ -120,8 +145,9 @@ __device__ __forceinline__ void attention_tile(
 #pragma unroll
             for (int i = 0; i < QT; ++i) s[i] = 0.f;
             if (tid < n_keys) {
-                const size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
-                const T* krow = k_cache + slot * row_stride + head_offset;
+                const size_t block = table[j / block_size];
+                const size_t slot = block * block_size + j % block_size;
+                const C* krow = k_cache + slot * row_stride + head_offset;
 #pragma unroll 4
                 for (int d = 0; d < HD; d += 8) {
                     float kf[8];
@@ -131,6 +157,12 @@ __device__ __forceinline__ void attention_tile(
 #pragma unroll
                         for (int u = 0; u < 8; ++u) s[i] = fmaf(qs[i][d + u], kf[u], s[i]);
                     }
+                }
+                if constexpr (SCALED) {
+                    const float ks = scale_of<C>(k_scales, block, nkv, kv_head);
+#pragma unroll
+                    for (int i = 0; i < QT; ++i) s[i] *= ks;
+                    vsc[tid] = scale_of<C>(v_scales, block, nkv, kv_head);
                 }
             }
 #pragma unroll
@@ -175,7 +207,8 @@ __device__ __forceinline__ void attention_tile(
                     const size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
                     float vf[8];
                     load8(v_cache + slot * row_stride + head_offset + g8 * 8, vf);
-                    const float p = sc[0][c];
+                    float p = sc[0][c];
+                    if constexpr (SCALED) p *= vsc[c];
 #pragma unroll
                     for (int u = 0; u < 8; ++u) acc8[u] = fmaf(p, vf[u], acc8[u]);
                 }
@@ -192,7 +225,9 @@ __device__ __forceinline__ void attention_tile(
                 for (int c = 0; c < n_keys; ++c) {
                     const int j = c0 + c;
                     const size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
-                    a = fmaf(sc[i][c], to_float(v_cache[slot * row_stride + head_offset + d]), a);
+                    float w = sc[i][c];
+                    if constexpr (SCALED) w *= vsc[c];
+                    a = fmaf(w, to_float(v_cache[slot * row_stride + head_offset + d]), a);
                 }
                 acc[k] = a;
             }
@@ -290,10 +325,27 @@ __device__ __forceinline__ void merge_partitions(
         const uint32_t* block_tables, int max_blocks, const uint32_t* kv_of_q, int nq,        \
         int nkv, int block_size, float scale, int partition_size, int window,                 \
         float softcap, const float* sinks) {                                                  \
-        attention_tile<T, HD, QT>(out, out_stride, part_ms, part_acc, q, q_stride, k_cache,   \
-                                  v_cache, positions, tile_start, tile_len, seq_of_token,     \
-                                  block_tables, max_blocks, kv_of_q, nq, nkv, block_size,     \
-                                  scale, partition_size, window, softcap, sinks);             \
+        attention_tile<T, T, HD, QT>(out, out_stride, part_ms, part_acc, q, q_stride,         \
+                                     k_cache, v_cache, nullptr, nullptr, positions,           \
+                                     tile_start, tile_len, seq_of_token, block_tables,        \
+                                     max_blocks, kv_of_q, nq, nkv, block_size, scale,         \
+                                     partition_size, window, softcap, sinks);                 \
+    }
+
+// Over an 8-bit cache of element type C, with its K and V scales after the cache.
+#define TESSERA_ATTENTION_8BIT(NAME, T, C, HD, QT)                                            \
+    extern "C" __global__ void __launch_bounds__(NT) NAME(                                    \
+        T* out, int out_stride, float* part_ms, float* part_acc, const T* q, int q_stride,    \
+        const C* k_cache, const C* v_cache, const float* k_scales, const float* v_scales,     \
+        const uint32_t* positions, const uint32_t* tile_start, const uint32_t* tile_len,      \
+        const uint32_t* seq_of_token, const uint32_t* block_tables, int max_blocks,           \
+        const uint32_t* kv_of_q, int nq, int nkv, int block_size, float scale,                \
+        int partition_size, int window, float softcap, const float* sinks) {                  \
+        attention_tile<T, C, HD, QT>(out, out_stride, part_ms, part_acc, q, q_stride,         \
+                                     k_cache, v_cache, k_scales, v_scales, positions,         \
+                                     tile_start, tile_len, seq_of_token, block_tables,        \
+                                     max_blocks, kv_of_q, nq, nkv, block_size, scale,         \
+                                     partition_size, window, softcap, sinks);                 \
     }
 
 #define TESSERA_MERGE(NAME, T, HD)                                                            \
@@ -310,7 +362,15 @@ __device__ __forceinline__ void merge_partitions(
     TESSERA_ATTENTION(paged_attention_f16_hd##HD##_q1, __half, HD, 1)                         \
     TESSERA_ATTENTION(paged_attention_f16_hd##HD##_q16, __half, HD, 16)                       \
     TESSERA_MERGE(attention_merge_bf16_hd##HD, __nv_bfloat16, HD)                             \
-    TESSERA_MERGE(attention_merge_f16_hd##HD, __half, HD)
+    TESSERA_MERGE(attention_merge_f16_hd##HD, __half, HD)                                     \
+    TESSERA_ATTENTION_8BIT(paged_attention_bf16_int8_hd##HD##_q1, __nv_bfloat16, int8_t, HD, 1) \
+    TESSERA_ATTENTION_8BIT(paged_attention_bf16_int8_hd##HD##_q16, __nv_bfloat16, int8_t, HD, 16) \
+    TESSERA_ATTENTION_8BIT(paged_attention_bf16_fp8_hd##HD##_q1, __nv_bfloat16, e4m3, HD, 1)  \
+    TESSERA_ATTENTION_8BIT(paged_attention_bf16_fp8_hd##HD##_q16, __nv_bfloat16, e4m3, HD, 16) \
+    TESSERA_ATTENTION_8BIT(paged_attention_f16_int8_hd##HD##_q1, __half, int8_t, HD, 1)       \
+    TESSERA_ATTENTION_8BIT(paged_attention_f16_int8_hd##HD##_q16, __half, int8_t, HD, 16)     \
+    TESSERA_ATTENTION_8BIT(paged_attention_f16_fp8_hd##HD##_q1, __half, e4m3, HD, 1)          \
+    TESSERA_ATTENTION_8BIT(paged_attention_f16_fp8_hd##HD##_q16, __half, e4m3, HD, 16)
 
 TESSERA_HEAD_DIM(64)
 TESSERA_HEAD_DIM(80)

@@ -8,6 +8,9 @@ use tessera_kernels::gpu::launch::{
     HEAD_DIMS, PREFILL_TILE,
 };
 use tessera_kernels::gpu::ptx;
+use tessera_kernels::gpu::quantized::{
+    fp8_scales_kernel, kv_store_kernel, quantized_attention_kernel, KvQuant,
+};
 
 fn entries(ptx: &str) -> Vec<&str> {
     ptx.lines()
@@ -24,9 +27,21 @@ fn every_kernel_the_planner_names_is_compiled() {
             for tile in [1, PREFILL_TILE] {
                 let name = attention_kernel(dtype, hd, tile);
                 assert!(attention.contains(&name.as_str()), "{name} missing");
+                for quant in [KvQuant::Int8, KvQuant::Fp8] {
+                    let name = quantized_attention_kernel(dtype, quant, hd, tile);
+                    assert!(attention.contains(&name.as_str()), "{name} missing");
+                }
             }
             let name = merge_kernel(dtype, hd);
             assert!(attention.contains(&name.as_str()), "{name} missing");
+        }
+        let kv_write = entries(ptx::KV_WRITE);
+        for name in [
+            kv_store_kernel(dtype, KvQuant::Int8),
+            kv_store_kernel(dtype, KvQuant::Fp8),
+            fp8_scales_kernel(dtype),
+        ] {
+            assert!(kv_write.contains(&name.as_str()), "{name} missing");
         }
         for (module, name) in [
             (ptx::KV_WRITE, "rope_write_kv"),
@@ -42,8 +57,8 @@ fn every_kernel_the_planner_names_is_compiled() {
     assert!(entries(ptx::ARGMAX).contains(&ARGMAX_KERNEL));
     assert!(entries(ptx::CANDIDATES).contains(&CANDIDATES_KERNEL));
     assert!(entries(ptx::CANDIDATES).contains(&EXP_SUMS_KERNEL));
-    // 2 dtypes x 5 head dims x (2 tiles + merge).
-    assert_eq!(attention.len(), 30);
+    // 2 dtypes x 5 head dims x (2 tiles x (16-bit, int8, fp8 caches) + merge).
+    assert_eq!(attention.len(), 70);
 }
 
 #[test]

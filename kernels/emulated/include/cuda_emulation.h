@@ -36,6 +36,9 @@ struct alignas(16) float4 {
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 namespace emu {

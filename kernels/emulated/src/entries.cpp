@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common.cuh"
 #include "cuda_emulation.h"
 #include "grid.h"
 
@@ -20,7 +21,19 @@ using u32 = std::uint32_t;
 #define DECLARE_MERGE(NAME, T)                                                              \
     extern "C" void NAME(T*, int, const float*, const float*, const u32*, int, int,         \
                          const float*);
+#define DECLARE_ATTENTION_8BIT(NAME, T, C)                                                  \
+    extern "C" void NAME(T*, int, float*, float*, const T*, int, const C*, const C*,        \
+                         const float*, const float*, const u32*, const u32*, const u32*,    \
+                         const u32*, const u32*, int, const u32*, int, int, int, float, int, \
+                         int, float, const float*);
+#define DECLARE_8BIT(HD, A, T)                                                              \
+    DECLARE_ATTENTION_8BIT(paged_attention_##A##_int8_hd##HD##_q1, T, int8_t)               \
+    DECLARE_ATTENTION_8BIT(paged_attention_##A##_int8_hd##HD##_q16, T, int8_t)              \
+    DECLARE_ATTENTION_8BIT(paged_attention_##A##_fp8_hd##HD##_q1, T, e4m3)                  \
+    DECLARE_ATTENTION_8BIT(paged_attention_##A##_fp8_hd##HD##_q16, T, e4m3)
 #define DECLARE_HEAD_DIM(HD)                                                                \
+    DECLARE_8BIT(HD, bf16, __nv_bfloat16)                                                   \
+    DECLARE_8BIT(HD, f16, __half)                                                           \
     DECLARE_ATTENTION(paged_attention_bf16_hd##HD##_q1, __nv_bfloat16)                      \
     DECLARE_ATTENTION(paged_attention_bf16_hd##HD##_q16, __nv_bfloat16)                     \
     DECLARE_ATTENTION(paged_attention_f16_hd##HD##_q1, __half)                              \
@@ -35,6 +48,14 @@ extern "C" void rope_write_kv_bf16(__nv_bfloat16*, int, __nv_bfloat16*, __nv_bfl
                                    int, int, int, int);
 extern "C" void rope_write_kv_f16(__half*, int, __half*, __half*, const u32*, const u32*,
                                   const float*, const float*, int, int, int, int, int);
+#define DECLARE_KV_STORE(A, T)                                                              \
+    extern "C" void kv_store_int8_##A(const T*, int, int8_t*, int8_t*, float*, float*,      \
+                                      const u32*, int, int, int, int, int);                 \
+    extern "C" void kv_fp8_scales_##A(const T*, int, float*, float*, int, int, int, int);   \
+    extern "C" void kv_store_fp8_##A(const T*, int, e4m3*, e4m3*, const float*,             \
+                                     const float*, const u32*, int, int, int);
+DECLARE_KV_STORE(bf16, __nv_bfloat16)
+DECLARE_KV_STORE(f16, __half)
 extern "C" void silu_mul_bf16(__nv_bfloat16*, const __nv_bfloat16*, int, std::size_t);
 extern "C" void silu_mul_f16(__half*, const __half*, int, std::size_t);
 extern "C" void gelu_tanh_mul_bf16(__nv_bfloat16*, const __nv_bfloat16*, int, std::size_t);
@@ -99,8 +120,21 @@ extern "C" int tessera_emu_launch(const char* name, const EmuGrid* g, void** par
     LAUNCH(paged_attention_f16_hd##HD##_q1)       \
     LAUNCH(paged_attention_f16_hd##HD##_q16)      \
     LAUNCH(attention_merge_bf16_hd##HD)           \
-    LAUNCH(attention_merge_f16_hd##HD)
+    LAUNCH(attention_merge_f16_hd##HD)            \
+    LAUNCH_8BIT(HD, bf16)                         \
+    LAUNCH_8BIT(HD, f16)
+#define LAUNCH_8BIT(HD, A)                        \
+    LAUNCH(paged_attention_##A##_int8_hd##HD##_q1)  \
+    LAUNCH(paged_attention_##A##_int8_hd##HD##_q16) \
+    LAUNCH(paged_attention_##A##_fp8_hd##HD##_q1)   \
+    LAUNCH(paged_attention_##A##_fp8_hd##HD##_q16)
     FOR_HEAD_DIMS(LAUNCH_HEAD_DIM)
+    LAUNCH(kv_store_int8_bf16)
+    LAUNCH(kv_store_int8_f16)
+    LAUNCH(kv_fp8_scales_bf16)
+    LAUNCH(kv_fp8_scales_f16)
+    LAUNCH(kv_store_fp8_bf16)
+    LAUNCH(kv_store_fp8_f16)
     LAUNCH(rope_write_kv_bf16)
     LAUNCH(rope_write_kv_f16)
     LAUNCH(silu_mul_bf16)

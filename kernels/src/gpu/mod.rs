@@ -3,6 +3,7 @@
 //! engine loads the PTX into each rank's device and launches it on the rank's stream.
 
 pub mod launch;
+pub mod quantized;
 pub mod reference;
 
 /// PTX modules, each with the names of the kernels it defines.
@@ -11,7 +12,9 @@ pub mod ptx {
     /// Paged attention and the merge of partitions (`launch::attention_kernel`,
     /// `launch::merge_kernel`).
     pub const ATTENTION: &str = include_str!(concat!(env!("OUT_DIR"), "/attention.ptx"));
-    /// `rope_write_kv_{bf16,f16}`: RoPE on queries and keys, keys and values to the cache.
+    /// `rope_write_kv_{bf16,f16}`: RoPE on queries and keys, keys and values to the cache;
+    /// `kv_store_{int8,fp8}_*` and `kv_fp8_scales_*`: an 8-bit cache's store
+    /// (`quantized`).
     pub const KV_WRITE: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_write.ptx"));
     /// `silu_mul_{bf16,f16}` and `gelu_tanh_mul_{bf16,f16}`: SiLU(gate) · up and
     /// GELU(gate) · up.
