@@ -245,6 +245,7 @@ impl<'a> Held<'a> {
                 CpuStorage::F32(v) => v.as_ptr() as u64,
                 CpuStorage::U32(v) => v.as_ptr() as u64,
                 CpuStorage::I64(v) => v.as_ptr() as u64,
+                CpuStorage::U8(v) => v.as_ptr() as u64,
                 _ => return Err(not_gpu(self.what)),
             }),
             #[cfg(feature = "cuda")]
@@ -265,6 +266,7 @@ impl<'a> Held<'a> {
                     DType::F32 => ptr!(f32),
                     DType::U32 => ptr!(u32),
                     DType::I64 => ptr!(i64),
+                    DType::U8 => ptr!(u8),
                     _ => return Err(not_gpu(self.what)),
                 })
             }

@@ -78,9 +78,11 @@ pub fn kv_cache_dtype(
     }
 }
 
-/// The cache types the CUDA ranks' kernels read and write (with bf16 activations).
+/// The cache types the CUDA ranks' kernels read and write with their activations
+/// ([`ACTIVATIONS`], bf16): that type, or int8 or fp8 E4M3 with scales (quantized on
+/// write, dequantized on read).
 fn gpu_holds(dtype: KvCacheDtype) -> bool {
-    matches!(dtype, KvCacheDtype::Bf16)
+    tessera_kernels::gpu::quantized::holds(ACTIVATIONS, dtype)
 }
 
 impl std::str::FromStr for KvCacheDtypeChoice {
@@ -141,6 +143,9 @@ mod tests {
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(err.contains("CUDA ranks"), "{name}: {err}");
+        }
+        for name in ["bf16", "fp8", "int8"] {
+            assert!(parse(name).is_ok_and(|c| c.resolve(true).is_ok()), "{name}");
         }
         for name in ["f32", "bf16", "fp16", "fp8", "int8"] {
             assert!(

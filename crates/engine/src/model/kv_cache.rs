@@ -63,12 +63,6 @@ impl RankCache {
         let (layers, kv_heads, head_dim) = (shape.layers, shape.kv_heads, shape.head_dim);
         #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
         if shape.gpu_path {
-            if shape.dtype != KvCacheDtype::Bf16 {
-                return Err(crate::error::EngineError::Config(format!(
-                    "a {} KV cache on a CUDA rank: CUDA ranks hold bf16",
-                    shape.dtype
-                )));
-            }
             let cache = crate::model::cuda::CudaKvCache::new(
                 &shape.device,
                 layers,
@@ -77,6 +71,7 @@ impl RankCache {
                 kv_heads,
                 head_dim,
                 crate::device::dtype::ACTIVATIONS,
+                shape.dtype,
             )?;
             shape.device.synchronize()?;
             return Ok(RankCache::Cuda(cache));
@@ -96,7 +91,7 @@ impl RankCache {
         match self {
             RankCache::Cpu(c) => c.dtype,
             #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-            RankCache::Cuda(_) => KvCacheDtype::Bf16,
+            RankCache::Cuda(c) => c.stores,
         }
     }
 
@@ -112,7 +107,7 @@ impl RankCache {
             ),
             #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
             RankCache::Cuda(c) => Self::block_bytes_of(
-                KvCacheDtype::Bf16,
+                c.stores,
                 c.k.len(),
                 c.num_kv_heads,
                 c.head_dim,

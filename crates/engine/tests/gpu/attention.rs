@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 use tessera_engine::device::dtype::candle_dtype;
 use tessera_engine::model::cuda::kernels::{paged_attention, HeadLayout, LayerAttention};
 use tessera_engine::model::cuda::step_meta::StepMeta;
+use tessera_engine::model::cuda::KvLayer;
 use tessera_engine::model::step_meta::PackedMeta;
 use tessera_kernels::gpu::launch::{KvDtype, HEAD_DIMS};
 use tessera_kernels::gpu::reference::{self, AttentionInput};
@@ -68,8 +69,7 @@ fn attention_case(c: &AttentionCase, device: &Device, rng: &mut Lcg) -> (f32, us
         launcher(device),
         c.dtype,
         &qkv_dev,
-        &k_dev,
-        &v_dev,
+        KvLayer::plain(&k_dev, &v_dev),
         &meta,
         heads,
         LayerAttention {

@@ -3,8 +3,8 @@
 //! `GPU-CHECK | <check> | <figure> | <bound>` that the script gathers into
 //! `docs/gpu-verification.md`, and fails when its figure is outside its bound.
 //!
-//! - `attention`, `kernels`: our CUDA kernels against plain host references on random
-//!   inputs.
+//! - `attention`, `kernels`, `kv_8bit`: our CUDA kernels against plain host references on
+//!   random inputs.
 //! - `nccl`: the NCCL communicator at world size 1 (the GPU machines have one GPU).
 //! - `models`: random-weight models made by `scripts/gpu/make_models.py` (folder in
 //!   `TESSERA_GPU_MODELS`): CUDA logits against the CPU engine and transformers, greedy
@@ -18,6 +18,7 @@ mod common;
 #[path = "../common/gguf_writer.rs"]
 mod gguf_writer;
 mod kernels;
+mod kv_8bit;
 mod models;
 mod nccl;
 mod profile;

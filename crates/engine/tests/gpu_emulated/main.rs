@@ -16,6 +16,7 @@ mod batched;
 #[path = "../common/mod.rs"]
 mod common;
 mod host_experts;
+mod kv_8bit;
 
 use std::path::{Path, PathBuf};
 

@@ -14,9 +14,12 @@ use tessera_kernels::gpu::launch::{
     MAX_CANDIDATES, PREFILL_TILE,
 };
 
+use tessera_kernels::gpu::quantized::{quantized_attention_kernel, KvQuant};
+
 use crate::device::buffers::{expect_dtype, prefix_to_host, Gpu, Held, Module};
 use crate::device::dtype::candle_dtype;
 use crate::error::{EngineError, Result};
+use crate::model::cuda::kv_cache::KvLayer;
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::cuda::MlpGate;
 use crate::model::step_meta::Part;
@@ -29,7 +32,7 @@ fn expect_all(dtype: KvDtype, tensors: &[(&Tensor, &str)]) -> Result<()> {
         .try_for_each(|(t, what)| expect_dtype(t, candle_dtype(dtype), what))
 }
 
-fn i32_of(x: usize, what: &str) -> Result<KernelArg> {
+pub(crate) fn i32_of(x: usize, what: &str) -> Result<KernelArg> {
     i32::try_from(x)
         .map(KernelArg::I32)
         .map_err(|_| EngineError::Step(format!("{what} {x} does not fit a kernel argument")))
@@ -74,10 +77,33 @@ pub fn rope_write_kv(
     rope: &RopeTables,
     heads: HeadLayout,
 ) -> Result<()> {
-    expect_all(
-        dtype,
-        &[(qkv, "qkv"), (k_cache, "K cache"), (v_cache, "V cache")],
-    )?;
+    expect_all(dtype, &[(k_cache, "K cache"), (v_cache, "V cache")])?;
+    rope_kv(gpu, dtype, qkv, Some((k_cache, v_cache)), meta, rope, heads)
+}
+
+/// Rotates the queries and keys of `qkv` in place, writing nothing to a cache (an 8-bit
+/// cache's store reads the rotated keys from there).
+pub fn rope_in_place(
+    gpu: Gpu<'_>,
+    dtype: KvDtype,
+    qkv: &Tensor,
+    meta: &StepMeta,
+    rope: &RopeTables,
+    heads: HeadLayout,
+) -> Result<()> {
+    rope_kv(gpu, dtype, qkv, None, meta, rope, heads)
+}
+
+fn rope_kv(
+    gpu: Gpu<'_>,
+    dtype: KvDtype,
+    qkv: &Tensor,
+    cache: Option<(&Tensor, &Tensor)>,
+    meta: &StepMeta,
+    rope: &RopeTables,
+    heads: HeadLayout,
+) -> Result<()> {
+    expect_all(dtype, &[(qkv, "qkv")])?;
     let (n, width) = qkv.dims2()?;
     if width != heads.qkv_width() || n != meta.num_tokens {
         return Err(EngineError::Step(format!(
@@ -99,22 +125,28 @@ pub fn rope_write_kv(
     }
     let held = [
         Held::new(qkv, "qkv")?,
-        Held::new(k_cache, "K cache")?,
-        Held::new(v_cache, "V cache")?,
         Held::new(&rope.cos, "rope cos")?,
         Held::new(&rope.sin, "rope sin")?,
     ];
+    let cache_h = cache
+        .map(|(k, v)| Ok::<_, EngineError>([Held::new(k, "K cache")?, Held::new(v, "V cache")?]))
+        .transpose()?;
+    // Null cache pointers: the keys rotate in place.
+    let (k_arg, v_arg) = match &cache_h {
+        Some([k, v]) => (k.arg()?, v.arg()?),
+        None => (KernelArg::Ptr(0), KernelArg::Ptr(0)),
+    };
     let meta_h = meta.held()?;
     let name = rope_write_kernel(dtype);
     let args = [
         held[0].arg()?,
         i32_of(width, "qkv width")?,
-        held[1].arg()?,
-        held[2].arg()?,
+        k_arg,
+        v_arg,
         meta.part(&meta_h, Part::Positions)?,
         meta.part(&meta_h, Part::Slots)?,
-        held[3].arg()?,
-        held[4].arg()?,
+        held[1].arg()?,
+        held[2].arg()?,
         i32_of(heads.num_q_heads, "query heads")?,
         i32_of(heads.num_kv_heads, "KV heads")?,
         i32_of(heads.head_dim, "head dim")?,
@@ -144,24 +176,22 @@ pub struct LayerAttention<'a> {
 
 /// Attention of every token of the step over its sequence's cached context, or over its
 /// last positions for a sliding-window layer. `qkv` holds the rotated queries (its first
-/// `num_q_heads * head_dim` columns); returns `[tokens, num_q_heads * head_dim]`.
-#[allow(clippy::too_many_arguments)]
+/// `num_q_heads * head_dim` columns); returns `[tokens, num_q_heads * head_dim]`. The
+/// cache holds `dtype`, or an 8-bit type with its scales.
 pub fn paged_attention(
     gpu: Gpu<'_>,
     dtype: KvDtype,
     qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    cache: KvLayer<'_>,
     meta: &StepMeta,
     heads: HeadLayout,
     layer: LayerAttention<'_>,
 ) -> Result<Tensor> {
-    expect_all(
-        dtype,
-        &[(qkv, "qkv"), (k_cache, "K cache"), (v_cache, "V cache")],
-    )?;
+    expect_all(dtype, &[(qkv, "qkv")])?;
+    let (k_cache, v_cache) = (cache.k, cache.v);
     let n = meta.num_tokens;
     let (hd, nq) = (heads.head_dim, heads.num_q_heads);
+    check_cache(dtype, cache, meta.block_size, heads)?;
     if let Some(s) = layer.sinks {
         expect_dtype(s, DType::F32, "attention sinks")?;
         if s.dims() != [nq] {
@@ -187,12 +217,24 @@ pub fn paged_attention(
         .sinks
         .map(|s| Held::new(s, "attention sinks"))
         .transpose()?;
+    let scales_h = cache
+        .quant
+        .map(|(_, k, v)| {
+            Ok::<_, EngineError>([Held::new(k, "K scales")?, Held::new(v, "V scales")?])
+        })
+        .transpose()?;
+    let scales = match &scales_h {
+        Some([k, v]) => Some((k.arg()?, v.arg()?)),
+        None => None,
+    };
     let meta_h = meta.held()?;
     let common = AttentionArgs {
         out: held[0].arg()?,
         q: held[1].arg()?,
         k: held[2].arg()?,
         v: held[3].arg()?,
+        quant: cache.quant.map(|(q, _, _)| q),
+        scales,
         positions: meta.part(&meta_h, Part::Positions)?,
         seq_of_token: meta.part(&meta_h, Part::SeqOfToken)?,
         block_tables: meta.part(&meta_h, Part::BlockTables)?,
@@ -234,8 +276,46 @@ pub fn paged_attention(
         launch_tiles(gpu, dtype, (nq, hd), tile, launch, tiles, &common)?;
     }
     drop(held);
-    drop(sinks_h);
+    drop((sinks_h, scales_h));
     Ok(out)
+}
+
+/// Checks a cache layer's element types and sizes before the kernels read it: `dtype`
+/// (or bytes, for an 8-bit cache) of whole blocks, and as many scales as its type has.
+fn check_cache(
+    dtype: KvDtype,
+    cache: KvLayer<'_>,
+    block_size: usize,
+    heads: HeadLayout,
+) -> Result<()> {
+    let elem = match cache.quant {
+        Some(_) => DType::U8,
+        None => candle_dtype(dtype),
+    };
+    expect_dtype(cache.k, elem, "K cache")?;
+    expect_dtype(cache.v, elem, "V cache")?;
+    let per_block = block_size * heads.num_kv_heads * heads.head_dim;
+    let blocks = cache.k.elem_count() / per_block.max(1);
+    if cache.v.elem_count() != cache.k.elem_count() || blocks * per_block != cache.k.elem_count() {
+        return Err(EngineError::Step(format!(
+            "K and V caches of {} and {} values for blocks of {per_block}",
+            cache.k.elem_count(),
+            cache.v.elem_count()
+        )));
+    }
+    if let Some((q, k, v)) = cache.quant {
+        let want = q.scales_len(blocks, heads.num_kv_heads);
+        for (s, what) in [(k, "K scales"), (v, "V scales")] {
+            expect_dtype(s, DType::F32, what)?;
+            if s.elem_count() != want {
+                return Err(EngineError::Step(format!(
+                    "{what}: {} for a cache that has {want}",
+                    s.elem_count()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Arguments shared by the decode and prefill launches of one attention call.
@@ -244,6 +324,9 @@ struct AttentionArgs {
     q: KernelArg,
     k: KernelArg,
     v: KernelArg,
+    /// An 8-bit cache's type, and its K and V scales.
+    quant: Option<KvQuant>,
+    scales: Option<(KernelArg, KernelArg)>,
     positions: KernelArg,
     seq_of_token: KernelArg,
     block_tables: KernelArg,
@@ -281,16 +364,16 @@ fn launch_tiles(
         Held::new(&part_acc, "partition accumulators")?,
     ];
     let (ms, acc) = (partial_h[0].arg()?, partial_h[1].arg()?);
-    let name = attention_kernel(dtype, hd, tile);
-    let args = [
-        a.out,
-        a.out_stride,
-        ms,
-        acc,
-        a.q,
-        a.q_stride,
-        a.k,
-        a.v,
+    let name = match a.quant {
+        Some(q) => quantized_attention_kernel(dtype, q, hd, tile),
+        None => attention_kernel(dtype, hd, tile),
+    };
+    let mut args = vec![a.out, a.out_stride, ms, acc, a.q, a.q_stride, a.k, a.v];
+    // 8-bit caches: their scales follow the cache pointers.
+    if let Some((k, v)) = a.scales {
+        args.extend([k, v]);
+    }
+    args.extend([
         a.positions,
         tiles.0,
         tiles.1,
@@ -306,9 +389,10 @@ fn launch_tiles(
         a.window,
         a.softcap,
         a.sinks,
-    ];
+    ]);
     // SAFETY: the arguments match attention.cu's signature; tiles, positions, block
-    // tables and kv_of_q come from `StepMeta`, which checks them against the cache.
+    // tables and kv_of_q come from `StepMeta`, which checks them against the cache; the
+    // scales cover the cache's blocks (`check_cache`).
     unsafe { gpu.launch(Module::Attention, &name, attention_shape(nq, launch), &args) }?;
     if parts > 1 {
         let name = merge_kernel(dtype, hd);

@@ -7,9 +7,10 @@
 pub mod gemm;
 pub mod kernels;
 pub mod kv_cache;
+pub mod kv_store;
 pub mod step_meta;
 
-pub use kv_cache::CudaKvCache;
+pub use kv_cache::{CudaKvCache, KvLayer};
 
 use candle_core::Tensor;
 

@@ -16,7 +16,7 @@ use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
 use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention};
 use crate::model::cuda::step_meta::StepMeta;
-use crate::model::cuda::{gated_mlp, CudaKvCache};
+use crate::model::cuda::{gated_mlp, kv_store, CudaKvCache};
 use crate::model::head_norms::{AcrossHeads, HeadNorms};
 use crate::model::step_meta::PackedMeta;
 use crate::tp::Communicator;
@@ -166,7 +166,6 @@ impl DecoderShard {
                 Some(norms) => qkv = head_norms(&qkv, norms, heads, eps)?,
                 None => {}
             }
-            let (k_cache, v_cache) = (&cache.k[i], &cache.v[i]);
             let rope = match (&gpu.rope_sliding, block.sliding) {
                 _ if !block.rotates => gpu.rope_unrotated.as_ref().ok_or_else(|| {
                     EngineError::Step("a layer without RoPE, but no identity tables".into())
@@ -174,16 +173,7 @@ impl DecoderShard {
                 (Some(r), true) => r,
                 _ => &gpu.rope,
             };
-            kernels::rope_write_kv(
-                gpu_dev,
-                ACTIVATIONS,
-                &qkv,
-                k_cache,
-                v_cache,
-                &meta,
-                rope,
-                heads,
-            )?;
+            kv_store::write_kv(gpu_dev, ACTIVATIONS, &qkv, cache, i, &meta, rope, heads)?;
             let layer = LayerAttention {
                 window: block
                     .sliding
@@ -193,16 +183,11 @@ impl DecoderShard {
                 softcap: self.config.attn_logit_softcapping,
                 sinks: gpu.sinks.get(i).and_then(Option::as_ref),
             };
-            let attn = kernels::paged_attention(
-                gpu_dev,
-                ACTIVATIONS,
-                &qkv,
-                k_cache,
-                v_cache,
-                &meta,
-                heads,
-                layer,
-            )?;
+            let kv = cache
+                .layer(i)
+                .ok_or_else(|| EngineError::Step(format!("the cache has no layer {i}")))?;
+            let attn =
+                kernels::paged_attention(gpu_dev, ACTIVATIONS, &qkv, kv, &meta, heads, layer)?;
             let mut o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
             if let Some(w) = &block.post_attn_norm {
                 o = candle_nn::ops::rms_norm(&o.contiguous()?, w, eps)?;
