@@ -255,12 +255,19 @@ fn step(
         Some(rx) => match rx.recv_timeout(links.timeout) {
             // Stages may sit on different devices (GPUs, then the host).
             Ok(Ok(x)) => x.to_device(shard.device())?,
-            Ok(Err(upstream)) => return Err(EngineError::CommAborted(upstream)),
+            // The rest of this stage's tensor-parallel group may already be waiting in a
+            // collective for this rank: aborting the group releases it.
+            Ok(Err(upstream)) => {
+                comm.abort(&upstream);
+                return Err(EngineError::CommAborted(upstream));
+            }
             Err(_) => {
-                return Err(EngineError::CommAborted(format!(
+                let why = format!(
                     "no hidden states from the previous stage within {:?}",
                     links.timeout
-                )))
+                );
+                comm.abort(&why);
+                return Err(EngineError::CommAborted(why));
             }
         },
     };

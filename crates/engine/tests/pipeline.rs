@@ -151,3 +151,58 @@ fn every_stage_after_a_failing_one_is_released() {
         }
     }
 }
+
+/// Stages that are tensor-parallel groups: each stage's ranks split its layers, rank r
+/// hands its hidden states to rank r of the next stage, and the host's stage has as many
+/// CPU ranks. The arithmetic of each layer is that of tensor parallelism over two ranks,
+/// so the results equal TP = 2 exactly.
+#[test]
+fn stages_of_tensor_parallel_groups_equal_tensor_parallelism_exactly() {
+    let prompt =
+        ids(&read_json(fixtures().join("smollm2/greedy.json"))["prompts"][4]["prompt_ids"]);
+    let mut tp = EngineConfig::new(smollm2_path()).with_cpu_ranks(2);
+    tp.kv_cache_bytes = 16 << 20;
+    tp.threads_per_rank = Some(1);
+    let mut tp = Engine::load(&tp).expect("TP = 2");
+    let want_logits = last_logits(&mut tp, &prompt);
+    let want = greedy(&mut tp, &prompt, 8).expect("generate");
+    drop(tp);
+    let mut cfg = EngineConfig::new(smollm2_path()).with_cpu_ranks(4);
+    cfg.kv_cache_bytes = 16 << 20;
+    cfg.threads_per_rank = Some(1);
+    cfg.step_timeout = Duration::from_secs(30);
+    // Two device groups and the host's group of two CPU ranks.
+    cfg.device_layers = Some("2,3:12;0,1:10".parse().expect("map"));
+    let mut staged = Engine::load(&cfg).expect("load");
+    let placed: Vec<(DeviceSpec, std::ops::Range<usize>)> = staged.layer_placement().to_vec();
+    let cpu = DeviceSpec::Cpu;
+    assert_eq!(
+        placed,
+        vec![
+            (cpu(2), 0..12),
+            (cpu(3), 0..12),
+            (cpu(0), 12..22),
+            (cpu(1), 12..22),
+            (cpu(0), 22..30),
+            (cpu(1), 22..30),
+        ]
+    );
+    assert_eq!(last_logits(&mut staged, &prompt), want_logits);
+    assert_eq!(greedy(&mut staged, &prompt, 8).expect("generate"), want);
+    // A rank that fails in the second rank of a group releases its group and every
+    // stage after it at once (not after the step timeout), and the next step runs.
+    for failing in [1, 2, 5] {
+        staged.inject_fault(failing, Fault::Error).expect("inject");
+        let started = Instant::now();
+        let err = greedy(&mut staged, &prompt, 3).expect_err("must fail");
+        let took = started.elapsed();
+        assert_eq!(err.rank, Some(failing), "{err}");
+        assert_eq!(err.scope, FailureScope::Step, "{err}");
+        assert!(took < Duration::from_secs(10), "rank {failing}: {took:?}");
+        assert_eq!(
+            greedy(&mut staged, &prompt, 8).expect("runs again"),
+            want,
+            "after rank {failing} failed"
+        );
+    }
+}

@@ -81,10 +81,10 @@ pub struct ModelArgs {
     #[arg(long, value_delimiter = ',', help_heading = DEVICES)]
     pub tensor_split: Option<Vec<f64>>,
 
-    /// Pipeline placement of whole layers instead of tensor parallelism, e.g. "0:16;1:14"
-    /// (ordinal:layers of the --devices; layers left over run on the host CPU), or "auto"
-    /// to fit the layers to each device's free memory (also chosen when the weights do
-    /// not fit the devices by tensor parallelism).
+    /// Pipeline placement of whole layers, e.g. "0:16;1:14" (ordinal:layers of the
+    /// --devices; layers left over run on the host CPU), "0,1:16;2,3:14" (each stage a
+    /// tensor-parallel group), or "auto" to fit the layers to each device's free memory
+    /// (also chosen when the weights do not fit the devices by tensor parallelism).
     #[arg(long, help_heading = DEVICES)]
     pub device_layers: Option<String>,
 

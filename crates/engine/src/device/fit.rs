@@ -91,7 +91,7 @@ impl FitPlan {
             self.stages
                 .iter()
                 .map(|s| LayerMapEntry {
-                    ordinal: s.device.ordinal(),
+                    ordinals: vec![s.device.ordinal()],
                     layers: s.layers.len(),
                 })
                 .collect(),
@@ -403,7 +403,7 @@ mod tests {
         let plan = plan(&dense(2, &[10, 100]))?;
         assert_eq!(layers(&plan), vec![(DeviceSpec::Cuda(1), 0..2)]);
         assert_eq!(plan.layer_map().0.len(), 1);
-        assert_eq!(plan.layer_map().0[0].ordinal, 1);
+        assert_eq!(plan.layer_map().0[0].ordinals, vec![1]);
         Ok(())
     }
 

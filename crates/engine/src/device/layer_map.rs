@@ -3,16 +3,21 @@
 //! `"0:16;1:14"` puts the first 16 layers on device ordinal 0 and the next 14 on ordinal
 //! 1 (ordinals of the `--devices` list); layers left over run on the host CPU, last. Each
 //! device is one pipeline stage; activations travel from stage to stage.
+//!
+//! `"0,1:16;2,3:14"` makes each stage a tensor-parallel group: layers 0..16 split over
+//! devices 0 and 1, the rest over 2 and 3. Every stage has as many devices; the host's
+//! stage, where layers are left over, has as many CPU ranks.
 
 use std::ops::Range;
 
 use crate::device::device_spec::DeviceSpec;
 use crate::error::{EngineError, Result};
 
-/// One `ordinal:layers` entry of a layer map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One `ordinals:layers` entry of a layer map: a stage's devices (one, or a
+/// tensor-parallel group) and how many layers it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerMapEntry {
-    pub ordinal: usize,
+    pub ordinals: Vec<usize>,
     pub layers: usize,
 }
 
@@ -47,7 +52,8 @@ pub struct LayerMap(pub Vec<LayerMapEntry>);
 /// Layers run by one pipeline stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stage {
-    pub device: DeviceSpec,
+    /// The stage's devices: its tensor-parallel ranks, in rank order.
+    pub devices: Vec<DeviceSpec>,
     pub layers: Range<usize>,
     /// The host stage that takes the layers the map leaves over.
     pub host: bool,
@@ -68,10 +74,14 @@ impl std::str::FromStr for LayerMap {
                     "'{part}' is not ORDINAL:LAYERS, as in \"0:16;1:14\""
                 ))
             })?;
-            let ordinal = ord
-                .trim()
-                .parse()
-                .map_err(|_| bad(format!("'{ord}' in '{part}' is not a device ordinal")))?;
+            let ordinals = ord
+                .split(',')
+                .map(|o| {
+                    o.trim()
+                        .parse()
+                        .map_err(|_| bad(format!("'{o}' in '{part}' is not a device ordinal")))
+                })
+                .collect::<Result<Vec<usize>>>()?;
             let layers: usize = layers
                 .trim()
                 .parse()
@@ -81,12 +91,26 @@ impl std::str::FromStr for LayerMap {
                     "'{part}' gives a device no layers; leave it out"
                 )));
             }
-            if entries.iter().any(|e| e.ordinal == ordinal) {
+            for o in &ordinals {
+                let seen = entries.iter().flat_map(|e| &e.ordinals).chain(&ordinals);
+                if seen.filter(|x| *x == o).count() > 1 {
+                    return Err(bad(format!(
+                        "ordinal {o} appears twice; give each device to one stage"
+                    )));
+                }
+            }
+            if let Some(first) = entries
+                .first()
+                .filter(|f| f.ordinals.len() != ordinals.len())
+            {
                 return Err(bad(format!(
-                    "ordinal {ordinal} appears twice; give each device one count"
+                    "every stage is a tensor-parallel group of as many devices: the first \
+                     has {}, '{part}' has {}",
+                    first.ordinals.len(),
+                    ordinals.len()
                 )));
             }
-            entries.push(LayerMapEntry { ordinal, layers });
+            entries.push(LayerMapEntry { ordinals, layers });
         }
         if entries.is_empty() {
             return Err(bad(
@@ -109,15 +133,19 @@ impl LayerMap {
         let mut stages = Vec::with_capacity(self.0.len() + 1);
         let mut next = 0;
         for e in &self.0 {
-            let device = devices
+            let stage_devices = e
+                .ordinals
                 .iter()
-                .find(|d| d.ordinal() == e.ordinal)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "ordinal {} is not among the devices ({listed})",
-                        e.ordinal
-                    ))
-                })?;
+                .map(|o| {
+                    devices
+                        .iter()
+                        .find(|d| d.ordinal() == *o)
+                        .copied()
+                        .ok_or_else(|| {
+                            bad(format!("ordinal {o} is not among the devices ({listed})"))
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?;
             if next + e.layers > num_layers {
                 let given: usize = self.0.iter().map(|e| e.layers).sum();
                 return Err(bad(format!(
@@ -126,15 +154,16 @@ impl LayerMap {
                 )));
             }
             stages.push(Stage {
-                device: *device,
+                devices: stage_devices,
                 layers: next..next + e.layers,
                 host: false,
             });
             next += e.layers;
         }
         if next < num_layers {
+            let ranks = self.0.first().map_or(1, |e| e.ordinals.len());
             stages.push(Stage {
-                device: DeviceSpec::Cpu(0),
+                devices: (0..ranks).map(DeviceSpec::Cpu).collect(),
                 layers: next..num_layers,
                 host: true,
             });
@@ -167,7 +196,7 @@ mod tests {
         assert_eq!(
             stages[0],
             Stage {
-                device: DeviceSpec::Cpu(1),
+                devices: vec![DeviceSpec::Cpu(1)],
                 layers: 0..10,
                 host: false
             }
@@ -175,7 +204,7 @@ mod tests {
         assert_eq!(
             stages[1],
             Stage {
-                device: DeviceSpec::Cpu(0),
+                devices: vec![DeviceSpec::Cpu(0)],
                 layers: 10..30,
                 host: true
             }
@@ -189,7 +218,7 @@ mod tests {
         let stages = "1:3;0:2".parse::<LayerMap>()?.stages(&gpus, 8)?;
         let got: Vec<(DeviceSpec, std::ops::Range<usize>, bool)> = stages
             .into_iter()
-            .map(|s| (s.device, s.layers, s.host))
+            .map(|s| (s.devices[0], s.layers, s.host))
             .collect();
         assert_eq!(
             got,
@@ -213,9 +242,29 @@ mod tests {
             .and_then(|m| m.stages(&cpus(2), 30)))
         .contains("ordinal 2 is not among the devices (cpu:0, cpu:1)"));
         assert!(err("0:16;0:14".parse::<LayerMap>()).contains("appears twice"));
+        assert!(err("0,1:16;1,2:14".parse::<LayerMap>()).contains("ordinal 1 appears twice"));
+        assert!(err("0,1:16;2:14".parse::<LayerMap>()).contains("the first has 2, '2:14' has 1"));
         assert!(err("0:0".parse::<LayerMap>()).contains("no layers"));
         assert!(err("0-16".parse::<LayerMap>()).contains("ORDINAL:LAYERS"));
         assert!(err("".parse::<LayerMap>()).contains("empty"));
         assert!(err("x:3".parse::<LayerMap>()).contains("not a device ordinal"));
+    }
+
+    #[test]
+    fn stages_may_be_tensor_parallel_groups_and_the_host_matches_them() -> Result<()> {
+        let map: LayerMap = "2,3:3;0,1:2".parse()?;
+        let stages = map.stages(&cpus(4), 8)?;
+        let got: Vec<(Vec<DeviceSpec>, std::ops::Range<usize>)> =
+            stages.into_iter().map(|s| (s.devices, s.layers)).collect();
+        let cpu = DeviceSpec::Cpu;
+        assert_eq!(
+            got,
+            vec![
+                (vec![cpu(2), cpu(3)], 0..3),
+                (vec![cpu(0), cpu(1)], 3..5),
+                (vec![cpu(0), cpu(1)], 5..8),
+            ]
+        );
+        Ok(())
     }
 }

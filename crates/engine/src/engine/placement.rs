@@ -178,8 +178,9 @@ fn path_for(shard: DecoderShard, cfg: &EngineConfig, host: bool) -> Result<Decod
     Ok(shard)
 }
 
-/// Pipeline stages from a layer map: whole layers per device, host layers last; the
-/// routed experts of layers `0..host_experts` on the host.
+/// Pipeline stages from a layer map: whole layers per device (or per tensor-parallel
+/// group of devices), host layers last; the routed experts of layers `0..host_experts`
+/// on the host.
 pub(crate) fn pipeline(
     source: &dyn TensorSource,
     cfg: &EngineConfig,
@@ -194,58 +195,66 @@ pub(crate) fn pipeline(
         ));
     }
     let stages: Vec<Stage> = map.stages(&cfg.devices, config.num_layers)?;
-    let groups = CommGroups::new(cfg, stages.iter().map(|s| vec![s.device]).collect());
+    let groups = CommGroups::new(cfg, stages.iter().map(|s| s.devices.clone()).collect());
     let mut comms = groups.endpoints()?.into_iter();
-    let plan = ShardPlan::new(config, &PlanOptions::equal(1, input_block))?;
-    let mut members = Vec::with_capacity(stages.len());
-    let mut prev: Option<crossbeam_channel::Receiver<StageMsg>> = None;
+    // Every stage has as many ranks (the map checks it), so one plan cuts them all.
+    let ranks = stages.first().map_or(1, |s| s.devices.len());
+    let plan = ShardPlan::new(config, &PlanOptions::equal(ranks, input_block))?;
+    let mut members = Vec::with_capacity(stages.len() * ranks);
+    // Rank r of a stage hands its hidden states, whole after the stage's all-reduce, to
+    // rank r of the next.
+    let mut prev: Vec<Option<crossbeam_channel::Receiver<StageMsg>>> =
+        (0..ranks).map(|_| None).collect();
     for (i, stage) in stages.iter().enumerate() {
         tracing::info!(
             "stage {i} ({}{}): layers {:?}",
-            stage.device,
+            stage
+                .devices
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             if stage.host { ", host" } else { "" },
             stage.layers
         );
-        let device = stage.device.open()?;
+        let devices = stage
+            .devices
+            .iter()
+            .map(|d| d.open())
+            .collect::<Result<Vec<_>>>()?;
         let last = i + 1 == stages.len();
         let parts = ShardParts {
             embedding: i == 0,
             head: last,
             host_expert_layers: host_experts,
         };
-        let shard = load_shards(
-            source,
-            &plan,
-            std::slice::from_ref(&device),
-            stage.layers.clone(),
-            &parts,
-        )?
-        .pop()
-        .ok_or_else(|| EngineError::Parallel("no shard was loaded".into()))?;
-        let shard = path_for(shard, cfg, stage.host)?;
-        settle_uploads(std::slice::from_ref(&device))?;
-        let (next, next_prev) = if last {
-            (None, None)
-        } else {
-            let (tx, rx) = crossbeam_channel::bounded::<StageMsg>(1);
-            (Some(tx), Some(rx))
-        };
-        let comm = comms
-            .next()
-            .ok_or_else(|| EngineError::Parallel("no communicator".into()))?;
-        members.push(Member {
-            device: stage.device,
-            shard,
-            layers: stage.layers.clone(),
-            endpoint: comm,
-            links: StageLinks {
-                prev: prev.take(),
-                next,
-                timeout: cfg.step_timeout,
-            },
-            returns_logits: last,
-        });
-        prev = next_prev;
+        let shards = load_shards(source, &plan, &devices, stage.layers.clone(), &parts)?;
+        settle_uploads(&devices)?;
+        for (r, (shard, device)) in shards.into_iter().zip(&stage.devices).enumerate() {
+            let shard = path_for(shard, cfg, stage.host)?;
+            let (next, next_prev) = if last {
+                (None, None)
+            } else {
+                let (tx, rx) = crossbeam_channel::bounded::<StageMsg>(1);
+                (Some(tx), Some(rx))
+            };
+            let comm = comms
+                .next()
+                .ok_or_else(|| EngineError::Parallel("no communicator".into()))?;
+            members.push(Member {
+                device: *device,
+                shard,
+                layers: stage.layers.clone(),
+                endpoint: comm,
+                links: StageLinks {
+                    prev: prev[r].take(),
+                    next,
+                    timeout: cfg.step_timeout,
+                },
+                returns_logits: last && r == 0,
+            });
+            prev[r] = next_prev;
+        }
     }
     Ok(Placement {
         plan,
