@@ -1,7 +1,9 @@
 //! A model whose every layer attends to its last 8 positions (the tiny Mistral fixture,
 //! `sliding_window` 8, as in Mistral 7B v0.1) served by the scheduler over the real
 //! engine from a KV cache far smaller than the requests: blocks behind the window go back
-//! to the pool, and every request still gets transformers' greedy text.
+//! to the pool, and every request still gets transformers' greedy text. The same on the
+//! GPU path (the CUDA kernels emulated), whose attention must never read a block that
+//! went back.
 
 mod common;
 
@@ -9,7 +11,7 @@ use std::path::PathBuf;
 
 use common::engine_loop::{idle_metrics, run_concurrently};
 use serde_json::Value;
-use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};
+use tessera_engine::{generate, test_models, Engine, EngineConfig, GenerateOptions};
 use tessera_protocol::{Executor, SamplingParams};
 use tessera_scheduler::{EngineLoop, SchedulerConfig};
 
@@ -106,4 +108,64 @@ fn requests_longer_than_the_cache_get_the_greedy_text_of_a_roomy_cache() {
         handle.shutdown();
         handle.join().expect("loop");
     }
+}
+
+/// The tiny Mistral architecture in a head dimension the CUDA kernels serve (64), with
+/// random weights, written once under the target directory.
+fn gpu_shaped_model() -> PathBuf {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sliding-window-gpu-mistral");
+    let dims = test_models::gpu_shaped("tiny-mistral").expect("dimensions");
+    test_models::write(&model(), &out, &dims, 20261127).expect("random model");
+    out
+}
+
+#[test]
+fn the_gpu_path_releases_blocks_behind_the_window_and_gives_the_same_text() {
+    let path = gpu_shaped_model();
+    let gpu_path = |kv_cache_bytes: usize| {
+        let mut cfg = EngineConfig::new(&path);
+        cfg.emulate_gpu = true;
+        cfg.block_size_tokens = BLOCK;
+        cfg.kv_cache_bytes = kv_cache_bytes;
+        Engine::load(&cfg).expect("engine")
+    };
+    let prompts: Vec<Vec<u32>> = cases().into_iter().map(|(p, _)| p).collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + MAX_TOKENS;
+    let opts = GenerateOptions {
+        max_tokens: MAX_TOKENS,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+        prefill_chunk: 0,
+    };
+    let mut roomy = gpu_path(64 << 20);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| generate(&mut roomy, p, &opts, |_| {}).expect("generate"))
+        .collect();
+    drop(roomy);
+    // Two layers × (K + V) × 2 KV heads × 64 dims × bf16 × 4 tokens: eight blocks, far
+    // from the longest request.
+    let small = gpu_path(8 * 2 * 2 * 2 * 64 * 2 * BLOCK);
+    let shape = small.kv_cache_shape();
+    assert_eq!(shape.attention_window, Some(8));
+    assert!(shape.capacity_tokens() < longest, "{shape:?}");
+    let handle = EngineLoop::spawn(
+        SchedulerConfig {
+            block_size_tokens: BLOCK,
+            max_batch_tokens: 8,
+            max_num_seqs: 4,
+            ..SchedulerConfig::default()
+        },
+        small,
+    )
+    .expect("engine loop");
+    let twice: Vec<Vec<u32>> = prompts.iter().chain(&prompts).cloned().collect();
+    let got = run_concurrently(&handle, &twice, MAX_TOKENS);
+    for (i, (got, want)) in got.iter().zip(alone.iter().chain(&alone)).enumerate() {
+        assert_eq!(got, want, "request {i}");
+    }
+    let m = idle_metrics(&handle);
+    assert_eq!(m.kv_blocks_in_use, 0, "blocks left held");
+    handle.shutdown();
+    handle.join().expect("loop");
 }

@@ -168,13 +168,12 @@ impl Engine {
     }
 }
 
-/// The window every layer attends to, when every layer slides. CUDA ranks honour the
-/// window in attention but keep every block: their kernels have not yet been run with
-/// released table entries.
-pub(crate) fn attention_window(config: &ModelConfig, any_gpu: bool) -> Option<usize> {
+/// The window every layer attends to, when every layer slides: blocks behind it go back
+/// to the pool. CUDA ranks' attention reads no key before the window of a tile's first
+/// token, so it never reads a released table entry, as the CPU ranks' does not.
+pub(crate) fn attention_window(config: &ModelConfig) -> Option<usize> {
     let sw = config.sliding_window.as_ref()?;
-    (!any_gpu && sw.layers.len() == config.num_layers && sw.layers.iter().all(|s| *s))
-        .then_some(sw.window)
+    (sw.layers.len() == config.num_layers && sw.layers.iter().all(|s| *s)).then_some(sw.window)
 }
 
 #[cfg(test)]

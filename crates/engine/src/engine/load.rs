@@ -151,7 +151,7 @@ impl Engine {
             )));
         }
         let kv = KvCacheShape {
-            attention_window: kv_sizing::attention_window(&config, any_gpu),
+            attention_window: kv_sizing::attention_window(&config),
             ..KvCacheShape::new(num_blocks, cfg.block_size_tokens)
         };
         if let Some(window) = kv.attention_window {
