@@ -143,10 +143,16 @@ fn weights_that_do_not_fit_by_tensor_parallelism_get_a_map_unasked() {
     let e = Engine::load(&cfg).expect("a fitted map");
     // cpu:1 holds no layer: 1 MiB is less than the activations and one layer.
     assert_eq!(placement(&e), vec![(CPU0, 0..4), (CPU0, 4..30)]);
-    // Caps that hold half of every layer leave tensor parallelism in place.
-    cfg.device_memory.devices = vec![(CPU0, 1 << 30), (CPU1, 1 << 30)];
-    let e = Engine::load(&cfg).expect("tensor parallel");
-    assert_eq!(placement(&e), vec![(CPU0, 0..30), (CPU1, 0..30)]);
+    // Caps that hold half of every layer leave tensor parallelism in place, and so does
+    // a cap on one CPU rank only (the other is bounded by nothing).
+    for caps in [
+        vec![(CPU0, 1 << 30), (CPU1, 1 << 30)],
+        vec![(CPU0, 1 << 20)],
+    ] {
+        cfg.device_memory.devices = caps;
+        let e = Engine::load(&cfg).expect("tensor parallel");
+        assert_eq!(placement(&e), vec![(CPU0, 0..30), (CPU1, 0..30)]);
+    }
 }
 
 /// tiny-qwen3-moe (f32 safetensors): three layers of hidden 64, the middle one dense;

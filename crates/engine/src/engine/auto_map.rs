@@ -64,17 +64,18 @@ pub(crate) fn fit(
 
 /// Whether tensor parallelism over every device of `cfg` fits what each may use (each
 /// rank holds its share of every layer, the embedding and its slice of the head). `None`
-/// where nothing bounds the devices (CPU ranks without `--device-memory-mib`).
+/// where nothing bounds the devices (CPU ranks without a `--device-memory-mib` each).
 pub(crate) fn tensor_parallel_fits(
     source: &dyn TensorSource,
     cfg: &EngineConfig,
     config: &ModelConfig,
 ) -> Result<Option<bool>> {
-    if !cfg
-        .devices
-        .iter()
-        .any(|d| matches!(d, DeviceSpec::Cuda(_)) || cfg.device_memory.of(d).is_some())
-    {
+    // CPU ranks share the host's memory: only caps bound them, and all must be capped.
+    let bounded = |d: &DeviceSpec| match d {
+        DeviceSpec::Cuda(_) => true,
+        DeviceSpec::Cpu(_) => cfg.device_memory.of(d).is_some(),
+    };
+    if !cfg.devices.iter().all(bounded) {
         return Ok(None);
     }
     let input = fit_input(source, cfg, config, Some(0))?;
@@ -84,13 +85,15 @@ pub(crate) fn tensor_parallel_fits(
         .iter()
         .map(|l| l.weights.device + l.experts.device + l.kv.device)
         .sum();
-    let need = input.embedding.device
+    let per_rank = input.embedding.device
         + (layers + input.head.device) / world
         + input.activations
         + input.logits;
-    Ok(Some(
-        input.devices.iter().all(|(_, budget)| need <= *budget),
-    ))
+    // Ranks that share a GPU (`cuda:0,cuda:0`) share its memory.
+    Ok(Some(input.devices.iter().all(|(device, budget)| {
+        let ranks = cfg.devices.iter().filter(|d| *d == device).count();
+        ranks * per_rank <= *budget
+    })))
 }
 
 fn max_len(cfg: &EngineConfig, config: &ModelConfig) -> usize {
@@ -144,11 +147,13 @@ fn fit_input(
         })
         .collect();
     let head_rest = config.hidden_size * 4;
-    let devices = cfg
-        .devices
-        .iter()
-        .map(|d| Ok((*d, device_budget(cfg, d)?)))
-        .collect::<Result<Vec<_>>>()?;
+    // Each device once: ranks that share a GPU share its memory.
+    let mut devices: Vec<(DeviceSpec, usize)> = Vec::with_capacity(cfg.devices.len());
+    for d in &cfg.devices {
+        if !devices.iter().any(|(seen, _)| seen == d) {
+            devices.push((*d, device_budget(cfg, d)?));
+        }
+    }
     let host_budget = match cfg.device_memory.host {
         Some(b) => b,
         None => HostMemory::read()?.available_bytes,
