@@ -1,7 +1,8 @@
 //! Q4_1, Q5_0, Q8_0, Q4_K and Q6_K matmul throughput on one thread, for every kernel
 //! implementation this
 //! CPU runs: weight bytes (as stored in the GGUF file) streamed per second for decode
-//! (1 token), a decode batch (16 tokens) and a prefill chunk (128 tokens).
+//! (1 token), small decode batches and speculative verification (2, 4, 5 and 8 tokens),
+//! a decode batch (16 tokens) and a prefill chunk (128 tokens).
 //! Run: `cargo bench -p tessera-kernels --bench matmul`.
 
 use std::time::Instant;
@@ -65,7 +66,7 @@ fn main() {
         let bytes = weight_bytes(format, rows, cols);
         let w = QuantWeights::from_ggml_bytes(format, rows, cols, &bytes).expect("weights");
         for &isa in Isa::supported() {
-            for m in [1usize, 16, 128] {
+            for m in [1usize, 2, 4, 5, 8, 16, 128] {
                 let x: Vec<f32> = (0..m * cols)
                     .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
                     .collect();

@@ -107,21 +107,29 @@ fn every_implementation_equals_the_scalar_reference() {
 #[test]
 fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
     let mut r = rng();
+    // Batches of 1 to 17 rows: every mix of the 8-, 4-, 2- and 1-row tiles, and a second
+    // full tile.
+    let most = 17;
     for format in FORMATS {
         let (rows, cols) = (23, if format.is_k() { 2 * QK_K } else { 192 });
         let w = random_matrix(&mut r, format, rows, cols);
-        let m = 11;
-        let x: Vec<f32> = (0..m * cols).map(|_| r.random_range(-2.0..2.0)).collect();
+        let x: Vec<f32> = (0..most * cols)
+            .map(|_| r.random_range(-2.0..2.0))
+            .collect();
         for &isa in Isa::supported() {
-            let batch = w.matmul_with(isa, &x, m);
-            for t in 0..m {
-                let alone = w.matmul_with(isa, &x[t * cols..(t + 1) * cols], 1);
-                for o in 0..rows {
-                    assert_eq!(
-                        batch[t * rows + o].to_bits(),
-                        alone[o].to_bits(),
-                        "{isa:?} {format:?} token {t} row {o}"
-                    );
+            let alone: Vec<Vec<f32>> = (0..most)
+                .map(|t| w.matmul_with(isa, &x[t * cols..(t + 1) * cols], 1))
+                .collect();
+            for m in 1..=most {
+                let batch = w.matmul_with(isa, &x[..m * cols], m);
+                for (t, alone) in alone[..m].iter().enumerate() {
+                    for o in 0..rows {
+                        assert_eq!(
+                            batch[t * rows + o].to_bits(),
+                            alone[o].to_bits(),
+                            "{isa:?} {format:?} batch {m} token {t} row {o}"
+                        );
+                    }
                 }
             }
         }

@@ -1,8 +1,9 @@
 //! `y = x Wᵀ` for block-quantized `W`: the activations are quantized once per call, then
 //! each group of sixteen weight rows is a parallel task on the caller's rayon pool, which
-//! passes its group over the activation rows in tiles of eight. Every (row, activation)
-//! pair is accumulated in the same order whatever tile it falls in, so the result of a
-//! row does not depend on the batch around it.
+//! passes its group over the activation rows in tiles of eight, then runs what is left
+//! (1-7 rows) in tiles of four, two and one. Every (row, activation) pair is accumulated
+//! in the same order whatever tile it falls in, so the result of a row does not depend on
+//! the batch around it.
 
 use rayon::prelude::*;
 
@@ -13,7 +14,9 @@ use crate::cpu::layout_wide::WIDE;
 use crate::cpu::scalar;
 use crate::cpu::tile_out::TileOut;
 
-/// Activation rows per tile.
+/// Activation rows per full tile; a remainder runs in tiles of four, two and one, so a
+/// decode batch or a speculative check of 2-7 rows shares each pass over the weights
+/// between rows instead of streaming the group once per row.
 const TILE_TOKENS: usize = 8;
 
 /// A `[rows, cols]` weight matrix in one of the supported block formats.
@@ -97,13 +100,25 @@ impl QuantWeights {
                     // `[m, rows]`, and each output column belongs to exactly one task, so
                     // no two tiles write the same element.
                     let out = unsafe { TileOut::new(dst.at(t * rows + r0), rows, live) };
-                    if m - t >= TILE_TOKENS {
-                        tile::<TILE_TOKENS>(isa, w, r0, &a, t, out);
-                        t += TILE_TOKENS;
-                    } else {
-                        tile::<1>(isa, w, r0, &a, t, out);
-                        t += 1;
-                    }
+                    // The largest tile that fits the rows left.
+                    t += match m - t {
+                        TILE_TOKENS.. => {
+                            tile::<TILE_TOKENS>(isa, w, r0, &a, t, out);
+                            TILE_TOKENS
+                        }
+                        4.. => {
+                            tile::<4>(isa, w, r0, &a, t, out);
+                            4
+                        }
+                        2.. => {
+                            tile::<2>(isa, w, r0, &a, t, out);
+                            2
+                        }
+                        _ => {
+                            tile::<1>(isa, w, r0, &a, t, out);
+                            1
+                        }
+                    };
                 }
             });
         // SAFETY: the loop above wrote all `m * rows` elements (rows `0..rows` of every
