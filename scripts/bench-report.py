@@ -198,19 +198,20 @@ RETIRED = {"Server under load: Tessera against llama.cpp"}
 
 def previous_sections(path, notes):
     """{title: body} of the `## ` sections of a previous docs/benchmarks.md, without the
-    notes (they are appended fresh), each body starting with when it was measured."""
+    notes' sections (they are appended fresh), each body starting with when it was
+    measured."""
     text = read(path) if path else None
     if not text:
         return {}
-    if notes:
-        # The notes (however they read then) start at their first heading and run to the end.
-        head = notes.lstrip().splitlines()[0]
-        if head in text:
-            text = text[: text.index(head)]
+    # The notes' sections are appended fresh; every other section is kept, wherever it
+    # stands (sections written by hand may follow the notes).
+    note_titles = set(re.findall(r"^## (.+)$", notes or "", flags=re.M))
     made = re.search(r"Made by `scripts/bench` on (\S+), commit (\w+)\.", text)
     parts = re.split(r"^## (.+)$", text, flags=re.M)
     out = {}
     for title, body in zip(parts[1::2], parts[2::2]):
+        if title.strip() in {t.strip() for t in note_titles}:
+            continue
         body = body.strip()
         if not body.startswith("Measured on") and made:
             body = (
