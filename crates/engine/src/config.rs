@@ -102,6 +102,15 @@ impl EngineConfig {
         }
     }
 
+    /// Whether CPU ranks take the CUDA ranks' forward pass (test builds with
+    /// `emulate_gpu`; never otherwise).
+    pub fn emulates_gpu(&self) -> bool {
+        #[cfg(feature = "gpu-emulation")]
+        return self.emulate_gpu;
+        #[cfg(not(feature = "gpu-emulation"))]
+        false
+    }
+
     /// CPU ranks `cpu:0 .. cpu:n-1`.
     pub fn with_cpu_ranks(mut self, n: usize) -> Self {
         self.devices = (0..n).map(DeviceSpec::Cpu).collect();

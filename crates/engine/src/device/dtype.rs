@@ -21,10 +21,15 @@ pub fn candle_dtype(d: KvDtype) -> DType {
 /// CPU (our kernels and candle's fast CPU paths), bf16 on CUDA (cuBLAS tensor cores;
 /// results accumulate in f32).
 pub fn compute_dtype(device: &Device) -> DType {
-    if device.is_cuda() {
-        return candle_dtype(ACTIVATIONS);
+    compute_dtype_of_kind(device.is_cuda())
+}
+
+/// [`compute_dtype`] of a CUDA device (`cuda`) or the host, without opening either.
+pub fn compute_dtype_of_kind(cuda: bool) -> DType {
+    match cuda {
+        true => candle_dtype(ACTIVATIONS),
+        false => DType::F32,
     }
-    DType::F32
 }
 
 pub use tessera_kernels::kv_quant::KvCacheDtype;

@@ -348,10 +348,10 @@ mod tests {
         }
     }
 
-    fn layers(plan: &FitPlan) -> Vec<(DeviceSpec, Range<usize>)> {
-        plan.stages
+    fn layers(got: &FitPlan) -> Vec<(DeviceSpec, Range<usize>)> {
+        got.stages
             .iter()
-            .chain(&plan.host)
+            .chain(&got.host)
             .map(|s| (s.device, s.layers.clone()))
             .collect()
     }
@@ -360,9 +360,9 @@ mod tests {
     fn devices_fill_in_order_and_the_host_takes_the_rest() -> Result<()> {
         // cuda:0: 2 + 5 (embedding) + 3 layers of 11 = 40; a fourth would be 51.
         // cuda:1: 2 + 4 layers of 11 = 46 ≤ 50.
-        let plan = plan(&dense(10, &[45, 50]))?;
+        let got = plan(&dense(10, &[45, 50]))?;
         assert_eq!(
-            layers(&plan),
+            layers(&got),
             vec![
                 (DeviceSpec::Cuda(0), 0..3),
                 (DeviceSpec::Cuda(1), 3..7),
@@ -370,9 +370,9 @@ mod tests {
             ]
         );
         // Host: 3 layers of 22, the head (10), activations and logits (3).
-        assert_eq!(plan.host_bytes, (3 * 22 + 10 + 3) * MIB);
-        assert_eq!(plan.stages[0].total_bytes, 40 * MIB);
-        assert_eq!(plan.stages[1].kv_bytes, 4 * MIB);
+        assert_eq!(got.host_bytes, (3 * 22 + 10 + 3) * MIB);
+        assert_eq!(got.stages[0].total_bytes, 40 * MIB);
+        assert_eq!(got.stages[1].kv_bytes, 4 * MIB);
         Ok(())
     }
 
@@ -380,30 +380,26 @@ mod tests {
     fn the_last_device_keeps_room_for_the_head_or_passes_layers_on() -> Result<()> {
         // Four layers fit cuda:0 (2 + 5 + 44 = 51 ≤ 56) but not with the head and logits
         // (57): the fourth goes to cuda:1, which then holds the head.
-        let plan = plan(&dense(4, &[56, 30]))?;
+        let got = plan(&dense(4, &[56, 30]))?;
         assert_eq!(
-            layers(&plan),
+            layers(&got),
             vec![(DeviceSpec::Cuda(0), 0..3), (DeviceSpec::Cuda(1), 3..4)]
         );
-        assert_eq!(plan.stages[1].total_bytes, (2 + 11 + 5 + 1) * MIB);
-        assert_eq!(plan.host, None);
+        assert_eq!(got.stages[1].total_bytes, (2 + 11 + 5 + 1) * MIB);
+        assert_eq!(got.host, None);
         // With room for the head, one device is the whole model.
-        let plan = plan_of(&dense(4, &[57, 30]))?;
-        assert_eq!(layers(&plan), vec![(DeviceSpec::Cuda(0), 0..4)]);
+        let got = plan(&dense(4, &[57, 30]))?;
+        assert_eq!(layers(&got), vec![(DeviceSpec::Cuda(0), 0..4)]);
         Ok(())
-    }
-
-    fn plan_of(input: &FitInput) -> Result<FitPlan> {
-        plan(input)
     }
 
     #[test]
     fn a_device_too_small_for_a_layer_is_left_out() -> Result<()> {
         // cuda:0 cannot hold the embedding and a layer (18): cuda:1 is the first stage.
-        let plan = plan(&dense(2, &[10, 100]))?;
-        assert_eq!(layers(&plan), vec![(DeviceSpec::Cuda(1), 0..2)]);
-        assert_eq!(plan.layer_map().0.len(), 1);
-        assert_eq!(plan.layer_map().0[0].ordinals, vec![1]);
+        let got = plan(&dense(2, &[10, 100]))?;
+        assert_eq!(layers(&got), vec![(DeviceSpec::Cuda(1), 0..2)]);
+        assert_eq!(got.layer_map().0.len(), 1);
+        assert_eq!(got.layer_map().0[0].ordinals, vec![1]);
         Ok(())
     }
 
@@ -420,17 +416,17 @@ mod tests {
         }
         // All on the device: 2 + 5 + 4·25 + 5 + 1 = 113. Experts of layers 0..n on the
         // host save 20 each: n = 3 gives 53 ≤ 60.
-        let plan = plan(&input)?;
-        assert_eq!(layers(&plan), vec![(DeviceSpec::Cuda(0), 0..4)]);
-        assert_eq!(plan.host_expert_layers, 3);
-        assert_eq!(plan.host_expert_bytes, 120 * MIB);
+        let got = plan(&input)?;
+        assert_eq!(layers(&got), vec![(DeviceSpec::Cuda(0), 0..4)]);
+        assert_eq!(got.host_expert_layers, 3);
+        assert_eq!(got.host_expert_bytes, 120 * MIB);
         // As asked: experts of layer 0 only, and the layers that then do not fit go to
         // the host whole.
         input.host_experts = Some(1);
-        let plan = plan_of(&input)?;
-        assert_eq!(plan.host_expert_layers, 1);
+        let got = plan(&input)?;
+        assert_eq!(got.host_expert_layers, 1);
         assert_eq!(
-            layers(&plan),
+            layers(&got),
             vec![(DeviceSpec::Cuda(0), 0..2), (DeviceSpec::Cpu(0), 2..4)]
         );
         Ok(())

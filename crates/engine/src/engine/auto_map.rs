@@ -10,7 +10,7 @@
 
 use crate::config::EngineConfig;
 use crate::device::device_spec::DeviceSpec;
-use crate::device::dtype::{compute_dtype, kv_cache_dtype};
+use crate::device::dtype::{compute_dtype_of_kind, kv_cache_dtype};
 use crate::device::fit::{self, FitInput, FitPlan, LayerCost, Placed};
 use crate::device::host_memory::HostMemory;
 use crate::device::layer_map::LayerMap;
@@ -51,7 +51,7 @@ pub(crate) fn fit(
             .map(|d| d.to_string())
             .collect::<Vec<_>>()
             .join(", "),
-        max_len(cfg, config)
+        config.max_position_embeddings
     );
     for line in plan.describe() {
         tracing::info!("  {line}");
@@ -96,12 +96,6 @@ pub(crate) fn tensor_parallel_fits(
     })))
 }
 
-fn max_len(cfg: &EngineConfig, config: &ModelConfig) -> usize {
-    cfg.max_model_len
-        .unwrap_or(config.max_position_embeddings)
-        .min(config.max_position_embeddings)
-}
-
 fn fit_input(
     source: &dyn TensorSource,
     cfg: &EngineConfig,
@@ -111,17 +105,12 @@ fn fit_input(
     cfg.device_memory.check_devices(&cfg.devices)?;
     let weights = model_weights(source)?;
     let device_gpu_path =
-        cfg.devices.iter().any(|d| matches!(d, DeviceSpec::Cuda(_))) || emulated(cfg);
-    let dense_bytes = |spec: Option<&DeviceSpec>| -> Result<usize> {
-        Ok(match spec {
-            Some(d) => compute_dtype(&device_kind(d)?).size_in_bytes(),
-            None => compute_dtype(&candle_core::Device::Cpu).size_in_bytes(),
-        })
-    };
-    let first = cfg.devices.first();
-    let (dev_b, host_b) = (dense_bytes(first)?, dense_bytes(None)?);
+        cfg.devices.iter().any(|d| matches!(d, DeviceSpec::Cuda(_))) || cfg.emulates_gpu();
+    let dense_bytes = |cuda: bool| compute_dtype_of_kind(cuda).size_in_bytes();
+    let first_cuda = matches!(cfg.devices.first(), Some(DeviceSpec::Cuda(_)));
+    let (dev_b, host_b) = (dense_bytes(first_cuda), dense_bytes(false));
     let block = cfg.block_size_tokens.max(1);
-    let blocks = (max_len(cfg, config) * FIT_SEQUENCES).div_ceil(block);
+    let blocks = (config.max_position_embeddings * FIT_SEQUENCES).div_ceil(block);
     let kv_layer = |gpu_path: bool| -> Result<usize> {
         let dtype = kv_cache_dtype(cfg.kv_cache_dtype, gpu_path)?;
         Ok(blocks
@@ -174,24 +163,6 @@ fn fit_input(
         host_budget,
         host_experts,
     })
-}
-
-#[cfg(feature = "gpu-emulation")]
-fn emulated(cfg: &EngineConfig) -> bool {
-    cfg.emulate_gpu
-}
-
-#[cfg(not(feature = "gpu-emulation"))]
-fn emulated(_cfg: &EngineConfig) -> bool {
-    false
-}
-
-/// A device of the kind `spec` names, to ask its compute type (a CUDA device is opened).
-fn device_kind(spec: &DeviceSpec) -> Result<candle_core::Device> {
-    match spec {
-        DeviceSpec::Cpu(_) => Ok(candle_core::Device::Cpu),
-        DeviceSpec::Cuda(_) => spec.open(),
-    }
 }
 
 /// What the map may use on `device`: its `--device-memory-mib`, and on a GPU no more than

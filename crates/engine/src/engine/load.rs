@@ -347,11 +347,7 @@ fn check_host_experts(cfg: &EngineConfig, config: &crate::spec::model::ModelConf
             "--cpu-moe / --n-cpu-moe: this model has no mixture-of-experts layers".into(),
         ));
     }
-    #[cfg(feature = "gpu-emulation")]
-    let emulated = cfg.emulate_gpu;
-    #[cfg(not(feature = "gpu-emulation"))]
-    let emulated = false;
-    if !emulated && !cfg.devices.iter().any(|d| matches!(d, DeviceSpec::Cuda(_))) {
+    if !cfg.emulates_gpu() && !cfg.devices.iter().any(|d| matches!(d, DeviceSpec::Cuda(_))) {
         return Err(EngineError::Config(format!(
             "--cpu-moe / --n-cpu-moe keep experts on the host instead of a GPU; the devices \
              ({}) are CPU ranks, whose weights are all on the host already",
