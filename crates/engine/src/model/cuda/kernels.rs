@@ -280,14 +280,15 @@ pub fn paged_attention(
     Ok(out)
 }
 
-/// Checks a cache layer's element types and sizes before the kernels read it: `dtype`
-/// (or bytes, for an 8-bit cache) of whole blocks, and as many scales as its type has.
-fn check_cache(
+/// Checks a cache layer's element types and sizes before the kernels read or write it:
+/// `dtype` (or bytes, for an 8-bit cache) of whole blocks, and as many scales as its type
+/// has. Its number of blocks.
+pub(crate) fn check_cache(
     dtype: KvDtype,
     cache: KvLayer<'_>,
     block_size: usize,
     heads: HeadLayout,
-) -> Result<()> {
+) -> Result<usize> {
     let elem = match cache.quant {
         Some(_) => DType::U8,
         None => candle_dtype(dtype),
@@ -315,7 +316,7 @@ fn check_cache(
             }
         }
     }
-    Ok(())
+    Ok(blocks)
 }
 
 /// Arguments shared by the decode and prefill launches of one attention call.

@@ -3,7 +3,7 @@
 //! (`tessera_kernels::gpu::quantized`): RoPE rotates the keys in place, a layer's first
 //! fp8 write sets its scales, then the store quantizes keys and values into the cache.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use tessera_kernels::gpu::launch::KvDtype;
 use tessera_kernels::gpu::quantized::{
     fp8_scales_kernel, fp8_scales_shape, kv_store_kernel, kv_store_shape, KvQuant,
@@ -12,7 +12,9 @@ use tessera_kernels::gpu::quantized::{
 use crate::device::buffers::{expect_dtype, Gpu, Held, Module};
 use crate::device::dtype::candle_dtype;
 use crate::error::{EngineError, Result};
-use crate::model::cuda::kernels::{i32_of, rope_in_place, rope_write_kv, HeadLayout, RopeTables};
+use crate::model::cuda::kernels::{
+    check_cache, i32_of, rope_in_place, rope_write_kv, HeadLayout, RopeTables,
+};
 use crate::model::cuda::kv_cache::CudaKvCache;
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::step_meta::Part;
@@ -45,26 +47,12 @@ pub fn write_kv(
     if n == 0 {
         return Ok(());
     }
-    for (t, what) in [(l.k, "K cache"), (l.v, "V cache")] {
-        expect_dtype(t, DType::U8, what)?;
-        if t.elem_count()
-            != meta.block_size * cache.num_blocks * heads.num_kv_heads * heads.head_dim
-        {
-            return Err(EngineError::Step(format!(
-                "{what} of {} values, not whole blocks of this step's shape",
-                t.elem_count()
-            )));
-        }
-    }
-    let want = quant.scales_len(cache.num_blocks, heads.num_kv_heads);
-    for (t, what) in [(k_scales, "K scales"), (v_scales, "V scales")] {
-        expect_dtype(t, DType::F32, what)?;
-        if t.elem_count() != want {
-            return Err(EngineError::Step(format!(
-                "{what}: {} for a cache that has {want}",
-                t.elem_count()
-            )));
-        }
+    let blocks = check_cache(dtype, l, meta.block_size, heads)?;
+    if blocks != cache.num_blocks {
+        return Err(EngineError::Step(format!(
+            "a cache layer of {blocks} blocks in a cache of {}",
+            cache.num_blocks
+        )));
     }
     expect_dtype(qkv, candle_dtype(dtype), "qkv")?;
     let held = [
