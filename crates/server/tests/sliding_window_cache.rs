@@ -58,55 +58,68 @@ fn engine(tp: usize, kv_cache_bytes: usize) -> Engine {
     Engine::load(&cfg).expect("engine")
 }
 
-#[test]
-fn requests_longer_than_the_cache_get_the_greedy_text_of_a_roomy_cache() {
-    let cases = cases();
-    let longest = cases.iter().map(|(p, _)| p.len()).max().unwrap_or(0) + MAX_TOKENS;
+/// Each prompt's greedy continuation on `engine`, one request at a time.
+fn greedy_alone(engine: &mut Engine, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
     let opts = GenerateOptions {
         max_tokens: MAX_TOKENS,
         sampling: SamplingParams::greedy(),
         stop_token_ids: vec![],
         prefill_chunk: 0,
     };
-    let mut roomy = engine(1, 64 << 20);
-    let alone: Vec<Vec<u32>> = cases
+    prompts
         .iter()
-        .map(|(p, _)| generate(&mut roomy, p, &opts, |_| {}).expect("generate"))
-        .collect();
+        .map(|p| generate(engine, p, &opts, |_| {}).expect("generate"))
+        .collect()
+}
+
+/// Serves every prompt twice, all at once, from `small` (a windowed cache smaller than
+/// the longest request) under the scheduler: they preempt one another as well. Each gets
+/// its text `alone`, and every block comes back.
+fn serve_twice_from(small: Engine, prompts: &[Vec<u32>], alone: &[Vec<u32>], what: &str) {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + MAX_TOKENS;
+    let shape = small.kv_cache_shape();
+    assert_eq!(shape.attention_window, Some(8), "{what}");
+    assert!(shape.capacity_tokens() < longest, "{what}: {shape:?}");
+    let handle = EngineLoop::spawn(
+        SchedulerConfig {
+            block_size_tokens: BLOCK,
+            max_batch_tokens: 8,
+            max_num_seqs: 4,
+            ..SchedulerConfig::default()
+        },
+        small,
+    )
+    .expect("engine loop");
+    let twice: Vec<Vec<u32>> = prompts.iter().chain(prompts).cloned().collect();
+    let got = run_concurrently(&handle, &twice, MAX_TOKENS);
+    for (i, (got, want)) in got.iter().zip(alone.iter().chain(alone)).enumerate() {
+        assert_eq!(got, want, "{what}: request {i}");
+    }
+    let m = idle_metrics(&handle);
+    assert_eq!(m.kv_blocks_in_use, 0, "{what}: blocks left held");
+    handle.shutdown();
+    handle.join().expect("loop");
+}
+
+#[test]
+fn requests_longer_than_the_cache_get_the_greedy_text_of_a_roomy_cache() {
+    let cases = cases();
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|(p, _)| p.clone()).collect();
+    let alone = greedy_alone(&mut engine(1, 64 << 20), &prompts);
     for ((_, want), got) in cases.iter().zip(&alone) {
         if let Some(want) = want {
             assert_eq!(got, want, "roomy cache against transformers");
         }
     }
-    drop(roomy);
     for tp in [1, 3] {
         // Six blocks of four tokens per rank at TP = 1 (more at TP = 3, whose ranks hold
         // fewer KV heads): far from the 76 tokens of the longest request.
-        let small = engine(tp, 6 * BLOCK_BYTES);
-        let shape = small.kv_cache_shape();
-        assert_eq!(shape.attention_window, Some(8));
-        assert!(shape.capacity_tokens() < longest, "{shape:?}");
-        let handle = EngineLoop::spawn(
-            SchedulerConfig {
-                block_size_tokens: BLOCK,
-                max_batch_tokens: 8,
-                max_num_seqs: 4,
-                ..SchedulerConfig::default()
-            },
-            small,
-        )
-        .expect("engine loop");
-        // Twice each prompt, all at once: they preempt one another as well.
-        let prompts: Vec<Vec<u32>> = cases.iter().chain(&cases).map(|(p, _)| p.clone()).collect();
-        let got = run_concurrently(&handle, &prompts, MAX_TOKENS);
-        let want: Vec<&Vec<u32>> = alone.iter().chain(&alone).collect();
-        for (i, (got, want)) in got.iter().zip(want).enumerate() {
-            assert_eq!(got, want, "tp={tp} request {i}");
-        }
-        let m = idle_metrics(&handle);
-        assert_eq!(m.kv_blocks_in_use, 0, "tp={tp}: blocks left held");
-        handle.shutdown();
-        handle.join().expect("loop");
+        serve_twice_from(
+            engine(tp, 6 * BLOCK_BYTES),
+            &prompts,
+            &alone,
+            &format!("tp={tp}"),
+        );
     }
 }
 
@@ -130,42 +143,13 @@ fn the_gpu_path_releases_blocks_behind_the_window_and_gives_the_same_text() {
         Engine::load(&cfg).expect("engine")
     };
     let prompts: Vec<Vec<u32>> = cases().into_iter().map(|(p, _)| p).collect();
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + MAX_TOKENS;
-    let opts = GenerateOptions {
-        max_tokens: MAX_TOKENS,
-        sampling: SamplingParams::greedy(),
-        stop_token_ids: vec![],
-        prefill_chunk: 0,
-    };
-    let mut roomy = gpu_path(64 << 20);
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| generate(&mut roomy, p, &opts, |_| {}).expect("generate"))
-        .collect();
-    drop(roomy);
+    let alone = greedy_alone(&mut gpu_path(64 << 20), &prompts);
     // Two layers × (K + V) × 2 KV heads × 64 dims × bf16 × 4 tokens: eight blocks, far
     // from the longest request.
-    let small = gpu_path(8 * 2 * 2 * 2 * 64 * 2 * BLOCK);
-    let shape = small.kv_cache_shape();
-    assert_eq!(shape.attention_window, Some(8));
-    assert!(shape.capacity_tokens() < longest, "{shape:?}");
-    let handle = EngineLoop::spawn(
-        SchedulerConfig {
-            block_size_tokens: BLOCK,
-            max_batch_tokens: 8,
-            max_num_seqs: 4,
-            ..SchedulerConfig::default()
-        },
-        small,
-    )
-    .expect("engine loop");
-    let twice: Vec<Vec<u32>> = prompts.iter().chain(&prompts).cloned().collect();
-    let got = run_concurrently(&handle, &twice, MAX_TOKENS);
-    for (i, (got, want)) in got.iter().zip(alone.iter().chain(&alone)).enumerate() {
-        assert_eq!(got, want, "request {i}");
-    }
-    let m = idle_metrics(&handle);
-    assert_eq!(m.kv_blocks_in_use, 0, "blocks left held");
-    handle.shutdown();
-    handle.join().expect("loop");
+    serve_twice_from(
+        gpu_path(8 * 2 * 2 * 2 * 64 * 2 * BLOCK),
+        &prompts,
+        &alone,
+        "gpu path",
+    );
 }
