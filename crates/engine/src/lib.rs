@@ -30,6 +30,7 @@ mod worker;
 
 pub use config::EngineConfig;
 pub use device::{DeviceLayers, DeviceMemory, DeviceSpec, LayerMap, Stage};
+pub use engine::draft::{load_drafted, Drafted};
 pub use engine::Engine;
 pub use error::{EngineError, Result};
 pub use generate::{generate, generate_sampled, GenerateOptions};

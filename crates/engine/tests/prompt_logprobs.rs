@@ -33,6 +33,7 @@ fn prompt_logprobs(
         block_table: table.clone(),
         sample,
         num_draft: 0,
+        propose: 0,
     };
     let first = engine
         .step(&StepPlan {

@@ -49,6 +49,12 @@ pub struct ScheduledChunk {
     /// it ([`SampledToken::accepted`]). Only with `sample`.
     #[serde(default)]
     pub num_draft: usize,
+    /// Speculative decoding with a draft model: after this chunk's samples, the
+    /// executor's draft model guesses up to this many tokens after the sequence's last
+    /// one ([`SampledToken::proposed`]), writing its own KV at the positions that follow
+    /// (the block table covers them). 0: no guesses are asked for.
+    #[serde(default)]
+    pub propose: usize,
 }
 
 impl ScheduledChunk {
@@ -101,6 +107,11 @@ pub struct SampledToken {
     /// order, with their log-probabilities when asked for.
     #[serde(default)]
     pub accepted: Vec<(u32, Option<TokenLogprobs>)>,
+    /// For a chunk with [`ScheduledChunk::propose`]: the draft model's guesses at the
+    /// tokens after the last one sampled here (after `token`, or after the last of
+    /// `accepted`), at most as many as asked for.
+    #[serde(default)]
+    pub proposed: Vec<u32>,
 }
 
 /// A sequence the executor refused in a step that otherwise ran: its own input is at

@@ -3,7 +3,7 @@
 use tessera_protocol::KvCacheShape;
 
 use crate::error::SchedulerError;
-use crate::speculation::NgramSpeculation;
+use crate::speculation::Speculation;
 
 /// How the scheduler batches work. The KV cache shape itself comes from the executor;
 /// `block_size_tokens` must agree with it (checked, never silently overridden).
@@ -27,7 +27,7 @@ pub struct SchedulerConfig {
     /// up gets no more steps until it reads (backpressure); at least 2.
     pub max_buffered_events: usize,
     /// Guess tokens after each decoding sequence's last one, for the executor to verify.
-    pub speculation: Option<NgramSpeculation>,
+    pub speculation: Option<Speculation>,
 }
 
 impl Default for SchedulerConfig {
@@ -57,7 +57,7 @@ pub struct ResolvedConfig {
     pub max_model_len: usize,
     pub enable_prefix_caching: bool,
     pub max_buffered_events: usize,
-    pub speculation: Option<NgramSpeculation>,
+    pub speculation: Option<Speculation>,
 }
 
 impl ResolvedConfig {

@@ -13,6 +13,7 @@ pub mod block_pool;
 pub mod config;
 pub mod engine_loop;
 pub mod error;
+mod guesses;
 pub mod loop_stats;
 pub mod metrics;
 pub mod scheduler;
@@ -31,5 +32,7 @@ pub use error::{AdmissionError, SchedulerError};
 pub use loop_stats::{LoopHealth, StepDurations, STEP_DURATION_BUCKETS_SECONDS};
 pub use metrics::{SchedulerMetrics, SharedMetrics};
 pub use scheduler::Scheduler;
-pub use speculation::{NgramSpeculation, Proposal, SpeculationCounters};
+pub use speculation::{
+    DraftModelSpeculation, NgramSpeculation, Proposal, Speculation, SpeculationCounters,
+};
 pub use token_channel::{TokenReceiver, TryRecvError};

@@ -41,9 +41,10 @@ use crate::admission::{Admission, AdmittedRequest};
 use crate::block_manager::KvCacheManager;
 use crate::config::{ResolvedConfig, SchedulerConfig};
 use crate::error::{AdmissionError, SchedulerError};
+use crate::guesses::{guesses_for, ChunkGuesses};
 use crate::metrics::SchedulerMetrics;
 use crate::sequence::{Sequence, PROMPT_LOGPROBS_CHUNK};
-use crate::speculation::{check_accepted, NgramSpeculation, Proposal, SpeculationCounters};
+use crate::speculation::{check_accepted, Proposal, SpeculationCounters};
 use crate::speculation_policy::StepCost;
 use crate::token_channel::TokenReceiver;
 
@@ -312,6 +313,10 @@ impl Scheduler {
                     break;
                 }
             }
+            if let Some(seq) = self.seqs.get_mut(&sample.id) {
+                seq.drafted.clone_from(&sample.proposed);
+                seq.guessed_after = seq.tokens.len();
+            }
         }
         self.counters.steps += 1;
         Ok(())
@@ -398,7 +403,7 @@ impl Scheduler {
         let speculation = self
             .cfg
             .speculation
-            .filter(|s| decoding <= s.disable_by_batch_size);
+            .filter(|s| decoding <= s.disable_by_batch_size());
         let threshold = self.step_cost.threshold(decoding);
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
@@ -422,21 +427,26 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let drafts = match (&speculation, num_new == 1 && !scoring) {
-                (Some(spec), true) => {
-                    drafts_for(spec, self.cfg.max_model_len, seq, *budget, threshold)
-                }
-                _ => Proposal::default(),
+            let guesses = match &speculation {
+                Some(spec) if !scoring => guesses_for(
+                    spec,
+                    self.cfg.max_model_len,
+                    seq,
+                    num_new,
+                    *budget,
+                    threshold,
+                ),
+                _ => ChunkGuesses::default(),
             };
             // Room for the guesses too, or none are made.
-            let drafts = match drafts.tokens.is_empty()
+            let guesses = match guesses.ahead() == 0
                 || self
                     .kv
-                    .grow(id, seq.num_computed_tokens + num_new + drafts.tokens.len())
+                    .grow(id, seq.num_computed_tokens + num_new + guesses.ahead())
                     .is_ok()
             {
-                true => drafts,
-                false => Proposal::default(),
+                true => guesses,
+                false => ChunkGuesses::default(),
             };
             let target = seq.num_computed_tokens + num_new;
             let mut fits = true;
@@ -457,8 +467,8 @@ impl Scheduler {
             if !fits {
                 break;
             }
-            *budget -= num_new + drafts.tokens.len();
-            self.push_chunk(plan, id, num_new, drafts);
+            *budget -= num_new + guesses.drafts.tokens.len();
+            self.push_chunk(plan, id, num_new, guesses);
             if scoring {
                 self.scoring_left -= num_new;
             }
@@ -532,14 +542,21 @@ impl Scheduler {
                     prompt_ids: seq.tokens[..seq.prompt_len].to_vec(),
                 });
             }
-            self.push_chunk(plan, id, num_new, Proposal::default());
+            self.push_chunk(plan, id, num_new, ChunkGuesses::default());
             *budget -= num_new;
         }
     }
 
     /// Plan `num_new` tokens of `id` starting at its computed count, and count them as
     /// computed (the step either succeeds or `fail_all` discards everything).
-    fn push_chunk(&mut self, plan: &mut StepPlan, id: SeqId, num_new: usize, drafts: Proposal) {
+    fn push_chunk(
+        &mut self,
+        plan: &mut StepPlan,
+        id: SeqId,
+        num_new: usize,
+        guesses: ChunkGuesses,
+    ) {
+        let ChunkGuesses { drafts, propose } = guesses;
         let Some(seq) = self.seqs.get_mut(&id) else {
             return;
         };
@@ -564,6 +581,7 @@ impl Scheduler {
                 .unwrap_or_default(),
             sample,
             num_draft,
+            propose,
         });
         self.in_flight.push((id, sample));
     }
@@ -629,36 +647,4 @@ impl Scheduler {
         self.waiting.clear();
         self.in_flight.clear();
     }
-}
-
-/// Guesses after a decoding sequence's last token: no more than the step's budget, its
-/// client's channel, its `max_tokens` and the context leave room for beside the token
-/// it decodes anyway, and only as many as its record says pay at `threshold`.
-fn drafts_for(
-    spec: &NgramSpeculation,
-    max_model_len: usize,
-    seq: &mut Sequence,
-    budget: usize,
-    threshold: f64,
-) -> Proposal {
-    if seq.sampling.pooling.is_some() || seq.sampling.prompt_logprobs.is_some() {
-        return Proposal::default();
-    }
-    let left_to_generate = seq.stop.max_tokens.saturating_sub(seq.num_output_tokens());
-    let left_in_context = max_model_len.saturating_sub(seq.num_tokens());
-    let limit = [
-        budget.saturating_sub(1),
-        seq.sender.token_room().saturating_sub(1),
-        left_to_generate.saturating_sub(1),
-        left_in_context.saturating_sub(1),
-    ]
-    .into_iter()
-    .min()
-    .unwrap_or(0);
-    let mut proposal = spec.propose(&seq.tokens, limit);
-    let k = seq
-        .guesses
-        .guesses_to_make(proposal.match_len, proposal.tokens.len(), threshold);
-    proposal.tokens.truncate(k);
-    proposal
 }

@@ -6,6 +6,7 @@
 //! that reaches `num_tokens` samples the next token.
 
 use crate::admission::{AdmittedRequest, QueuePermit};
+use crate::speculation::Proposal;
 use crate::speculation_policy::GuessHistory;
 use crate::token_channel::TokenSender;
 use tessera_protocol::{FinishReason, SamplingParams, SeqId, StopCondition, TokenEvent};
@@ -39,6 +40,10 @@ pub(crate) struct Sequence {
     pub submitted: std::time::Instant,
     /// How its speculative guesses fared (what decides how many it is given).
     pub guesses: GuessHistory,
+    /// The draft model's guesses after the first `guessed_after` tokens; stale once the
+    /// sequence has moved on.
+    pub drafted: Vec<u32>,
+    pub guessed_after: usize,
 }
 
 impl Sequence {
@@ -63,6 +68,20 @@ impl Sequence {
             submitted,
             permit: Some(permit),
             guesses: GuessHistory::default(),
+            drafted: Vec::new(),
+            guessed_after: 0,
+        }
+    }
+
+    /// Up to `limit` of the draft model's guesses at the tokens after the last one,
+    /// when they were made after it.
+    pub fn model_guesses(&self, limit: usize) -> Proposal {
+        if self.guessed_after != self.tokens.len() {
+            return Proposal::default();
+        }
+        Proposal {
+            tokens: self.drafted.iter().take(limit).copied().collect(),
+            match_len: 0,
         }
     }
 

@@ -1,11 +1,82 @@
-//! N-gram speculation (vLLM's `ngram` method, prompt lookup decoding): the tokens that
-//! followed the latest earlier occurrence of a sequence's last few tokens are guessed to
-//! follow them again. The executor scores the guesses in the same forward pass as the
-//! sequence's next token and keeps those its own samples agree with, so output is what
-//! it would be without speculation; a step gains a token per accepted guess. How many of
-//! the proposed guesses a sequence is given, if any, is decided by
-//! the scheduler's `speculation_policy` from what its guesses earned and what a row
-//! costs.
+//! Speculative decoding: guesses at the tokens after a decoding sequence's last one,
+//! scored by the executor in the same forward pass as the sequence's next token, which
+//! keeps those its own samples agree with, so output is what it would be without
+//! speculation; a step gains a token per accepted guess. How many of the guesses a
+//! sequence is given, if any, is decided by the scheduler's `speculation_policy` from
+//! what its guesses earned and what a row costs.
+//!
+//! Two sources of guesses:
+//! - `ngram` (prompt lookup decoding): the tokens that followed the latest earlier
+//!   occurrence of the sequence's last few tokens, found here in the scheduler;
+//! - `draft_model`: a smaller model with the same tokenizer, run by the executor after
+//!   each step it is asked to ([`tessera_protocol::ScheduledChunk::propose`]); its
+//!   greedy guesses come back with the step's samples and are scored in the next step.
+//!   A greedy draft is a function of the context, so keeping a guess exactly when the
+//!   target's own sample equals it preserves the target's distribution under any
+//!   sampling (the guess is accepted with the probability the target gives it, and a
+//!   rejection leaves the target's sample, drawn from the rest).
+
+/// How guesses are made (`--speculative-config`'s `method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculation {
+    Ngram(NgramSpeculation),
+    DraftModel(DraftModelSpeculation),
+}
+
+impl Speculation {
+    /// Why these numbers cannot be used, naming the field.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Speculation::Ngram(s) => s.check(),
+            Speculation::DraftModel(s) => check_count(s.num_speculative_tokens),
+        }
+    }
+
+    /// A step with more decoding sequences than this guesses nothing.
+    pub fn disable_by_batch_size(&self) -> usize {
+        match self {
+            Speculation::Ngram(s) => s.disable_by_batch_size,
+            Speculation::DraftModel(s) => s.disable_by_batch_size,
+        }
+    }
+
+    /// Most tokens guessed per sequence and step.
+    pub fn num_speculative_tokens(&self) -> usize {
+        match self {
+            Speculation::Ngram(s) => s.num_speculative_tokens,
+            Speculation::DraftModel(s) => s.num_speculative_tokens,
+        }
+    }
+}
+
+impl From<NgramSpeculation> for Speculation {
+    fn from(s: NgramSpeculation) -> Self {
+        Speculation::Ngram(s)
+    }
+}
+
+impl From<DraftModelSpeculation> for Speculation {
+    fn from(s: DraftModelSpeculation) -> Self {
+        Speculation::DraftModel(s)
+    }
+}
+
+/// `{"method": "draft_model", ...}`: the executor runs the draft model; the scheduler
+/// asks it for guesses and reserves the KV positions the draft writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftModelSpeculation {
+    /// Most tokens guessed per sequence and step.
+    pub num_speculative_tokens: usize,
+    /// As for [`NgramSpeculation::disable_by_batch_size`].
+    pub disable_by_batch_size: usize,
+}
+
+fn check_count(k: usize) -> Result<(), String> {
+    if k == 0 || k > 16 {
+        return Err(format!("num_speculative_tokens is {k}; it must be 1 to 16"));
+    }
+    Ok(())
+}
 
 /// `{"method": "ngram", ...}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,12 +95,7 @@ pub struct NgramSpeculation {
 impl NgramSpeculation {
     /// Why these numbers cannot be used, naming the field.
     pub fn check(&self) -> Result<(), String> {
-        if self.num_speculative_tokens == 0 || self.num_speculative_tokens > 16 {
-            return Err(format!(
-                "num_speculative_tokens is {}; it must be 1 to 16",
-                self.num_speculative_tokens
-            ));
-        }
+        check_count(self.num_speculative_tokens)?;
         if self.prompt_lookup_min == 0 || self.prompt_lookup_min > self.prompt_lookup_max {
             return Err(format!(
                 "prompt_lookup_min ({}) must be at least 1 and at most prompt_lookup_max ({})",

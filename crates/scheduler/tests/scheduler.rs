@@ -581,7 +581,7 @@ fn ngram_guesses_keep_the_output_and_save_steps() {
     for speculation in [None, Some(ngram())] {
         let mut ex = FakeExecutor::new(64, 4, 4096).with_window(1);
         let cfg = SchedulerConfig {
-            speculation,
+            speculation: speculation.map(Into::into),
             max_buffered_events: 512,
             ..config(4, 64, 8)
         };
@@ -641,7 +641,7 @@ fn a_stop_token_among_accepted_guesses_ends_the_output_there() {
         .unwrap();
     let mut ex = FakeExecutor::new(64, 4, 4096).with_window(1);
     let cfg = SchedulerConfig {
-        speculation: Some(ngram()),
+        speculation: Some(ngram().into()),
         max_buffered_events: 512,
         ..config(4, 64, 8)
     };
@@ -662,10 +662,13 @@ fn a_stop_token_among_accepted_guesses_ends_the_output_there() {
 fn a_large_batch_makes_no_guesses() {
     let mut ex = FakeExecutor::new(256, 4, 4096).with_window(1);
     let cfg = SchedulerConfig {
-        speculation: Some(NgramSpeculation {
-            disable_by_batch_size: 2,
-            ..ngram()
-        }),
+        speculation: Some(
+            NgramSpeculation {
+                disable_by_batch_size: 2,
+                ..ngram()
+            }
+            .into(),
+        ),
         max_buffered_events: 512,
         ..config(4, 256, 8)
     };

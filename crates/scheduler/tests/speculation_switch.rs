@@ -43,6 +43,7 @@ impl Executor for Scripted {
                     prompt_logprobs: None,
                     embedding: None,
                     accepted,
+                    proposed: Vec::new(),
                 }
             })
             .collect();
@@ -106,7 +107,7 @@ fn scheduler(ex: &Scripted, spec: NgramSpeculation) -> Scheduler {
         max_batch_tokens: 256,
         max_num_seqs: 16,
         max_buffered_events: 4096,
-        speculation: Some(spec),
+        speculation: Some(spec.into()),
         ..SchedulerConfig::default()
     };
     Scheduler::new(&cfg, ex.kv_cache_shape(), ex.max_context_tokens()).unwrap()

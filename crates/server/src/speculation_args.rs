@@ -1,17 +1,27 @@
 //! `--speculative-config`, as vLLM takes it: a JSON object whose `method` says how
-//! guesses are made. `ngram` (prompt lookup) is served; `draft_model` and `mtp` are
-//! refused by name until they are.
+//! guesses are made. `ngram` (prompt lookup) and `draft_model` are served; `mtp` and
+//! the EAGLE and Medusa heads are refused by name.
+
+use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use serde_json::{Map, Value};
-use tessera_scheduler::NgramSpeculation;
+use tessera_scheduler::{DraftModelSpeculation, NgramSpeculation, Speculation};
 
 /// Guesses a step of up to this many decoding sequences makes (vLLM's
 /// `disable_by_batch_size`); above it a step already reads each weight for many tokens.
 const DEFAULT_DISABLE_BY_BATCH_SIZE: usize = 8;
 
+/// What `--speculative-config` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeculationArgs {
+    pub speculation: Speculation,
+    /// `draft_model`: the draft's file or folder, as `--model` takes a path.
+    pub draft_model: Option<PathBuf>,
+}
+
 /// The speculation `text` asks for (`None` when no config is given).
-pub fn speculation(text: Option<&str>) -> Result<Option<NgramSpeculation>> {
+pub fn speculation(text: Option<&str>) -> Result<Option<SpeculationArgs>> {
     let Some(text) = text else {
         return Ok(None);
     };
@@ -21,49 +31,80 @@ pub fn speculation(text: Option<&str>) -> Result<Option<NgramSpeculation>> {
         bail!("--speculative-config must be a JSON object");
     };
     let method = config.get("method").and_then(Value::as_str);
-    match method {
-        Some("ngram") => {}
-        Some(m @ ("draft_model" | "mtp" | "eagle" | "eagle3" | "medusa")) => {
-            bail!("--speculative-config: method `{m}` is not served by this server; `ngram` is")
+    let known: &[&str] = match method {
+        Some("ngram") => &[
+            "method",
+            "num_speculative_tokens",
+            "prompt_lookup_min",
+            "prompt_lookup_max",
+            "disable_by_batch_size",
+        ],
+        Some("draft_model") => &[
+            "method",
+            "model",
+            "num_speculative_tokens",
+            "disable_by_batch_size",
+        ],
+        Some(m @ ("mtp" | "eagle" | "eagle3" | "medusa")) => bail!(
+            "--speculative-config: method `{m}` is not served by this server; `ngram` and \
+             `draft_model` are"
+        ),
+        Some(other) => {
+            bail!("--speculative-config: unknown method `{other}` (use `ngram` or `draft_model`)")
         }
-        Some(other) => bail!("--speculative-config: unknown method `{other}` (use `ngram`)"),
-        None => bail!("--speculative-config: `method` is required (`ngram`)"),
-    }
-    let known = [
-        "method",
-        "num_speculative_tokens",
-        "prompt_lookup_min",
-        "prompt_lookup_max",
-        "disable_by_batch_size",
-    ];
+        None => bail!("--speculative-config: `method` is required (`ngram` or `draft_model`)"),
+    };
+    let method = method.unwrap_or_default();
     if let Some(unknown) = config.keys().find(|k| !known.contains(&k.as_str())) {
         bail!(
-            "--speculative-config: `{unknown}` is not a field of the ngram method (fields: {})",
+            "--speculative-config: `{unknown}` is not a field of the {method} method (fields: {})",
             known.join(", ")
         );
     }
     let k = count(&config, "num_speculative_tokens")?.ok_or_else(|| {
         anyhow::anyhow!("--speculative-config: `num_speculative_tokens` is required")
     })?;
-    let max = count(&config, "prompt_lookup_max")?;
-    let min = count(&config, "prompt_lookup_min")?;
-    // vLLM's defaults: one bound given sets the other.
-    let (min, max) = match (min, max) {
-        (None, None) => (1, 4),
-        (Some(min), None) => (min, min.max(4)),
-        (None, Some(max)) => (1.min(max), max),
-        (Some(min), Some(max)) => (min, max),
+    let disable_by_batch_size =
+        count(&config, "disable_by_batch_size")?.unwrap_or(DEFAULT_DISABLE_BY_BATCH_SIZE);
+    let (speculation, draft_model) = match method {
+        "draft_model" => {
+            let model = match config.get("model") {
+                Some(Value::String(path)) if !path.is_empty() => PathBuf::from(path),
+                Some(v) => bail!("--speculative-config: `model` must be a path, not {v}"),
+                None => bail!("--speculative-config: `model` is required for draft_model"),
+            };
+            let spec = DraftModelSpeculation {
+                num_speculative_tokens: k,
+                disable_by_batch_size,
+            };
+            (Speculation::DraftModel(spec), Some(model))
+        }
+        _ => {
+            let max = count(&config, "prompt_lookup_max")?;
+            let min = count(&config, "prompt_lookup_min")?;
+            // vLLM's defaults: one bound given sets the other.
+            let (min, max) = match (min, max) {
+                (None, None) => (1, 4),
+                (Some(min), None) => (min, min.max(4)),
+                (None, Some(max)) => (1.min(max), max),
+                (Some(min), Some(max)) => (min, max),
+            };
+            let spec = NgramSpeculation {
+                num_speculative_tokens: k,
+                prompt_lookup_min: min,
+                prompt_lookup_max: max,
+                disable_by_batch_size,
+            };
+            (Speculation::Ngram(spec), None)
+        }
     };
-    let spec = NgramSpeculation {
-        num_speculative_tokens: k,
-        prompt_lookup_min: min,
-        prompt_lookup_max: max,
-        disable_by_batch_size: count(&config, "disable_by_batch_size")?
-            .unwrap_or(DEFAULT_DISABLE_BY_BATCH_SIZE),
-    };
-    spec.check()
+    speculation
+        .check()
         .map_err(|e| anyhow::anyhow!("--speculative-config: {e}"))?;
-    Ok(Some(spec))
+    Ok(Some(SpeculationArgs {
+        speculation,
+        draft_model,
+    }))
 }
 
 fn count(config: &Map<String, Value>, key: &str) -> Result<Option<usize>> {
@@ -83,9 +124,11 @@ mod tests {
 
     #[test]
     fn ngram_is_read_with_vllms_defaults() {
-        let s = speculation(Some(r#"{"method": "ngram", "num_speculative_tokens": 5}"#))
-            .unwrap()
-            .unwrap();
+        let ngram = |text| match speculation(Some(text)).unwrap().unwrap().speculation {
+            Speculation::Ngram(s) => s,
+            other => panic!("{other:?}"),
+        };
+        let s = ngram(r#"{"method": "ngram", "num_speculative_tokens": 5}"#);
         assert_eq!(
             (
                 s.num_speculative_tokens,
@@ -95,12 +138,10 @@ mod tests {
             (5, 1, 4)
         );
         assert_eq!(s.disable_by_batch_size, DEFAULT_DISABLE_BY_BATCH_SIZE);
-        let s = speculation(Some(
+        let s = ngram(
             r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
                 "prompt_lookup_max": 5, "disable_by_batch_size": 4}"#,
-        ))
-        .unwrap()
-        .unwrap();
+        );
         assert_eq!(
             (
                 s.prompt_lookup_min,
@@ -113,14 +154,43 @@ mod tests {
     }
 
     #[test]
+    fn draft_model_names_its_model() {
+        let s = speculation(Some(
+            r#"{"method": "draft_model", "model": "/m/draft.gguf", "num_speculative_tokens": 4}"#,
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.draft_model, Some(PathBuf::from("/m/draft.gguf")));
+        assert_eq!(
+            s.speculation,
+            Speculation::DraftModel(DraftModelSpeculation {
+                num_speculative_tokens: 4,
+                disable_by_batch_size: DEFAULT_DISABLE_BY_BATCH_SIZE,
+            })
+        );
+    }
+
+    #[test]
     fn a_bad_config_names_its_field() {
         for (text, names) in [
             ("[1]", "JSON object"),
             ("{", "not JSON"),
             (r#"{"num_speculative_tokens": 3}"#, "`method`"),
             (
-                r#"{"method": "draft_model", "model": "x", "num_speculative_tokens": 3}"#,
-                "draft_model",
+                r#"{"method": "draft_model", "num_speculative_tokens": 3}"#,
+                "`model` is required",
+            ),
+            (
+                r#"{"method": "draft_model", "model": 3, "num_speculative_tokens": 3}"#,
+                "`model` must be a path",
+            ),
+            (
+                r#"{"method": "draft_model", "model": "x", "num_speculative_tokens": 3, "prompt_lookup_max": 3}"#,
+                "`prompt_lookup_max` is not a field of the draft_model method",
+            ),
+            (
+                r#"{"method": "draft_model", "model": "x", "num_speculative_tokens": 17}"#,
+                "num_speculative_tokens",
             ),
             (r#"{"method": "mtp", "num_speculative_tokens": 1}"#, "mtp"),
             (r#"{"method": "lookahead"}"#, "lookahead"),

@@ -18,7 +18,7 @@ fn scheduler(speculation: Option<NgramSpeculation>) -> SchedulerConfig {
     SchedulerConfig {
         max_batch_tokens: 256,
         max_num_seqs: 16,
-        speculation,
+        speculation: speculation.map(Into::into),
         ..SchedulerConfig::default()
     }
 }

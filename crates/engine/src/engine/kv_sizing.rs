@@ -27,6 +27,7 @@ pub(crate) fn profile_plan(tokens: usize, seqs: usize, block_size: usize) -> (St
             block_table: (next_block..next_block + blocks.max(1)).collect(),
             sample: true,
             num_draft: 0,
+            propose: 0,
         });
         next_block += blocks.max(1);
     }
@@ -63,8 +64,6 @@ impl Engine {
         use crate::device::gpu_memory::{kv_budget_per_rank, measure, reset_peak, DeviceUsage};
         use crate::error::EngineError;
         use crate::model::{Batch, ChunkLimits};
-        use crate::worker::Job;
-        use tessera_protocol::KvCacheShape;
         let bs = self.kv.block_size_tokens;
         let provisional_blocks = self.kv.num_blocks;
         // One handle per GPU, and how many ranks share it.
@@ -133,6 +132,15 @@ impl Engine {
                 "no KV cache block fits in the memory left; raise --gpu-memory-utilization".into(),
             ));
         }
+        self.resize_cache(num_blocks)
+    }
+
+    /// Replace every rank's cache with one of `num_blocks` blocks (what the old one
+    /// held is gone), and set the new one's fp8 scales.
+    pub fn resize_cache(&mut self, num_blocks: usize) -> crate::error::Result<()> {
+        use crate::error::EngineError;
+        use crate::worker::Job;
+        let bs = self.kv.block_size_tokens;
         for w in &self.workers {
             w.jobs
                 .send(Job::ResizeCache {
@@ -156,7 +164,7 @@ impl Engine {
                 }
             }
         }
-        self.kv = KvCacheShape {
+        self.kv = tessera_protocol::KvCacheShape {
             num_blocks,
             ..self.kv
         };
@@ -164,6 +172,9 @@ impl Engine {
             "KV cache: {num_blocks} blocks of {bs} tokens = {} tokens per sequence set",
             self.kv.capacity_tokens()
         );
+        if self.kv_fp8 && self.leader.is_none() {
+            self.calibrate_kv_scales()?;
+        }
         Ok(())
     }
 }

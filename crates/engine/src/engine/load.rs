@@ -219,7 +219,9 @@ impl Engine {
             })?);
         }
         let attached = nodes::attach(placement.links, &mut workers, &plan, cfg)?;
-        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let kv_fp8 = member_blocks
+            .iter()
+            .any(|(d, _)| *d == KvCacheDtype::Fp8E4m3);
         let mut engine = Engine {
             workers,
             layers,
@@ -227,6 +229,8 @@ impl Engine {
             config,
             plan,
             kv,
+            kv_block_bytes: block_bytes,
+            kv_fp8,
             sequences: HashMap::new(),
             step_timeout: cfg.step_timeout,
             failed: None,
@@ -249,11 +253,7 @@ impl Engine {
         let _ = (gpu_sizing, memory, fixed_blocks);
         // The leader drives every node's ranks through the step; a worker node's ranks
         // take it from the leader.
-        if engine.leader.is_none()
-            && member_blocks
-                .iter()
-                .any(|(d, _)| *d == KvCacheDtype::Fp8E4m3)
-        {
+        if engine.leader.is_none() && kv_fp8 {
             engine.calibrate_kv_scales()?;
         }
         tracing::info!(

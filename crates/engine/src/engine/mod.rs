@@ -27,6 +27,7 @@ use embedding::PoolState;
 use verify::{sample_rows, Row};
 
 mod auto_map;
+pub mod draft;
 mod embedding;
 mod kv_calibration;
 mod kv_sizing;
@@ -54,6 +55,10 @@ pub struct Engine {
     config: ModelConfig,
     plan: ShardPlan,
     kv: KvCacheShape,
+    /// Bytes one KV block takes on the rank that holds the most per block.
+    kv_block_bytes: usize,
+    /// Some rank's cache is fp8, whose scales a warm-up step sets.
+    kv_fp8: bool,
     sequences: HashMap<SeqId, SeqState>,
     pub(crate) step_timeout: Duration,
     /// Set when the group failed (a device, a collective, a hung rank): nothing more runs.
@@ -72,6 +77,12 @@ impl Engine {
     /// after the engine has moved to its loop.
     pub fn stats(&self) -> EngineStats {
         self.stats.clone()
+    }
+
+    /// Bytes one KV block takes on the rank that holds the most per block: what the
+    /// cache's memory is divided by.
+    pub fn kv_block_bytes(&self) -> usize {
+        self.kv_block_bytes
     }
 
     pub fn model_config(&self) -> &ModelConfig {
@@ -411,6 +422,7 @@ impl Engine {
                         prompt_logprobs: None,
                         embedding: Some(embedding),
                         accepted: Vec::new(),
+                        proposed: Vec::new(),
                     }),
                     None => {
                         self.sequences.remove(&chunk.id);
@@ -458,6 +470,7 @@ impl Engine {
                 prompt_logprobs: None,
                 embedding: None,
                 accepted: emitted.collect(),
+                proposed: Vec::new(),
             });
         }
         for (id, pos) in prompt_rows {

@@ -193,6 +193,7 @@ impl Executor for FakeExecutor {
                     prompt_logprobs: None,
                     embedding: self.pooled.contains(&c.id).then(|| vec![token as f32]),
                     accepted,
+                    proposed: Vec::new(),
                 });
             }
         }

@@ -92,7 +92,9 @@ pub struct ServeArgs {
     /// K, "prompt_lookup_min": A, "prompt_lookup_max": B, "disable_by_batch_size": N}
     /// guesses up to K tokens after each decoding sequence from the latest earlier
     /// occurrence of its last B..A tokens, in steps of at most N decoding sequences
-    /// (default 8); output is unchanged, token for token. Off by default.
+    /// (default 8); {"method": "draft_model", "model": PATH, "num_speculative_tokens": K}
+    /// has a smaller model with the same tokenizer guess them (on the first device).
+    /// Output is unchanged, token for token. Off by default.
     #[arg(long, help_heading = LIMITS)]
     pub speculative_config: Option<String>,
 

@@ -2,12 +2,14 @@
 //! such flag): `--inject-fault RANK:KIND:AFTER_STEPS` makes device rank RANK fail in the
 //! way KIND (`error`, `panic`, `device` or `hang`) in the step after AFTER_STEPS steps that ran
 //! sequences (the warm-up's included). The fault goes through the engine's own
-//! [`Engine::inject_fault`], so what follows is exactly what a real device failure does.
+//! [`tessera_engine::Engine::inject_fault`], so what follows is exactly what a real device failure does.
 
 use std::str::FromStr;
 
-use tessera_engine::{Engine, Fault};
+use tessera_engine::Fault;
 use tessera_protocol::{Executor, ExecutorError, KvCacheShape, StepOutput, StepPlan};
+
+use crate::serve::served_engine::ServedEngine;
 
 /// Where, how and when to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,14 +48,14 @@ impl FromStr for FaultSpec {
 
 /// The engine, with one fault armed.
 pub struct FaultyEngine {
-    engine: Engine,
+    engine: ServedEngine,
     spec: FaultSpec,
     steps: u64,
     injected: bool,
 }
 
 impl FaultyEngine {
-    pub fn new(engine: Engine, spec: FaultSpec) -> Self {
+    pub fn new(engine: ServedEngine, spec: FaultSpec) -> Self {
         Self {
             engine,
             spec,
@@ -76,6 +78,7 @@ impl Executor for FaultyEngine {
                     self.steps
                 );
                 self.engine
+                    .target()
                     .inject_fault(self.spec.rank, self.spec.fault)
                     .map_err(|e| {
                         ExecutorError::group(

@@ -36,6 +36,7 @@ pub mod limits;
 pub mod metrics;
 pub mod middleware;
 pub mod routes;
+pub mod served_engine;
 pub mod state;
 pub mod stream;
 pub mod windowed;
@@ -52,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tessera_engine::cluster::NodeLoss;
-use tessera_engine::{check_vocabulary, Engine, GrammarCompiler};
+use tessera_engine::{check_vocabulary, GrammarCompiler};
 use tessera_protocol::{Executor, GenerationRequest, SamplingParams, StopCondition, TokenEvent};
 use tessera_scheduler::{
     EngineLoop, ExecutorLossNotifier, SchedulerConfig, SchedulerError, SchedulerHandle,
@@ -66,6 +67,7 @@ use crate::serve::connection::{fit_connections_to_open_files, ConnHandle, Limite
 use crate::serve::lifecycle::Lifecycle;
 use crate::serve::metrics::ServerMetrics;
 use crate::serve::middleware::Front;
+use crate::serve::served_engine::ServedEngine;
 use crate::serve::state::{unix_now, AppState};
 
 /// Exit status of `tessera serve` after the engine failed (a device rank errored,
@@ -90,7 +92,7 @@ const ENGINE_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 fn spawn_loop(
     args: &ServeArgs,
     config: SchedulerConfig,
-    engine: Engine,
+    engine: ServedEngine,
 ) -> Result<SchedulerHandle, SchedulerError> {
     #[cfg(feature = "fault-injection")]
     if let Some(spec) = args.inject_fault {
@@ -146,18 +148,21 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
     tracing::info!("[1/3] tokenizer: {}", tokenizer_path.display());
     let tokenizer = Arc::new(args.model.load_tokenizer()?);
     tracing::info!("[2/3] weights: {}", cfg.model_path.display());
-    let mut engine = Engine::load(&cfg).context("loading the model")?;
-    check_vocabulary(&tokenizer, engine.model_config()).context("checking the tokenizer")?;
-    let vocab_rows = engine.model_config().vocab_size;
+    let speculation = crate::speculation_args::speculation(args.speculative_config.as_deref())?;
+    let draft = speculation.as_ref().and_then(|s| s.draft_model.as_deref());
+    let mut engine = ServedEngine::load(&cfg, draft, &tokenizer)?;
+    let model_config = engine.target().model_config().clone();
+    check_vocabulary(&tokenizer, &model_config).context("checking the tokenizer")?;
+    let vocab_rows = model_config.vocab_size;
     let runner = Runner::resolve(
         args.runner,
         args.pooling,
         args.embedding_normalize,
         &cfg.model_path,
-        engine.model_config().hidden_size,
+        model_config.hidden_size,
     )
     .context("choosing the pooling")?;
-    let grammar = GrammarCompiler::new(&tokenizer, engine.model_config().vocab_size);
+    let grammar = GrammarCompiler::new(&tokenizer, model_config.vocab_size);
     if let Err(e) = &grammar {
         tracing::warn!("response_format json_object/json_schema will be refused: {e}");
     }
@@ -173,8 +178,8 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
     if let Some(warning) = kv_cache_shortfall(kv_sequence_tokens, max_model_len) {
         tracing::warn!("{warning}");
     }
-    let engine_stats = engine.stats();
-    let node_loss = engine.take_node_loss();
+    let engine_stats = engine.target().stats();
+    let node_loss = engine.target_mut().take_node_loss();
     let scheduler = spawn_loop(
         args,
         SchedulerConfig {
@@ -184,7 +189,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
             max_waiting: args.max_waiting,
             max_model_len: args.max_model_len,
             enable_prefix_caching: true,
-            speculation: crate::speculation_args::speculation(args.speculative_config.as_deref())?,
+            speculation: speculation.map(|s| s.speculation),
             ..SchedulerConfig::default()
         },
         engine,

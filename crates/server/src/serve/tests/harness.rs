@@ -230,6 +230,7 @@ impl Executor for FakeExecutor {
                     prompt_logprobs: None,
                     embedding: None,
                     accepted: Vec::new(),
+                    proposed: Vec::new(),
                 })
                 .collect(),
             failed: Vec::new(),

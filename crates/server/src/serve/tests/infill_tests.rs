@@ -39,6 +39,7 @@ impl Executor for RecordingExecutor {
                 prompt_logprobs: None,
                 embedding: None,
                 accepted: Vec::new(),
+                proposed: Vec::new(),
             });
         }
         Ok(StepOutput {
