@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tessera_engine::{load_drafted, Drafted, Engine, EngineConfig, Tokenizer};
 use tessera_protocol::{Executor, ExecutorError, KvCacheShape, StepOutput, StepPlan};
 
@@ -72,9 +72,6 @@ fn same_tokenizer(tokenizer: &Tokenizer, model: &Path, draft: &Path) -> Result<(
             )));
         }
     }
-    if tokenizer.vocab_size() == 0 {
-        bail!("the model's tokenizer has no tokens");
-    }
     Ok(())
 }
 
@@ -98,5 +95,51 @@ impl Executor for ServedEngine {
             Self::Alone(e) => e.max_context_tokens(),
             Self::Drafted(d) => d.max_context_tokens(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::path::PathBuf;
+
+    use super::same_tokenizer;
+
+    fn smollm2_tokenizer() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer/smollm2-hf")
+    }
+
+    #[test]
+    fn a_draft_with_another_tokenizer_is_refused_naming_both() {
+        let dir = smollm2_tokenizer();
+        let ours = tessera_engine::load_tokenizer(&dir).unwrap();
+        let model = PathBuf::from("/models/target");
+        same_tokenizer(&ours, &model, &dir).unwrap();
+        // The same tokenizer with one special token renamed.
+        let other = std::env::temp_dir().join(format!("draft-tokenizer-{}", std::process::id()));
+        std::fs::create_dir_all(&other).unwrap();
+        let text = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
+        assert!(text.contains("<empty_output>"));
+        std::fs::write(
+            other.join("tokenizer.json"),
+            text.replace("<empty_output>", "<other_output>"),
+        )
+        .unwrap();
+        std::fs::copy(
+            dir.join("tokenizer_config.json"),
+            other.join("tokenizer_config.json"),
+        )
+        .unwrap();
+        let err = same_tokenizer(&ours, &model, &other)
+            .unwrap_err()
+            .to_string();
+        std::fs::remove_dir_all(&other).unwrap();
+        assert!(err.contains("/models/target"), "{err}");
+        assert!(err.contains(&other.display().to_string()), "{err}");
+        assert!(err.contains("token 16 is"), "{err}");
+        assert!(
+            err.contains("<other_output>") && err.contains("<empty_output>"),
+            "{err}"
+        );
     }
 }
