@@ -20,6 +20,6 @@ pub use sampling::{
     ThinkingBudget, ThinkingTags,
 };
 pub use step::{
-    FailedSequence, NewSequence, SampledToken, ScheduledChunk, SeqId, StepOutput, StepPlan,
-    TokenEvent, TokenLogprobs,
+    DraftTime, FailedSequence, NewSequence, SampledToken, ScheduledChunk, SeqId, StepOutput,
+    StepPlan, TokenEvent, TokenLogprobs,
 };

@@ -134,6 +134,18 @@ pub struct StepOutput {
     pub samples: Vec<SampledToken>,
     /// Sequences that failed alone; the scheduler ends them, the rest go on.
     pub failed: Vec<FailedSequence>,
+    /// With a draft model: what its part of the step took (`None`: it did not run).
+    #[serde(default)]
+    pub draft: Option<DraftTime>,
+}
+
+/// The draft model's share of a step: the scheduler's cost of a guess counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct DraftTime {
+    /// Its forward passes that made guesses (one per guess position).
+    pub passes: usize,
+    /// Seconds of all its passes in the step (following prefills included).
+    pub seconds: f64,
 }
 
 /// What a request's receiver gets from the scheduler.

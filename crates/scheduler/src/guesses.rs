@@ -47,24 +47,36 @@ pub(crate) fn guesses_for(
     .min()
     .unwrap_or(0);
     let decodes = num_new == 1 && seq.num_uncomputed() == 1;
-    let mut drafts = match spec {
-        Speculation::Ngram(ngram) if decodes => ngram.propose(&seq.tokens, limit),
-        Speculation::DraftModel(_) if decodes => seq.model_guesses(limit),
-        _ => Proposal::default(),
-    };
-    let k = seq
-        .guesses
-        .guesses_to_make(drafts.match_len, drafts.tokens.len(), threshold);
-    drafts.tokens.truncate(k);
-    // The draft model guesses after whatever this chunk samples: after its last token,
-    // or after the last guess kept. Its KV goes up to the position before its last
-    // guess, and the context must hold its guesses for the next step.
-    let propose = match spec {
-        Speculation::DraftModel(d) if num_new == seq.num_uncomputed() => d
-            .num_speculative_tokens
-            .min(left_in_context.saturating_sub(drafts.tokens.len() + 1))
-            .min(left_to_generate.saturating_sub(drafts.tokens.len() + 1)),
-        _ => 0,
-    };
-    ChunkGuesses { drafts, propose }
+    match spec {
+        Speculation::Ngram(ngram) => {
+            let mut drafts = match decodes {
+                true => ngram.propose(&seq.tokens, limit),
+                false => Proposal::default(),
+            };
+            let k = seq
+                .guesses
+                .guesses_to_make(drafts.match_len, drafts.tokens.len(), threshold);
+            drafts.tokens.truncate(k);
+            ChunkGuesses { drafts, propose: 0 }
+        }
+        Speculation::DraftModel(d) => {
+            // How many the draft makes was decided when they were asked for.
+            let drafts = match decodes {
+                true => seq.model_guesses(limit),
+                false => Proposal::default(),
+            };
+            if num_new != seq.num_uncomputed() {
+                return ChunkGuesses { drafts, propose: 0 };
+            }
+            // The draft guesses after whatever this chunk samples: after its last
+            // token, or after the last guess kept; the context must hold its guesses
+            // for the next step. As many as pay at the odds its guesses have had.
+            let room = d
+                .num_speculative_tokens
+                .min(left_in_context.saturating_sub(drafts.tokens.len() + 1))
+                .min(left_to_generate.saturating_sub(drafts.tokens.len() + 1));
+            let propose = seq.guesses.guesses_to_make(0, room, threshold);
+            ChunkGuesses { drafts, propose }
+        }
+    }
 }

@@ -44,7 +44,7 @@ use crate::error::{AdmissionError, SchedulerError};
 use crate::guesses::{guesses_for, ChunkGuesses};
 use crate::metrics::SchedulerMetrics;
 use crate::sequence::{Sequence, PROMPT_LOGPROBS_CHUNK};
-use crate::speculation::{check_accepted, Proposal, SpeculationCounters};
+use crate::speculation::{check_accepted, Proposal, Speculation, SpeculationCounters};
 use crate::speculation_policy::StepCost;
 use crate::token_channel::TokenReceiver;
 
@@ -213,6 +213,8 @@ impl Scheduler {
     /// Apply the executor's output for the plan in flight: append samples, check stops,
     /// send events, and end finished sequences (their ids go into the next plan).
     pub fn update(&mut self, output: &StepOutput) -> Result<(), SchedulerError> {
+        self.step_cost
+            .took(self.counters.last_step_duration, output.draft.as_ref());
         let chunks = mem::take(&mut self.in_flight);
         let failed: HashMap<SeqId, (&str, bool)> = output
             .failed
@@ -352,7 +354,6 @@ impl Scheduler {
     /// Record how long the last executor step took (for metrics).
     pub fn record_step_duration(&mut self, duration: Duration) {
         self.counters.last_step_duration = duration;
-        self.step_cost.took(duration);
     }
 
     /// Zero the traffic counters (prompt and generated tokens, prefix-cache lookups):
@@ -404,7 +405,10 @@ impl Scheduler {
             .cfg
             .speculation
             .filter(|s| decoding <= s.disable_by_batch_size());
-        let threshold = self.step_cost.threshold(decoding);
+        let threshold = match speculation {
+            Some(Speculation::DraftModel(_)) => self.step_cost.draft_threshold(decoding),
+            _ => self.step_cost.threshold(decoding),
+        };
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];

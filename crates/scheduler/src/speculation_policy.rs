@@ -25,6 +25,8 @@
 
 use std::time::Duration;
 
+use tessera_protocol::DraftTime;
+
 /// Match lengths told apart (longer ones are counted with this one).
 const MATCH_LENGTHS: usize = 4;
 /// Weight of the estimate's prior (half of the prior guesses kept): a new sequence
@@ -103,7 +105,9 @@ impl GuessHistory {
         available: usize,
         threshold: f64,
     ) -> usize {
-        if available == 0 {
+        // At odds of 1 or more no guess can pay (a draft model as costly as the model):
+        // not even a probe.
+        if available == 0 || threshold >= 1.0 {
             return 0;
         }
         let r = self.record_mut(match_len);
@@ -163,6 +167,9 @@ pub(crate) struct StepCost {
     pending: Option<usize>,
     /// The row cost last written to the log.
     logged: Option<f64>,
+    /// Decayed sums of a draft model's guessing passes and their seconds.
+    draft_passes: f64,
+    draft_seconds: f64,
 }
 
 impl StepCost {
@@ -172,12 +179,21 @@ impl StepCost {
         self.pending = rows;
     }
 
-    /// The planned step took `duration`.
-    pub(crate) fn took(&mut self, duration: Duration) {
+    /// The planned step took `duration`, of which `draft` was the draft model's.
+    pub(crate) fn took(&mut self, duration: Duration, draft: Option<&DraftTime>) {
+        let draft_seconds = draft.map_or(0.0, |d| d.seconds);
+        if let Some(d) = draft.filter(|d| d.passes > 0) {
+            self.draft_passes = self.draft_passes * FIT_DECAY + d.passes as f64;
+            self.draft_seconds = self.draft_seconds * FIT_DECAY + d.seconds;
+        }
         let Some(rows) = self.pending.take() else {
             return;
         };
-        let (x, y) = (rows as f64, duration.as_secs_f64());
+        // The model's own part of the step is what its rows cost.
+        let (x, y) = (
+            rows as f64,
+            (duration.as_secs_f64() - draft_seconds).max(0.0),
+        );
         self.w = self.w * FIT_DECAY + 1.0;
         self.x = self.x * FIT_DECAY + x;
         self.y = self.y * FIT_DECAY + y;
@@ -224,6 +240,19 @@ impl StepCost {
         let rho = self.row_cost();
         let b = batch.max(1) as f64;
         rho * b / (1.0 - rho + rho * b)
+    }
+
+    /// The same for a draft model's guess, which also costs the draft's pass that
+    /// makes it (`δ`, shared by the `b` sequences guessing in it): `(β·b + δ) / (t₀ +
+    /// β·b)`. Above 1 (a draft as costly as the model) no guess pays. Before the step
+    /// times are fitted, or the draft has made a guess, the row's cost alone.
+    pub(crate) fn draft_threshold(&self, batch: usize) -> f64 {
+        let (Some((t0, beta)), true) = (self.fit, self.draft_passes > 0.0) else {
+            return self.threshold(batch);
+        };
+        let delta = self.draft_seconds / self.draft_passes;
+        let b = batch.max(1) as f64;
+        (beta * b + delta) / (t0 + beta * b)
     }
 }
 
@@ -281,7 +310,7 @@ mod tests {
         for i in 0..40 {
             let rows = 1 + i % 5;
             c.planned(Some(rows));
-            c.took(Duration::from_micros(4000 + 2000 * rows as u64));
+            c.took(Duration::from_micros(4000 + 2000 * rows as u64), None);
         }
         assert!((c.row_cost() - 1.0 / 3.0).abs() < 1e-6, "{}", c.row_cost());
         assert!((c.threshold(1) - 1.0 / 3.0).abs() < 1e-6);
@@ -290,10 +319,54 @@ mod tests {
         // steps are not counted.
         for _ in 0..400 {
             c.planned(Some(1));
-            c.took(Duration::from_millis(6));
+            c.took(Duration::from_millis(6), None);
             c.planned(None);
-            c.took(Duration::from_secs(1));
+            c.took(Duration::from_secs(1), None);
         }
         assert!((c.row_cost() - 1.0 / 3.0).abs() < 1e-6, "{}", c.row_cost());
+    }
+
+    #[test]
+    fn a_draft_pass_raises_the_threshold_by_its_cost() {
+        let mut c = StepCost::default();
+        // The model: 4 ms a step plus 2 ms a row; its draft: 1 ms a pass, one pass per
+        // guess. The step time includes the draft's, which the fit leaves out.
+        for i in 0..40 {
+            let rows = 1 + i % 5;
+            let passes = rows - 1;
+            c.planned(Some(rows));
+            let draft = DraftTime {
+                passes,
+                seconds: passes as f64 * 1e-3,
+            };
+            let us = 4000 + 2000 * rows as u64 + 1000 * passes as u64;
+            c.took(Duration::from_micros(us), Some(&draft));
+        }
+        assert!((c.row_cost() - 1.0 / 3.0).abs() < 1e-6, "{}", c.row_cost());
+        // One stream: (2 + 1) / (4 + 2).
+        assert!(
+            (c.draft_threshold(1) - 0.5).abs() < 1e-6,
+            "{}",
+            c.draft_threshold(1)
+        );
+        // Four: (8 + 1) / (4 + 8); the draft's pass is shared.
+        assert!((c.draft_threshold(4) - 0.75).abs() < 1e-6);
+        // A draft as costly as a step of the model: no chance pays.
+        let mut c = StepCost::default();
+        for i in 0..40 {
+            let rows = 1 + i % 5;
+            c.planned(Some(rows));
+            let draft = DraftTime {
+                passes: 4,
+                seconds: 4.0 * 6e-3,
+            };
+            c.took(
+                Duration::from_micros(4000 + 2000 * rows as u64 + 24_000),
+                Some(&draft),
+            );
+        }
+        assert!(c.draft_threshold(1) >= 1.0, "{}", c.draft_threshold(1));
+        let mut h = GuessHistory::default();
+        assert_eq!(h.guesses_to_make(0, 4, c.draft_threshold(1)), 0);
     }
 }

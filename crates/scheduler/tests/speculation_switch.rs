@@ -50,6 +50,7 @@ impl Executor for Scripted {
         Ok(StepOutput {
             samples,
             failed: Vec::new(),
+            draft: None,
         })
     }
 

@@ -371,6 +371,7 @@ impl Engine {
             return Ok(StepOutput {
                 samples: Vec::new(),
                 failed,
+                draft: None,
             });
         }
         let mut batch = Batch::from_chunks(runnable.iter().copied(), &limits)?;
@@ -503,7 +504,11 @@ impl Engine {
         }
         samples.retain(|s| !incomplete.iter().any(|f| f.id == s.id));
         failed.extend(incomplete);
-        Ok(StepOutput { samples, failed })
+        Ok(StepOutput {
+            samples,
+            failed,
+            draft: None,
+        })
     }
 }
 

@@ -197,7 +197,11 @@ impl Executor for FakeExecutor {
                 });
             }
         }
-        Ok(StepOutput { samples, failed })
+        Ok(StepOutput {
+            samples,
+            failed,
+            draft: None,
+        })
     }
 
     fn kv_cache_shape(&self) -> KvCacheShape {

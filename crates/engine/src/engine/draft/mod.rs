@@ -5,12 +5,14 @@
 //!
 //! [`Drafted`] is the executor the scheduler drives: each step runs the target, then
 //! the draft. The draft shares the target's block tables (its own cache has as many
-//! blocks, so a block id means the same positions in both) and follows every chunk of a
-//! sequence it drafts for, so its KV keeps up with the target's context; where a chunk
-//! asks for guesses ([`ScheduledChunk::propose`]) it then runs one more token at a time,
-//! greedily, writing its KV at the positions the scheduler reserved ahead. Guesses that
-//! the target keeps leave the draft's KV at their positions valid; a rejected one is
-//! overwritten when the draft next runs that position.
+//! blocks, so a block id means the same positions in both). It runs every prefill chunk
+//! of a sequence it drafts for; where a chunk asks for guesses
+//! ([`ScheduledChunk::propose`]) it first runs, in one pass, the tokens the sequence
+//! gained since it last ran, then one more token at a time, greedily, writing its KV at
+//! the positions the scheduler reserved ahead. Guesses that the target keeps leave the
+//! draft's KV at their positions valid; a rejected one is overwritten when the draft
+//! next runs that position. The time its passes take goes back with the step
+//! ([`StepOutput::draft`]): the scheduler weighs a guess by it.
 //!
 //! The draft runs on the first device only, whatever the target's tensor parallelism:
 //! it is small, a step of it is a few short forward passes, and splitting it would add
@@ -25,13 +27,18 @@ mod load;
 mod tests;
 
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use tessera_protocol::{
-    Executor, ExecutorError, KvCacheShape, NewSequence, SamplingParams, ScheduledChunk, SeqId,
-    StepOutput, StepPlan,
+    DraftTime, Executor, ExecutorError, KvCacheShape, NewSequence, SamplingParams, ScheduledChunk,
+    SeqId, StepOutput, StepPlan,
 };
 
 pub use load::load_drafted;
+
+/// Tokens a sequence's draft KV may fall behind while no guesses are asked for: the most
+/// a catch-up pass then runs beside the guessing ones.
+const MAX_DRAFT_LAG: usize = 256;
 
 /// A target executor with a draft model's guesses.
 pub struct Drafted<T, D> {
@@ -171,8 +178,12 @@ impl<T: Executor, D: Executor> Drafted<T, D> {
                     seq.computed += kept;
                     seq.fed.clear();
                     // The last token sampled has no KV in the target either, unless the
-                    // draft runs it to guess after it.
+                    // draft runs it to guess after it. Without guesses wanted the draft
+                    // waits, and runs what it missed in one pass when they are (a step
+                    // that does not guess then costs nothing here), unless it fell
+                    // `MAX_DRAFT_LAG` behind.
                     match chunk.propose {
+                        0 if seq.tokens.len() - 1 < seq.computed + MAX_DRAFT_LAG => continue,
                         0 => seq.tokens.len() - 1,
                         _ => seq.tokens.len(),
                     }
@@ -217,10 +228,13 @@ impl<T: Executor, D: Executor> Drafted<T, D> {
     /// Run the draft for this step; the guesses go into `out`.
     fn guess(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<(), ExecutorError> {
         let (mut draft_plan, mut guessing) = self.first_draft_plan(plan, out);
+        let started = Instant::now();
+        let mut passes = 0;
         loop {
             if draft_plan.scheduled.is_empty() && draft_plan.finished.is_empty() {
                 break;
             }
+            passes += usize::from(draft_plan.scheduled.iter().any(|c| c.sample));
             let draft_out = self.draft.step(&draft_plan)?;
             for f in &draft_out.failed {
                 // The draft cannot run it (its own limits): it guesses no more for it.
@@ -270,6 +284,10 @@ impl<T: Executor, D: Executor> Drafted<T, D> {
                 seq.fed.push(last);
             }
         }
+        out.draft = Some(DraftTime {
+            passes,
+            seconds: started.elapsed().as_secs_f64(),
+        });
         Ok(())
     }
 }

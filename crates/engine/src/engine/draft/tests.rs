@@ -103,6 +103,7 @@ impl Executor for RuleModel {
         Ok(StepOutput {
             samples,
             failed: Vec::new(),
+            draft: None,
         })
     }
 
@@ -220,6 +221,8 @@ fn guesses_follow_the_true_context_and_output_is_the_targets() {
         finished: vec![],
     };
     let out = ex.step(&plan).unwrap();
+    // The draft ran b's first part, a's prompt, then a guess at a time.
+    assert_eq!(out.draft.map(|d| d.passes), Some(k));
     a.take(&ca, &out, k);
     b.take(&cb, &out, k);
     let mut steps = 1;

@@ -234,6 +234,7 @@ impl Executor for FakeExecutor {
                 })
                 .collect(),
             failed: Vec::new(),
+            draft: None,
         })
     }
     fn kv_cache_shape(&self) -> KvCacheShape {

@@ -45,6 +45,7 @@ impl Executor for RecordingExecutor {
         Ok(StepOutput {
             samples,
             failed: Vec::new(),
+            draft: None,
         })
     }
     fn kv_cache_shape(&self) -> KvCacheShape {
