@@ -82,6 +82,7 @@ pub fn generate_sampled(
                 block_table: blocks.clone(),
                 sample,
                 num_draft: 0,
+                group_tables: Vec::new(),
             }],
             finished: vec![],
         };

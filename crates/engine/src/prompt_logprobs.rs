@@ -84,6 +84,7 @@ mod tests {
             block_table: vec![],
             sample: false,
             num_draft: 0,
+            group_tables: Vec::new(),
         }
     }
 

@@ -33,6 +33,7 @@ fn chunk(id: u64, prompt: &[u32], from: usize, to: usize, sample: bool) -> Sched
         block_table: (first..first + BLOCKS_PER_SEQ as u32).collect(),
         sample,
         num_draft: 0,
+        group_tables: Vec::new(),
     }
 }
 

@@ -76,6 +76,7 @@ fn each_position_logits(
                 block_table: table.clone(),
                 sample: true,
                 num_draft: 0,
+                group_tables: Vec::new(),
             }],
             finished: vec![],
         };

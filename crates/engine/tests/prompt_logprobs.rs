@@ -33,6 +33,7 @@ fn prompt_logprobs(
         block_table: table.clone(),
         sample,
         num_draft: 0,
+        group_tables: Vec::new(),
     };
     let first = engine
         .step(&StepPlan {

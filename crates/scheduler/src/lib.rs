@@ -15,6 +15,7 @@ pub mod engine_loop;
 pub mod error;
 pub mod loop_stats;
 pub mod metrics;
+pub mod prefix_hit;
 pub mod scheduler;
 mod sequence;
 pub mod speculation;

@@ -29,6 +29,7 @@ pub(crate) fn calibration_plan(vocab: usize, tokens: usize, block_size: usize) -
             block_table: (0..tokens.div_ceil(block_size.max(1)) as u32).collect(),
             sample: true,
             num_draft: 0,
+            group_tables: Vec::new(),
         }],
         finished: vec![],
     }

@@ -27,6 +27,7 @@ pub(crate) fn profile_plan(tokens: usize, seqs: usize, block_size: usize) -> (St
             block_table: (next_block..next_block + blocks.max(1)).collect(),
             sample: true,
             num_draft: 0,
+            group_tables: Vec::new(),
         });
         next_block += blocks.max(1);
     }

@@ -115,6 +115,7 @@ fn chunk_logits(engine: &mut Engine, prefix: &[u32], start: usize, capacity: usi
             block_table: (0..capacity.div_ceil(16) as u32).collect(),
             sample: true,
             num_draft: 0,
+            group_tables: Vec::new(),
         }],
         finished: vec![],
     };
@@ -305,6 +306,7 @@ pub fn greedy_steps(
                 block_table: table.clone(),
                 sample,
                 num_draft: 0,
+                group_tables: Vec::new(),
             }],
             finished: vec![],
         };

@@ -77,6 +77,7 @@ fn decode_step_profile() {
                     block_table: table.clone(),
                     sample: true,
                     num_draft: 0,
+                    group_tables: Vec::new(),
                 })
                 .collect(),
             finished: vec![],
@@ -100,6 +101,7 @@ fn decode_step_profile() {
                         block_table: table.clone(),
                         sample: true,
                         num_draft: 0,
+                        group_tables: Vec::new(),
                     })
                     .collect(),
                 finished: vec![],

@@ -90,6 +90,7 @@ pub fn run(path: &Path, gpu: &mut Engine, cpu: &mut Engine) -> Compared {
                 block_table: seq.blocks.clone(),
                 sample: end == seq.tokens.len(),
                 num_draft: 0,
+                group_tables: Vec::new(),
             });
             seq.computed = end;
         }
