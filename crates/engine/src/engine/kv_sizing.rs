@@ -9,7 +9,6 @@ use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
 
 use super::Engine;
 use crate::device::device_spec::DeviceSpec;
-use crate::spec::model::ModelConfig;
 
 /// A step of `tokens` tokens spread over up to `seqs` sequences (each sampling one row),
 /// in blocks `0..`: the most a step can hold. Returns the plan and the blocks it uses.
@@ -167,14 +166,6 @@ impl Engine {
         );
         Ok(())
     }
-}
-
-/// The window every layer attends to, when every layer slides: blocks behind it go back
-/// to the pool. CUDA ranks' attention reads no key before the window of a tile's first
-/// token, so it never reads a released table entry, as the CPU ranks' does not.
-pub(crate) fn attention_window(config: &ModelConfig) -> Option<usize> {
-    let sw = config.sliding_window.as_ref()?;
-    (sw.layers.len() == config.num_layers && sw.layers.iter().all(|s| *s)).then_some(sw.window)
 }
 
 #[cfg(test)]
