@@ -153,6 +153,7 @@ impl Engine {
                     cfg.max_batch_tokens,
                     cfg.max_num_seqs,
                     cfg.block_size_tokens,
+                    grouping.shape(1, 1).num_groups(),
                 )
                 .1
             }
