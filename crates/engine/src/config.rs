@@ -73,6 +73,11 @@ pub struct EngineConfig {
     /// own context (`--max-model-len`); `None`: the model's. It also sizes the RoPE tables
     /// and chooses LongRoPE's factors.
     pub max_model_len: Option<usize>,
+    /// Layers with a sliding window keep only their window's KV, in block tables of their
+    /// own (vLLM's hybrid KV cache manager), when the model mixes them with
+    /// full-attention layers; `false`: one table for all layers
+    /// (`--disable-hybrid-kv-cache-manager`).
+    pub hybrid_kv_cache: bool,
 }
 
 impl EngineConfig {
@@ -99,6 +104,7 @@ impl EngineConfig {
             #[cfg(feature = "gpu-emulation")]
             emulate_gpu: false,
             max_model_len: None,
+            hybrid_kv_cache: true,
         }
     }
 

@@ -42,17 +42,25 @@ pub fn generate_sampled(
     }
     let shape = exec.kv_cache_shape();
     let total = prompt.len() + opts.max_tokens;
-    if total > exec.max_context_tokens() || total > shape.capacity_tokens() {
+    // Every KV group of the sequence holds every block (nothing is released here).
+    let per_group = total.div_ceil(shape.block_size_tokens);
+    if total > exec.max_context_tokens() || per_group * shape.num_groups() > shape.num_blocks {
         return Err(fail(format!(
             "prompt ({}) + max tokens ({}) exceeds the context ({}) or the KV cache ({} tokens)",
             prompt.len(),
             opts.max_tokens,
             exec.max_context_tokens(),
-            shape.capacity_tokens()
+            shape.capacity_tokens() / shape.num_groups()
         )));
     }
     let id = SeqId(0);
-    let blocks: Vec<u32> = (0..total.div_ceil(shape.block_size_tokens) as u32).collect();
+    let table = |g: usize| {
+        (g * per_group..(g + 1) * per_group)
+            .map(|b| b as u32)
+            .collect()
+    };
+    let blocks: Vec<u32> = table(0);
+    let group_tables: Vec<Vec<u32>> = (1..shape.num_groups()).map(table).collect();
     let mut new_sequences = vec![NewSequence {
         id,
         sampling: opts.sampling.clone(),
@@ -83,6 +91,7 @@ pub fn generate_sampled(
                 sample,
                 num_draft: 0,
                 propose: 0,
+                group_tables: group_tables.clone(),
             }],
             finished: vec![],
         };

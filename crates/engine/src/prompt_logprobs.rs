@@ -85,6 +85,7 @@ mod tests {
             sample: false,
             num_draft: 0,
             propose: 0,
+            group_tables: Vec::new(),
         }
     }
 

@@ -34,6 +34,7 @@ fn chunk(id: u64, prompt: &[u32], from: usize, to: usize, sample: bool) -> Sched
         sample,
         num_draft: 0,
         propose: 0,
+        group_tables: Vec::new(),
     }
 }
 

@@ -67,26 +67,36 @@ fn each_position_logits(
     let table: Vec<u32> = (0..prompt.len().div_ceil(bs) as u32).collect();
     for start in (0..prompt.len()).step_by(chunk) {
         let end = (start + chunk).min(prompt.len());
-        let plan = StepPlan {
-            new_sequences: vec![],
-            scheduled: vec![ScheduledChunk {
-                id: SeqId(1),
-                tokens: prompt[start..end].to_vec(),
-                start_pos: start,
-                block_table: table.clone(),
-                sample: true,
-                num_draft: 0,
-                propose: 0,
-            }],
-            finished: vec![],
-        };
         let rows: Vec<usize> = (start..end).filter(|p| p % every == every - 1).collect();
         let outs: Vec<Vec<f32>> = engines
             .iter_mut()
             .map(|e| {
+                // Engines of different cache types may group their layers differently
+                // (fp8 keeps one group): each gets its own groups' tables, after group 0's.
+                let shape = e.kv_cache_shape();
+                let n = table.len() as u32;
+                let plan = StepPlan {
+                    new_sequences: vec![],
+                    scheduled: vec![ScheduledChunk {
+                        id: SeqId(1),
+                        tokens: prompt[start..end].to_vec(),
+                        start_pos: start,
+                        block_table: table.clone(),
+                        sample: true,
+                        num_draft: 0,
+                        propose: 0,
+                        group_tables: (1..shape.num_groups() as u32)
+                            .map(|g| table.iter().map(|b| b + g * n).collect())
+                            .collect(),
+                    }],
+                    finished: vec![],
+                };
                 let config = e.model_config();
                 let limits = ChunkLimits {
-                    kv: KvCacheShape::new(e.kv_cache_shape().num_blocks, bs),
+                    kv: KvCacheShape {
+                        hybrid: shape.hybrid,
+                        ..KvCacheShape::new(shape.num_blocks, bs)
+                    },
                     max_positions: config.max_position_embeddings,
                     vocab_rows: config.vocab_size,
                 };

@@ -34,6 +34,7 @@ fn prompt_logprobs(
         sample,
         num_draft: 0,
         propose: 0,
+        group_tables: Vec::new(),
     };
     let first = engine
         .step(&StepPlan {

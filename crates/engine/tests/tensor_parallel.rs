@@ -267,6 +267,7 @@ fn a_token_outside_the_embedding_fails_its_sequence_alone() {
         sample: true,
         num_draft: 0,
         propose: 0,
+        group_tables: Vec::new(),
     };
     let vocab = engine.model_config().vocab_size as u32;
     assert_eq!(vocab, 512);

@@ -1,7 +1,7 @@
 //! The boundary between the scheduler and whatever runs the model.
 
 /// A block-table entry whose block went back to the pool because the attention window
-/// of every layer has moved past it. Executors never read it.
+/// of its group's layers has moved past it. Executors never read it.
 pub const RELEASED_BLOCK: u32 = u32::MAX;
 
 /// Shape of the paged KV cache an executor owns; the scheduler hands out its blocks.
@@ -13,7 +13,24 @@ pub struct KvCacheShape {
     /// at position `p` reads only positions `p + 1 - window ..= p`. Blocks wholly before
     /// the window of a sequence's next position are never read again, so the scheduler
     /// releases them ([`RELEASED_BLOCK`]). `None` when some layer reads the whole context.
+    /// With [`KvCacheShape::hybrid`] groups, the window of the sliding groups only.
     pub attention_window: Option<usize>,
+    /// Layers grouped by attention kind (vLLM's hybrid KV cache manager): each group has
+    /// its own block table per sequence, so sliding groups release their blocks behind
+    /// the window while full groups keep the whole context. `None`: one group, every
+    /// layer in it (today's layout, the cheapest when no layer slides or all do).
+    pub hybrid: Option<KvGroups>,
+}
+
+/// How a hybrid cache groups its layers: `full` groups of full-attention layers (group
+/// ids `0..full`), then `sliding` groups whose layers attend to
+/// [`KvCacheShape::attention_window`]. A block id names the same layer slots in every
+/// group, so all groups draw from the one pool and a block holds one group's worth of
+/// layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGroups {
+    pub full: usize,
+    pub sliding: usize,
 }
 
 impl KvCacheShape {
@@ -23,7 +40,29 @@ impl KvCacheShape {
             num_blocks,
             block_size_tokens,
             attention_window: None,
+            hybrid: None,
         }
+    }
+
+    /// Groups of layers with their own block tables (at least 1).
+    pub fn num_groups(&self) -> usize {
+        self.hybrid.map_or(1, |h| (h.full + h.sliding).max(1))
+    }
+
+    /// The window group `group`'s layers attend to; `None`: the whole context. Group 0
+    /// is a full group whenever any layer reads the whole context.
+    pub fn group_window(&self, group: usize) -> Option<usize> {
+        match self.hybrid {
+            Some(h) if group < h.full => None,
+            _ => self.attention_window,
+        }
+    }
+
+    /// [`KvCacheShape::first_live_block`] for group `group`.
+    pub fn group_first_live_block(&self, group: usize, start_pos: usize) -> usize {
+        self.group_window(group).map_or(0, |w| {
+            (start_pos + 1).saturating_sub(w) / self.block_size_tokens.max(1)
+        })
     }
 
     pub fn capacity_tokens(&self) -> usize {
@@ -33,17 +72,26 @@ impl KvCacheShape {
     /// Index of the first block that a chunk starting at `start_pos` (or any later one)
     /// reads; the blocks before it may be released.
     pub fn first_live_block(&self, start_pos: usize) -> usize {
-        self.attention_window.map_or(0, |w| {
-            (start_pos + 1).saturating_sub(w) / self.block_size_tokens.max(1)
-        })
+        self.group_first_live_block(0, start_pos)
     }
 
     /// Longest context one sequence can reach in this cache when each of its chunks has
     /// at most `max_chunk_tokens` tokens. With a window, a sequence holds at most the
     /// blocks of its window plus one chunk at any time; when those fit, any length does
     /// (`usize::MAX`). Otherwise every position needs its block: the whole capacity.
+    /// Hybrid groups: each full group holds every block of the context, each sliding
+    /// group at most that span, all from the one pool.
     pub fn max_sequence_tokens(&self, max_chunk_tokens: usize) -> usize {
         let bs = self.block_size_tokens.max(1);
+        if let (Some(h), Some(w)) = (self.hybrid, self.attention_window) {
+            let span = (w + max_chunk_tokens + bs).saturating_sub(2).div_ceil(bs);
+            let (full, all) = (h.full.max(1), (h.full + h.sliding).max(1));
+            let per_full = match all.saturating_mul(span) <= self.num_blocks {
+                true => (self.num_blocks - h.sliding * span) / full,
+                false => self.num_blocks / all,
+            };
+            return per_full.saturating_mul(bs);
+        }
         match self.attention_window {
             // A chunk at `c` holds blocks from `(c + 1 - w) / bs` up to `(c + n) / bs`
             // rounded up: at most `(w + n + bs - 2) / bs` of them, rounded up.
@@ -160,5 +208,32 @@ mod tests {
             );
         }
         assert_eq!(KvCacheShape::new(10, 4).max_sequence_tokens(1), 40);
+    }
+
+    #[test]
+    fn hybrid_groups_keep_the_full_context_in_full_groups_only() {
+        // Gemma-3-270M's grouping: one full group and five sliding ones, window 8.
+        let shape = KvCacheShape {
+            hybrid: Some(KvGroups {
+                full: 1,
+                sliding: 5,
+            }),
+            ..windowed(100, 4, 8)
+        };
+        assert_eq!(shape.num_groups(), 6);
+        assert_eq!(shape.group_window(0), None);
+        assert_eq!(shape.group_window(5), Some(8));
+        assert_eq!(shape.group_first_live_block(0, 100), 0);
+        assert_eq!(shape.group_first_live_block(3, 11), 1);
+        // A chunk of 4: each sliding group holds at most (8 + 4 + 2) / 4 = 4 blocks,
+        // 20 in all; the full group the other 80: 320 tokens.
+        assert_eq!(shape.max_sequence_tokens(4), 320);
+        // Too few blocks for every span: all groups grow alike.
+        let small = KvCacheShape {
+            num_blocks: 12,
+            ..shape
+        };
+        assert_eq!(small.max_sequence_tokens(4), 8);
+        assert_eq!(KvCacheShape::new(10, 4).num_groups(), 1);
     }
 }

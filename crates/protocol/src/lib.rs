@@ -11,7 +11,7 @@ mod prepared;
 mod sampling;
 mod step;
 
-pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape, RELEASED_BLOCK};
+pub use executor::{Executor, ExecutorError, FailureScope, KvCacheShape, KvGroups, RELEASED_BLOCK};
 pub use histogram::{DurationHistogram, HistogramSnapshot};
 pub use pooling::{Pooling, PoolingKind};
 pub use prepared::PreparedConstraint;

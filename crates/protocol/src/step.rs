@@ -40,7 +40,12 @@ pub struct ScheduledChunk {
     /// sequence recomputed after preemption starts again at 0.
     pub start_pos: usize,
     /// Physical KV block ids, in order; covers at least `start_pos + tokens.len()` tokens.
+    /// With hybrid groups ([`crate::KvCacheShape::hybrid`]), group 0's.
     pub block_table: Vec<u32>,
+    /// With hybrid groups, the tables of groups 1.. in order, each like `block_table`;
+    /// empty with one group.
+    #[serde(default)]
+    pub group_tables: Vec<Vec<u32>>,
     /// Sample a next token after this chunk (false for all but the last prefill chunk).
     pub sample: bool,
     /// Speculative decoding: the last `num_draft` of `tokens` are guesses at the tokens

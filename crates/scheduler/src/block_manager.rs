@@ -1,4 +1,5 @@
-//! Per-sequence KV block tables over a [`BlockPool`], with prefix caching.
+//! Per-sequence KV block tables over a [`BlockPool`], with prefix caching, one table per
+//! KV group of layers ([`KvCacheShape::hybrid`]).
 //!
 //! The manager owns every block table, keyed by `SeqId`; a sequence never holds block
 //! ids itself. Freeing a sequence (`free`) is therefore the one way blocks go back, and
@@ -6,13 +7,19 @@
 //! failure). Owning the tables here instead of RAII guards in each sequence avoids a
 //! shared `Rc<RefCell<BlockPool>>` back-reference while keeping one release path.
 //!
+//! With hybrid groups every group of a sequence covers the same positions: a sequence
+//! that grows by a block takes one in every group, all from the one pool, so admission,
+//! growth and preemption count blocks across groups. A sliding group releases its
+//! blocks behind its window as the sequence moves on; a full group keeps them all.
+//!
 //! Invariants:
-//! - each block's reference count equals the number of tables that hold it;
+//! - each block's reference count equals the number of group tables that hold it;
 //! - free blocks + blocks held by some table == total blocks;
-//! - a table holds block `i` for positions `[i * block_size, (i + 1) * block_size)`;
+//! - a group table holds block `i` for positions `[i * block_size, (i + 1) * block_size)`,
+//!   and the groups of a sequence have the same length;
 //! - a block is shared only when it is full and its whole token prefix (its chain hash,
 //!   verified against the stored tokens) matches: partially filled blocks are private;
-//! - with an attention window, a table's first `live_from` entries are
+//! - with an attention window, a group table's first `live_from` entries are
 //!   [`RELEASED_BLOCK`]: their blocks went back to the pool once the window of the
 //!   sequence's next position had passed them, and every later entry is a block.
 
@@ -21,6 +28,7 @@ use std::collections::HashMap;
 use tessera_protocol::{KvCacheShape, SeqId, RELEASED_BLOCK};
 
 use crate::block_pool::{BlockHash, BlockId, BlockPool};
+pub use crate::prefix_hit::PrefixHit;
 
 /// Not enough free blocks; nothing was changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,33 +37,13 @@ pub struct OutOfBlocks {
     pub free: usize,
 }
 
-/// Full blocks found in the prefix cache for a token sequence, in order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PrefixHit {
-    blocks: Vec<BlockId>,
-    hashes: Vec<BlockHash>,
-    block_size: usize,
-    /// The parent of the first block: the request's cache salt, if any.
-    root: Option<BlockHash>,
-}
-
-impl PrefixHit {
-    /// Tokens whose KV is already computed.
-    pub fn num_tokens(&self) -> usize {
-        self.blocks.len() * self.block_size
-    }
-
-    pub fn blocks(&self) -> &[BlockId] {
-        &self.blocks
-    }
-}
-
-#[derive(Debug, Default)]
+/// One group's table of one sequence.
+#[derive(Debug, Default, Clone)]
 struct SeqBlocks {
     blocks: Vec<BlockId>,
     /// Entries before this one are released (behind the attention window).
     live_from: usize,
-    /// The parent of the first block's hash: the cache salt, if any.
+    /// The parent of the first block's hash: the group's root under the cache salt.
     root: Option<BlockHash>,
     /// Chain hashes of the first `hashes.len()` blocks, whose content is known to be
     /// computed (registered in the prefix cache or found there).
@@ -66,10 +54,11 @@ struct SeqBlocks {
 #[derive(Debug)]
 pub struct KvCacheManager {
     pool: BlockPool,
-    /// Block size (at least 1) and attention window.
+    /// Block size (at least 1), attention window and groups.
     shape: KvCacheShape,
     prefix_caching: bool,
-    tables: HashMap<SeqId, SeqBlocks>,
+    /// Per sequence, one table per group (`shape.num_groups()`).
+    tables: HashMap<SeqId, Vec<SeqBlocks>>,
 }
 
 impl KvCacheManager {
@@ -82,6 +71,18 @@ impl KvCacheManager {
         }
     }
 
+    /// A manager for an executor's cache `shape`: its blocks, window and groups.
+    pub fn for_shape(shape: KvCacheShape, enable_prefix_caching: bool) -> Self {
+        let mut kv = Self::new(
+            shape.num_blocks,
+            shape.block_size_tokens,
+            enable_prefix_caching,
+        );
+        kv.shape.attention_window = shape.attention_window;
+        kv.shape.hybrid = shape.hybrid;
+        kv
+    }
+
     /// Release blocks behind `window` (every layer attends to that many positions): see
     /// [`KvCacheShape::attention_window`].
     pub fn with_attention_window(mut self, window: Option<usize>) -> Self {
@@ -91,6 +92,11 @@ impl KvCacheManager {
 
     pub fn block_size_tokens(&self) -> usize {
         self.shape.block_size_tokens
+    }
+
+    /// KV groups: each sequence has this many block tables.
+    pub fn num_groups(&self) -> usize {
+        self.shape.num_groups()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -117,16 +123,36 @@ impl KvCacheManager {
         self.pool.ref_count(block)
     }
 
-    /// `seq`'s block table; entries behind the attention window are [`RELEASED_BLOCK`].
+    /// `seq`'s block table of group 0; entries behind the attention window are
+    /// [`RELEASED_BLOCK`].
     pub fn block_table(&self, seq: SeqId) -> Option<&[BlockId]> {
-        self.tables.get(&seq).map(|t| t.blocks.as_slice())
+        self.group_table(seq, 0)
+    }
+
+    /// `seq`'s block table of group `group`.
+    pub fn group_table(&self, seq: SeqId, group: usize) -> Option<&[BlockId]> {
+        self.tables
+            .get(&seq)
+            .and_then(|t| t.get(group))
+            .map(|t| t.blocks.as_slice())
+    }
+
+    /// What a chunk of `seq` carries: group 0's table, and the tables of groups 1..
+    /// (see [`tessera_protocol::ScheduledChunk::group_tables`]).
+    pub fn chunk_tables(&self, seq: SeqId) -> (Vec<BlockId>, Vec<Vec<BlockId>>) {
+        let Some(groups) = self.tables.get(&seq) else {
+            return (Vec::new(), Vec::new());
+        };
+        let mut tables = groups.iter().map(|t| t.blocks.clone());
+        let first = tables.next().unwrap_or_default();
+        (first, tables.collect())
     }
 
     pub fn has_table(&self, seq: SeqId) -> bool {
         self.tables.contains_key(&seq)
     }
 
-    /// Blocks needed to hold `num_tokens` tokens.
+    /// Blocks needed to hold `num_tokens` tokens, in each group.
     pub fn blocks_for(&self, num_tokens: usize) -> usize {
         num_tokens.div_ceil(self.shape.block_size_tokens)
     }
@@ -140,39 +166,33 @@ impl KvCacheManager {
     /// [`KvCacheManager::find_prefix`] among the blocks cached under `salt`: the salt is
     /// the parent of the first block's hash, so requests with different salts (or one
     /// with and one without) never share a block. Tables made from the hit keep the salt.
+    /// With hybrid groups, the hit is the longest every group has (see
+    /// [`crate::prefix_hit`]).
     pub fn find_prefix_salted(&self, tokens: &[u32], salt: Option<&str>) -> PrefixHit {
         let root = salt.map(BlockHash::salt);
-        let mut hit = PrefixHit {
-            block_size: self.shape.block_size_tokens,
-            root,
-            ..PrefixHit::default()
+        let max_blocks = match self.prefix_caching {
+            true => tokens.len().saturating_sub(1) / self.shape.block_size_tokens,
+            false => 0,
         };
-        if !self.prefix_caching || tokens.is_empty() {
-            return hit;
-        }
-        let max_blocks = (tokens.len() - 1) / self.shape.block_size_tokens;
-        let mut parent = root;
-        for chunk in tokens
-            .chunks_exact(self.shape.block_size_tokens)
-            .take(max_blocks)
-        {
-            let hash = BlockHash::chain(parent, chunk);
-            let Some(id) = self.pool.lookup(hash, parent, chunk) else {
-                break;
-            };
-            hit.blocks.push(id);
-            hit.hashes.push(hash);
-            parent = Some(hash);
-        }
-        hit
+        crate::prefix_hit::find(&self.pool, &self.shape, tokens, root, max_blocks)
     }
 
-    /// Create `seq`'s table: share the `hit` blocks, then allocate fresh blocks until
-    /// `num_tokens` tokens fit. All or nothing. `hit` must come from `find_prefix` with no
-    /// pool change in between; a stale hit (a block evicted since) is dropped to the
-    /// prefix that is still valid, and the returned count says how many tokens are cached.
-    /// Hit blocks behind the attention window of the first uncached position are not
-    /// taken: the table starts with them released.
+    /// Empty tables for every group, under the salt `root`.
+    fn empty_tables(&self, root: Option<BlockHash>) -> Vec<SeqBlocks> {
+        (0..self.shape.num_groups())
+            .map(|g| SeqBlocks {
+                root: BlockHash::group_root(root, g),
+                ..SeqBlocks::default()
+            })
+            .collect()
+    }
+
+    /// Create `seq`'s tables: share the `hit` blocks, then allocate fresh blocks in every
+    /// group until `num_tokens` tokens fit. All or nothing. `hit` must come from
+    /// `find_prefix` with no pool change in between; a stale hit (a block evicted since)
+    /// is dropped to the prefix that is still valid, and the returned count says how many
+    /// tokens are cached. Hit blocks behind the attention window of the first uncached
+    /// position are not taken: the table starts with them released.
     pub fn allocate(
         &mut self,
         seq: SeqId,
@@ -183,153 +203,202 @@ impl KvCacheManager {
             // Allocation for an existing table is `grow`; keep the table as it is.
             return self.grow(seq, num_tokens).map(|()| 0);
         }
-        let valid = hit
-            .blocks
-            .iter()
-            .zip(&hit.hashes)
-            .take_while(|(b, h)| self.pool.cached_hash(**b) == Some(**h))
-            .count();
-        let needed = self.blocks_for(num_tokens).saturating_sub(valid);
-        let live_from = self
-            .shape
-            .first_live_block(valid * self.shape.block_size_tokens)
-            .min(valid);
-        let shared = &hit.blocks[live_from..valid];
+        let bs = self.shape.block_size_tokens;
+        let valid = if hit.groups.len() == self.shape.num_groups() {
+            hit.valid_blocks(&self.pool)
+        } else {
+            0
+        };
+        let groups = self.shape.num_groups();
+        let fresh = self.blocks_for(num_tokens).saturating_sub(valid);
+        let needed = fresh * groups;
+        let live_from = |g: usize| self.shape.group_first_live_block(g, valid * bs).min(valid);
         // Shared blocks that sit in the free queue leave it, so they are not available
         // for fresh allocation.
-        let revived = shared.iter().filter(|b| self.pool.is_free(**b)).count();
+        let revived: usize = (0..groups)
+            .filter(|_| valid > 0)
+            .map(|g| {
+                hit.groups[g].blocks[live_from(g)..valid]
+                    .iter()
+                    .filter(|b| self.pool.is_free(**b))
+                    .count()
+            })
+            .sum();
         let free = self.pool.num_free() - revived;
         if needed > free {
             return Err(OutOfBlocks { needed, free });
         }
-        let mut table = SeqBlocks {
-            blocks: Vec::with_capacity(valid + needed),
-            live_from,
-            root: hit.root,
-            hashes: hit.hashes[..valid].to_vec(),
-        };
-        table.blocks.resize(live_from, RELEASED_BLOCK);
-        for &b in shared {
-            self.pool.share(b);
-            table.blocks.push(b);
-        }
-        for _ in 0..needed {
-            // Cannot fail: `needed <= free` was checked and nothing ran in between.
-            if let Some(b) = self.pool.allocate() {
-                table.blocks.push(b);
+        let mut tables = self.empty_tables(hit.root);
+        // Every group takes its shared blocks before any takes a fresh one: a fresh
+        // block comes from the free queue, where another group's hit may sit.
+        for (g, table) in tables.iter_mut().enumerate() {
+            let live = live_from(g);
+            table.blocks.reserve(valid + fresh);
+            table.blocks.resize(live, RELEASED_BLOCK);
+            table.live_from = live;
+            if valid > 0 {
+                table.hashes = hit.groups[g].hashes[..valid].to_vec();
+                for &b in &hit.groups[g].blocks[live..valid] {
+                    self.pool.share(b);
+                    table.blocks.push(b);
+                }
             }
         }
-        self.tables.insert(seq, table);
-        Ok(valid * self.shape.block_size_tokens)
+        for table in &mut tables {
+            for _ in 0..fresh {
+                // Cannot fail: `needed <= free` was checked and nothing ran in between.
+                if let Some(b) = self.pool.allocate() {
+                    table.blocks.push(b);
+                }
+            }
+        }
+        self.tables.insert(seq, tables);
+        Ok(valid * bs)
     }
 
-    /// Grow `seq`'s table so `num_tokens` tokens fit. All or nothing; a no-op when they
-    /// already fit. A sequence without a table gets a fresh one.
+    /// Grow `seq`'s tables so `num_tokens` tokens fit in every group. All or nothing; a
+    /// no-op when they already fit. A sequence without a table gets fresh ones.
     pub fn grow(&mut self, seq: SeqId, num_tokens: usize) -> Result<(), OutOfBlocks> {
-        let have = self.tables.get(&seq).map_or(0, |t| t.blocks.len());
-        let needed = self.blocks_for(num_tokens).saturating_sub(have);
+        let want = self.blocks_for(num_tokens);
+        let needed = match self.tables.get(&seq) {
+            Some(groups) => groups
+                .iter()
+                .map(|t| want.saturating_sub(t.blocks.len()))
+                .sum(),
+            None => want * self.shape.num_groups(),
+        };
         let free = self.pool.num_free();
         if needed > free {
             return Err(OutOfBlocks { needed, free });
         }
-        let table = self.tables.entry(seq).or_default();
-        for _ in 0..needed {
-            if let Some(b) = self.pool.allocate() {
-                table.blocks.push(b);
+        if needed == 0 {
+            return Ok(());
+        }
+        if !self.tables.contains_key(&seq) {
+            let tables = self.empty_tables(None);
+            self.tables.insert(seq, tables);
+        }
+        let Some(groups) = self.tables.get_mut(&seq) else {
+            return Ok(());
+        };
+        for table in groups {
+            while table.blocks.len() < want {
+                match self.pool.allocate() {
+                    Some(b) => table.blocks.push(b),
+                    None => break,
+                }
             }
         }
         Ok(())
     }
 
     /// Record that the first `num_computed` of `tokens` are in `seq`'s KV: every full
-    /// block among them becomes a prefix-cache entry. Call only after the executor
-    /// finished the step that computed them, so a hit never points at KV in flight.
+    /// block among them becomes a prefix-cache entry, in every group. Call only after
+    /// the executor finished the step that computed them, so a hit never points at KV in
+    /// flight.
     pub fn commit_computed(&mut self, seq: SeqId, tokens: &[u32], num_computed: usize) {
         if !self.prefix_caching {
             return;
         }
-        let Some(table) = self.tables.get_mut(&seq) else {
+        let Some(groups) = self.tables.get_mut(&seq) else {
             return;
         };
-        let full =
-            (num_computed.min(tokens.len()) / self.shape.block_size_tokens).min(table.blocks.len());
-        while table.hashes.len() < full {
-            let i = table.hashes.len();
-            if table.blocks[i] == RELEASED_BLOCK {
-                // Released before its hash was known: the chain cannot go on. (Blocks are
-                // released only after the step that computed them committed them.)
-                break;
+        let bs = self.shape.block_size_tokens;
+        for table in groups {
+            let full = (num_computed.min(tokens.len()) / bs).min(table.blocks.len());
+            while table.hashes.len() < full {
+                let i = table.hashes.len();
+                if table.blocks[i] == RELEASED_BLOCK {
+                    // Released before its hash was known: the chain cannot go on. (Blocks
+                    // are released only after the step that computed them committed them.)
+                    break;
+                }
+                let chunk = &tokens[i * bs..(i + 1) * bs];
+                let parent = table.hashes.last().copied().or(table.root);
+                let hash = BlockHash::chain(parent, chunk);
+                self.pool.register(table.blocks[i], hash, parent, chunk);
+                table.hashes.push(hash);
             }
-            let chunk =
-                &tokens[i * self.shape.block_size_tokens..(i + 1) * self.shape.block_size_tokens];
-            let parent = table.hashes.last().copied().or(table.root);
-            let hash = BlockHash::chain(parent, chunk);
-            self.pool.register(table.blocks[i], hash, parent, chunk);
-            table.hashes.push(hash);
         }
     }
 
     /// Release the blocks of `seq` that are behind the attention window of position
-    /// `next_pos`, the first position still to be computed: no later step reads them.
-    /// Committed blocks keep their cached content in the pool, so a later request with
-    /// the same prefix can still find them until they are evicted.
+    /// `next_pos`, the first position still to be computed, in every sliding group: no
+    /// later step reads them. Committed blocks keep their cached content in the pool, so
+    /// a later request with the same prefix can still find them until they are evicted.
     pub fn release_behind_window(&mut self, seq: SeqId, next_pos: usize) {
         if self.shape.attention_window.is_none() {
             return;
         }
-        let first_live = self.shape.first_live_block(next_pos);
-        let Some(table) = self.tables.get_mut(&seq) else {
+        let Some(groups) = self.tables.get_mut(&seq) else {
             return;
         };
-        let end = first_live.min(table.blocks.len());
-        for i in table.live_from..end {
-            self.pool.release(table.blocks[i]);
-            table.blocks[i] = RELEASED_BLOCK;
+        for (g, table) in groups.iter_mut().enumerate() {
+            let first_live = self.shape.group_first_live_block(g, next_pos);
+            let end = first_live.min(table.blocks.len());
+            for i in table.live_from..end {
+                self.pool.release(table.blocks[i]);
+                table.blocks[i] = RELEASED_BLOCK;
+            }
+            table.live_from = table.live_from.max(end);
         }
-        table.live_from = table.live_from.max(end);
     }
 
-    /// Give `child` the first `num_tokens / block_size` full blocks of `parent`, shared
-    /// (for parallel sampling: a child continues the parent's prompt). Returns the number
-    /// of tokens shared (0 when the parent's window has moved past blocks the child
-    /// needs), or `None` when `parent` has no table or `child` already has one.
+    /// Give `child` the first `num_tokens / block_size` full blocks of `parent` in every
+    /// group, shared (for parallel sampling: a child continues the parent's prompt).
+    /// Returns the number of tokens shared (0 when the parent's window has moved past
+    /// blocks the child needs), or `None` when `parent` has no table or `child` already
+    /// has one.
     pub fn fork(&mut self, parent: SeqId, child: SeqId, num_tokens: usize) -> Option<usize> {
         if self.tables.contains_key(&child) {
             return None;
         }
         let src = self.tables.get(&parent)?;
-        let mut n = (num_tokens / self.shape.block_size_tokens).min(src.blocks.len());
-        if src.live_from
-            > self
-                .shape
-                .first_live_block(n * self.shape.block_size_tokens)
+        let bs = self.shape.block_size_tokens;
+        let mut n = src
+            .iter()
+            .map(|t| t.blocks.len())
+            .min()
+            .unwrap_or(0)
+            .min(num_tokens / bs);
+        if src
+            .iter()
+            .enumerate()
+            .any(|(g, t)| t.live_from > self.shape.group_first_live_block(g, n * bs))
         {
             // The parent released blocks the child's next position still reads: the
             // child computes its prefix itself.
             n = 0;
         }
-        let table = SeqBlocks {
-            blocks: src.blocks[..n].to_vec(),
-            live_from: src.live_from.min(n),
-            root: src.root,
-            hashes: src.hashes[..n.min(src.hashes.len())].to_vec(),
-        };
-        for &b in &table.blocks[table.live_from..] {
-            self.pool.share(b);
+        let tables: Vec<SeqBlocks> = src
+            .iter()
+            .map(|t| SeqBlocks {
+                blocks: t.blocks[..n].to_vec(),
+                live_from: t.live_from.min(n),
+                root: t.root,
+                hashes: t.hashes[..n.min(t.hashes.len())].to_vec(),
+            })
+            .collect();
+        for t in &tables {
+            for &b in &t.blocks[t.live_from..] {
+                self.pool.share(b);
+            }
         }
-        self.tables.insert(child, table);
-        Some(n * self.shape.block_size_tokens)
+        self.tables.insert(child, tables);
+        Some(n * bs)
     }
 
-    /// Drop `seq`'s table and release its blocks, last block first so that the tail of a
-    /// prompt (least likely to be shared) is evicted before its head. Returns whether
-    /// the sequence had a table.
+    /// Drop `seq`'s tables and release their blocks, last block first so that the tail
+    /// of a prompt (least likely to be shared) is evicted before its head. Returns
+    /// whether the sequence had a table.
     pub fn free(&mut self, seq: SeqId) -> bool {
-        let Some(table) = self.tables.remove(&seq) else {
+        let Some(groups) = self.tables.remove(&seq) else {
             return false;
         };
-        for &b in table.blocks[table.live_from..].iter().rev() {
-            self.pool.release(b);
+        for table in &groups {
+            for &b in table.blocks[table.live_from..].iter().rev() {
+                self.pool.release(b);
+            }
         }
         true
     }
@@ -337,7 +406,7 @@ impl KvCacheManager {
     /// Forget every cached prefix (after an executor failure the KV cannot be trusted).
     pub fn reset_prefix_cache(&mut self) {
         self.pool.reset_cache();
-        for t in self.tables.values_mut() {
+        for t in self.tables.values_mut().flatten() {
             t.hashes.clear();
         }
     }
@@ -346,19 +415,28 @@ impl KvCacheManager {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.pool.check_invariants()?;
         let mut holders = vec![0u32; self.pool.num_blocks()];
-        for (seq, t) in &self.tables {
-            let (released, live) = t.blocks.split_at(t.live_from.min(t.blocks.len()));
-            if released.iter().any(|b| *b != RELEASED_BLOCK) || live.contains(&RELEASED_BLOCK) {
+        for (seq, groups) in &self.tables {
+            if groups.len() != self.shape.num_groups() {
                 return Err(format!(
-                    "{seq}: entries before {} must be released, and only they",
-                    t.live_from
+                    "{seq}: {} tables for {} groups",
+                    groups.len(),
+                    self.shape.num_groups()
                 ));
             }
-            for &b in live {
-                let slot = holders
-                    .get_mut(b as usize)
-                    .ok_or(format!("{seq} holds out-of-range block {b}"))?;
-                *slot += 1;
+            for (g, t) in groups.iter().enumerate() {
+                let (released, live) = t.blocks.split_at(t.live_from.min(t.blocks.len()));
+                if released.iter().any(|b| *b != RELEASED_BLOCK) || live.contains(&RELEASED_BLOCK) {
+                    return Err(format!(
+                        "{seq} group {g}: entries before {} must be released, and only they",
+                        t.live_from
+                    ));
+                }
+                for &b in live {
+                    let slot = holders
+                        .get_mut(b as usize)
+                        .ok_or(format!("{seq} holds out-of-range block {b}"))?;
+                    *slot += 1;
+                }
             }
         }
         for (b, &n) in holders.iter().enumerate() {

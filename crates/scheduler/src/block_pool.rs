@@ -34,6 +34,20 @@ impl BlockHash {
         BlockHash(h.finish())
     }
 
+    /// The root of group `group`'s chains under `root` (the salt, if any): hybrid KV
+    /// groups hold different layers' KV for the same tokens, so each group caches its
+    /// blocks under its own hashes. Group 0 keeps `root` itself.
+    pub fn group_root(root: Option<BlockHash>, group: usize) -> Option<BlockHash> {
+        if group == 0 {
+            return root;
+        }
+        let mut h = DefaultHasher::new();
+        "kv_group".hash(&mut h);
+        root.map(|r| r.0).hash(&mut h);
+        group.hash(&mut h);
+        Some(BlockHash(h.finish()))
+    }
+
     pub fn chain(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
         // `DefaultHasher::new()` has fixed keys, so hashes are stable within a process,
         // which is all the in-memory prefix cache needs.

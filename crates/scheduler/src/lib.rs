@@ -16,6 +16,7 @@ pub mod error;
 mod guesses;
 pub mod loop_stats;
 pub mod metrics;
+pub mod prefix_hit;
 pub mod scheduler;
 mod sequence;
 pub mod speculation;

@@ -22,10 +22,10 @@
 //!    request starves behind later ones. A prefix-cache hit starts the sequence at the
 //!    end of its cached full blocks.
 //!
-//! When every layer of the model attends to a sliding window
-//! ([`KvCacheShape::attention_window`]), each step's `update` releases the blocks that
-//! the window of a sequence's next position has left, so a sequence holds at most its
-//! window plus one chunk, however long it runs.
+//! Layers with a sliding window ([`KvCacheShape::attention_window`], in all layers or in
+//! the sliding groups of a hybrid cache) release, in each step's `update`, the blocks
+//! that the window of a sequence's next position has left: a sliding group holds at
+//! most its window plus one chunk, however long a sequence runs.
 
 use std::collections::{HashMap, VecDeque};
 use std::mem;
@@ -104,12 +104,7 @@ impl Scheduler {
     /// A scheduler sharing `admission` with handles on other threads.
     pub fn with_admission(cfg: ResolvedConfig, admission: Arc<Admission>) -> Self {
         Self {
-            kv: KvCacheManager::new(
-                cfg.kv.num_blocks,
-                cfg.kv.block_size_tokens,
-                cfg.enable_prefix_caching,
-            )
-            .with_attention_window(cfg.kv.attention_window),
+            kv: KvCacheManager::for_shape(cfg.kv, cfg.enable_prefix_caching),
             cfg,
             admission,
             seqs: HashMap::new(),
@@ -574,18 +569,16 @@ impl Scheduler {
         if num_draft > 0 {
             self.drafts_in_flight.insert(id, drafts);
         }
+        let (block_table, group_tables) = self.kv.chunk_tables(id);
         plan.scheduled.push(ScheduledChunk {
             id,
             tokens,
             start_pos,
-            block_table: self
-                .kv
-                .block_table(id)
-                .map(<[u32]>::to_vec)
-                .unwrap_or_default(),
+            block_table,
             sample,
             num_draft,
             propose,
+            group_tables,
         });
         self.in_flight.push((id, sample));
     }

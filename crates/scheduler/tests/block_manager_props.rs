@@ -8,12 +8,16 @@
 //! With an attention window, every sequence releases the blocks behind the window of its
 //! next position after each write; the model then checks that exactly those entries are
 //! released and that every other entry still holds the sequence's own tokens.
+//!
+//! With hybrid KV groups (full groups, then sliding ones) every group of a sequence is
+//! checked the same way against its own window, and a block records the group it was
+//! written for: a block of one group never shows up in another's table.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use proptest::prelude::*;
-use tessera_protocol::{SeqId, RELEASED_BLOCK};
+use tessera_protocol::{KvCacheShape, KvGroups, SeqId, RELEASED_BLOCK};
 use tessera_scheduler::{BlockId, KvCacheManager};
 
 const BLOCK: usize = 2;
@@ -53,26 +57,31 @@ fn op() -> impl Strategy<Value = Op> {
 
 #[derive(Default)]
 struct Model {
-    /// Positions each token attends to, when every layer slides.
-    window: Option<usize>,
+    /// Per KV group, the positions each token attends to (`None`: the whole context).
+    windows: Vec<Option<usize>>,
+    num_blocks: usize,
     /// Tokens of each live sequence (all computed).
     live: BTreeMap<u64, Vec<u32>>,
     /// Tokens of preempted sequences, waiting to resume.
     preempted: HashMap<u64, Vec<u32>>,
-    /// What was written into each block: the token prefix through its last slot.
-    content: HashMap<BlockId, Vec<u32>>,
+    /// What was written into each block: its group, and the token prefix through its
+    /// last slot.
+    content: HashMap<BlockId, (usize, Vec<u32>)>,
 }
 
 impl Model {
-    fn expected_content(tokens: &[u32], i: usize) -> Vec<u32> {
-        tokens[..((i + 1) * BLOCK).min(tokens.len())].to_vec()
+    fn expected_content(g: usize, tokens: &[u32], i: usize) -> (usize, Vec<u32>) {
+        (g, tokens[..((i + 1) * BLOCK).min(tokens.len())].to_vec())
     }
 
-    /// Blocks wholly before the window of position `next`: the token there reads
-    /// positions `next + 1 - window ..= next`.
-    fn released_before(&self, next: usize) -> usize {
-        self.window
-            .map_or(0, |w| (next + 1).saturating_sub(w) / BLOCK)
+    /// Blocks of group `g` wholly before the window of position `next`: the token there
+    /// reads positions `next + 1 - window ..= next`.
+    fn released_before(&self, g: usize, next: usize) -> usize {
+        self.windows[g].map_or(0, |w| (next + 1).saturating_sub(w) / BLOCK)
+    }
+
+    fn table(kv: &KvCacheManager, seq: u64, g: usize) -> Vec<BlockId> {
+        kv.group_table(SeqId(seq), g).unwrap().to_vec()
     }
 
     /// After `seq` computed all its tokens: commit them and release what is behind.
@@ -86,13 +95,15 @@ impl Model {
     /// sequence writes into them.
     fn write_fresh(&mut self, kv: &KvCacheManager, seq: u64, from: usize) {
         let tokens = &self.live[&seq];
-        let table = kv.block_table(SeqId(seq)).unwrap();
-        for (i, &b) in table.iter().enumerate().skip(from) {
-            if b == RELEASED_BLOCK {
-                continue;
+        for g in 0..self.windows.len() {
+            let table = Self::table(kv, seq, g);
+            for (i, &b) in table.iter().enumerate().skip(from) {
+                if b == RELEASED_BLOCK {
+                    continue;
+                }
+                assert_eq!(kv.ref_count(b), 1, "fresh block {b} is shared");
+                self.content.insert(b, Self::expected_content(g, tokens, i));
             }
-            assert_eq!(kv.ref_count(b), 1, "fresh block {b} is shared");
-            self.content.insert(b, Self::expected_content(tokens, i));
         }
     }
 
@@ -108,21 +119,24 @@ impl Model {
         };
         assert_eq!(cached, hit.num_tokens());
         self.live.insert(seq, tokens);
-        // Cached blocks must already hold exactly this sequence's prefix.
-        let table = kv.block_table(SeqId(seq)).unwrap().to_vec();
-        for (i, b) in table.iter().enumerate().take(cached / BLOCK) {
-            if *b == RELEASED_BLOCK {
-                assert!(
-                    i < self.released_before(cached),
-                    "block {i} released too early"
+        // Cached blocks must already hold exactly this sequence's prefix, in each group
+        // every block its window at the hit still reads.
+        for g in 0..self.windows.len() {
+            let table = Self::table(kv, seq, g);
+            for (i, b) in table.iter().enumerate().take(cached / BLOCK) {
+                if *b == RELEASED_BLOCK {
+                    assert!(
+                        i < self.released_before(g, cached),
+                        "group {g} block {i} released too early"
+                    );
+                    continue;
+                }
+                assert_eq!(
+                    self.content.get(b),
+                    Some(&Self::expected_content(g, &self.live[&seq], i)),
+                    "prefix hit on block {b} of group {g} with different tokens"
                 );
-                continue;
             }
-            assert_eq!(
-                self.content.get(b),
-                Some(&Self::expected_content(&self.live[&seq], i)),
-                "prefix hit on block {b} with different tokens"
-            );
         }
         self.write_fresh(kv, seq, cached / BLOCK);
         // The partially reused last block never comes from the cache: positions past
@@ -144,19 +158,23 @@ impl Model {
                 let old_len = tokens.len();
                 let old_blocks = kv.block_table(SeqId(s)).unwrap().len();
                 if kv.grow(SeqId(s), old_len + extra.len()).is_err() {
-                    assert_eq!(kv.block_table(SeqId(s)).unwrap().len(), old_blocks);
+                    for g in 0..self.windows.len() {
+                        assert_eq!(Self::table(kv, s, g).len(), old_blocks, "partial grow");
+                    }
                     return;
                 }
                 let tokens = self.live.get_mut(&s).unwrap();
                 tokens.extend(extra);
                 let tokens = tokens.clone();
-                let table = kv.block_table(SeqId(s)).unwrap().to_vec();
                 // Every block receiving new positions must be private to this sequence.
-                for pos in old_len..tokens.len() {
-                    let b = table[pos / BLOCK];
-                    assert_eq!(kv.ref_count(b), 1, "write into shared block {b}");
-                    self.content
-                        .insert(b, Model::expected_content(&tokens, pos / BLOCK));
+                for g in 0..self.windows.len() {
+                    let table = Self::table(kv, s, g);
+                    for pos in old_len..tokens.len() {
+                        let b = table[pos / BLOCK];
+                        assert_eq!(kv.ref_count(b), 1, "write into shared block {b}");
+                        self.content
+                            .insert(b, Model::expected_content(g, &tokens, pos / BLOCK));
+                    }
                 }
                 self.commit(kv, s);
             }
@@ -170,11 +188,15 @@ impl Model {
                 let shared = kv.fork(SeqId(parent), SeqId(child), tokens.len()).unwrap();
                 // Nothing is shared when the parent released blocks the child still needs.
                 let full = tokens.len() / BLOCK * BLOCK;
-                let complete = self.released_before(tokens.len()) <= self.released_before(full);
+                let complete = (0..self.windows.len()).all(|g| {
+                    self.released_before(g, tokens.len()) <= self.released_before(g, full)
+                });
                 assert_eq!(shared, if complete { full } else { 0 });
                 if shared == 0 {
                     // An empty table still counts as a sequence; keep the model in step.
-                    assert_eq!(kv.block_table(SeqId(child)).map(<[u32]>::len), Some(0));
+                    for g in 0..self.windows.len() {
+                        assert_eq!(kv.group_table(SeqId(child), g).map(<[u32]>::len), Some(0));
+                    }
                 }
                 self.live.insert(child, tokens[..shared].to_vec());
             }
@@ -207,37 +229,39 @@ impl Model {
         kv.check_invariants().unwrap();
         let mut holders: HashMap<BlockId, usize> = HashMap::new();
         for (&s, tokens) in &self.live {
-            let table = kv.block_table(SeqId(s)).unwrap();
-            assert_eq!(
-                table.len(),
-                tokens.len().div_ceil(BLOCK),
-                "table size of {s}"
-            );
-            let released = self.released_before(tokens.len());
-            let (gone, table) = table.split_at(released.min(table.len()));
-            assert!(
-                gone.iter().all(|b| *b == RELEASED_BLOCK),
-                "seq {s} holds a block behind its window"
-            );
-            let distinct: HashSet<_> = table.iter().collect();
-            assert_eq!(distinct.len(), table.len(), "block twice in one table");
-            for (i, &b) in table.iter().enumerate() {
-                let i = i + gone.len();
-                *holders.entry(b).or_default() += 1;
+            for g in 0..self.windows.len() {
+                let table = Self::table(kv, s, g);
                 assert_eq!(
-                    self.content.get(&b),
-                    Some(&Model::expected_content(tokens, i)),
-                    "seq {s} block {i} (#{b}) holds other tokens"
+                    table.len(),
+                    tokens.len().div_ceil(BLOCK),
+                    "table size of {s} group {g}"
                 );
+                let released = self.released_before(g, tokens.len());
+                let (gone, table) = table.split_at(released.min(table.len()));
+                assert!(
+                    gone.iter().all(|b| *b == RELEASED_BLOCK),
+                    "seq {s} holds a block of group {g} behind its window"
+                );
+                let distinct: HashSet<_> = table.iter().collect();
+                assert_eq!(distinct.len(), table.len(), "block twice in one table");
+                for (i, &b) in table.iter().enumerate() {
+                    let i = i + gone.len();
+                    *holders.entry(b).or_default() += 1;
+                    assert_eq!(
+                        self.content.get(&b),
+                        Some(&Model::expected_content(g, tokens, i)),
+                        "seq {s} group {g} block {i} (#{b}) holds other tokens"
+                    );
+                }
             }
         }
-        for b in 0..NUM_BLOCKS as BlockId {
+        for b in 0..self.num_blocks as BlockId {
             let n = holders.get(&b).copied().unwrap_or(0);
             assert_eq!(kv.ref_count(b) as usize, n, "ref count of block {b}");
         }
         assert_eq!(
             holders.len() + kv.num_free_blocks(),
-            NUM_BLOCKS,
+            self.num_blocks,
             "blocks leaked or double-freed"
         );
         assert_eq!(kv.num_used_blocks(), holders.len());
@@ -251,9 +275,21 @@ proptest! {
     fn block_manager_keeps_its_invariants(
         ops in prop::collection::vec(op(), 1..80),
         window in prop::option::of(1..7usize),
+        hybrid in prop::option::of((1..3usize, 1..4usize)),
     ) {
-        let mut kv = KvCacheManager::new(NUM_BLOCKS, BLOCK, true).with_attention_window(window);
-        let mut model = Model { window, ..Model::default() };
+        // Hybrid groups only with a window; each group gets the blocks one group had.
+        let hybrid = hybrid
+            .filter(|_| window.is_some())
+            .map(|(full, sliding)| KvGroups { full, sliding });
+        let groups = hybrid.map_or(1, |h| h.full + h.sliding);
+        let shape = KvCacheShape {
+            attention_window: window,
+            hybrid,
+            ..KvCacheShape::new(NUM_BLOCKS * groups, BLOCK)
+        };
+        let mut kv = KvCacheManager::for_shape(shape, true);
+        let windows = (0..groups).map(|g| shape.group_window(g)).collect();
+        let mut model = Model { windows, num_blocks: NUM_BLOCKS * groups, ..Model::default() };
         for op in ops {
             model.apply(&mut kv, op);
             model.check(&kv);
@@ -263,7 +299,7 @@ proptest! {
             model.apply(&mut kv, Op::Free(s));
             model.check(&kv);
         }
-        prop_assert_eq!(kv.num_free_blocks(), NUM_BLOCKS);
+        prop_assert_eq!(kv.num_free_blocks(), NUM_BLOCKS * groups);
         prop_assert_eq!(kv.num_used_blocks(), 0);
     }
 }

@@ -127,6 +127,14 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto", help_heading = DEVICES)]
     pub kv_cache_dtype: KvCacheDtypeChoice,
 
+    /// Keep one KV block table for all layers. By default a model that mixes
+    /// sliding-window and full-attention layers (Gemma 2 and 3, gpt-oss, OLMo 3) groups
+    /// them by kind, each group with its own block tables (vLLM's hybrid KV cache
+    /// manager), so sliding layers hold only their window and the same memory serves
+    /// several times the sequences. An fp8 cache always keeps one table.
+    #[arg(long, help_heading = DEVICES)]
+    pub disable_hybrid_kv_cache_manager: bool,
+
     /// Share of the memory available after the weights that the KV cache of CPU ranks
     /// takes, less 1 GiB and the chat-template sandboxes' limits, which always stay free,
     /// and at most what --max-num-seqs sequences of the longest context use. Its pages
@@ -308,6 +316,7 @@ impl ModelArgs {
         cfg.same_gpu_comm = self.same_gpu_comm;
         cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(DEFAULT_CPU_KV_CACHE_MIB) << 20;
         cfg.kv_cache_dtype = Some(self.kv_cache_dtype);
+        cfg.hybrid_kv_cache = !self.disable_hybrid_kv_cache_manager;
         let utilization = self.cpu_kv_cache_utilization;
         if !(utilization > 0.0 && utilization <= 1.0) {
             bail!("--cpu-kv-cache-utilization must be above 0 and at most 1, not {utilization}");

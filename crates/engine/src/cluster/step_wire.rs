@@ -27,6 +27,9 @@ struct WireBatch {
     seqs: Vec<WireSeq>,
     sample_rows: Vec<usize>,
     row_reduce: Vec<crate::model::batch::RowReduce>,
+    /// Hybrid KV groups 1..: their slots and tables (empty with one group).
+    #[serde(default)]
+    groups: Vec<crate::model::GroupAddress>,
 }
 
 pub(crate) fn encode_batch(b: &Batch) -> Vec<u8> {
@@ -46,6 +49,7 @@ pub(crate) fn encode_batch(b: &Batch) -> Vec<u8> {
             .collect(),
         sample_rows: b.sample_rows.clone(),
         row_reduce: b.row_reduce.clone(),
+        groups: b.groups.clone(),
     };
     serde_json::to_vec(&wire).unwrap_or_default()
 }
@@ -73,6 +77,12 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Result<Batch, String> {
     if w.sample_rows.iter().any(|r| *r >= n) {
         return Err("a step that samples a row it does not have".into());
     }
+    if w.groups
+        .iter()
+        .any(|g| g.slots.len() != n || g.tables.len() != w.seqs.len())
+    {
+        return Err("a step whose KV groups do not address its tokens".into());
+    }
     Ok(Batch {
         token_ids: w.token_ids,
         positions: w.positions,
@@ -91,6 +101,7 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Result<Batch, String> {
         row_reduce: w.row_reduce,
         // Pooled on the leader's rank that returns logits only.
         pool: Vec::new(),
+        groups: w.groups,
     })
 }
 
@@ -171,6 +182,7 @@ mod tests {
             sample_rows: vec![2],
             row_reduce: vec![crate::model::batch::RowReduce::Argmax],
             pool: Vec::new(),
+            groups: Vec::new(),
         };
         assert_eq!(decode_batch(&encode_batch(&b)), Ok(b.clone()));
         let mut bad = b.clone();

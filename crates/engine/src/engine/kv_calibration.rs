@@ -30,6 +30,7 @@ pub(crate) fn calibration_plan(vocab: usize, tokens: usize, block_size: usize) -
             sample: true,
             num_draft: 0,
             propose: 0,
+            group_tables: Vec::new(),
         }],
         finished: vec![],
     }

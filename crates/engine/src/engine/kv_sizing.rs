@@ -9,27 +9,37 @@ use tessera_protocol::{ScheduledChunk, SeqId, StepPlan};
 
 use super::Engine;
 use crate::device::device_spec::DeviceSpec;
-use crate::spec::model::ModelConfig;
 
 /// A step of `tokens` tokens spread over up to `seqs` sequences (each sampling one row),
-/// in blocks `0..`: the most a step can hold. Returns the plan and the blocks it uses.
-pub(crate) fn profile_plan(tokens: usize, seqs: usize, block_size: usize) -> (StepPlan, usize) {
+/// in blocks `0..` of each of `groups` KV groups: the most a step can hold. Returns the
+/// plan and the blocks it uses.
+pub(crate) fn profile_plan(
+    tokens: usize,
+    seqs: usize,
+    block_size: usize,
+    groups: usize,
+) -> (StepPlan, usize) {
     let seqs = seqs.clamp(1, tokens.max(1));
     let mut scheduled = Vec::with_capacity(seqs);
     let mut next_block = 0u32;
     for s in 0..seqs {
         let n = tokens / seqs + usize::from(s < tokens % seqs);
-        let blocks = n.div_ceil(block_size) as u32;
+        let blocks = n.div_ceil(block_size).max(1) as u32;
+        let mut tables = (0..groups.max(1) as u32).map(|g| {
+            let first = next_block + g * blocks;
+            (first..first + blocks).collect::<Vec<u32>>()
+        });
         scheduled.push(ScheduledChunk {
             id: SeqId(s as u64),
             tokens: vec![0; n.max(1)],
             start_pos: 0,
-            block_table: (next_block..next_block + blocks.max(1)).collect(),
+            block_table: tables.next().unwrap_or_default(),
             sample: true,
             num_draft: 0,
             propose: 0,
+            group_tables: tables.collect(),
         });
-        next_block += blocks.max(1);
+        next_block += blocks * groups.max(1) as u32;
     }
     let plan = StepPlan {
         new_sequences: vec![],
@@ -76,7 +86,7 @@ impl Engine {
         for (device, _) in gpus.values() {
             reset_peak(device)?;
         }
-        let (plan, _) = profile_plan(max_batch_tokens, max_num_seqs, bs);
+        let (plan, _) = profile_plan(max_batch_tokens, max_num_seqs, bs, self.kv.num_groups());
         let started = std::time::Instant::now();
         let limits = ChunkLimits {
             kv: self.kv,
@@ -179,14 +189,6 @@ impl Engine {
     }
 }
 
-/// The window every layer attends to, when every layer slides: blocks behind it go back
-/// to the pool. CUDA ranks' attention reads no key before the window of a tile's first
-/// token, so it never reads a released table entry, as the CPU ranks' does not.
-pub(crate) fn attention_window(config: &ModelConfig) -> Option<usize> {
-    let sw = config.sliding_window.as_ref()?;
-    (sw.layers.len() == config.num_layers && sw.layers.iter().all(|s| *s)).then_some(sw.window)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,7 +198,7 @@ mod tests {
 
     #[test]
     fn the_profile_step_is_the_largest_the_scheduler_sends() -> Result<()> {
-        let (plan, blocks) = profile_plan(2048, 64, 16);
+        let (plan, blocks) = profile_plan(2048, 64, 16, 1);
         assert_eq!(plan.scheduled.len(), 64);
         let tokens: usize = plan.scheduled.iter().map(|c| c.tokens.len()).sum();
         assert_eq!(tokens, 2048);
@@ -210,8 +212,26 @@ mod tests {
         let batch = Batch::from_plan(&plan, &limits)?;
         assert_eq!(batch.sample_rows.len(), 64);
         // Fewer tokens than sequences: one token each.
-        let (plan, blocks) = profile_plan(5, 64, 16);
+        let (plan, blocks) = profile_plan(5, 64, 16, 1);
         assert_eq!((plan.scheduled.len(), blocks), (5, 5));
+        // Hybrid KV groups: every group of every sequence has blocks of its own.
+        let (plan, blocks) = profile_plan(64, 2, 16, 3);
+        assert_eq!(blocks, 2 * 2 * 3);
+        let hybrid = ChunkLimits {
+            kv: KvCacheShape {
+                attention_window: Some(8),
+                hybrid: Some(tessera_protocol::KvGroups {
+                    full: 1,
+                    sliding: 2,
+                }),
+                ..KvCacheShape::new(blocks, 16)
+            },
+            max_positions: 4096,
+            vocab_rows: 1,
+        };
+        let batch = Batch::from_plan(&plan, &hybrid)?;
+        assert_eq!(batch.groups.len(), 2);
+        assert_eq!(batch.groups[1].tables[1], vec![10, 11]);
         Ok(())
     }
 }

@@ -5,8 +5,6 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use tessera_protocol::KvCacheShape;
-
 use super::{auto_map, kv_sizing, nodes, placement, Engine};
 use crate::config::EngineConfig;
 use crate::device::device_spec::DeviceSpec;
@@ -14,6 +12,7 @@ use crate::device::dtype::{kv_cache_dtype, KvCacheDtype};
 use crate::device::layer_map::DeviceLayers;
 use crate::error::{EngineError, Result};
 use crate::loader;
+use crate::model::kv_groups::KvGrouping;
 use crate::model::RankCache;
 use crate::stats::EngineStats;
 use crate::worker::{self, WorkerState};
@@ -43,7 +42,7 @@ impl Engine {
             ));
         }
         check_host_experts(cfg, &config)?;
-        let placement = match (&cfg.device_layers, &cfg.nodes) {
+        let mut placement = match (&cfg.device_layers, &cfg.nodes) {
             (_, Some(nodes)) if nodes.nnodes > 1 => {
                 nodes::place(source.as_ref(), cfg, &config, input_block, nodes)?
             }
@@ -74,19 +73,29 @@ impl Engine {
         tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
         let world = placement.members.len();
 
-        // Each member's cache type, and its bytes for one block.
+        // Each member's cache type; then where its layers keep their KV (hybrid groups
+        // share slot tensors), and its bytes for one block.
+        let dtypes = placement
+            .members
+            .iter()
+            .map(|m| kv_cache_dtype(cfg.kv_cache_dtype, m.shard.runs_gpu_path()))
+            .collect::<Result<Vec<_>>>()?;
+        let grouping = kv_grouping(cfg, &config, &dtypes);
+        for m in &mut placement.members {
+            m.shard
+                .set_kv_slots(grouping.for_layers(m.layers.clone()))?;
+        }
         let member_blocks = placement
             .members
             .iter()
-            .map(|m| {
-                let gpu_path = m.shard.runs_gpu_path();
-                let dtype = kv_cache_dtype(cfg.kv_cache_dtype, gpu_path)?;
+            .zip(dtypes)
+            .map(|(m, dtype)| {
                 let kv_heads = placement
                     .kv_heads_max
                     .unwrap_or_else(|| m.shard.num_local_kv_heads());
                 let bytes = RankCache::block_bytes_of(
                     dtype,
-                    m.layers.len(),
+                    m.shard.num_kv_slots(),
                     kv_heads,
                     config.head_dim,
                     cfg.block_size_tokens,
@@ -127,7 +136,14 @@ impl Engine {
             .filter(|_| any_gpu && !spans_nodes);
         // CPU ranks: a share of the memory the weights left, or the fixed budget.
         let cpu_blocks = match cfg.cpu_kv_sizing.filter(|_| !spans_nodes) {
-            Some(sizing) => host_kv_blocks(&placement, &member_blocks, &config, cfg, &sizing)?,
+            Some(sizing) => host_kv_blocks(
+                &placement,
+                &member_blocks,
+                &config,
+                cfg,
+                &sizing,
+                grouping.shape(1, 1).num_groups(),
+            )?,
             None => None,
         };
         let fixed_blocks = cfg.kv_cache_bytes / block_bytes.max(1);
@@ -137,6 +153,7 @@ impl Engine {
                     cfg.max_batch_tokens,
                     cfg.max_num_seqs,
                     cfg.block_size_tokens,
+                    grouping.shape(1, 1).num_groups(),
                 )
                 .1
             }
@@ -150,11 +167,10 @@ impl Engine {
                 cfg.kv_cache_bytes, cfg.block_size_tokens
             )));
         }
-        let kv = KvCacheShape {
-            attention_window: kv_sizing::attention_window(&config),
-            ..KvCacheShape::new(num_blocks, cfg.block_size_tokens)
-        };
-        if let Some(window) = kv.attention_window {
+        let kv = grouping.shape(num_blocks, cfg.block_size_tokens);
+        if let Some(groups) = grouping.describe() {
+            tracing::info!("{groups}");
+        } else if let Some(window) = kv.attention_window {
             tracing::info!(
                 "every layer attends to its last {window} positions: KV blocks behind the \
                  window go back to the pool as a sequence moves on"
@@ -274,6 +290,7 @@ fn host_kv_blocks(
     config: &crate::spec::model::ModelConfig,
     cfg: &EngineConfig,
     sizing: &crate::device::host_memory::CpuKvSizing,
+    num_groups: usize,
 ) -> Result<Option<usize>> {
     use crate::device::host_memory::{cpu_kv_budget, HostMemory};
     let block_bytes: usize = placement
@@ -286,9 +303,10 @@ fn host_kv_blocks(
     if block_bytes == 0 {
         return Ok(None);
     }
-    // Every sequence the scheduler may run, each at the longest context, and a block of
-    // slack each: more could never be used.
+    // Every sequence the scheduler may run, each at the longest context in every KV
+    // group, and a block of slack each: more could never be used.
     let needed_blocks = cfg.max_num_seqs.max(1)
+        * num_groups
         * (config
             .max_position_embeddings
             .div_ceil(cfg.block_size_tokens.max(1))
@@ -355,4 +373,24 @@ fn check_host_experts(cfg: &EngineConfig, config: &crate::spec::model::ModelConf
         )));
     }
     Ok(())
+}
+
+/// How the model's layers share the KV cache: hybrid groups when the model mixes
+/// sliding and full layers and `--disable-hybrid-kv-cache-manager` is not given. An fp8
+/// cache keeps one group: its scales are per layer, set by a layer's first write, and
+/// layers of different groups sharing a slot tensor would share them.
+fn kv_grouping(
+    cfg: &EngineConfig,
+    config: &crate::spec::model::ModelConfig,
+    dtypes: &[KvCacheDtype],
+) -> KvGrouping {
+    let grouping = KvGrouping::of_model(config, cfg.hybrid_kv_cache);
+    if grouping.hybrid.is_some() && dtypes.contains(&KvCacheDtype::Fp8E4m3) {
+        tracing::info!(
+            "an fp8 KV cache keeps one block table for all layers (its per-layer scales \
+             cannot share slot tensors): sliding layers hold the whole context"
+        );
+        return KvGrouping::of_model(config, false);
+    }
+    grouping
 }

@@ -33,6 +33,16 @@ pub struct Batch {
     /// sampled (their chunks have no sample row). Read only by the rank that returns
     /// logits.
     pub pool: Vec<PoolSpan>,
+    /// With hybrid KV groups, where groups 1.. write and read (group 0's are `slots` and
+    /// the sequences' `block_table`); empty with one group.
+    pub groups: Vec<GroupAddress>,
+}
+
+/// One KV group's addressing in a batch: each token's slot and each sequence's table.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct GroupAddress {
+    pub slots: Vec<usize>,
+    pub tables: Vec<Vec<u32>>,
 }
 
 /// One embedding sequence's chunk in a batch: what its final hidden states give.
@@ -118,24 +128,41 @@ impl ChunkLimits {
             ));
         }
         let needed = end.div_ceil(self.kv.block_size_tokens);
-        if chunk.block_table.len() < needed {
-            return Err(format!(
-                "{}: block table has {} blocks, {needed} needed for {end} tokens",
-                chunk.id,
-                chunk.block_table.len()
-            ));
-        }
-        let live = self.kv.first_live_block(chunk.start_pos).min(needed);
-        if let Some(b) = chunk.block_table[live..needed]
-            .iter()
-            .find(|b| **b as usize >= self.kv.num_blocks)
-        {
-            return Err(format!(
-                "{}: block {b} is outside the cache of {} blocks",
-                chunk.id, self.kv.num_blocks
-            ));
+        for g in 0..self.kv.num_groups() {
+            let Some(table) = chunk_table(chunk, g) else {
+                return Err(format!("{}: no block table for KV group {g}", chunk.id));
+            };
+            if table.len() < needed {
+                return Err(format!(
+                    "{}: block table of group {g} has {} blocks, {needed} needed for {end} \
+                     tokens",
+                    chunk.id,
+                    table.len()
+                ));
+            }
+            let live = self
+                .kv
+                .group_first_live_block(g, chunk.start_pos)
+                .min(needed);
+            if let Some(b) = table[live..needed]
+                .iter()
+                .find(|b| **b as usize >= self.kv.num_blocks)
+            {
+                return Err(format!(
+                    "{}: block {b} is outside the cache of {} blocks",
+                    chunk.id, self.kv.num_blocks
+                ));
+            }
         }
         Ok(())
+    }
+}
+
+/// `chunk`'s block table of KV group `group`.
+fn chunk_table(chunk: &ScheduledChunk, group: usize) -> Option<&[u32]> {
+    match group {
+        0 => Some(&chunk.block_table),
+        g => chunk.group_tables.get(g - 1).map(Vec::as_slice),
     }
 }
 
@@ -172,7 +199,10 @@ impl Batch {
         limits: &ChunkLimits,
     ) -> Result<Batch> {
         let block_size = limits.kv.block_size_tokens;
-        let mut batch = Batch::default();
+        let mut batch = Batch {
+            groups: vec![GroupAddress::default(); limits.kv.num_groups() - 1],
+            ..Batch::default()
+        };
         for chunk in chunks {
             limits.check(chunk).map_err(EngineError::Step)?;
             let needed = chunk.end_pos().div_ceil(block_size);
@@ -197,8 +227,66 @@ impl Batch {
                 start_pos: chunk.start_pos,
                 block_table: chunk.block_table[..needed].to_vec(),
             });
+            // `check` saw every group's table cover the chunk.
+            for (i, group) in batch.groups.iter_mut().enumerate() {
+                let table = chunk_table(chunk, i + 1).unwrap_or(&[]);
+                let slot =
+                    |pos: usize| table[pos / block_size] as usize * block_size + pos % block_size;
+                group
+                    .slots
+                    .extend((chunk.start_pos..chunk.end_pos()).map(slot));
+                group.tables.push(table[..needed].to_vec());
+            }
         }
         Ok(batch)
+    }
+
+    /// KV groups this batch addresses.
+    pub fn num_groups(&self) -> usize {
+        1 + self.groups.len()
+    }
+
+    /// This batch as KV group `group`'s layers see it: that group's slots and tables in
+    /// place of group 0's. Built once per step per group, not per layer.
+    pub fn group_view(&self, group: usize) -> Result<Batch> {
+        let Some(address) = self.groups.get(group.wrapping_sub(1)) else {
+            return Err(EngineError::Step(format!(
+                "a step of {} KV groups has no group {group}",
+                self.num_groups()
+            )));
+        };
+        if address.slots.len() != self.slots.len() || address.tables.len() != self.seqs.len() {
+            return Err(EngineError::Step(format!(
+                "KV group {group}: {} slots and {} tables for {} tokens in {} sequences",
+                address.slots.len(),
+                address.tables.len(),
+                self.slots.len(),
+                self.seqs.len()
+            )));
+        }
+        let mut view = Batch {
+            token_ids: self.token_ids.clone(),
+            positions: self.positions.clone(),
+            slots: address.slots.clone(),
+            seqs: self.seqs.clone(),
+            sample_rows: self.sample_rows.clone(),
+            row_reduce: self.row_reduce.clone(),
+            pool: self.pool.clone(),
+            groups: Vec::new(),
+        };
+        for (seq, table) in view.seqs.iter_mut().zip(&address.tables) {
+            seq.block_table.clone_from(table);
+        }
+        Ok(view)
+    }
+
+    /// Per KV group, the batch its layers read: `self` for group 0, a view for the rest.
+    pub fn group_views(&self) -> Result<Vec<std::borrow::Cow<'_, Batch>>> {
+        let mut views = vec![std::borrow::Cow::Borrowed(self)];
+        for g in 1..self.num_groups() {
+            views.push(std::borrow::Cow::Owned(self.group_view(g)?));
+        }
+        Ok(views)
     }
 
     pub fn num_tokens(&self) -> usize {

@@ -197,6 +197,7 @@ mod tests {
             sample_rows: vec![],
             row_reduce: vec![],
             pool: vec![],
+            groups: vec![],
         }
     }
 

@@ -11,6 +11,7 @@ pub mod decoder;
 pub mod fast_math;
 pub(crate) mod head_norms;
 pub mod kv_cache;
+pub mod kv_groups;
 pub mod kv_write;
 pub mod linear;
 pub mod linear_weight;
@@ -20,6 +21,6 @@ pub mod rope;
 pub mod simd;
 pub mod step_meta;
 
-pub use batch::{Batch, BatchSeq, ChunkLimits};
+pub use batch::{Batch, BatchSeq, ChunkLimits, GroupAddress};
 pub use decoder::{load_rank_shards, load_shards, DecoderShard, ShardParts};
 pub use kv_cache::{CacheShape, KvCache, RankCache};

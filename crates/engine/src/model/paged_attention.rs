@@ -617,6 +617,7 @@ mod tests {
             sample_rows: vec![n - 1],
             row_reduce: vec![],
             pool: vec![],
+            groups: vec![],
         };
         let mut layer = std::mem::take(&mut cache.layers);
         write_kv(&mut layer[0], &cache, &batch, &k, &v);

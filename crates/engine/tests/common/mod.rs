@@ -106,27 +106,47 @@ pub fn logits_at_every_position(engine: &mut Engine, prompt: &[u32]) -> Vec<Vec<
 /// Logits after `prefix[start..]`, run as one chunk whose earlier positions are already
 /// in the cache; blocks for `capacity` tokens.
 fn chunk_logits(engine: &mut Engine, prefix: &[u32], start: usize, capacity: usize) -> Vec<f32> {
+    let table: Vec<u32> = (0..capacity.div_ceil(16) as u32).collect();
+    let (group_tables, kv) = grouped(engine, &table, 16);
     let plan = StepPlan {
         new_sequences: vec![],
         scheduled: vec![ScheduledChunk {
             id: SeqId(1),
             tokens: prefix[start..].to_vec(),
             start_pos: start,
-            block_table: (0..capacity.div_ceil(16) as u32).collect(),
+            block_table: table,
             sample: true,
             num_draft: 0,
             propose: 0,
+            group_tables,
         }],
         finished: vec![],
     };
     let config = engine.model_config();
     let limits = ChunkLimits {
-        kv: KvCacheShape::new(capacity.div_ceil(16), 16),
+        kv,
         max_positions: config.max_position_embeddings,
         vocab_rows: config.vocab_size,
     };
     let batch = Batch::from_plan(&plan, &limits).expect("batch");
     engine.forward(batch).expect("forward")
+}
+
+/// A sequence whose KV group 0 has `table` (blocks `0..n`): with hybrid KV groups each
+/// other group gets the next `n` blocks. Returns their tables and the shape to check the
+/// chunk against.
+fn grouped(engine: &Engine, table: &[u32], bs: usize) -> (Vec<Vec<u32>>, KvCacheShape) {
+    let shape = engine.kv_cache_shape();
+    let n = table.iter().map(|b| b + 1).max().unwrap_or(0);
+    let groups = shape.num_groups();
+    let tables = (1..groups as u32)
+        .map(|g| table.iter().map(|b| b + g * n).collect())
+        .collect();
+    let kv = KvCacheShape {
+        hybrid: shape.hybrid,
+        ..KvCacheShape::new(n as usize * groups, bs)
+    };
+    (tables, kv)
 }
 
 /// Errors of log-probabilities against transformers' at every fixture position, over
@@ -287,6 +307,11 @@ pub fn greedy_steps(
     let num_blocks = engine.kv_cache_shape().num_blocks;
     let max_pos = engine.model_config().max_position_embeddings;
     let table: Vec<u32> = (0..(prompt.len() + n).div_ceil(bs) as u32).collect();
+    let (group_tables, kv_shape) = grouped(engine, &table, bs);
+    let kv_shape = KvCacheShape {
+        num_blocks,
+        ..kv_shape
+    };
     let (mut tokens, mut gaps) = (Vec::new(), Vec::new());
     let mut pos = 0;
     let mut pending: Vec<u32> = Vec::new();
@@ -307,11 +332,12 @@ pub fn greedy_steps(
                 sample,
                 num_draft: 0,
                 propose: 0,
+                group_tables: group_tables.clone(),
             }],
             finished: vec![],
         };
         let limits = ChunkLimits {
-            kv: KvCacheShape::new(num_blocks, bs),
+            kv: kv_shape,
             max_positions: max_pos,
             vocab_rows: engine.model_config().vocab_size,
         };

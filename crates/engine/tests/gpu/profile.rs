@@ -78,6 +78,7 @@ fn decode_step_profile() {
                     sample: true,
                     num_draft: 0,
                     propose: 0,
+                    group_tables: Vec::new(),
                 })
                 .collect(),
             finished: vec![],
@@ -102,6 +103,7 @@ fn decode_step_profile() {
                         sample: true,
                         num_draft: 0,
                         propose: 0,
+                        group_tables: Vec::new(),
                     })
                     .collect(),
                 finished: vec![],

@@ -16,7 +16,8 @@ struct Seq {
     id: u64,
     tokens: Vec<u32>,
     computed: usize,
-    blocks: Vec<u32>,
+    /// Per KV group (several with hybrid groups), the sequence's blocks.
+    blocks: Vec<Vec<u32>>,
     to_generate: usize,
 }
 
@@ -43,8 +44,12 @@ pub fn run(path: &Path, gpu: &mut Engine, cpu: &mut Engine) -> Compared {
         .kv_cache_shape()
         .num_blocks
         .min(gpu.kv_cache_shape().num_blocks);
+    let groups = cpu.kv_cache_shape().num_groups();
     let limits = ChunkLimits {
-        kv: KvCacheShape::new(blocks, bs),
+        kv: KvCacheShape {
+            hybrid: cpu.kv_cache_shape().hybrid,
+            ..KvCacheShape::new(blocks, bs)
+        },
         max_positions: cpu.model_config().max_position_embeddings,
         vocab_rows: vocab,
     };
@@ -59,7 +64,7 @@ pub fn run(path: &Path, gpu: &mut Engine, cpu: &mut Engine) -> Compared {
                 id: i as u64 + 1,
                 tokens: (0..*len).map(|_| rng.below(vocab) as u32).collect(),
                 computed: 0,
-                blocks: Vec::new(),
+                blocks: vec![Vec::new(); groups],
                 to_generate: GENERATED,
             };
             (*at, seq)
@@ -77,20 +82,23 @@ pub fn run(path: &Path, gpu: &mut Engine, cpu: &mut Engine) -> Compared {
         let mut scheduled = Vec::new();
         for seq in &mut active {
             let end = (seq.computed + CHUNK).min(seq.tokens.len());
-            while seq.blocks.len() * bs < end {
-                seq.blocks.push(
-                    free.pop()
-                        .unwrap_or_else(|| panic!("{}: blocks ran out", path.display())),
-                );
+            while seq.blocks[0].len() * bs < end {
+                for group in &mut seq.blocks {
+                    group.push(
+                        free.pop()
+                            .unwrap_or_else(|| panic!("{}: blocks ran out", path.display())),
+                    );
+                }
             }
             scheduled.push(ScheduledChunk {
                 id: SeqId(seq.id),
                 tokens: seq.tokens[seq.computed..end].to_vec(),
                 start_pos: seq.computed,
-                block_table: seq.blocks.clone(),
+                block_table: seq.blocks[0].clone(),
                 sample: end == seq.tokens.len(),
                 num_draft: 0,
                 propose: 0,
+                group_tables: seq.blocks[1..].to_vec(),
             });
             seq.computed = end;
         }
@@ -126,7 +134,9 @@ pub fn run(path: &Path, gpu: &mut Engine, cpu: &mut Engine) -> Compared {
             if s.to_generate > 0 {
                 return true;
             }
-            free.extend(s.blocks.drain(..).rev());
+            for group in &mut s.blocks {
+                free.extend(group.drain(..).rev());
+            }
             false
         });
     }

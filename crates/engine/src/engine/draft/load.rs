@@ -43,6 +43,8 @@ pub fn load_drafted(cfg: &EngineConfig, draft_path: &Path) -> Result<Drafted<Eng
         gpu_memory_utilization: None,
         kv_cache_bytes: PROVISIONAL_DRAFT_KV_BYTES,
         nodes: None,
+        // The draft reads the target's group-0 table, which covers every position.
+        hybrid_kv_cache: false,
         ..cfg.clone()
     };
     let mut draft = Engine::load(&draft_cfg).map_err(|e| {
@@ -57,9 +59,10 @@ pub fn load_drafted(cfg: &EngineConfig, draft_path: &Path) -> Result<Drafted<Eng
     );
     let mut target = Engine::load(cfg)?;
     let (target_kv, draft_kv) = (target.kv_cache_shape(), draft.kv_cache_shape());
-    // Blocks behind the target's window go back to the pool: the draft must not read
-    // them, so it must attend to no more than that window.
-    if let Some(window) = target_kv.attention_window {
+    // When every layer of the target slides, blocks behind its window go back to the
+    // pool: the draft must not read them, so it must attend to no more than that window.
+    // (With hybrid groups, group 0 reads the whole context and keeps its blocks.)
+    if let (Some(window), None) = (target_kv.attention_window, target_kv.hybrid) {
         if draft_kv.attention_window.is_none_or(|w| w > window) {
             return Err(EngineError::Config(format!(
                 "the model's layers all attend to a window of {window} positions and its KV \

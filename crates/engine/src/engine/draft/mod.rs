@@ -210,6 +210,7 @@ impl<T: Executor, D: Executor> Drafted<T, D> {
                 sample: wants,
                 num_draft: 0,
                 propose: 0,
+                group_tables: Vec::new(),
             });
             seq.computed = end;
             if let (true, Some(i)) = (wants, sample) {
@@ -280,6 +281,7 @@ impl<T: Executor, D: Executor> Drafted<T, D> {
                     sample: true,
                     num_draft: 0,
                     propose: 0,
+                    group_tables: Vec::new(),
                 });
                 seq.fed.push(last);
             }

@@ -161,6 +161,7 @@ impl Driven {
             sample,
             num_draft: guesses.len(),
             propose: if sample { k } else { 0 },
+            group_tables: Vec::new(),
         }
     }
 

@@ -43,9 +43,24 @@ impl DecoderShard {
             window: self.config.sliding_window.as_ref().map(|sw| sw.window),
             ..full
         };
+        // Hybrid KV groups: each group's layers address the cache through its own slots
+        // and tables.
+        let views = batch.group_views()?;
         let mut layers = std::mem::take(&mut cache.layers);
         let result = (|| -> Result<Tensor> {
-            for (block, layer_cache) in self.blocks.iter().zip(layers.iter_mut()) {
+            for (block, at) in self.blocks.iter().zip(&self.kv_slots) {
+                let (Some(layer_cache), Some(kv_batch)) =
+                    (layers.get_mut(at.slot), views.get(at.group))
+                else {
+                    return Err(EngineError::Step(format!(
+                        "a layer in KV slot {} of group {}: the cache has {} slots, the step \
+                         {} groups",
+                        at.slot,
+                        at.group,
+                        layers.len(),
+                        views.len()
+                    )));
+                };
                 let h = match &block.attn_norm {
                     Some(w) => cpu_ops::rms_norm(&x, w, eps)?,
                     None => x.clone(),
@@ -80,8 +95,8 @@ impl DecoderShard {
                         rope.apply(&mut k[t * nkv * hd..(t + 1) * nkv * hd], pos);
                     }
                 }
-                write_kv(layer_cache, cache, batch, &k, &v);
-                let attn = attend(layer_cache, cache, batch, &q, shape);
+                write_kv(layer_cache, cache, kv_batch, &k, &v);
+                let attn = attend(layer_cache, cache, kv_batch, &q, shape);
                 let attn = Tensor::from_vec(attn, (n, nq * hd), &self.device)?;
                 let mut o = comm.all_reduce_sum(&block.o_proj.forward(&attn)?)?;
                 if let Some(w) = &block.post_attn_norm {

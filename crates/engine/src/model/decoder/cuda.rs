@@ -128,13 +128,21 @@ impl DecoderShard {
             num_kv_heads: self.shard.kv_heads.len(),
             head_dim: self.config.head_dim,
         };
-        let packed = PackedMeta::new(batch, &gpu.kv_of_q, gpu.target_blocks)?;
-        let meta = StepMeta::upload(packed, cache.block_size, &self.device)?;
-        if cache.k.len() != self.blocks.len() {
+        // One metadata upload per KV group: its slots and block tables (hybrid groups;
+        // one group otherwise). Each layer reads its group's.
+        let metas = batch
+            .group_views()?
+            .iter()
+            .map(|view| {
+                let packed = PackedMeta::new(view, &gpu.kv_of_q, gpu.target_blocks)?;
+                StepMeta::upload(packed, cache.block_size, &self.device)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if cache.k.len() != self.num_kv_slots() {
             return Err(EngineError::Step(format!(
-                "the cache has {} layers, the shard {}",
+                "the cache has {} layer slots, the shard's layers use {}",
                 cache.k.len(),
-                self.blocks.len()
+                self.num_kv_slots()
             )));
         }
         let Some(first) = self.blocks.first() else {
@@ -173,7 +181,14 @@ impl DecoderShard {
                 (Some(r), true) => r,
                 _ => &gpu.rope,
             };
-            kv_store::write_kv(gpu_dev, ACTIVATIONS, &qkv, cache, i, &meta, rope, heads)?;
+            let (slot, meta) = match self.kv_slots.get(i) {
+                Some(at) => (at.slot, metas.get(at.group)),
+                None => (i, None),
+            };
+            let meta = meta.ok_or_else(|| {
+                EngineError::Step(format!("layer {i} has no KV group in this step"))
+            })?;
+            kv_store::write_kv(gpu_dev, ACTIVATIONS, &qkv, cache, slot, meta, rope, heads)?;
             let layer = LayerAttention {
                 window: block
                     .sliding
@@ -184,10 +199,10 @@ impl DecoderShard {
                 sinks: gpu.sinks.get(i).and_then(Option::as_ref),
             };
             let kv = cache
-                .layer(i)
-                .ok_or_else(|| EngineError::Step(format!("the cache has no layer {i}")))?;
+                .layer(slot)
+                .ok_or_else(|| EngineError::Step(format!("the cache has no layer slot {slot}")))?;
             let attn =
-                kernels::paged_attention(gpu_dev, ACTIVATIONS, &qkv, kv, &meta, heads, layer)?;
+                kernels::paged_attention(gpu_dev, ACTIVATIONS, &qkv, kv, meta, heads, layer)?;
             let mut o = comm.all_reduce_sum(&block.o_proj.forward_f32(&attn)?)?;
             if let Some(w) = &block.post_attn_norm {
                 o = candle_nn::ops::rms_norm(&o.contiguous()?, w, eps)?;

@@ -15,6 +15,7 @@ use crate::loader::blocks::down_block;
 use crate::loader::matrix::Matrix;
 use crate::loader::source::{lm_head_name, vector_of_len, TensorSource};
 use crate::model::head_norms::HeadNorms;
+use crate::model::kv_groups::LayerSlot;
 use crate::model::linear::{row_parallel, ColumnParallel, Linear};
 use crate::model::linear_weight::LinearWeight;
 use crate::model::moe;
@@ -329,6 +330,9 @@ pub fn load_rank_shards(
             None
         };
         shards.push(DecoderShard {
+            kv_slots: (0..blocks.len())
+                .map(|slot| LayerSlot { group: 0, slot })
+                .collect(),
             query_groups: query_groups(&kv_of_q),
             config: config.clone(),
             shard,

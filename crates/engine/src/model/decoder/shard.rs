@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::loader::source::Embedding;
 use crate::model::head_norms::HeadNorms;
 use crate::model::kv_cache::{CacheShape, KvCacheDtype};
+use crate::model::kv_groups::{slots_needed, LayerSlot};
 use crate::model::linear::{ColumnParallel, Linear};
 use crate::model::moe::MoeShard;
 use crate::model::paged_attention::QueryGroup;
@@ -71,6 +72,9 @@ pub struct DecoderShard {
     /// RoPE of the sliding-window layers, where they have their own base.
     pub(super) rope_sliding: Option<Arc<RopeTable>>,
     pub(super) query_groups: Vec<QueryGroup>,
+    /// Per block, the KV group whose table it reads and the cache slot it uses (see
+    /// [`crate::model::kv_groups`]); by default one group, block `i` in slot `i`.
+    pub(super) kv_slots: Vec<LayerSlot>,
     pub(super) device: Device,
     /// The RoPE tables and launch facts of a CUDA rank.
     #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
@@ -111,11 +115,32 @@ impl DecoderShard {
         Ok(())
     }
 
-    /// The KV cache of `dtype` this shard's layers read and write.
+    /// Where this shard's layers keep their KV: one entry per block, in order. The
+    /// engine sets it from the model's [`crate::model::kv_groups::KvGrouping`] before
+    /// the cache is made.
+    pub fn set_kv_slots(&mut self, slots: Vec<LayerSlot>) -> Result<()> {
+        if slots.len() != self.blocks.len() {
+            return Err(crate::error::EngineError::Config(format!(
+                "KV slots for {} layers on a shard of {}",
+                slots.len(),
+                self.blocks.len()
+            )));
+        }
+        self.kv_slots = slots;
+        Ok(())
+    }
+
+    /// Slot tensors this shard's cache holds.
+    pub fn num_kv_slots(&self) -> usize {
+        slots_needed(&self.kv_slots)
+    }
+
+    /// The KV cache of `dtype` this shard's layers read and write: one slot tensor per
+    /// slot its layers use.
     pub fn cache_shape(&self, dtype: KvCacheDtype) -> CacheShape {
         CacheShape {
             dtype,
-            layers: self.num_layers(),
+            layers: self.num_kv_slots(),
             kv_heads: self.num_local_kv_heads(),
             head_dim: self.head_dim(),
             gpu_path: self.runs_gpu_path(),
