@@ -8,13 +8,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: [&str; 6] = [
+const SOURCES: [&str; 7] = [
     "attention",
     "kv_write",
     "activations",
     "norm",
     "argmax",
     "candidates",
+    "quant_matvec",
 ];
 
 fn main() {

@@ -8,6 +8,9 @@ use tessera_kernels::gpu::launch::{
     HEAD_DIMS, PREFILL_TILE,
 };
 use tessera_kernels::gpu::ptx;
+use tessera_kernels::gpu::quant_matvec::{
+    quant_matvec_kernel, quantize_act_kernel, ActDtype, GgufQuant, MAX_ROWS,
+};
 use tessera_kernels::gpu::quantized::{
     fp8_scales_kernel, kv_store_kernel, quantized_attention_kernel, KvQuant,
 };
@@ -62,6 +65,23 @@ fn every_kernel_the_planner_names_is_compiled() {
 }
 
 #[test]
+fn every_quantized_matvec_is_compiled() {
+    let module = entries(ptx::QUANT_MATVEC);
+    for dtype in [ActDtype::F32, ActDtype::Bf16] {
+        let name = quantize_act_kernel(dtype);
+        assert!(module.contains(&name.as_str()), "{name} missing");
+    }
+    for quant in GgufQuant::ALL {
+        for rows in 1..=MAX_ROWS {
+            let name = quant_matvec_kernel(quant, rows);
+            assert!(module.contains(&name.as_str()), "{name} missing");
+        }
+    }
+    // 2 quantize kernels, 6 types x 8 row counts.
+    assert_eq!(module.len(), 2 + 6 * MAX_ROWS);
+}
+
+#[test]
 fn the_ptx_targets_a_version_the_gpu_driver_loads() {
     // nvcc 13.0 writes PTX ISA 9.0, which driver 580 (CUDA 13.0) loads; a newer
     // toolkit's PTX would be refused by that driver at module load.
@@ -72,6 +92,7 @@ fn the_ptx_targets_a_version_the_gpu_driver_loads() {
         ptx::NORM,
         ptx::ARGMAX,
         ptx::CANDIDATES,
+        ptx::QUANT_MATVEC,
     ] {
         let version = module
             .lines()

@@ -83,6 +83,26 @@ inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
 inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
 using std::isfinite;
 
+// The integer SIMD intrinsics of the quantized matrix-vector kernels, exact:
+// __dp4a(a, b, c) = c + the sum of the four products of a's and b's signed bytes;
+// __vsubss4(a, b) = each signed byte of a minus b's, saturated to [-128, 127].
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i)
+        c += static_cast<int>(static_cast<std::int8_t>(a >> (8 * i))) *
+             static_cast<int>(static_cast<std::int8_t>(b >> (8 * i)));
+    return c;
+}
+inline int __vsubss4(int a, int b) {
+    std::uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) {
+        int v = static_cast<int>(static_cast<std::int8_t>(a >> (8 * i))) -
+                static_cast<int>(static_cast<std::int8_t>(b >> (8 * i)));
+        v = v < -128 ? -128 : (v > 127 ? 127 : v);
+        r |= (static_cast<std::uint32_t>(v) & 0xffu) << (8 * i);
+    }
+    return static_cast<int>(r);
+}
+
 inline unsigned atomicAdd(unsigned* addr, unsigned v) {
     return std::atomic_ref<unsigned>(*addr).fetch_add(v);
 }
@@ -120,6 +140,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     return {static_cast<std::uint16_t>(rounded >> 16)};
 }
 inline float __half2float(__half h) { return static_cast<float>(std::bit_cast<_Float16>(h.bits)); }
+inline __half __ushort_as_half(unsigned short bits) { return {bits}; }
 inline __half __float2half_rn(float f) {
     return {std::bit_cast<std::uint16_t>(static_cast<_Float16>(f))};
 }

@@ -71,6 +71,16 @@ extern "C" void argmax_rows_f32(unsigned long long*, const float*, int, int);
 extern "C" void sampling_candidates_f32(unsigned*, unsigned*, float*, const unsigned long long*,
                                         const float*, const float*, int, int, int);
 extern "C" void row_exp_sums_f32(float*, const unsigned long long*, const float*, int, int);
+struct q8_act;
+extern "C" void quantize_q8_act_f32(const float*, q8_act*, int);
+extern "C" void quantize_q8_act_bf16(const __nv_bfloat16*, q8_act*, int);
+#define DECLARE_QMV(NAME, R) \
+    extern "C" void quant_matvec_##NAME##_r##R(const uint8_t*, const q8_act*, float*, int, int);
+#define FOR_QMV_ROWS(M, NAME) M(NAME, 1) M(NAME, 2) M(NAME, 3) M(NAME, 4) \
+    M(NAME, 5) M(NAME, 6) M(NAME, 7) M(NAME, 8)
+#define FOR_QMV(M) FOR_QMV_ROWS(M, q4_0) FOR_QMV_ROWS(M, q4_1) FOR_QMV_ROWS(M, q8_0) \
+    FOR_QMV_ROWS(M, q4_k) FOR_QMV_ROWS(M, q5_k) FOR_QMV_ROWS(M, q6_k)
+FOR_QMV(DECLARE_QMV)
 
 extern "C" {
 
@@ -148,5 +158,9 @@ extern "C" int tessera_emu_launch(const char* name, const EmuGrid* g, void** par
     LAUNCH(argmax_rows_f32)
     LAUNCH(sampling_candidates_f32)
     LAUNCH(row_exp_sums_f32)
+    LAUNCH(quantize_q8_act_f32)
+    LAUNCH(quantize_q8_act_bf16)
+#define LAUNCH_QMV(NAME, R) LAUNCH(quant_matvec_##NAME##_r##R)
+    FOR_QMV(LAUNCH_QMV)
     return -1;
 }

@@ -8,6 +8,8 @@
 //! masking, tiling and reductions are tested on every machine, and a GPU run checks
 //! what only a GPU can tell (compilation for the device, speed, the device's math).
 
+pub mod quant_matvec;
+
 use std::ffi::{c_char, c_int, c_void, CString};
 
 use half::{bf16, f16};

@@ -3,6 +3,8 @@
 //! engine loads the PTX into each rank's device and launches it on the rank's stream.
 
 pub mod launch;
+pub mod quant_matvec;
+pub mod quant_reference;
 pub mod quantized;
 pub mod reference;
 
@@ -25,4 +27,7 @@ pub mod ptx {
     pub const ARGMAX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
     /// `sampling_candidates_f32`: the tokens a temperature draw can pick, per row.
     pub const CANDIDATES: &str = include_str!(concat!(env!("OUT_DIR"), "/candidates.ptx"));
+    /// `quantize_q8_act_{f32,bf16}` and `quant_matvec_{type}_r{rows}`: products over GGUF
+    /// blocks for decode (`quant_matvec`).
+    pub const QUANT_MATVEC: &str = include_str!(concat!(env!("OUT_DIR"), "/quant_matvec.ptx"));
 }

@@ -5,6 +5,8 @@
 //!
 //! - `attention`, `kernels`, `kv_8bit`: our CUDA kernels against plain host references on
 //!   random inputs.
+//! - `quant_matvec`: our quantized decode kernels against the host reference, and their
+//!   timing against candle's `QMatMul` at the Llama-3.1-8B shapes (lines `QMV-TIMING`).
 //! - `nccl`: the NCCL communicator at world size 1 (the GPU machines have one GPU).
 //! - `models`: random-weight models made by `scripts/gpu/make_models.py` (folder in
 //!   `TESSERA_GPU_MODELS`): CUDA logits against the CPU engine and transformers, greedy
@@ -22,4 +24,5 @@ mod kv_8bit;
 mod models;
 mod nccl;
 mod profile;
+mod quant_matvec;
 mod report;
