@@ -9,7 +9,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::engine_loop::{greedy_request, idle_metrics, run_concurrently, stream_all};
+use common::engine_loop::{
+    greedy_request, idle_metrics, run_concurrently, run_each_alone, stream_all,
+};
 use tessera_engine::{load_drafted, load_tokenizer, test_models, Engine, EngineConfig};
 use tessera_protocol::{GenerationRequest, SamplingParams};
 use tessera_scheduler::{
@@ -40,13 +42,6 @@ fn plain(cfg: &EngineConfig) -> SchedulerHandle {
 fn drafted(cfg: &EngineConfig, draft: &Path) -> SchedulerHandle {
     let ex = load_drafted(cfg, draft).expect("model and draft");
     EngineLoop::spawn(scheduler(true), ex).expect("loop")
-}
-
-fn alone(handle: &SchedulerHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
-    prompts
-        .iter()
-        .map(|p| run_concurrently(handle, std::slice::from_ref(p), MAX_TOKENS).remove(0))
-        .collect()
 }
 
 /// Sampled requests with seeds: the same draws with guesses as without.
@@ -105,7 +100,7 @@ fn smollm2_as_its_own_draft_keeps_its_output_and_has_its_guesses_kept() {
         .collect();
     let cfg = EngineConfig::new(&model);
     let base = plain(&cfg);
-    let want = alone(&base, &prompts);
+    let want = run_each_alone(&base, &prompts, MAX_TOKENS);
     let want_sampled: Vec<_> = stream_all(&base, &sampled(&prompts))
         .into_iter()
         .map(|s| s.0)
@@ -114,7 +109,7 @@ fn smollm2_as_its_own_draft_keeps_its_output_and_has_its_guesses_kept() {
 
     let guessing = drafted(&cfg, &model);
     assert_eq!(
-        alone(&guessing, &prompts),
+        run_each_alone(&guessing, &prompts, MAX_TOKENS),
         want,
         "guesses changed a request alone"
     );

@@ -14,6 +14,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::engine_loop::{idle_metrics, run_concurrently};
+use common::reference::greedy_cases;
 use serde_json::Value;
 use tessera_engine::{generate, test_models, Engine, EngineConfig, GenerateOptions};
 use tessera_protocol::{Executor, KvCacheShape, SamplingParams, SeqId};
@@ -27,32 +28,6 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/models")
         .join(name)
-}
-
-/// transformers' prompts and greedy continuations; a continuation is given where the
-/// fixture's top two logits never came within `1e-3`.
-fn cases(name: &str) -> Vec<(Vec<u32>, Option<Vec<u32>>)> {
-    let text = std::fs::read_to_string(fixture(name).join("reference.json")).expect("reference");
-    let reference: Value = serde_json::from_str(&text).expect("json");
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .expect("ids")
-            .iter()
-            .map(|t| t.as_u64().expect("id") as u32)
-            .collect()
-    };
-    reference["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .map(|c| {
-            let gap = c["greedy_min_top2_gap"].as_f64().unwrap_or(0.0);
-            (
-                ids(&c["input_ids"]),
-                (gap > 1e-3).then(|| ids(&c["greedy_ids"])),
-            )
-        })
-        .collect()
 }
 
 #[derive(Clone, Copy)]
@@ -150,7 +125,7 @@ fn serve_twice_from(
 /// and served from a small cache at TP = 1 and 2.
 fn family_on_cpu(name: &str) {
     let path = fixture(name);
-    let cases = cases(name);
+    let cases = greedy_cases(&fixture(name));
     let prompts: Vec<Vec<u32>> = cases.iter().map(|(p, _)| p.clone()).collect();
     let s = |tp, hybrid| Setup {
         tp,
@@ -215,7 +190,10 @@ fn the_gpu_path_reads_each_layer_through_its_groups_table() {
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hybrid-kv-{name}"));
         let dims = test_models::gpu_shaped(name).expect("dimensions");
         test_models::write(&fixture(name), &out, &dims, 20261128).expect("random model");
-        let prompts: Vec<Vec<u32>> = cases(name).into_iter().map(|(p, _)| p).collect();
+        let prompts: Vec<Vec<u32>> = greedy_cases(&fixture(name))
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
         let s = |hybrid| Setup {
             tp: 1,
             hybrid,

@@ -10,7 +10,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::engine_loop::{idle_metrics, run_concurrently};
-use serde_json::Value;
+use common::reference::greedy_cases;
 use tessera_engine::{generate, test_models, Engine, EngineConfig, GenerateOptions};
 use tessera_protocol::{Executor, SamplingParams};
 use tessera_scheduler::{EngineLoop, SchedulerConfig};
@@ -23,32 +23,6 @@ const BLOCK_BYTES: usize = 2 * 2 * 2 * 16 * 4 * BLOCK;
 
 fn model() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/tiny-mistral")
-}
-
-/// transformers' prompts and greedy continuations; the continuation is asserted where
-/// transformers' top two logits never came within `1e-3` (as the engine's own test does).
-fn cases() -> Vec<(Vec<u32>, Option<Vec<u32>>)> {
-    let text = std::fs::read_to_string(model().join("reference.json")).expect("reference");
-    let reference: Value = serde_json::from_str(&text).expect("json");
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .expect("ids")
-            .iter()
-            .map(|t| t.as_u64().expect("id") as u32)
-            .collect()
-    };
-    reference["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .map(|c| {
-            let gap = c["greedy_min_top2_gap"].as_f64().unwrap_or(0.0);
-            (
-                ids(&c["input_ids"]),
-                (gap > 1e-3).then(|| ids(&c["greedy_ids"])),
-            )
-        })
-        .collect()
 }
 
 fn engine(tp: usize, kv_cache_bytes: usize) -> Engine {
@@ -103,7 +77,7 @@ fn serve_twice_from(small: Engine, prompts: &[Vec<u32>], alone: &[Vec<u32>], wha
 
 #[test]
 fn requests_longer_than_the_cache_get_the_greedy_text_of_a_roomy_cache() {
-    let cases = cases();
+    let cases = greedy_cases(&model());
     let prompts: Vec<Vec<u32>> = cases.iter().map(|(p, _)| p.clone()).collect();
     let alone = greedy_alone(&mut engine(1, 64 << 20), &prompts);
     for ((_, want), got) in cases.iter().zip(&alone) {
@@ -142,7 +116,7 @@ fn the_gpu_path_releases_blocks_behind_the_window_and_gives_the_same_text() {
         cfg.kv_cache_bytes = kv_cache_bytes;
         Engine::load(&cfg).expect("engine")
     };
-    let prompts: Vec<Vec<u32>> = cases().into_iter().map(|(p, _)| p).collect();
+    let prompts: Vec<Vec<u32>> = greedy_cases(&model()).into_iter().map(|(p, _)| p).collect();
     let alone = greedy_alone(&mut gpu_path(64 << 20), &prompts);
     // Two layers × (K + V) × 2 KV heads × 64 dims × bf16 × 4 tokens: eight blocks, far
     // from the longest request.

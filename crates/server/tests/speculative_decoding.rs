@@ -8,9 +8,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::engine_loop::{idle_metrics, run_concurrently, spawn_loop_with};
+use common::engine_loop::{idle_metrics, run_concurrently, run_each_alone, spawn_loop_with};
 use tessera_engine::{load_tokenizer, EngineConfig};
-use tessera_scheduler::{NgramSpeculation, SchedulerConfig, SchedulerHandle};
+use tessera_scheduler::{NgramSpeculation, SchedulerConfig};
 
 const MAX_TOKENS: usize = 24;
 
@@ -30,13 +30,6 @@ fn ngram() -> Option<NgramSpeculation> {
         prompt_lookup_max: 4,
         disable_by_batch_size: 16,
     })
-}
-
-fn alone(handle: &SchedulerHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
-    prompts
-        .iter()
-        .map(|p| run_concurrently(handle, std::slice::from_ref(p), MAX_TOKENS).remove(0))
-        .collect()
 }
 
 #[test]
@@ -63,12 +56,12 @@ fn smollm2_greedy_output_is_unchanged_by_ngram_guesses() {
         .collect();
     let cfg = EngineConfig::new(&model);
     let plain = spawn_loop_with(&cfg, scheduler(None));
-    let want = alone(&plain, &prompts);
+    let want = run_each_alone(&plain, &prompts, MAX_TOKENS);
     drop(plain);
 
     let guessing = spawn_loop_with(&cfg, scheduler(ngram()));
     assert_eq!(
-        alone(&guessing, &prompts),
+        run_each_alone(&guessing, &prompts, MAX_TOKENS),
         want,
         "guesses changed a request alone"
     );

@@ -122,6 +122,18 @@ pub fn run_concurrently(
         .collect()
 }
 
+/// Runs each prompt alone, one after another, for `max_tokens` greedy tokens.
+pub fn run_each_alone(
+    handle: &SchedulerHandle,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<Vec<u32>> {
+    prompts
+        .iter()
+        .map(|p| run_concurrently(handle, std::slice::from_ref(p), max_tokens).remove(0))
+        .collect()
+}
+
 /// Metrics are published after each step's events are sent: wait (bounded) for the
 /// loop to go idle.
 pub fn idle_metrics(handle: &SchedulerHandle) -> SchedulerMetrics {

@@ -7,6 +7,7 @@
 pub mod engine_loop;
 pub mod hostile;
 pub mod mock_hub;
+pub mod reference;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
