@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """The load and report of scripts/bench-speculation (standard library only).
 
-    bench-speculation.py run --plain URL --ngram URL --round R --dir DIR
+    bench-speculation.py run --plain URL --ngram URL [--peer-plain URL --peer-spec URL]
+                             --round R --dir DIR
         runs each workload's prompts one at a time (greedy, 128 tokens, EOS ignored), each
-        prompt on both servers in turn (plain first in odd rounds, ngram first in even
-        ones, so both see the same load), and writes DIR/{plain,ngram}-R.json: output
-        tokens, seconds, the server's vllm:spec_decode_* counters and how much of each
-        answer is copied from its prompt.
+        prompt on every server in turn (the order reversed in even rounds, so all see the
+        same load), and writes DIR/{plain,ngram,peer-plain,peer-spec}-R.json: output
+        tokens, seconds, the guesses made and kept (Tessera's vllm:spec_decode_*
+        counters; llama-server's `timings.draft_n` and `draft_n_accepted`) and how much of
+        each answer is copied from its prompt. The peer sides are llama-server without
+        and with its own speculation, optional.
     bench-speculation.py report --dir DIR --spec JSON
         prints the markdown tables from DIR/{plain,ngram}-R.json.
 
@@ -80,23 +83,33 @@ def copied(prompt, answer):
     return sum(inside)
 
 
-def one(base, prompt):
-    before = counters(base)
+def one(base, prompt, tokenizer, peer=False):
+    """One request to `base`; `tokenizer` is a Tessera server's base URL (the same
+    tokenizer as the peer's, for the copied share); `peer`: `base` is llama-server."""
+    before = {} if peer else counters(base)
     started = time.perf_counter()
     reply = post(base, "/v1/completions", {
         "model": model(base), "prompt": prompt, "max_tokens": TOKENS, "temperature": 0,
         "ignore_eos": True})
     seconds = time.perf_counter() - started
-    after = counters(base)
-    answer = tokenize(base, reply["choices"][0]["text"], False)
+    if peer:
+        timings = reply.get("timings", {})
+        spec = {"draft_tokens": timings.get("draft_n", 0),
+                "accepted_tokens": timings.get("draft_n_accepted", 0), "drafts": 0}
+    else:
+        after = counters(base)
+        spec = {k: after[k] - before.get(k, 0) for k in after}
+    answer = tokenize(tokenizer, reply["choices"][0]["text"], False)
     return {"tokens": reply["usage"]["completion_tokens"], "seconds": seconds,
-            "copied": copied(tokenize(base, prompt, True), answer) / max(len(answer), 1),
-            "spec": {k: after[k] - before.get(k, 0) for k in after}}
+            "copied": copied(tokenize(tokenizer, prompt, True), answer) / max(len(answer), 1),
+            "spec": spec}
 
 
 def run(args):
     sides = {"plain": args.plain, "ngram": args.ngram}
-    order = ["plain", "ngram"] if args.round % 2 else ["ngram", "plain"]
+    if args.peer_plain and args.peer_spec:
+        sides.update({"peer-plain": args.peer_plain, "peer-spec": args.peer_spec})
+    order = list(sides) if args.round % 2 else list(reversed(sides))
     for base in sides.values():
         post(base, "/v1/completions", {"model": model(base), "prompt": "Hello", "max_tokens": 8})
     result = {side: {} for side in sides}
@@ -104,7 +117,7 @@ def run(args):
         each = {side: [] for side in sides}
         for p in prompts:
             for side in order:
-                each[side].append(one(sides[side], p))
+                each[side].append(one(sides[side], p, args.plain, side.startswith("peer")))
         for side, e in each.items():
             result[side][name] = {
                 "tokens": sum(x["tokens"] for x in e), "seconds": sum(x["seconds"] for x in e),
@@ -173,6 +186,30 @@ def report(args):
           "| kept per such step |")
     print("|---|---|---|---|---|---|")
     print("\n".join(steps))
+    if glob.glob(f"{args.dir}/peer-spec-*.json"):
+        peer_report(args)
+
+
+def peer_report(args):
+    """llama-server without and with its speculation, beside Tessera's two sides."""
+    print(f"\nllama-server, without and with `{args.peer_spec_args}`, in the same rounds "
+          "(medians over rounds):\n")
+    print("| workload | llama-server without | llama-server with | its with / without "
+          "| its guesses accepted | Tessera with / llama-server with |")
+    print("|---|---|---|---|---|---|")
+    for name in WORKLOADS:
+        rate, spec = {}, {}
+        for side in ("ngram", "peer-plain", "peer-spec"):
+            runs = [json.load(open(p))[name]
+                    for p in sorted(glob.glob(f"{args.dir}/{side}-*.json"))]
+            rate[side] = statistics.median(r["tokens"] / r["seconds"] for r in runs)
+            spec[side] = {k: sum(r["spec"].get(k, 0) for r in runs) for k in runs[0]["spec"]}
+        drafts = spec["peer-spec"].get("draft_tokens", 0)
+        kept = spec["peer-spec"].get("accepted_tokens", 0)
+        print(f"| {name} | {rate['peer-plain']:.1f} | {rate['peer-spec']:.1f} | "
+              f"{rate['peer-spec'] / rate['peer-plain']:.2f}× | "
+              f"{kept / drafts * 100 if drafts else 0:.0f}% of {int(drafts)} | "
+              f"**{rate['ngram'] / rate['peer-spec']:.2f}×** |")
 
 
 def main():
@@ -181,11 +218,14 @@ def main():
     r = sub.add_parser("run")
     r.add_argument("--plain", required=True)
     r.add_argument("--ngram", required=True)
+    r.add_argument("--peer-plain")
+    r.add_argument("--peer-spec")
     r.add_argument("--round", type=int, required=True)
     r.add_argument("--dir", required=True)
     rep = sub.add_parser("report")
     rep.add_argument("--dir", required=True)
     rep.add_argument("--spec", required=True)
+    rep.add_argument("--peer-spec-args", default="")
     args = p.parse_args()
     {"run": run, "report": report}[args.cmd](args)
 
