@@ -71,13 +71,19 @@ def headline(d, threads):
 
     t1, l1 = level(st, 1), level(sl, 1)
     t16, l16 = level(st, 16), level(sl, 16)
-    server_peer = "`llama-server -np 16`"
+    t64, l64 = level(st, 64), level(sl, 64)
+    # The slots the peer ran with (BENCH_PEER_SLOTS), from the command line kept with it.
+    peer_args = (read(os.path.join(d, "serve-llama-server.args")) or "").split()
+    slots = peer_args[peer_args.index("-np") + 1] if "-np" in peer_args[:-1] else "16"
+    server_peer = f"`llama-server -np {slots}`"
     engine_peer = "llama.cpp (llama-cpp-python API)"
     # (metric, peer, Tessera, peer's value, unit, digits, target ratio, higher is better)
     rows = [
         ("server, 1 client: output tok/s", server_peer, get(t1, "output_tok_s"), get(l1, "output_tok_s"), "tok/s", 1, 1.3, True),
         ("server, 16 clients: aggregate output tok/s", server_peer, get(t16, "output_tok_s"), get(l16, "output_tok_s"), "tok/s", 1, 2.0, True),
         ("server, 16 clients: median TTFT", server_peer, get(t16, "ttft_median_ms"), get(l16, "ttft_median_ms"), "ms", 0, 0.25, False),
+        ("server, 64 clients: aggregate output tok/s", server_peer, get(t64, "output_tok_s"), get(l64, "output_tok_s"), "tok/s", 1, None, True),
+        ("server, 64 clients: p99 TTFT", server_peer, get(t64, "ttft_p99_ms"), get(l64, "ttft_p99_ms"), "ms", 0, 1.0, False),
         ("prefill, 512-token prompt (engine)", engine_peer, get(et1, "prefill_tok_s"), get(el, "prefill_tok_s"), "tok/s", 0, 1.0, True),
         ("decode, 128 tokens (engine)", engine_peer, get(et1, "decode_tok_s"), get(el, "decode_tok_s"), "tok/s", 1, None, True),
     ]
