@@ -8,12 +8,13 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tessera_protocol::FinishReason;
 use tessera_protocol::{
     Executor, ExecutorError, FailedSequence, GenerationRequest, KvCacheShape, SampledToken,
     SamplingParams, StepOutput, StepPlan, StopCondition, TokenEvent,
 };
-use tessera_scheduler::Scheduler;
 use tessera_scheduler::TokenReceiver;
+use tessera_scheduler::{Scheduler, SchedulerConfig};
 
 /// Decides whether a step fails (checked before it runs).
 pub type FailWhen = Box<dyn FnMut(&StepPlan) -> bool + Send>;
@@ -283,4 +284,28 @@ pub fn expected_windowed_tokens(prompt: &[u32], n: usize, window: usize) -> Vec<
         out.push(t);
     }
     out
+}
+
+/// A config of `block`-token blocks, `batch` tokens and `seqs` sequences a step.
+pub fn config(block: usize, batch: usize, seqs: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size_tokens: block,
+        max_batch_tokens: batch,
+        max_num_seqs: seqs,
+        ..SchedulerConfig::default()
+    }
+}
+
+/// A scheduler over `ex`'s cache.
+pub fn scheduler(cfg: &SchedulerConfig, ex: &FakeExecutor) -> Scheduler {
+    Scheduler::new(cfg, ex.kv_cache_shape(), ex.max_context_tokens()).unwrap()
+}
+
+/// The `Finished` event of a sequence that ended for `reason`.
+pub fn finished(reason: FinishReason, prompt: usize, completion: usize) -> Option<TokenEvent> {
+    Some(TokenEvent::Finished {
+        reason,
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+    })
 }
