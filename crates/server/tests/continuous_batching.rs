@@ -3,17 +3,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use common::engine_loop::{idle_metrics, run_concurrently, spawn_loop};
+use common::engine_loop::{idle_metrics, run_concurrently, spawn_loop, test_model as model};
 use tessera_engine::{load_tokenizer, EngineConfig};
 use tessera_scheduler::SchedulerHandle;
-
-fn model() -> PathBuf {
-    std::env::var("TESSERA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| tessera_engine::default_model_path())
-}
 
 const MAX_TOKENS: usize = 12;
 

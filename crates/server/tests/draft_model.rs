@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::engine_loop::{
-    greedy_request, idle_metrics, run_concurrently, run_each_alone, stream_all,
+    greedy_request, idle_metrics, run_concurrently, run_each_alone, stream_all, test_model,
 };
 use tessera_engine::{load_drafted, load_tokenizer, test_models, Engine, EngineConfig};
 use tessera_protocol::{GenerationRequest, SamplingParams};
@@ -74,15 +74,21 @@ fn fixture(name: &str, gpu_path: bool) -> PathBuf {
     out
 }
 
+/// Each prompt's tokens when sampled with a seed (see [`sampled`]).
+fn sampled_tokens(handle: &SchedulerHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    stream_all(handle, &sampled(prompts))
+        .into_iter()
+        .map(|s| s.0)
+        .collect()
+}
+
 fn acceptance(m: &SchedulerMetrics) -> f64 {
     m.speculation.accepted_tokens as f64 / m.speculation.draft_tokens.max(1) as f64
 }
 
 #[test]
 fn smollm2_as_its_own_draft_keeps_its_output_and_has_its_guesses_kept() {
-    let model = std::env::var("TESSERA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| tessera_engine::default_model_path());
+    let model = test_model();
     let tok = load_tokenizer(&model).expect("tokenizer");
     let texts = [
         "The three primary colors are",
@@ -101,10 +107,7 @@ fn smollm2_as_its_own_draft_keeps_its_output_and_has_its_guesses_kept() {
     let cfg = EngineConfig::new(&model);
     let base = plain(&cfg);
     let want = run_each_alone(&base, &prompts, MAX_TOKENS);
-    let want_sampled: Vec<_> = stream_all(&base, &sampled(&prompts))
-        .into_iter()
-        .map(|s| s.0)
-        .collect();
+    let want_sampled = sampled_tokens(&base, &prompts);
     drop(base);
 
     let guessing = drafted(&cfg, &model);
@@ -127,10 +130,7 @@ fn smollm2_as_its_own_draft_keeps_its_output_and_has_its_guesses_kept() {
         "guesses changed a request in a batch"
     );
     assert_eq!(together[8..], want[..]);
-    let got_sampled: Vec<_> = stream_all(&guessing, &sampled(&prompts))
-        .into_iter()
-        .map(|s| s.0)
-        .collect();
+    let got_sampled = sampled_tokens(&guessing, &prompts);
     assert_eq!(got_sampled, want_sampled, "guesses changed seeded samples");
     let m = idle_metrics(&guessing);
     assert_eq!(m.kv_blocks_in_use, 0, "blocks leaked: {m:?}");
@@ -168,10 +168,7 @@ fn tiny_models_keep_their_output_with_a_draft_at_tp_1_and_2() {
             cfg.emulate_gpu = gpu_path;
             let base = plain(&cfg);
             let want = run_concurrently(&base, &prompts, MAX_TOKENS);
-            let want_sampled: Vec<_> = stream_all(&base, &sampled(&prompts))
-                .into_iter()
-                .map(|s| s.0)
-                .collect();
+            let want_sampled = sampled_tokens(&base, &prompts);
             drop(base);
             let guessing = drafted(&cfg, &fixture(draft, gpu_path));
             assert_eq!(
@@ -190,10 +187,7 @@ fn tiny_models_keep_their_output_with_a_draft_at_tp_1_and_2() {
                 (false, false) => assert!(acceptance(&m) < 0.5, "{what}: {:?}", m.speculation),
                 (false, true) => {}
             }
-            let got_sampled: Vec<_> = stream_all(&guessing, &sampled(&prompts))
-                .into_iter()
-                .map(|s| s.0)
-                .collect();
+            let got_sampled = sampled_tokens(&guessing, &prompts);
             assert_eq!(got_sampled, want_sampled, "{what}: seeded samples");
             let m = idle_metrics(&guessing);
             assert_eq!(m.kv_blocks_in_use, 0, "{what}");

@@ -8,7 +8,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::engine_loop::{idle_metrics, run_concurrently, run_each_alone, spawn_loop_with};
+use common::engine_loop::{
+    idle_metrics, run_concurrently, run_each_alone, spawn_loop_with, test_model,
+};
 use tessera_engine::{load_tokenizer, EngineConfig};
 use tessera_scheduler::{NgramSpeculation, SchedulerConfig};
 
@@ -34,9 +36,7 @@ fn ngram() -> Option<NgramSpeculation> {
 
 #[test]
 fn smollm2_greedy_output_is_unchanged_by_ngram_guesses() {
-    let model = std::env::var("TESSERA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| tessera_engine::default_model_path());
+    let model = test_model();
     let tok = load_tokenizer(&model).expect("tokenizer");
     let texts = [
         // Output that repeats its context: guesses pay.

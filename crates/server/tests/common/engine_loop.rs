@@ -10,6 +10,13 @@ use tessera_protocol::{
 };
 use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle, SchedulerMetrics};
 
+/// The real model the tests serve: `TESSERA_TEST_MODEL`, else the default model.
+pub fn test_model() -> std::path::PathBuf {
+    std::env::var("TESSERA_TEST_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| tessera_engine::default_model_path())
+}
+
 /// A greedy request for `max_tokens` tokens that never stops early.
 pub fn greedy_request(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
     GenerationRequest {

@@ -161,11 +161,10 @@ impl<T: Executor, D: Executor> Drafted<T, D> {
                 }
                 Some(_) => {}
             }
-            let accepted = sample
-                .and_then(|i| out.samples.get(i))
-                .map_or(0, |s| s.accepted.len());
+            let sampled = sample.and_then(|i| out.samples.get(i));
+            let accepted = sampled.map_or(0, |s| s.accepted.len());
             seq.target_computed = Some(chunk.end_pos() - chunk.num_draft + accepted);
-            let end = match sample.and_then(|i| out.samples.get(i)) {
+            let end = match sampled {
                 Some(s) => {
                     seq.tokens.push(s.token);
                     seq.tokens.extend(s.accepted.iter().map(|(t, _)| *t));
@@ -197,7 +196,8 @@ impl<T: Executor, D: Executor> Drafted<T, D> {
                 seq.announced = true;
                 draft_plan.new_sequences.push(NewSequence {
                     id: chunk.id,
-                    sampling: greedy(),
+                    // The draft's sampling: its most likely token.
+                    sampling: SamplingParams::greedy(),
                     prompt_ids: seq.tokens[..seq.prompt_len].to_vec(),
                 });
             }
@@ -291,14 +291,6 @@ impl<T: Executor, D: Executor> Drafted<T, D> {
             seconds: started.elapsed().as_secs_f64(),
         });
         Ok(())
-    }
-}
-
-/// The draft's sampling: its most likely token.
-fn greedy() -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        ..SamplingParams::default()
     }
 }
 
