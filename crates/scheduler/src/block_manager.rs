@@ -83,13 +83,6 @@ impl KvCacheManager {
         kv
     }
 
-    /// Release blocks behind `window` (every layer attends to that many positions): see
-    /// [`KvCacheShape::attention_window`].
-    pub fn with_attention_window(mut self, window: Option<usize>) -> Self {
-        self.shape.attention_window = window;
-        self
-    }
-
     pub fn block_size_tokens(&self) -> usize {
         self.shape.block_size_tokens
     }
