@@ -67,8 +67,9 @@ pub(crate) const fn chunk_bytes(format: WeightFormat) -> usize {
     }
 }
 
-/// Q4_K's 6-bit scale and min of sub-block `j` from the 12 packed bytes.
-fn scale_min(s: &[u8], j: usize) -> (u8, u8) {
+/// Q4_K's (and Q5_K's) 6-bit scale and min of sub-block `j` from the 12 packed bytes
+/// (ggml's `get_scale_min_k4`).
+pub(crate) fn scale_min(s: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

@@ -6,22 +6,10 @@
 use half::f16;
 
 use super::quant_matvec::{quantize_rows, GgufQuant, Q8_BLOCK};
+use crate::cpu::layout_k::scale_min;
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-/// The scale and min of sub-block `j` of a Q4_K/Q5_K super-block (six bits each in 12
-/// bytes: ggml's `get_scale_min_k4`).
-fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 63, s[j + 4] & 63)
-    } else {
-        (
-            (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
-    }
 }
 
 /// One block's weights, appended to `out`.
@@ -55,7 +43,7 @@ fn dequantize_block(quant: GgufQuant, b: &[u8], out: &mut Vec<f32>) {
                 _ => (None, &b[16..144]),
             };
             for j in 0..8 {
-                let (sc, m) = scale_min_k4(scales, j);
+                let (sc, m) = scale_min(scales, j);
                 let (d1, m1) = (d * f32::from(sc), dmin * f32::from(m));
                 let q = &qs[32 * (j / 2)..32 * (j / 2) + 32];
                 for (l, q) in q.iter().enumerate() {
