@@ -10,9 +10,9 @@
 //! once per launch. `W` is `n` rows of `k / block_elems` blocks in ggml's layout, as a
 //! GGUF file stores them; `y` is f32, row-major.
 //!
-//! Not wired into the engine's forward pass: whether these replace candle's
-//! `QMatMul::forward` on CUDA, and for which types and row counts, waits for the timing
-//! of `crates/engine/tests/gpu/quant_matvec.rs` on a GPU.
+//! The engine's CUDA ranks take them for products of 1 to [`MAX_ROWS`] rows
+//! (`crates/engine/src/model/cuda/quant_matvec.rs`); candle's `QMatMul::forward` takes the
+//! rest. `crates/engine/tests/gpu/quant_matvec.rs` times both on a GPU.
 
 use super::launch::LaunchShape;
 

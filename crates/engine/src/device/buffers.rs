@@ -40,6 +40,7 @@ pub(crate) enum Module {
     Norm,
     Argmax,
     Candidates,
+    QuantMatvec,
 }
 
 #[cfg(feature = "cuda")]
@@ -53,6 +54,7 @@ impl Module {
             Module::Norm => ("tessera_norm", ptx::NORM),
             Module::Argmax => ("tessera_argmax", ptx::ARGMAX),
             Module::Candidates => ("tessera_candidates", ptx::CANDIDATES),
+            Module::QuantMatvec => ("tessera_quant_matvec", ptx::QUANT_MATVEC),
         }
     }
 }

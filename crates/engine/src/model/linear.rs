@@ -40,6 +40,9 @@ impl Linear {
     /// accumulates and returns f32 (cuBLAS GemmEx) and quantized weights read f32
     /// activations; on CPU this is [`Linear::forward`].
     pub fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.quantized_decode(x)? {
+            return Ok(y);
+        }
         #[cfg(feature = "cuda")]
         if let (LinearWeight::Candle(QMatMul::Tensor(w)), candle_core::Device::Cuda(dev)) =
             (&self.weight, x.device())
@@ -77,8 +80,31 @@ impl Linear {
         Ok(x.to_dtype(want)?)
     }
 
+    /// On a CUDA rank, a quantized weight's product with 1 to 8 rows by our decode
+    /// kernels (`model::cuda::quant_matvec`), bias added: f32 `[rows, out]`; `None` where
+    /// candle's matmul takes it.
+    fn quantized_decode(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if let (LinearWeight::Candle(QMatMul::QTensor(w)), Device::Cuda(_)) =
+            (&self.weight, x.device())
+        {
+            let gpu = crate::device::buffers::Gpu::of(x.device())?;
+            if let Some(y) = crate::model::cuda::quant_matvec::quant_matvec(gpu, x, w)? {
+                return Ok(Some(match &self.bias {
+                    Some(b) => y.broadcast_add(&b.to_dtype(candle_core::DType::F32)?)?,
+                    None => y,
+                }));
+            }
+        }
+        let _ = x;
+        Ok(None)
+    }
+
     /// `x`: `[tokens, in]` → `[tokens, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.quantized_decode(x)? {
+            return Ok(y);
+        }
         let x = &self.host_input(x)?;
         let y = match &self.weight {
             LinearWeight::Candle(w) => w.forward(x)?,

@@ -1,11 +1,11 @@
 //! The quantized decode kernels (`kernels/cuda/quant_matvec.cu`) on the device: each GGUF
 //! type at 1 to 8 rows against the host reference with the same int8 activations
 //! (`tessera_kernels::gpu::quant_reference`), then a timing of ours against candle's
-//! `QMatMul::forward` on CUDA at the Llama-3.1-8B decode shapes for Q4_K and Q4_1.
+//! `QMatMul::forward` on CUDA at the Llama-3.1-8B decode shapes for each type.
 //!
-//! The kernels are not in the engine's forward pass: the timing decides where they
-//! replace candle's, by type and row count. The engine feeds candle's QMatMul f32
-//! activations (`model/linear.rs`), so both sides are timed from f32 here.
+//! The engine's CUDA ranks take these kernels for 1 to 8 rows of every type here
+//! (`model/cuda/quant_matvec.rs`); the timing says, by type and row count, where candle's
+//! would be faster. Both sides are timed from f32 activations.
 
 use std::time::Instant;
 
@@ -180,7 +180,7 @@ fn quantized_matvec_timing_against_candle() {
     // Llama-3.1-8B: q/o projections, gate/up, down.
     let shapes = [(4096, 4096), (14336, 4096), (4096, 14336)];
     println!("QMV-TIMING | type | n x k | rows | ours us | candle us | ours GB/s | candle/ours");
-    for q in [GgufQuant::Q4K, GgufQuant::Q4_1] {
+    for q in GgufQuant::ALL {
         for (n, k) in shapes {
             let bytes = random_blocks(q, n, k, &mut rng);
             let w_dev = stream.clone_htod(&bytes).expect("upload");
