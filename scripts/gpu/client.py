@@ -98,3 +98,54 @@ def metric(port, name):
         return None
     m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", body, re.M)
     return float(m.group(1)) if m else None
+
+
+def stream_events(port, body, on_token=None):
+    """POST a streaming /v1/completions and read it to its end, errors included: returns
+    (text, error, ended_with_done, seconds) where error is the stream's error object (or
+    the non-200 reply's) or None. `on_token(count)` is called as tokens arrive."""
+    started = time.time()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raw = resp.read()
+        try:
+            error = json.loads(raw).get("error")
+        except ValueError:
+            error = {"message": raw[:300].decode(errors="replace")}
+        return "", {**(error or {}), "status": resp.status}, False, time.time() - started
+    text, error, done, tokens = "", None, False, 0
+    try:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                error = chunk["error"]
+                continue
+            for choice in chunk.get("choices", []):
+                if choice.get("text"):
+                    tokens += 1
+                    if on_token:
+                        on_token(tokens)
+                text += choice.get("text", "")
+    except (OSError, http.client.HTTPException) as e:
+        error = error or {"message": f"connection: {e}"}
+    return text, error, done, time.time() - started
+
+
+def ready_status(port):
+    """The status /readyz answers, or None when nothing answers."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/readyz")
+        return conn.getresponse().status
+    except OSError:
+        return None

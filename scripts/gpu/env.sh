@@ -13,11 +13,12 @@ for b in tessera tessera-gpu-check; do
 done
 site="$(python3 -c 'import site; print(site.getsitepackages()[0])')"
 export LD_LIBRARY_PATH="$site/nvidia/cu13/lib:$site/nvidia/nccl/lib:/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# NCCL 2.30 when it was carried (scripts/build-nccl), ahead of the machine's own: the
+# NCCL 2.30 when target/gpu/nccl was carried (scripts/build-nccl), ahead of the machine's own: the
 # first that puts several ranks on one GPU. The binaries log the version they load.
-if [ -f "$carry/libnccl.so.2.xz" ]; then
+nccl_xz="$root/target/gpu/nccl/libnccl.so.2.xz"
+if [ -f "$nccl_xz" ]; then
     mkdir -p "$work/nccl"
-    xz -dc "$carry/libnccl.so.2.xz" > "$work/nccl/libnccl.so.2"
+    xz -dc "$nccl_xz" > "$work/nccl/libnccl.so.2"
     ln -sf libnccl.so.2 "$work/nccl/libnccl.so"
     export LD_LIBRARY_PATH="$work/nccl:$LD_LIBRARY_PATH"
 fi

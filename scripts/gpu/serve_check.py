@@ -4,10 +4,14 @@ each request must get the text it gets alone, every stream must end with [DONE],
 KV blocks in use must return to zero. Only the standard library: the GPU machine has no
 network to install a client.
 
-  python3 serve_check.py TESSERA_BINARY MODEL_DIR DEVICES PORT
+  python3 serve_check.py TESSERA_BINARY MODEL_DIR DEVICES PORT [SERVE_FLAG...]
+
+SERVE_FLAGs go to `tessera serve` (e.g. `--same-gpu-comm nccl`). The texts each prompt got
+alone are written to texts-PORT.json, for scripts/gpu/nodes_check.py to compare with.
 
 Prints `GPU-CHECK | ... | ... | ...` lines; exits 1 when a check fails.
 """
+import json
 import sys
 import threading
 import time
@@ -16,6 +20,17 @@ from client import complete, metric, start_server, stop_server
 
 CLIENTS = 16
 MAX_TOKENS = 40
+
+
+_WORDS = ("Paris Rome Madrid Berlin Vienna London server blocks tensor fox numbers "
+          "colours river city capital memory").split()
+PROMPTS = [f"The {_WORDS[i]} and the {_WORDS[(i * 7 + 3) % len(_WORDS)]} are" for i in range(CLIENTS)]
+
+
+def body(prompt, stream, max_tokens=MAX_TOKENS):
+    """The request of every check: greedy, EOS ignored."""
+    return {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": stream, "ignore_eos": True}
 
 
 def check(name, figure, bound, ok):
@@ -27,24 +42,18 @@ def check(name, figure, bound, ok):
 
 def main():
     binary, model, devices, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    extra = sys.argv[5:]
+    label = " ".join([devices, *extra])
     ok = True
     proc = None
     try:
-        proc = start_server(binary, model, devices, port, f"serve-{port}.log")
-        words = ("Paris Rome Madrid Berlin Vienna London server blocks tensor fox numbers "
-                 "colours river city capital memory").split()
-        prompts = [f"The {words[i]} and the {words[(i * 7 + 3) % len(words)]} are" for i in range(CLIENTS)]
-
-        def body(p, stream):
-            return {"model": "m", "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0,
-                    "stream": stream, "ignore_eos": True}
-
+        proc = start_server(binary, model, devices, port, f"serve-{port}.log", extra)
         results = [None] * CLIENTS
         errors = []
 
         def client(i):
             try:
-                results[i] = complete(port, body(prompts[i], True))
+                results[i] = complete(port, body(PROMPTS[i], True))
             except Exception as e:  # noqa: BLE001 - reported as a failed check
                 errors.append(f"client {i}: {e}")
 
@@ -55,10 +64,12 @@ def main():
         for t in threads:
             t.join()
         wall = time.time() - started
-        alone = [complete(port, body(p, False)) for p in prompts]
+        alone = [complete(port, body(p, False)) for p in PROMPTS]
+        with open(f"texts-{port}.json", "w") as f:
+            json.dump([a[0] for a in alone], f)
         same = sum(1 for r, a in zip(results, alone) if r is not None and r[0] == a[0])
         done = sum(1 for r in results if r is not None and r[2])
-        ok &= check(f"serve on {devices}: {CLIENTS} concurrent streams vs each alone",
+        ok &= check(f"serve on {label}: {CLIENTS} concurrent streams vs each alone",
                     f"{same}/{CLIENTS} identical texts, {done}/{CLIENTS} ended with [DONE], "
                     f"{CLIENTS * MAX_TOKENS / wall:.0f} tok/s together; errors: {errors[:2]}",
                     f"{CLIENTS}/{CLIENTS}, {CLIENTS}/{CLIENTS}",
@@ -72,14 +83,14 @@ def main():
             if in_use == 0:
                 break
             time.sleep(0.25)
-        ok &= check(f"serve on {devices}: KV blocks in use after the clients finished",
+        ok &= check(f"serve on {label}: KV blocks in use after the clients finished",
                     f"{in_use}", "0", in_use == 0)
     except Exception as e:  # noqa: BLE001
-        ok &= check(f"serve on {devices}", f"failed: {e}", "runs", False)
+        ok &= check(f"serve on {label}", f"failed: {e}", "runs", False)
     finally:
         if proc is not None:
             code = stop_server(proc)
-            ok &= check(f"serve on {devices}: exit after SIGTERM", f"{code}", "0", code == 0)
+            ok &= check(f"serve on {label}: exit after SIGTERM", f"{code}", "0", code == 0)
     sys.exit(0 if ok else 1)
 
 

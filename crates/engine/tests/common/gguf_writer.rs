@@ -117,7 +117,56 @@ fn tokenizer_metadata(dir: &Path, config: &Json) -> Vec<(String, gguf_file::Valu
     ]
 }
 
-pub fn write_gguf(dir: &Path, dtype: GgmlDType, vocab: Vocab, out: &Path) {
+/// The types of a file's matrices: one type for every matrix, or llama.cpp's Q4_K_M mix.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GgufTypes {
+    All(GgmlDType),
+    /// Q4_K, with Q6_K for the output matrix and for `attn_v` and `ffn_down` in the layers
+    /// llama.cpp's `use_more_bits` picks (the first and last eighth, every third between);
+    /// a matrix whose rows are no whole number of 256-weight super-blocks falls back as
+    /// llama.cpp's does (Q4_K to Q5_0, Q6_K to Q8_0).
+    Q4KM,
+}
+
+impl From<GgmlDType> for GgufTypes {
+    fn from(d: GgmlDType) -> Self {
+        GgufTypes::All(d)
+    }
+}
+
+impl GgufTypes {
+    /// The type of matrix `name` (a GGUF tensor name) of `cols` columns in a model of
+    /// `layers` layers.
+    fn of(self, name: &str, cols: usize, layers: usize, tied: bool) -> GgmlDType {
+        match self {
+            GgufTypes::All(d) => d,
+            GgufTypes::Q4KM => q4_k_m_type(name, cols, layers, tied),
+        }
+    }
+}
+
+/// The type of a matrix in a Q4_K_M file (see [`GgufTypes::Q4KM`]); a tied model's
+/// embedding table is its output matrix.
+fn q4_k_m_type(name: &str, cols: usize, layers: usize, tied: bool) -> GgmlDType {
+    let layer = name
+        .strip_prefix("blk.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|i| i.parse::<usize>().ok());
+    let more_bits = |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
+    let six = name == "output.weight"
+        || (tied && name == "token_embd.weight")
+        || ((name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight"))
+            && layer.is_some_and(more_bits));
+    match (six, cols % 256 == 0) {
+        (true, true) => GgmlDType::Q6K,
+        (true, false) => GgmlDType::Q8_0,
+        (false, true) => GgmlDType::Q4K,
+        (false, false) => GgmlDType::Q5_0,
+    }
+}
+
+pub fn write_gguf(dir: &Path, types: impl Into<GgufTypes>, vocab: Vocab, out: &Path) {
+    let types = types.into();
     let config: Json = serde_json::from_str(
         &std::fs::read_to_string(dir.join("config.json")).expect("config.json"),
     )
@@ -153,7 +202,9 @@ pub fn write_gguf(dir: &Path, dtype: GgmlDType, vocab: Vocab, out: &Path) {
                 t = permute_rows(&t, kv_heads).expect("permute k");
             }
             let q = if t.rank() == 2 {
-                QTensor::quantize(&t, dtype)
+                let layers = get("num_hidden_layers") as usize;
+                let tied = !tensors.contains_key("lm_head.weight");
+                QTensor::quantize(&t, types.of(&name, t.dims()[1], layers, tied))
             } else {
                 QTensor::quantize(&t, GgmlDType::F32)
             }
@@ -251,19 +302,22 @@ pub const BF16_CHECK_MODELS: [&str; 13] = [
 pub const MXFP4_CHECK_MODELS: [&str; 1] = ["gpt-oss-mxfp4"];
 
 /// The GGUF formats the GPU checks run.
-pub const GGUF_CHECK_FORMATS: [(GgmlDType, &str); 2] =
-    [(GgmlDType::Q4_1, "q4_1"), (GgmlDType::Q8_0, "q8_0")];
+pub const GGUF_CHECK_FORMATS: [(GgufTypes, &str); 3] = [
+    (GgufTypes::All(GgmlDType::Q4_1), "q4_1"),
+    (GgufTypes::All(GgmlDType::Q8_0), "q8_0"),
+    (GgufTypes::Q4KM, "q4_k_m"),
+];
 
-/// The GPU checks' GGUF file of the model folder `folder` in `dtype` (`NAME-TAG.gguf`
+/// The GPU checks' GGUF file of the model folder `folder` in `types` (`NAME-TAG.gguf`
 /// beside the folder), written the first time it is asked for.
-pub fn check_gguf(folder: &Path, dtype: GgmlDType, tag: &str) -> PathBuf {
+pub fn check_gguf(folder: &Path, types: impl Into<GgufTypes>, tag: &str) -> PathBuf {
     let name = folder
         .file_name()
         .and_then(|n| n.to_str())
         .expect("model folder name");
     let file = folder.with_file_name(format!("{name}-{tag}.gguf"));
     if !file.exists() {
-        write_gguf(folder, dtype, Vocab::Omitted, &file);
+        write_gguf(folder, types, Vocab::Omitted, &file);
     }
     file
 }

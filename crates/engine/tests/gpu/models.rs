@@ -29,6 +29,7 @@ use crate::gguf_writer::{
 use crate::report::check;
 
 mod fit;
+mod nccl_tp;
 
 const MIN_COMPARED: usize = 8;
 
@@ -125,10 +126,14 @@ fn devices(spec: &str) -> Vec<DeviceSpec> {
 }
 
 fn engine(path: &Path, spec: &str) -> Engine {
+    try_engine(path, spec).unwrap_or_else(|e| panic!("{} on {spec}: {e}", path.display()))
+}
+
+fn try_engine(path: &Path, spec: &str) -> Result<Engine, String> {
     let mut cfg = EngineConfig::new(path);
     cfg.devices = devices(spec);
     cfg.kv_cache_bytes = 128 << 20;
-    Engine::load(&cfg).unwrap_or_else(|e| panic!("{} on {spec}: {e}", path.display()))
+    Engine::load(&cfg).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -236,7 +241,21 @@ fn tensor_parallel_on_one_gpu_equals_tp1() {
         let base_err = rel_l2(&base_logits, &cpu_logits);
         for tp in 2..=4 {
             let spec = vec!["cuda:0"; tp].join(",");
-            let mut e = engine(path, &spec);
+            let mut e = match try_engine(path, &spec) {
+                Ok(e) => e,
+                // A k-quant's 256-weight super-blocks split a small model's heads over
+                // fewer ranks: the plan refuses more, naming how many it takes.
+                Err(why) if label.contains("q4_k_m") && why.contains("splits over at most") => {
+                    check(
+                        &format!("{label}: TP={tp} on one GPU"),
+                        format!("refused at load: {why}"),
+                        "refused where the super-blocks do not split".into(),
+                        true,
+                    );
+                    continue;
+                }
+                Err(why) => panic!("{} on {spec}: {why}", path.display()),
+            };
             let logits = crate::common::last_logits(&mut e, prompt);
             let diff = rel_l2(&logits, &base_logits);
             if dense {
