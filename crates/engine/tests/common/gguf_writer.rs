@@ -157,7 +157,7 @@ fn q4_k_m_type(name: &str, cols: usize, layers: usize, tied: bool) -> GgmlDType 
         || (tied && name == "token_embd.weight")
         || ((name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight"))
             && layer.is_some_and(more_bits));
-    match (six, cols % 256 == 0) {
+    match (six, cols.is_multiple_of(256)) {
         (true, true) => GgmlDType::Q6K,
         (true, false) => GgmlDType::Q8_0,
         (false, true) => GgmlDType::Q4K,
