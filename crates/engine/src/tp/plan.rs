@@ -199,10 +199,39 @@ impl ShardPlan {
 
 fn hint_heads(e: EngineError, config: &ModelConfig, block: usize) -> EngineError {
     let granule = granule_for(config.head_dim, block);
-    let max = (config.num_heads / granule).max(1);
+    let max = config.num_heads.div_ceil(granule).max(1);
     EngineError::Parallel(format!(
         "{e} (this model has {} query heads and {} KV heads of dimension {}; with \
          quantization blocks of {block} columns it splits over at most {max} ranks)",
         config.num_heads, config.num_kv_heads, config.head_dim
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Six heads of 64 in two KV groups of 192 columns, under 256-column blocks (a
+    /// Q4_K_M file whose down projection is Q4_K): one rank holds them whole, two cannot
+    /// split a group on a block, and the refusal says how many ranks it takes.
+    #[test]
+    fn one_rank_never_needs_a_split_on_blocks() -> Result<()> {
+        let config = ModelConfig {
+            num_heads: 6,
+            num_kv_heads: 2,
+            head_dim: 64,
+            intermediate_size: 1024,
+            vocab_size: 100,
+            ..ModelConfig::default()
+        };
+        let plan = ShardPlan::new(&config, &PlanOptions::equal(1, 256))?;
+        assert_eq!(plan.ranks[0].q_heads, 0..6);
+        assert_eq!(plan.ranks[0].ffn, 0..1024);
+        let err = ShardPlan::new(&config, &PlanOptions::equal(2, 256))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("use at most 1 ranks"), "{err}");
+        Ok(())
+    }
 }

@@ -66,8 +66,9 @@ impl SplitState {
 }
 
 /// Cuts `units` into one contiguous range per rank, proportional to `ratios`, with every
-/// boundary on a multiple of `granule` units (the last range takes any remainder).
-/// Every rank gets at least one granule; otherwise the split is rejected.
+/// boundary on a multiple of `granule` units. The end of the units is a boundary too (a
+/// quantized row ends on a whole block), so a remainder is one more piece, which the
+/// last rank takes. Every rank gets at least one piece; otherwise the split is rejected.
 pub fn split_units(
     units: usize,
     ratios: &[f64],
@@ -84,12 +85,12 @@ pub fn split_units(
         )));
     }
     let granule = granule.max(1);
-    let granules = units / granule;
-    if granules < world {
+    let pieces = units.div_ceil(granule);
+    if pieces < world {
         return Err(EngineError::Parallel(format!(
-            "{what}: {units} units in granules of {granule} give {granules} pieces, \
+            "{what}: {units} units in granules of {granule} give {pieces} pieces, \
              too few for {world} ranks; use at most {} ranks",
-            granules.max(1)
+            pieces.max(1)
         )));
     }
     let total: f64 = ratios.iter().sum();
@@ -98,20 +99,18 @@ pub fn split_units(
     let mut cumulative = 0.0;
     for (rank, ratio) in ratios.iter().enumerate().take(world - 1) {
         cumulative += ratio;
-        let ideal = (granules as f64 * cumulative / total).round() as usize;
+        let ideal = (units as f64 * cumulative / total / granule as f64).round() as usize;
         let prev = bounds[rank];
-        // Each rank keeps at least one granule, and leaves one for every later rank.
+        // Each rank keeps at least one piece, and leaves one for every later rank.
         let lo = prev + 1;
-        let hi = granules - (world - 1 - rank);
+        let hi = pieces - (world - 1 - rank);
         bounds.push(ideal.clamp(lo, hi));
     }
-    let mut ranges: Vec<Range<usize>> = bounds
+    bounds.push(pieces);
+    Ok(bounds
         .windows(2)
-        .map(|w| w[0] * granule..w[1] * granule)
-        .collect();
-    let last_start = bounds[world - 1] * granule;
-    ranges.push(last_start..units);
-    Ok(ranges)
+        .map(|w| w[0] * granule..(w[1] * granule).min(units))
+        .collect())
 }
 
 /// Smallest number of units whose width in columns is a multiple of `block` columns.
@@ -154,6 +153,17 @@ mod tests {
             split_units(100, &[1.0, 1.0], 32, "t")?,
             vec![0..64, 64..100]
         );
+        Ok(())
+    }
+
+    #[test]
+    fn fewer_units_than_a_granule_stay_whole() -> Result<()> {
+        // Two KV groups of 192 columns under 256-column blocks: one rank holds both; two
+        // cannot split them on a block.
+        assert_eq!(split_units(2, &[1.0], 4, "t")?, vec![0..2]);
+        assert!(split_units(2, &[1.0, 1.0], 4, "t").is_err());
+        // A partial last piece is the last rank's whole share.
+        assert_eq!(split_units(6, &[1.0, 1.0], 4, "t")?, vec![0..4, 4..6]);
         Ok(())
     }
 
