@@ -100,7 +100,7 @@ fn reduce_on_device(
     let temperatures: Vec<f32> = modes.iter().map(RowReduce::candidate_temperature).collect();
     let wants_candidates = temperatures.iter().any(|t| *t > 0.0);
     let wants_lse = modes.iter().any(|m| matches!(m, RowReduce::Scored { .. }));
-    let r = crate::model::cuda::kernels::reduce_rows(
+    let r = crate::model::cuda::reductions::reduce_rows(
         gpu,
         logits,
         wants_candidates.then_some(&temperatures[..]),

@@ -11,8 +11,9 @@ use tessera_engine::device::dtype::candle_dtype;
 use tessera_engine::model::batch::Batch;
 use tessera_engine::model::cuda::gemm::matmul_f32_out;
 use tessera_engine::model::cuda::kernels::{
-    add_rms_norm, argmax_rows, gated_mul, reduce_rows, rope_write_kv, HeadLayout, RopeTables,
+    add_rms_norm, gated_mul, rope_write_kv, HeadLayout, RopeTables,
 };
+use tessera_engine::model::cuda::reductions::{argmax_rows, reduce_rows};
 use tessera_engine::model::cuda::step_meta::StepMeta;
 use tessera_engine::model::cuda::MlpGate;
 use tessera_engine::model::rope::RopeTable;

@@ -9,6 +9,7 @@ pub mod kernels;
 pub mod kv_cache;
 pub mod kv_store;
 pub mod quant_matvec;
+pub mod reductions;
 pub mod step_meta;
 
 pub use kv_cache::{CudaKvCache, KvLayer};
