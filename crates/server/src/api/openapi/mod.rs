@@ -1,5 +1,6 @@
 //! The OpenAPI 3.1 document of every route, with vLLM's request extensions.
 
+mod components;
 mod document;
 mod embeddings;
 mod messages;

@@ -1,6 +1,6 @@
 //! Small builders of JSON schema values the document shares with its parts.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// `base` (an object) with the properties of `extra` added.
 pub fn with_properties(mut base: Value, extra: Value) -> Value {
@@ -10,4 +10,9 @@ pub fn with_properties(mut base: Value, extra: Value) -> Value {
         }
     }
     base
+}
+
+/// A reference to the component schema `name`.
+pub fn reference(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{name}") })
 }
