@@ -5,19 +5,11 @@
 use half::f16;
 use rayon::prelude::*;
 
-use crate::cpu::layout::{unit_position, WeightFormat, PAIR, QK};
+use crate::cpu::acts_k::round_even_i32;
+use crate::cpu::layout::{unit_position, WeightFormat, PAIR, QK, QK_K};
 
 fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
-}
-
-/// Round half to even without a libm call, as an integer: adding 1.5·2²³ leaves the
-/// nearest integer (ties to even, the default rounding mode) in the low mantissa bits,
-/// exactly, for |v| < 2²². Plain lane arithmetic, so loops over it vectorize.
-#[inline(always)]
-pub(crate) fn round_even_i32(v: f32) -> i32 {
-    const MAGIC: f32 = 12_582_912.0;
-    ((v + MAGIC).to_bits() as i32) - MAGIC.to_bits() as i32
 }
 
 /// One block quantized: stored scale, `s` (Q8_1's `d * Σq`, rounded to f16) and quants.
@@ -105,7 +97,17 @@ impl PackedActs {
     /// a large batch is split over the current rayon pool.
     pub fn quantize(format: WeightFormat, x: &[f32], m: usize, cols: usize) -> Self {
         if format.is_k() {
-            return crate::cpu::acts_k::quantize(x, m, cols);
+            let k = crate::cpu::acts_k::quantize(x, m, cols);
+            return PackedActs {
+                rows: m,
+                pairs: cols / QK_K,
+                qs: k.qs,
+                d: k.d,
+                s: Vec::new(),
+                block_corr: Vec::new(),
+                bsums: k.bsums,
+                sums32: k.sums32,
+            };
         }
         let kb = cols / QK;
         let pairs = kb.div_ceil(2);

@@ -6,7 +6,6 @@
 
 use rayon::prelude::*;
 
-use crate::cpu::acts::{round_even_i32, PackedActs};
 use crate::cpu::layout::QK_K;
 
 /// Rows from which quantization is split over the thread pool.
@@ -52,16 +51,30 @@ fn quantize_row(row: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16], su
     }
 }
 
+/// Round half to even without a libm call, as an integer: adding 1.5·2²³ leaves the
+/// nearest integer (ties to even, the default rounding mode) in the low mantissa bits,
+/// exactly, for |v| < 2²². Plain lane arithmetic, so loops over it vectorize.
+#[inline(always)]
+pub(crate) fn round_even_i32(v: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    ((v + MAGIC).to_bits() as i32) - MAGIC.to_bits() as i32
+}
+
+/// `m` rows of Q8_K activations: their quants in the file's order, one scale per
+/// super-block, and the sums of each run of 16 and of 32 quants.
+pub(crate) struct Q8K {
+    pub(crate) qs: Vec<i8>,
+    pub(crate) d: Vec<f32>,
+    pub(crate) bsums: Vec<i16>,
+    pub(crate) sums32: Vec<i16>,
+}
+
 /// `m` rows of `cols` values (a multiple of 256) in Q8_K.
-pub(crate) fn quantize(x: &[f32], m: usize, cols: usize) -> PackedActs {
+pub(crate) fn quantize(x: &[f32], m: usize, cols: usize) -> Q8K {
     let sbs = cols / QK_K;
-    let mut a = PackedActs {
-        rows: m,
-        pairs: sbs,
+    let mut a = Q8K {
         qs: vec![0; m * sbs * QK_K],
         d: vec![0.0; m * sbs],
-        s: Vec::new(),
-        block_corr: Vec::new(),
         bsums: vec![0; m * sbs * 16],
         sums32: vec![0; m * sbs * 8],
     };

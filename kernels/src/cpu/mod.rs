@@ -15,6 +15,7 @@ pub mod layout;
 pub(crate) mod layout_k;
 pub(crate) mod layout_wide;
 pub mod matmul;
+mod packed;
 pub mod scalar;
 mod tile_out;
 #[cfg(target_arch = "x86_64")]

@@ -7,6 +7,7 @@ use tessera_scheduler::AdmissionError;
 
 use crate::api::error::ServerError;
 use crate::api::error_body::ErrorBody;
+use crate::serve::middleware::envelope::ErrorMessage;
 use crate::serve::middleware::request_context::current_request_id;
 
 /// Seconds a client is told to wait after a 429 or 503.
@@ -70,11 +71,6 @@ impl ServerError {
         }
     }
 }
-
-/// The message of an error response, kept beside its OpenAI envelope for routes whose
-/// API wraps errors otherwise.
-#[derive(Debug, Clone)]
-pub struct ErrorMessage(pub String);
 
 impl IntoResponse for ServerError {
     fn into_response(self) -> Response {

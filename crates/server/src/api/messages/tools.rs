@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::request::{blocks_text, check_cache_control};
+use super::blocks::{blocks_text, check_cache_control};
 use crate::api::error::ServerError;
 
 pub(super) fn is_tool_result(block: &Value) -> bool {

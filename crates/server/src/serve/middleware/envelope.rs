@@ -8,7 +8,11 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::api::messages::error::anthropic_error;
-use crate::serve::error::ErrorMessage;
+
+/// The message of an error response, kept beside its OpenAI envelope for routes whose
+/// API wraps errors otherwise.
+#[derive(Debug, Clone)]
+pub struct ErrorMessage(pub String);
 
 /// `response` in Anthropic's envelope, when it is an error response of the server's.
 pub fn anthropic(response: Response) -> Response {

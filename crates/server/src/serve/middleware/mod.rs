@@ -5,7 +5,7 @@
 
 pub mod auth;
 mod cors;
-mod envelope;
+pub(crate) mod envelope;
 pub mod request_context;
 
 use std::sync::Arc;
