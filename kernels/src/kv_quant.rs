@@ -169,8 +169,14 @@ impl KvElement for i8 {
     fn decode(self) -> f32 {
         f32::from(self)
     }
+    /// Rounded half to even after the clamp (±127 are whole, so clamping first changes
+    /// nothing and keeps the rounding exact), without a libm call; NaN stores 0.
+    #[inline(always)]
     fn encode(x: f32) -> Self {
-        x.round_ties_even().clamp(-INT8_MAX, INT8_MAX) as i8
+        if x.is_nan() {
+            return 0;
+        }
+        crate::round::round_even_i32(x.clamp(-INT8_MAX, INT8_MAX)) as i8
     }
 }
 
@@ -328,6 +334,20 @@ mod tests {
         assert_eq!(e4m3_from_f32(1e9), 0x7e);
         assert_eq!(e4m3_from_f32(-f32::INFINITY), 0xfe);
         assert_eq!(e4m3_from_f32(f32::NAN) & 0x7f, 0x7e);
+    }
+
+    #[test]
+    fn int8_rounds_half_to_even_and_saturates() {
+        let mut x = -200.0f32;
+        while x <= 200.0 {
+            let want = x.round_ties_even().clamp(-127.0, 127.0) as i8;
+            assert_eq!(i8::encode(x), want, "{x}");
+            x += 0.125;
+        }
+        assert_eq!(i8::encode(2.5), 2);
+        assert_eq!(i8::encode(-3.5), -4);
+        assert_eq!(i8::encode(1e30), 127);
+        assert_eq!(i8::encode(f32::NAN), 0);
     }
 
     #[test]

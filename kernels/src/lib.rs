@@ -18,6 +18,7 @@ pub mod cpu;
 pub mod gpu;
 pub mod kv_quant;
 pub mod memory;
+mod round;
 
 pub use cpu::isa::Isa;
 pub use cpu::layout::{WeightFormat, QK, QK_K};

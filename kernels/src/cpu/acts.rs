@@ -5,8 +5,8 @@
 use half::f16;
 use rayon::prelude::*;
 
-use crate::cpu::acts_k::round_even_i32;
 use crate::cpu::layout::{unit_position, WeightFormat, PAIR, QK, QK_K};
+use crate::round::round_even_i32;
 
 fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()

@@ -7,6 +7,7 @@
 use rayon::prelude::*;
 
 use crate::cpu::layout::QK_K;
+use crate::round::round_even_i32;
 
 /// Rows from which quantization is split over the thread pool.
 const PAR_MIN_ROWS: usize = 4;
@@ -49,15 +50,6 @@ fn quantize_row(row: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16], su
     {
         *d = quantize_block(x, q, b, s);
     }
-}
-
-/// Round half to even without a libm call, as an integer: adding 1.5·2²³ leaves the
-/// nearest integer (ties to even, the default rounding mode) in the low mantissa bits,
-/// exactly, for |v| < 2²². Plain lane arithmetic, so loops over it vectorize.
-#[inline(always)]
-pub(crate) fn round_even_i32(v: f32) -> i32 {
-    const MAGIC: f32 = 12_582_912.0;
-    ((v + MAGIC).to_bits() as i32) - MAGIC.to_bits() as i32
 }
 
 /// `m` rows of Q8_K activations: their quants in the file's order, one scale per
