@@ -251,3 +251,17 @@ fn experts_too_narrow_for_the_ranks_blocks_are_refused_naming_their_width() {
     cfg.kv_cache_bytes = 1 << 20;
     assert!(Engine::load(&cfg).is_ok());
 }
+
+#[test]
+fn nccl_for_ranks_sharing_a_gpu_is_refused_for_cpu_ranks() {
+    let mut cfg = EngineConfig::new(fixtures().join("tiny-llama")).with_cpu_ranks(2);
+    cfg.same_gpu_comm = tessera_engine::tp::SameGpuComm::Nccl;
+    let err = match Engine::load(&cfg) {
+        Ok(_) => panic!("CPU ranks loaded with --same-gpu-comm nccl"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("--same-gpu-comm nccl") && err.contains("CPU ranks"),
+        "{err}"
+    );
+}

@@ -302,7 +302,13 @@ fn endpoints(
             )?))
         }
         _ => {
-            let _ = same_gpu;
+            if same_gpu == crate::tp::SameGpuComm::Nccl {
+                return Err(EngineError::Config(
+                    "--same-gpu-comm nccl joins ranks that share one GPU; these are CPU \
+                     ranks, which join in the process (leave the flag out)"
+                        .into(),
+                ));
+            }
             Ok(boxed(LocalComm::group(world, dtype, timeout)))
         }
     }
