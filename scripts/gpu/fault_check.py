@@ -10,8 +10,12 @@ rank 1 failing in a step while a stream runs (`--inject-fault 1:KIND:AFTER_STEPS
 
   python3 fault_check.py TESSERA_BINARY MODEL_DIR PORT
 
+TESSERA_CHECK_CPU=1 runs the same checks on two CPU ranks (cpu:0,cpu:1, no NCCL): a dry
+run of this script on a machine without a GPU.
+
 Prints `GPU-CHECK | ... | ... | ...` lines; exits 1 when a check fails.
 """
+import os
 import sys
 
 from client import complete, ready_status, start_server, stop_server, stream_events
@@ -25,14 +29,16 @@ AFTER_STEPS = 60
 
 def one(binary, model, port, kind):
     ok = True
-    extra = ["--same-gpu-comm", "nccl", "--step-timeout", str(STEP_TIMEOUT),
-             "--inject-fault", f"1:{kind}:{AFTER_STEPS}"]
-    name = f"NCCL world 2, rank 1 fault '{kind}'"
+    cpu = os.environ.get("TESSERA_CHECK_CPU") == "1"
+    devices = "cpu:0,cpu:1" if cpu else "cuda:0,cuda:0"
+    extra = ([] if cpu else ["--same-gpu-comm", "nccl"]) + [
+        "--step-timeout", str(STEP_TIMEOUT), "--inject-fault", f"1:{kind}:{AFTER_STEPS}"]
+    name = f"{'CPU ranks' if cpu else 'NCCL'} world 2, rank 1 fault '{kind}'"
     proc = None
     try:
-        proc = start_server(binary, model, "cuda:0,cuda:0", port, f"fault-{kind}-{port}.log", extra)
+        proc = start_server(binary, model, devices, port, f"fault-{kind}-{port}.log", extra)
         before = complete(port, body(PROMPTS[1], False, 16))[0]
-        text, error, done, seconds = stream_events(port, body(PROMPTS[0], True, 2000))
+        text, error, done, seconds = stream_events(port, body(PROMPTS[0], True, 1500))
         code = error and error.get("code")
         if kind == "error":
             after = complete(port, body(PROMPTS[1], False, 16))[0]

@@ -11,6 +11,9 @@ NCCL_MULTI_RANK_GPU_ENABLE=1 lets the two ranks share the GPU):
 
   python3 nodes_check.py TESSERA_BINARY MODEL_DIR PORT SAME_PORT
 
+TESSERA_CHECK_CPU=1 runs the same checks with a CPU rank in each process (joined over TCP,
+not NCCL): a dry run of this script on a machine without a GPU.
+
 Prints `GPU-CHECK | ... | ... | ...` lines; exits 1 when a check fails.
 """
 import json
@@ -28,7 +31,8 @@ STEP_TIMEOUT = 10
 
 def start_group(binary, model, port, master_port):
     """The worker first (it retries the leader), then the leader, ready on /readyz."""
-    common = ["serve", "--model", model, "--devices", "cuda:0", "--tensor-parallel-size", "2",
+    device = "cpu:0" if os.environ.get("TESSERA_CHECK_CPU") == "1" else "cuda:0"
+    common = ["serve", "--model", model, "--devices", device, "--tensor-parallel-size", "2",
               "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(master_port),
               "--step-timeout", str(STEP_TIMEOUT)]
     log = open(f"worker-{port}.log", "w")
@@ -42,12 +46,14 @@ def start_group(binary, model, port, master_port):
 
 def main():
     binary, model, port, same_port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    where = "two CPU processes over TCP" if os.environ.get("TESSERA_CHECK_CPU") == "1" \
+        else "two processes on one GPU over NCCL"
     ok = True
     leader = worker = None
     try:
         started = time.time()
         leader, worker = start_group(binary, model, port, port + 1000)
-        ok &= check("two processes on one GPU over NCCL: the group starts",
+        ok &= check(f"{where}: the group starts",
                     f"ready in {time.time() - started:.1f} s", "ready", True)
         try:
             with open(f"texts-{same_port}.json") as f:
@@ -68,7 +74,7 @@ def main():
         wall = time.time() - started
         errors = [r[1] for r in results if r[1]]
         same = sum(1 for r, w in zip(results, want or []) if r[0] == w)
-        ok &= check(f"two processes on one GPU over NCCL (TP=2): {CLIENTS} concurrent streams",
+        ok &= check(f"{where} (TP=2): {CLIENTS} concurrent streams",
                     f"{same}/{CLIENTS} texts equal to TP=2 in one process"
                     f"{'' if want else ' (no texts from the one-process check)'}, "
                     f"{CLIENTS * MAX_TOKENS / wall:.1f} tok/s together; errors: {errors[:2]}",
@@ -85,21 +91,21 @@ def main():
                 worker.kill()
                 killed["at"] = time.time()
 
-        text, error, done, _ = stream_events(port, body(PROMPTS[0], True, 4000), on_token)
+        text, error, done, _ = stream_events(port, body(PROMPTS[0], True, 1500), on_token)
         ended = time.time()
         try:
             code = leader.wait(timeout=STEP_TIMEOUT + 30)
         except subprocess.TimeoutExpired:
             code = "still running"
         took = ended - killed.get("at", ended)
-        ok &= check("two processes on one GPU: kill -9 of the worker mid-stream",
+        ok &= check(f"{where}: kill -9 of the worker mid-stream",
                     f"stream error {error and error.get('code')!r} {took:.1f} s after the kill, "
                     f"[DONE]: {done}; leader exit {code}",
                     f"engine_failed within {STEP_TIMEOUT + 5} s, exit 75",
                     bool(error) and error.get("code") == "engine_failed"
                     and took <= STEP_TIMEOUT + 5 and code == 75)
     except Exception as e:  # noqa: BLE001
-        ok &= check("two processes on one GPU over NCCL", f"failed: {e}", "runs", False)
+        ok &= check(where, f"failed: {e}", "runs", False)
     finally:
         for p in (leader, worker):
             if p is not None and p.poll() is None:
