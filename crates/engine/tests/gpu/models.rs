@@ -221,24 +221,92 @@ fn greedy_text_on_cuda_equals_the_cpu_engine() {
     });
 }
 
-#[test]
-fn tensor_parallel_on_one_gpu_equals_tp1() {
-    let checked = models().iter().filter(|m| !m.0.contains("q8_0"));
-    each_model(checked, |(label, path, ref_dir)| {
-        let dense = label.contains("bf16");
+/// TP = 1 on the GPU as the reference of a tensor-parallel run: its logits of the second
+/// check prompt, its greedy runs of all four, and the CPU engine's logits of that prompt.
+struct Tp1 {
+    prompts: Vec<Vec<u32>>,
+    mixture: bool,
+    logits: Vec<f32>,
+    greedy: Vec<(Vec<u32>, Vec<f32>)>,
+    cpu_logits: Vec<f32>,
+}
+
+impl Tp1 {
+    fn of(path: &Path, ref_dir: &Path) -> Self {
         let mut tp1 = engine(path, "cuda:0");
         let vocab = tp1.model_config().vocab_size;
         let mixture = tp1.model_config().moe.is_some();
         let prompts = gpu_check_prompts(ref_dir, vocab);
-        let prompt = &prompts[1];
-        let base_logits = crate::common::last_logits(&mut tp1, prompt);
-        let base: Vec<_> = prompts
+        let logits = crate::common::last_logits(&mut tp1, &prompts[1]);
+        let greedy = prompts
             .iter()
             .map(|p| greedy_steps(&mut tp1, p, 24, 5))
             .collect();
         drop(tp1);
-        let cpu_logits = crate::common::last_logits(&mut engine(path, "cpu:0"), prompt);
-        let base_err = rel_l2(&base_logits, &cpu_logits);
+        let cpu_logits = crate::common::last_logits(&mut engine(path, "cpu:0"), &prompts[1]);
+        Tp1 {
+            prompts,
+            mixture,
+            logits,
+            greedy,
+            cpu_logits,
+        }
+    }
+
+    /// Checks `e` (a tensor-parallel run, `what` in the report) against TP = 1: a dense
+    /// model's logits within 1e-2 and its greedy text over the four prompts; quantized
+    /// weights' logits as close to the CPU engine as TP = 1's, give or take half of that
+    /// (q8_1 activation roundings flip with the f32 summation order). `beside`: the
+    /// distance to another run of the same ranks, held to 1e-2 too.
+    fn check(&self, label: &str, what: &str, e: &mut Engine, beside: Option<(&str, &[f32])>) {
+        let logits = crate::common::last_logits(e, &self.prompts[1]);
+        let diff = rel_l2(&logits, &self.logits);
+        let (beside_figure, beside_ok) = match beside {
+            Some((name, other)) => {
+                let d = rel_l2(&logits, other);
+                (format!(" (against {name} {d:.2e})"), d < 1e-2)
+            }
+            None => (String::new(), true),
+        };
+        if label.contains("bf16") {
+            let runs: Vec<_> = self
+                .prompts
+                .iter()
+                .map(|p| greedy_steps(e, p, 24, 5))
+                .collect();
+            let agreement = GreedyAgreement::of(&self.greedy, &runs, GPU_TP_MARGIN, self.mixture);
+            check(
+                &format!("{label}: {what} against TP=1"),
+                format!("logits rel L2 {diff:.2e}{beside_figure}; {agreement}"),
+                format!(
+                    "< 1e-2; {}, >= {} compared",
+                    near_tie_bound(GPU_TP_MARGIN, self.mixture),
+                    2 * MIN_COMPARED
+                ),
+                diff < 1e-2
+                    && beside_ok
+                    && agreement.same
+                    && agreement.compared >= 2 * MIN_COMPARED,
+            );
+        } else {
+            let base_err = rel_l2(&self.logits, &self.cpu_logits);
+            let err = rel_l2(&logits, &self.cpu_logits);
+            let bound = 1.5 * base_err;
+            check(
+                &format!("{label}: {what}, distance to the CPU engine"),
+                format!("rel L2 {err:.2e} (TP=1: {base_err:.2e}){beside_figure}"),
+                format!("<= 1.5 x TP=1 = {bound:.2e}"),
+                err <= bound && beside_ok,
+            );
+        }
+    }
+}
+
+#[test]
+fn tensor_parallel_on_one_gpu_equals_tp1() {
+    let checked = models().iter().filter(|m| !m.0.contains("q8_0"));
+    each_model(checked, |(label, path, ref_dir)| {
+        let tp1 = Tp1::of(path, ref_dir);
         for tp in 2..=4 {
             let spec = vec!["cuda:0"; tp].join(",");
             let mut e = match try_engine(path, &spec) {
@@ -256,37 +324,7 @@ fn tensor_parallel_on_one_gpu_equals_tp1() {
                 }
                 Err(why) => panic!("{} on {spec}: {why}", path.display()),
             };
-            let logits = crate::common::last_logits(&mut e, prompt);
-            let diff = rel_l2(&logits, &base_logits);
-            if dense {
-                let runs: Vec<_> = prompts
-                    .iter()
-                    .map(|p| greedy_steps(&mut e, p, 24, 5))
-                    .collect();
-                let agreement = GreedyAgreement::of(&base, &runs, GPU_TP_MARGIN, mixture);
-                let ok = diff < 1e-2 && agreement.same && agreement.compared >= 2 * MIN_COMPARED;
-                check(
-                    &format!("{label}: TP={tp} on one GPU against TP=1"),
-                    format!("logits rel L2 {diff:.2e}; {agreement}"),
-                    format!(
-                        "< 1e-2; {}, >= {} compared",
-                        near_tie_bound(GPU_TP_MARGIN, mixture),
-                        2 * MIN_COMPARED
-                    ),
-                    ok,
-                );
-            } else {
-                // q8_1 activation roundings flip with the f32 summation order: allow
-                // the distance to move by half of TP=1's own.
-                let err = rel_l2(&logits, &cpu_logits);
-                let bound = 1.5 * base_err;
-                check(
-                    &format!("{label}: TP={tp} on one GPU, distance to the CPU engine"),
-                    format!("rel L2 {err:.2e} (TP=1: {base_err:.2e})"),
-                    format!("<= 1.5 x TP=1 = {bound:.2e}"),
-                    err <= bound,
-                );
-            }
+            tp1.check(label, &format!("TP={tp} on one GPU"), &mut e, None);
         }
     });
 }

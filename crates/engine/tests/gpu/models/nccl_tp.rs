@@ -9,8 +9,8 @@ use std::path::Path;
 use tessera_engine::tp::{AllReduceDtype, SameGpuComm};
 use tessera_engine::{Engine, EngineConfig};
 
-use super::{devices, each_model, engine, models, near_tie_bound, GreedyAgreement, MIN_COMPARED};
-use crate::common::{gpu_check_prompts, greedy_steps, last_logits, rel_l2, GPU_TP_MARGIN};
+use super::{devices, each_model, models, Tp1};
+use crate::common::{last_logits, rel_l2};
 use crate::report::check;
 
 /// The models over NCCL, by their labels in [`models`].
@@ -37,65 +37,20 @@ fn tensor_parallel_over_nccl_on_one_gpu_equals_tp1() {
         .iter()
         .filter(|m| NCCL_MODELS.contains(&m.0.as_str()));
     each_model(checked, |(label, path, ref_dir)| {
-        let dense = label.contains("bf16");
-        let mut tp1 = engine(path, "cuda:0");
-        let vocab = tp1.model_config().vocab_size;
-        let mixture = tp1.model_config().moe.is_some();
-        let prompts = gpu_check_prompts(ref_dir, vocab);
-        let prompt = &prompts[1];
-        let base_logits = last_logits(&mut tp1, prompt);
-        let base: Vec<_> = prompts
-            .iter()
-            .map(|p| greedy_steps(&mut tp1, p, 24, 5))
-            .collect();
-        drop(tp1);
-        let cpu_logits = last_logits(&mut engine(path, "cpu:0"), prompt);
-        let base_err = rel_l2(&base_logits, &cpu_logits);
+        let tp1 = Tp1::of(path, ref_dir);
+        let prompt = &tp1.prompts[1];
         for tp in 2..=4 {
-            let same_gpu = {
-                let mut e = ranks(path, tp, SameGpuComm::Device, AllReduceDtype::F32);
-                last_logits(&mut e, prompt)
-            };
+            let same_gpu = last_logits(
+                &mut ranks(path, tp, SameGpuComm::Device, AllReduceDtype::F32),
+                prompt,
+            );
             let mut e = ranks(path, tp, SameGpuComm::Nccl, AllReduceDtype::F32);
-            let logits = last_logits(&mut e, prompt);
-            let diff = rel_l2(&logits, &base_logits);
-            let beside = rel_l2(&logits, &same_gpu);
-            if dense {
-                let runs: Vec<_> = prompts
-                    .iter()
-                    .map(|p| greedy_steps(&mut e, p, 24, 5))
-                    .collect();
-                let agreement = GreedyAgreement::of(&base, &runs, GPU_TP_MARGIN, mixture);
-                let ok = diff < 1e-2
-                    && beside < 1e-2
-                    && agreement.same
-                    && agreement.compared >= 2 * MIN_COMPARED;
-                check(
-                    &format!("{label}: TP={tp} over NCCL on one GPU against TP=1"),
-                    format!(
-                        "logits rel L2 {diff:.2e} (against the same-GPU communicator \
-                         {beside:.2e}); {agreement}"
-                    ),
-                    format!(
-                        "< 1e-2 (both); {}, >= {} compared",
-                        near_tie_bound(GPU_TP_MARGIN, mixture),
-                        2 * MIN_COMPARED
-                    ),
-                    ok,
-                );
-            } else {
-                let err = rel_l2(&logits, &cpu_logits);
-                let bound = 1.5 * base_err;
-                check(
-                    &format!("{label}: TP={tp} over NCCL on one GPU, distance to the CPU engine"),
-                    format!(
-                        "rel L2 {err:.2e} (TP=1: {base_err:.2e}; against the same-GPU \
-                         communicator {beside:.2e})"
-                    ),
-                    format!("<= 1.5 x TP=1 = {bound:.2e}"),
-                    err <= bound,
-                );
-            }
+            tp1.check(
+                label,
+                &format!("TP={tp} over NCCL on one GPU"),
+                &mut e,
+                Some(("the same-GPU communicator", &same_gpu)),
+            );
         }
         if label == "llama bf16" {
             // The bf16 all-reduce rounds each partial sum: held to the CUDA bound against
@@ -108,7 +63,7 @@ fn tensor_parallel_over_nccl_on_one_gpu_equals_tp1() {
                 &mut ranks(path, 2, SameGpuComm::Nccl, AllReduceDtype::Bf16),
                 prompt,
             );
-            let diff = rel_l2(&logits, &base_logits);
+            let diff = rel_l2(&logits, &tp1.logits);
             let beside = rel_l2(&logits, &same_gpu);
             check(
                 &format!("{label}: TP=2 over NCCL with the bf16 all-reduce against TP=1"),
