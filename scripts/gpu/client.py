@@ -69,15 +69,10 @@ def complete(port, body):
         doc = json.loads(resp.read())
         return doc["choices"][0]["text"], doc["choices"][0]["finish_reason"], True, [time.time() - started]
     text, finish, done, times = "", None, False, []
-    for raw in resp:
-        line = raw.decode().strip()
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):]
-        if data == "[DONE]":
+    for chunk in _events(resp):
+        if chunk is None:
             done = True
             break
-        chunk = json.loads(data)
         if "error" in chunk:
             raise RuntimeError(f"stream error: {chunk['error']}")
         for choice in chunk.get("choices", []):
@@ -86,6 +81,19 @@ def complete(port, body):
             text += choice.get("text", "")
             finish = choice.get("finish_reason") or finish
     return text, finish, done, times
+
+
+def _events(resp):
+    """The JSON objects of a server-sent event stream, then None for its `[DONE]`."""
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            yield None
+            return
+        yield json.loads(data)
 
 
 def metric(port, name):
@@ -118,15 +126,10 @@ def stream_events(port, body, on_token=None):
         return "", {**(error or {}), "status": resp.status}, False, time.time() - started
     text, error, done, tokens = "", None, False, 0
     try:
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: "):]
-            if data == "[DONE]":
+        for chunk in _events(resp):
+            if chunk is None:
                 done = True
                 break
-            chunk = json.loads(data)
             if "error" in chunk:
                 error = chunk["error"]
                 continue
