@@ -43,10 +43,14 @@ fn model(name: &str) -> PathBuf {
 }
 
 fn engine(path: &Path, ranks: usize, emulate_gpu: bool) -> Engine {
+    try_engine(path, ranks, emulate_gpu).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn try_engine(path: &Path, ranks: usize, emulate_gpu: bool) -> Result<Engine, String> {
     let mut cfg = EngineConfig::new(path).with_cpu_ranks(ranks);
     cfg.emulate_gpu = emulate_gpu;
     cfg.kv_cache_bytes = 128 << 20;
-    Engine::load(&cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    Engine::load(&cfg).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -147,9 +151,10 @@ fn gpu_path_gguf_logits_match_cpu_and_tensor_parallel_keeps_the_distance() {
             }
             println!("{name} {tag}: rel L2 {worst:.2e} to the CPU engine (< {GPU_GGUF_LOGITS_BOUND:.0e})");
             assert!(worst < GPU_GGUF_LOGITS_BOUND, "{name} {tag}");
-            // As the GPU checks: Q4_1 at TP = 2..4 stays as close to the CPU engine as
-            // TP = 1 is, give or take half of that distance.
-            if tag != "q4_1" {
+            // As the GPU checks: Q4_1 and Q4_K_M at TP = 2..4 stay as close to the CPU
+            // engine as TP = 1 is, give or take half of that distance; Q4_K_M's
+            // super-blocks may split a small model over fewer ranks, and more are refused.
+            if tag == "q8_0" {
                 continue;
             }
             let prompt = &prompts[1];
@@ -157,7 +162,15 @@ fn gpu_path_gguf_logits_match_cpu_and_tensor_parallel_keeps_the_distance() {
             let base = rel_l2(&last_logits(&mut gpu, prompt), &on_cpu);
             drop(gpu);
             for tp in 2..=4 {
-                let err = rel_l2(&last_logits(&mut engine(&file, tp, true), prompt), &on_cpu);
+                let mut e = match try_engine(&file, tp, true) {
+                    Ok(e) => e,
+                    Err(why) if tag == "q4_k_m" && why.contains("splits over at most") => {
+                        println!("{name} {tag} TP={tp}: refused ({why})");
+                        continue;
+                    }
+                    Err(why) => panic!("{name} {tag} TP={tp}: {why}"),
+                };
+                let err = rel_l2(&last_logits(&mut e, prompt), &on_cpu);
                 println!(
                     "{name} {tag} TP={tp}: rel L2 {err:.2e} to the CPU engine (TP=1: {base:.2e})"
                 );

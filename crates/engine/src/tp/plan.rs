@@ -77,34 +77,42 @@ impl ShardPlan {
         let hd = config.head_dim;
         let group = config.group_size();
         let block = options.input_block.max(1);
-        let (q_ranges, kv_ranges) = if world <= config.num_kv_heads {
-            let granule = granule_for(group * hd, block);
-            let groups = split_units(
-                config.num_kv_heads,
-                &options.ratios,
-                granule,
-                "attention (whole KV groups)",
-            )
-            .map_err(|e| hint_heads(e, config, block))?;
-            let q = groups
-                .iter()
-                .map(|g| g.start * group..g.end * group)
-                .collect::<Vec<_>>();
-            (q, groups)
-        } else {
-            let granule = granule_for(hd, block);
-            let q = split_units(
-                config.num_heads,
-                &options.ratios,
-                granule,
-                "attention (query heads)",
-            )
-            .map_err(|e| hint_heads(e, config, block))?;
-            let kv = q
-                .iter()
-                .map(|h| h.start / group..(h.end - 1) / group + 1)
-                .collect::<Vec<_>>();
-            (q, kv)
+        // Whole KV groups while there are enough of them and their width splits on the
+        // blocks; otherwise query heads one by one, each rank holding the KV heads its
+        // query heads read (replicated where two ranks share one). A KV group narrower
+        // than a block (a k-quant's 256 columns) may not split where single heads do.
+        let by_groups = (world <= config.num_kv_heads)
+            .then(|| {
+                split_units(
+                    config.num_kv_heads,
+                    &options.ratios,
+                    granule_for(group * hd, block),
+                    "attention (whole KV groups)",
+                )
+            })
+            .and_then(|groups| groups.ok());
+        let (q_ranges, kv_ranges) = match by_groups {
+            Some(groups) => {
+                let q = groups
+                    .iter()
+                    .map(|g| g.start * group..g.end * group)
+                    .collect::<Vec<_>>();
+                (q, groups)
+            }
+            None => {
+                let q = split_units(
+                    config.num_heads,
+                    &options.ratios,
+                    granule_for(hd, block),
+                    "attention (query heads)",
+                )
+                .map_err(|e| hint_heads(e, config, block))?;
+                let kv = q
+                    .iter()
+                    .map(|h| h.start / group..(h.end - 1) / group + 1)
+                    .collect::<Vec<_>>();
+                (q, kv)
+            }
         };
         let ffn = split_units(
             config.intermediate_size,
@@ -200,8 +208,12 @@ impl ShardPlan {
 fn hint_heads(e: EngineError, config: &ModelConfig, block: usize) -> EngineError {
     let granule = granule_for(config.head_dim, block);
     let max = config.num_heads.div_ceil(granule).max(1);
+    let what = match e {
+        EngineError::Parallel(m) => m,
+        other => other.to_string(),
+    };
     EngineError::Parallel(format!(
-        "{e} (this model has {} query heads and {} KV heads of dimension {}; with \
+        "{what} (this model has {} query heads and {} KV heads of dimension {}; with \
          quantization blocks of {block} columns it splits over at most {max} ranks)",
         config.num_heads, config.num_kv_heads, config.head_dim
     ))
@@ -212,8 +224,9 @@ mod tests {
     use super::*;
 
     /// Six heads of 64 in two KV groups of 192 columns, under 256-column blocks (a
-    /// Q4_K_M file whose down projection is Q4_K): one rank holds them whole, two cannot
-    /// split a group on a block, and the refusal says how many ranks it takes.
+    /// Q4_K_M file whose down projection is Q4_K): one rank holds them whole; two cannot
+    /// split a group on a block, so they split the query heads on blocks (four and two)
+    /// and share the second KV head; four cannot split six heads in blocks of four.
     #[test]
     fn one_rank_never_needs_a_split_on_blocks() -> Result<()> {
         let config = ModelConfig {
@@ -227,11 +240,41 @@ mod tests {
         let plan = ShardPlan::new(&config, &PlanOptions::equal(1, 256))?;
         assert_eq!(plan.ranks[0].q_heads, 0..6);
         assert_eq!(plan.ranks[0].ffn, 0..1024);
-        let err = ShardPlan::new(&config, &PlanOptions::equal(2, 256))
+        let plan = ShardPlan::new(&config, &PlanOptions::equal(2, 256))?;
+        assert_eq!(plan.ranks[0].q_heads, 0..4);
+        assert_eq!(plan.ranks[1].q_heads, 4..6);
+        assert_eq!(plan.ranks[0].kv_heads, 0..2);
+        assert_eq!(plan.ranks[1].kv_heads, 1..2);
+        let err = ShardPlan::new(&config, &PlanOptions::equal(4, 256))
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(err.contains("use at most 1 ranks"), "{err}");
+        assert!(err.contains("splits over at most 2 ranks"), "{err}");
+        assert_eq!(
+            err.matches("invalid tensor-parallel setup").count(),
+            1,
+            "{err}"
+        );
+        Ok(())
+    }
+
+    /// Dense weights, or groups that split on the blocks, keep whole KV groups.
+    #[test]
+    fn whole_kv_groups_where_they_split() -> Result<()> {
+        let config = ModelConfig {
+            num_heads: 8,
+            num_kv_heads: 2,
+            head_dim: 64,
+            intermediate_size: 1024,
+            vocab_size: 100,
+            ..ModelConfig::default()
+        };
+        for block in [1, 32, 256] {
+            let plan = ShardPlan::new(&config, &PlanOptions::equal(2, block))?;
+            assert_eq!(plan.ranks[1].q_heads, 4..8, "block {block}");
+            assert_eq!(plan.ranks[1].kv_heads, 1..2, "block {block}");
+            assert_eq!(plan.ranks[0].kv_heads, 0..1, "block {block}");
+        }
         Ok(())
     }
 }
