@@ -41,7 +41,7 @@ impl Linear {
     /// activations; on CPU this is [`Linear::forward`].
     pub fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
         if let Some(y) = self.quantized_decode(x)? {
-            return Ok(y);
+            return self.add_bias(y);
         }
         #[cfg(feature = "cuda")]
         if let (LinearWeight::Candle(QMatMul::Tensor(w)), candle_core::Device::Cuda(dev)) =
@@ -49,20 +49,17 @@ impl Linear {
         {
             // An f32 weight (a mixture's router): candle's f32 matmul.
             if w.dtype() == candle_core::DType::F32 {
-                return self.forward(&x.to_dtype(candle_core::DType::F32)?);
+                return self.matmul(&x.to_dtype(candle_core::DType::F32)?);
             }
             let y = crate::model::cuda::gemm::matmul_f32_out(dev, &x.to_dtype(w.dtype())?, w)?;
-            return Ok(match &self.bias {
-                Some(b) => y.broadcast_add(&b.to_dtype(candle_core::DType::F32)?)?,
-                None => y,
-            });
+            return self.add_bias(y);
         }
         if x.device().is_cuda() {
             return Ok(self
-                .forward(&x.to_dtype(candle_core::DType::F32)?)?
+                .matmul(&x.to_dtype(candle_core::DType::F32)?)?
                 .to_dtype(candle_core::DType::F32)?);
         }
-        self.forward(x)
+        self.matmul(x)
     }
 
     /// `x` as host weights read it. CPU ranks compute in f32 throughout; 16-bit
@@ -81,20 +78,15 @@ impl Linear {
     }
 
     /// On a CUDA rank, a quantized weight's product with 1 to 8 rows by our decode
-    /// kernels (`model::cuda::quant_matvec`), bias added: f32 `[rows, out]`; `None` where
-    /// candle's matmul takes it.
+    /// kernels (`model::cuda::quant_matvec`), without the bias: f32 `[rows, out]`; `None`
+    /// where candle's matmul takes it.
     fn quantized_decode(&self, x: &Tensor) -> Result<Option<Tensor>> {
         #[cfg(feature = "cuda")]
         if let (LinearWeight::Candle(QMatMul::QTensor(w)), Device::Cuda(_)) =
             (&self.weight, x.device())
         {
             let gpu = crate::device::buffers::Gpu::of(x.device())?;
-            if let Some(y) = crate::model::cuda::quant_matvec::quant_matvec(gpu, x, w)? {
-                return Ok(Some(match &self.bias {
-                    Some(b) => y.broadcast_add(&b.to_dtype(candle_core::DType::F32)?)?,
-                    None => y,
-                }));
-            }
+            return crate::model::cuda::quant_matvec::quant_matvec(gpu, x, w);
         }
         let _ = x;
         Ok(None)
@@ -102,9 +94,14 @@ impl Linear {
 
     /// `x`: `[tokens, in]` → `[tokens, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if let Some(y) = self.quantized_decode(x)? {
-            return Ok(y);
+        match self.quantized_decode(x)? {
+            Some(y) => self.add_bias(y),
+            None => self.matmul(x),
         }
+    }
+
+    /// The product by candle's matmul or Tessera's CPU kernels, bias added.
+    fn matmul(&self, x: &Tensor) -> Result<Tensor> {
         let x = &self.host_input(x)?;
         let y = match &self.weight {
             LinearWeight::Candle(w) => w.forward(x)?,
@@ -114,8 +111,13 @@ impl Linear {
                 Tensor::from_vec(y, (m, w.rows()), x.device())?
             }
         };
-        // The bias is kept in the device's compute type; a product in another type (an
-        // f32 router on a GPU, a quantized matmul's f32 output) takes it in its own.
+        self.add_bias(y)
+    }
+
+    /// `y + b`. The bias is kept in the device's compute type; a product in another type
+    /// (an f32 router on a GPU, a quantized matmul's or a GEMM's f32 output) takes it in
+    /// its own.
+    fn add_bias(&self, y: Tensor) -> Result<Tensor> {
         Ok(match &self.bias {
             Some(b) if b.dtype() != y.dtype() => y.broadcast_add(&b.to_dtype(y.dtype())?)?,
             Some(b) => y.broadcast_add(b)?,

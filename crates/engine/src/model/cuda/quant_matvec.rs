@@ -75,7 +75,7 @@ pub fn quant_matvec(gpu: Gpu<'_>, x: &Tensor, w: &QTensor) -> Result<Option<Tens
     // One 40-byte block per 32 activations, as u32 words (4-byte aligned, as the kernels
     // read them); the quantize launch writes all of it.
     let acts = gpu.output(DType::U32, rows * (k / Q8_BLOCK) * Q8_ACT_BYTES / 4)?;
-    let weights = WeightBytes::of(gpu, w)?;
+    let weights = WeightBytes::of(gpu, w, quant)?;
     let held = [
         Held::new(&x, "quantized matvec input")?,
         Held::new(&acts, "quantized activations")?,
@@ -124,11 +124,9 @@ enum WeightBytes {
 }
 
 impl WeightBytes {
-    fn of(gpu: Gpu<'_>, w: &QTensor) -> Result<Self> {
+    fn of(gpu: Gpu<'_>, w: &QTensor, quant: GgufQuant) -> Result<Self> {
         let (n, k) = w.shape().dims2()?;
-        let want = quant_of(w.dtype())
-            .map(|q| q.weight_bytes(n, k))
-            .unwrap_or(usize::MAX);
+        let want = quant.weight_bytes(n, k);
         if w.storage_size_in_bytes() < want {
             return Err(EngineError::Step(format!(
                 "quantized weight of {} bytes for {n} x {k} {:?} ({want} bytes)",
@@ -170,21 +168,10 @@ impl WeightBytes {
 mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{DType, Device, Tensor};
+    use tessera_kernels::gpu::reference::Lcg;
 
     use super::quant_matvec;
     use crate::device::buffers::Gpu;
-
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     fn rel_l2(a: &[f32], b: &[f32]) -> f32 {
         let d: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
@@ -207,12 +194,13 @@ mod tests {
             GgmlDType::Q5K,
             GgmlDType::Q6K,
         ] {
-            let w = Tensor::from_vec(values(n * k, 7), (n, k), &Device::Cpu).expect("w");
+            let w = Tensor::from_vec(Lcg(7).values(n * k), (n, k), &Device::Cpu).expect("w");
             let q = QTensor::quantize(&w, dtype).expect("quantize");
             let dense = q.dequantize(&Device::Cpu).expect("dequantize");
             for rows in [1, 3, 8] {
-                let x = Tensor::from_vec(values(rows * k, rows as u64), (rows, k), &Device::Cpu)
-                    .expect("x");
+                let x =
+                    Tensor::from_vec(Lcg(rows as u64).values(rows * k), (rows, k), &Device::Cpu)
+                        .expect("x");
                 let want: Vec<f32> = x
                     .matmul(&dense.t().expect("t"))
                     .and_then(|y| y.flatten_all())
@@ -237,7 +225,7 @@ mod tests {
     #[test]
     fn what_the_kernels_do_not_take_is_left_to_candle() {
         let gpu = Gpu::of(&Device::Cpu).expect("emulated GPU");
-        let w = Tensor::from_vec(values(16 * 256, 3), (16, 256), &Device::Cpu).expect("w");
+        let w = Tensor::from_vec(Lcg(3).values(16 * 256), (16, 256), &Device::Cpu).expect("w");
         let q4 = QTensor::quantize(&w, GgmlDType::Q4_1).expect("q4_1");
         let q5 = QTensor::quantize(&w, GgmlDType::Q5_0).expect("q5_0");
         let x9 = Tensor::zeros((9, 256), DType::F32, &Device::Cpu).expect("x");
