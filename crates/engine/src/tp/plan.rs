@@ -223,20 +223,25 @@ fn hint_heads(e: EngineError, config: &ModelConfig, block: usize) -> EngineError
 mod tests {
     use super::*;
 
+    /// `num_heads` query heads of 64 on `num_kv_heads` KV heads, an FFN of 1024.
+    fn heads(num_heads: usize, num_kv_heads: usize) -> ModelConfig {
+        ModelConfig {
+            num_heads,
+            num_kv_heads,
+            head_dim: 64,
+            intermediate_size: 1024,
+            vocab_size: 100,
+            ..ModelConfig::default()
+        }
+    }
+
     /// Six heads of 64 in two KV groups of 192 columns, under 256-column blocks (a
     /// Q4_K_M file whose down projection is Q4_K): one rank holds them whole; two cannot
     /// split a group on a block, so they split the query heads on blocks (four and two)
     /// and share the second KV head; four cannot split six heads in blocks of four.
     #[test]
     fn one_rank_never_needs_a_split_on_blocks() -> Result<()> {
-        let config = ModelConfig {
-            num_heads: 6,
-            num_kv_heads: 2,
-            head_dim: 64,
-            intermediate_size: 1024,
-            vocab_size: 100,
-            ..ModelConfig::default()
-        };
+        let config = heads(6, 2);
         let plan = ShardPlan::new(&config, &PlanOptions::equal(1, 256))?;
         assert_eq!(plan.ranks[0].q_heads, 0..6);
         assert_eq!(plan.ranks[0].ffn, 0..1024);
@@ -261,14 +266,7 @@ mod tests {
     /// Dense weights, or groups that split on the blocks, keep whole KV groups.
     #[test]
     fn whole_kv_groups_where_they_split() -> Result<()> {
-        let config = ModelConfig {
-            num_heads: 8,
-            num_kv_heads: 2,
-            head_dim: 64,
-            intermediate_size: 1024,
-            vocab_size: 100,
-            ..ModelConfig::default()
-        };
+        let config = heads(8, 2);
         for block in [1, 32, 256] {
             let plan = ShardPlan::new(&config, &PlanOptions::equal(2, block))?;
             assert_eq!(plan.ranks[1].q_heads, 4..8, "block {block}");

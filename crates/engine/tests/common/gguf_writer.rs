@@ -187,6 +187,8 @@ pub fn write_gguf(dir: &Path, types: impl Into<GgufTypes>, vocab: Vocab, out: &P
                 .extend(candle_core::safetensors::load(&path, &Device::Cpu).expect("safetensors"));
         }
     }
+    let layers = get("num_hidden_layers") as usize;
+    let tied = !tensors.contains_key("lm_head.weight");
     let mut names: Vec<&String> = tensors.keys().collect();
     names.sort();
     // Tensors are quantized in parallel: an 8B model has 290 of them.
@@ -202,8 +204,6 @@ pub fn write_gguf(dir: &Path, types: impl Into<GgufTypes>, vocab: Vocab, out: &P
                 t = permute_rows(&t, kv_heads).expect("permute k");
             }
             let q = if t.rank() == 2 {
-                let layers = get("num_hidden_layers") as usize;
-                let tied = !tensors.contains_key("lm_head.weight");
                 QTensor::quantize(&t, types.of(&name, t.dims()[1], layers, tied))
             } else {
                 QTensor::quantize(&t, GgmlDType::F32)
