@@ -20,11 +20,10 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
-from client import _start, ready_status, stream_events
-from serve_check import CLIENTS, MAX_TOKENS, PROMPTS, body, check
+from client import _start, stream_events
+from serve_check import CLIENTS, MAX_TOKENS, PROMPTS, at_once, body, check
 
 STEP_TIMEOUT = 10
 
@@ -60,18 +59,7 @@ def main():
                 want = json.load(f)
         except OSError:
             want = None
-        results = [None] * CLIENTS
-
-        def client(i):
-            results[i] = stream_events(port, body(PROMPTS[i], True))
-
-        started = time.time()
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.time() - started
+        results, wall = at_once(lambda i: stream_events(port, body(PROMPTS[i], True)))
         errors = [r[1] for r in results if r[1]]
         same = sum(1 for r, w in zip(results, want or []) if r[0] == w)
         ok &= check(f"{where} (TP=2): {CLIENTS} concurrent streams",

@@ -33,6 +33,23 @@ def body(prompt, stream, max_tokens=MAX_TOKENS):
             "stream": stream, "ignore_eos": True}
 
 
+def at_once(client):
+    """`client(i)` for every one of the CLIENTS prompts, each on its own thread, all at
+    once: their results in prompt order, and the wall time."""
+    results = [None] * CLIENTS
+
+    def run(i):
+        results[i] = client(i)
+
+    started = time.time()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.time() - started
+
+
 def check(name, figure, bound, ok):
     print(f"GPU-CHECK | {name} | {figure} | {bound}", flush=True)
     if not ok:
@@ -48,22 +65,16 @@ def main():
     proc = None
     try:
         proc = start_server(binary, model, devices, port, f"serve-{port}.log", extra)
-        results = [None] * CLIENTS
         errors = []
 
         def client(i):
             try:
-                results[i] = complete(port, body(PROMPTS[i], True))
+                return complete(port, body(PROMPTS[i], True))
             except Exception as e:  # noqa: BLE001 - reported as a failed check
                 errors.append(f"client {i}: {e}")
+                return None
 
-        started = time.time()
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.time() - started
+        results, wall = at_once(client)
         alone = [complete(port, body(p, False)) for p in PROMPTS]
         with open(f"texts-{port}.json", "w") as f:
             json.dump([a[0] for a in alone], f)
