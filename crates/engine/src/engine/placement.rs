@@ -298,7 +298,7 @@ fn endpoints(
                 }
             }
             Ok(boxed(crate::tp::NcclEndpoint::group(
-                world, dtype, timeout,
+                world, dtype, timeout, shared,
             )?))
         }
         _ => {

@@ -15,6 +15,17 @@
 //! spoils only the step, the engine gives every rank a fresh endpoint (a new unique id)
 //! and the ranks initialise a new communicator together.
 //!
+//! Ranks that share one GPU (NCCL 2.30's several ranks per GPU) share its CUDA context
+//! too, and that needs one more rule: an NCCL kernel spins on the GPU until its peers'
+//! kernels arrive, and some host calls wait for all the context's running work first
+//! (loading a kernel module, which candle and cuBLAS do at a kernel's first use; a
+//! synchronous copy or free). A rank in such a call while a peer's collective spins
+//! never reaches its own collective: both wait forever. So ranks sharing a GPU meet at a
+//! host gate before each collective: no rank's collective starts until every rank has
+//! finished the host work before it, and what a rank does after its collective waits at
+//! worst for peers that are only queueing theirs. Ranks on distinct GPUs have contexts
+//! of their own and meet only on the GPU.
+//!
 //! NCCL chooses its reduction order (ring or tree, by size and topology) and does not
 //! promise one: unlike the in-process communicators, its sums are not fixed in rank
 //! order, so results may change with the message size, the topology or the NCCL version.
@@ -30,6 +41,7 @@ use candle_core::{CudaDevice, DType, Device, Tensor};
 
 use crate::device::buffers::{cuda_device, Gpu, Held};
 use crate::error::{EngineError, Result};
+use crate::tp::barrier::AbortableBarrier;
 use crate::tp::comm::{AllReduceDtype, Communicator, Endpoint};
 use crate::tp::gpu_wait::{wait_for_stream, WaitEnd};
 
@@ -37,10 +49,21 @@ fn nccl_err(what: &str, e: impl std::fmt::Debug) -> EngineError {
     EngineError::CommAborted(format!("NCCL {what}: {e:?}"))
 }
 
-/// Shared by the ranks of a group in this process: why the group was aborted.
-#[derive(Debug, Default)]
+/// Shared by the ranks of a group in this process: why the group was aborted, and for
+/// ranks sharing one GPU the gate they pass before each collective.
+#[derive(Default)]
 struct GroupState {
     aborted: Mutex<Option<String>>,
+    gate: Option<AbortableBarrier>,
+}
+
+impl std::fmt::Debug for GroupState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupState")
+            .field("aborted", &self.reason())
+            .field("gated", &self.gate.is_some())
+            .finish()
+    }
 }
 
 impl GroupState {
@@ -56,6 +79,9 @@ impl GroupState {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(|| reason.to_string());
+        if let Some(gate) = &self.gate {
+            gate.abort(reason);
+        }
     }
 }
 
@@ -71,15 +97,25 @@ pub struct NcclEndpoint {
 }
 
 impl NcclEndpoint {
-    /// Endpoints for `world` GPUs of one node, sharing a fresh unique id.
-    pub fn group(world: usize, dtype: AllReduceDtype, timeout: Duration) -> Result<Vec<Self>> {
-        Ok(Self::node_group(
-            &Self::new_id_bytes()?,
-            0..world,
-            world,
-            dtype,
-            timeout,
-        ))
+    /// Endpoints for `world` ranks of one node, sharing a fresh unique id. With
+    /// `one_gpu` the ranks share one GPU, and meet at a host gate before each collective
+    /// (see the module's notes).
+    pub fn group(
+        world: usize,
+        dtype: AllReduceDtype,
+        timeout: Duration,
+        one_gpu: bool,
+    ) -> Result<Vec<Self>> {
+        let mut endpoints =
+            Self::node_group(&Self::new_id_bytes()?, 0..world, world, dtype, timeout);
+        if one_gpu && world > 1 {
+            let group = Arc::new(GroupState {
+                aborted: Mutex::new(None),
+                gate: Some(AbortableBarrier::new(world, timeout)),
+            });
+            endpoints.iter_mut().for_each(|e| e.group = group.clone());
+        }
+        Ok(endpoints)
     }
 
     /// The endpoints of `ranks` in a group of `world` ranks from the group's unique id
@@ -229,6 +265,12 @@ impl NcclComm {
         }
         // NCCL writes every element of the output.
         let out = Gpu::of(x.device())?.output(x.dtype(), out_shape)?;
+        if let Some(gate) = &self.group.gate {
+            if let Err(e) = gate.wait(self.rank) {
+                self.abort(&e.to_string());
+                return Err(e);
+            }
+        }
         {
             let (xh, oh) = (
                 Held::new(&x, "NCCL input")?,

@@ -15,7 +15,7 @@ fn nccl_collectives_on_device_buffers_and_abort() {
     let values = rng.values(3 * 70);
     let x = upload(&values, &[3, 70], DType::F32, &device);
     for dtype in [AllReduceDtype::F32, AllReduceDtype::Bf16] {
-        let endpoint = NcclEndpoint::group(1, dtype, Duration::from_secs(10))
+        let endpoint = NcclEndpoint::group(1, dtype, Duration::from_secs(10), true)
             .expect("nccl id")
             .pop()
             .expect("one endpoint");
@@ -153,7 +153,8 @@ fn nccl_with_several_ranks_on_one_gpu() {
     );
     let timeout = Duration::from_secs(60);
     for world in 2..=4 {
-        let endpoints = NcclEndpoint::group(world, AllReduceDtype::F32, timeout).expect("nccl id");
+        let endpoints =
+            NcclEndpoint::group(world, AllReduceDtype::F32, timeout, true).expect("nccl id");
         let runs = run_ranks(boxed(endpoints), world == 2);
         let inputs: Vec<Vec<f32>> = (0..world).map(rank_values).collect();
         let want_sum: Vec<f32> = (0..ROWS * WIDTH)
