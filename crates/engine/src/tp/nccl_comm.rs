@@ -20,11 +20,13 @@
 //! kernels arrive, and some host calls wait for all the context's running work first
 //! (loading a kernel module, which candle and cuBLAS do at a kernel's first use; a
 //! synchronous copy or free). A rank in such a call while a peer's collective spins
-//! never reaches its own collective: both wait forever. So ranks sharing a GPU meet at a
-//! host gate before each collective: no rank's collective starts until every rank has
-//! finished the host work before it, and what a rank does after its collective waits at
-//! worst for peers that are only queueing theirs. Ranks on distinct GPUs have contexts
-//! of their own and meet only on the GPU.
+//! never reaches its own collective, and while such a call waits it holds the context,
+//! so a peer cannot even queue its collective: both wait forever
+//! (`scripts/gpu/nccl_context_probe.py` shows each case on a GPU). So ranks sharing a GPU
+//! meet at a host gate before each collective and again once every rank has queued it:
+//! no rank's collective starts while a peer may still make such a call before its own,
+//! and no rank makes one while a peer has yet to queue. Ranks on distinct GPUs have
+//! contexts of their own and meet only on the GPU.
 //!
 //! NCCL chooses its reduction order (ring or tree, by size and topology) and does not
 //! promise one: unlike the in-process communicators, its sums are not fixed in rank
@@ -265,27 +267,37 @@ impl NcclComm {
         }
         // NCCL writes every element of the output.
         let out = Gpu::of(x.device())?.output(x.dtype(), out_shape)?;
-        if let Some(gate) = &self.group.gate {
-            if let Err(e) = gate.wait(self.rank) {
-                self.abort(&e.to_string());
-                return Err(e);
-            }
+        let (xh, oh) = (
+            Held::new(&x, "NCCL input")?,
+            Held::new(&out, "NCCL output")?,
+        );
+        let (send, recv) = (xh.address()?, oh.address()?);
+        self.pass_gate()?;
+        let queued = op(
+            send as *const c_void,
+            recv as *mut c_void,
+            count,
+            ty,
+            comm,
+            self.stream.cu_stream() as _,
+        );
+        if let Err(e) = &queued {
+            self.abort(&e.to_string());
         }
-        {
-            let (xh, oh) = (
-                Held::new(&x, "NCCL input")?,
-                Held::new(&out, "NCCL output")?,
-            );
-            op(
-                xh.address()? as *const c_void,
-                oh.address()? as *mut c_void,
-                count,
-                ty,
-                comm,
-                self.stream.cu_stream() as _,
-            )?;
-        }
+        queued?;
+        self.pass_gate()?;
+        drop((xh, oh));
         Ok(out)
+    }
+
+    /// For ranks sharing one GPU, waits until every rank of the group in this process
+    /// is here (see the module's notes); aborts the group when one never comes.
+    fn pass_gate(&self) -> Result<()> {
+        let Some(gate) = &self.group.gate else {
+            return Ok(());
+        };
+        gate.wait(self.rank)
+            .inspect_err(|e| self.abort(&e.to_string()))
     }
 
     /// Every rank's `x` (all of one size) one after another along a new leading extent:
