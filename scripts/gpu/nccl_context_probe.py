@@ -8,14 +8,18 @@ deadlocked thread cannot be stopped:
 
 - both ranks all-reduce at once, on streams of their own and on the per-thread stream
   (candle's CUDA device queues on the per-thread stream);
-- rank 0 all-reduces, then makes a host call while rank 1 waits 2 s before its own
-  all-reduce: the time of that call says whether it waits for rank 0's spinning kernel;
-- rank 1 makes that call before its all-reduce, after rank 0's has started: the deadlock
-  an engine step meets when one rank loads a kernel module while its peer's collective
-  spins; and the same with both ranks meeting at a host gate first.
+- rank 0 all-reduces, then makes a host call (a module load, a synchronous allocation
+  and free, a synchronous copy) while rank 1 waits 2 s before its own all-reduce: the
+  call waits for the context to go idle and holds it meanwhile, so rank 1 cannot queue
+  its all-reduce either (seen on an H200 with NCCL 2.30.7: each case deadlocks);
+- rank 1 makes that call before its all-reduce, after rank 0's has started: the same;
+- both ranks meet at a host gate before the all-reduce and again after queueing it, as
+  Tessera's NCCL ranks sharing a GPU do, with rank 1 making the call before and rank 0
+  after: finishes.
 
-Usage: nccl_context_probe.py LIBNCCL   (prints one GPU-CHECK line per case, as the check
-binary does; exit 1 when a case that should finish did not)
+Usage: nccl_context_probe.py LIBNCCL [TEXT]
+Runs the cases whose names hold TEXT (all without it), prints one GPU-CHECK line per case
+as the check binary does, and exits 1 when a case that should finish did not.
 """
 
 import ctypes
@@ -105,14 +109,20 @@ def run_case(case, libnccl):
                                                       NCCL_FLOAT32, NCCL_SUM, comm, stream))
             if r == 0:
                 timings["call"] = host_call(call)
+        elif case["who"] == "both, gated":
+            if r == 1:
+                time.sleep(1)
+                timings["call"] = host_call(call)
+            gate.wait()
+            check("ncclAllReduce", nccl.ncclAllReduce(buf.value, buf.value, COUNT,
+                                                      NCCL_FLOAT32, NCCL_SUM, comm, stream))
+            gate.wait()
+            if r == 0:
+                host_call(call)
         elif case["who"] == "rank 1 before its collective":
             if r == 1:
                 time.sleep(1)
                 timings["call"] = host_call(call)
-                if case.get("gated"):
-                    gate.wait()
-            elif case.get("gated"):
-                gate.wait()
             check("ncclAllReduce", nccl.ncclAllReduce(buf.value, buf.value, COUNT,
                                                       NCCL_FLOAT32, NCCL_SUM, comm, stream))
         check("cuStreamSynchronize", cu.cuStreamSynchronize(stream))
@@ -136,15 +146,16 @@ CASES = [
 ] + [
     {"name": f"rank 0: {call} while its all-reduce spins (rank 1 joins 2 s later)",
      "stream": "per-thread", "who": "rank 0 after its collective", "call": call,
-     "finish": True}
+     "finish": None}
     for call in ["module load", "synchronous alloc+free", "synchronous copy"]
 ] + [
     {"name": "rank 1: module load before its all-reduce, rank 0's spinning",
      "stream": "per-thread", "who": "rank 1 before its collective", "call": "module load",
      "finish": None},
-    {"name": "the same with both ranks at a host gate before the all-reduce",
-     "stream": "per-thread", "who": "rank 1 before its collective", "call": "module load",
-     "gated": True, "finish": True},
+] + [
+    {"name": f"gates before and after the all-reduce, {call} on both sides of it",
+     "stream": "per-thread", "who": "both, gated", "call": call, "finish": True}
+    for call in ["module load", "synchronous alloc+free", "synchronous copy"]
 ]
 
 
@@ -154,18 +165,21 @@ def main():
         run_case(case, os.environ["TESSERA_PROBE_NCCL"])
         return 0
     libnccl = sys.argv[1]
+    only = sys.argv[2] if len(sys.argv) > 2 else ""
     env = dict(os.environ, TESSERA_PROBE_NCCL=libnccl, NCCL_MULTI_RANK_GPU_ENABLE="1")
     failed = False
     for i, case in enumerate(CASES):
+        if only not in case["name"]:
+            continue
         try:
             done = subprocess.run([sys.executable, __file__, "--case", str(i)], env=env,
-                                  capture_output=True, text=True, timeout=20)
+                                  capture_output=True, text=True, timeout=12)
             what = (done.stdout.strip().splitlines() or ["no output"])[-1]
             if done.returncode != 0:
                 what = f"failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}"
             finished = done.returncode == 0
         except subprocess.TimeoutExpired:
-            what, finished = "did not finish within 20 s (deadlock)", False
+            what, finished = "did not finish within 12 s (deadlock)", False
         name = f"NCCL probe, 2 ranks on one GPU: {case['name']}"
         bound = "finishes" if case["finish"] else "recorded (a deadlock here is the hazard)"
         print(f"GPU-CHECK | {name} | {what} | {bound}", flush=True)
