@@ -78,15 +78,15 @@ impl Linear {
     }
 
     /// On a CUDA rank, a quantized weight's product with 1 to 8 rows by our decode
-    /// kernels (`model::cuda::quant_matvec`), without the bias: f32 `[rows, out]`; `None`
-    /// where candle's matmul takes it.
+    /// kernels where they were measured faster (`model::cuda::quant_matvec`), without the
+    /// bias: f32 `[rows, out]`; `None` where candle's matmul takes it.
     fn quantized_decode(&self, x: &Tensor) -> Result<Option<Tensor>> {
         #[cfg(feature = "cuda")]
         if let (LinearWeight::Candle(QMatMul::QTensor(w)), Device::Cuda(_)) =
             (&self.weight, x.device())
         {
             let gpu = crate::device::buffers::Gpu::of(x.device())?;
-            return crate::model::cuda::quant_matvec::quant_matvec(gpu, x, w);
+            return crate::model::cuda::quant_matvec::decode_product(gpu, x, w);
         }
         let _ = x;
         Ok(None)

@@ -4,8 +4,10 @@
 //! for all rows in a second. Larger batches, and weight types the kernels do not take, stay
 //! on candle's quantized matmul.
 //!
-//! `TESSERA_QUANT_MATVEC=candle` keeps every product on candle's, for benchmarking the two
-//! side by side (`scripts/bench-gpu`).
+//! Ours take a product only where they were measured faster than candle's
+//! ([`measured_faster`]); `TESSERA_QUANT_MATVEC=candle` keeps every product on candle's
+//! and `TESSERA_QUANT_MATVEC=ours` gives ours every product they can take, for
+//! benchmarking the two side by side (`scripts/bench-gpu`).
 
 use std::sync::OnceLock;
 
@@ -21,20 +23,70 @@ use crate::device::buffers::{Gpu, Held, Module};
 use crate::error::{EngineError, Result};
 use crate::model::cuda::kernels::i32_of;
 
-/// The variable that keeps every quantized product on candle's matmul.
+/// The variable that chooses between our kernels and candle's matmul.
 pub const SWITCH_VARIABLE: &str = "TESSERA_QUANT_MATVEC";
 
-/// Whether our kernels may take quantized products (`TESSERA_QUANT_MATVEC` unset or
-/// anything but `candle`), read once.
-fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        let on = std::env::var(SWITCH_VARIABLE).map_or(true, |v| v != "candle");
-        if !on {
-            tracing::info!("{SWITCH_VARIABLE}=candle: quantized products use candle's matmul");
+/// Who takes the quantized decode products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    /// Ours where [`measured_faster`] says so (the default).
+    Measured,
+    /// Candle's for every product (`TESSERA_QUANT_MATVEC=candle`).
+    Candle,
+    /// Ours for every product they take (`TESSERA_QUANT_MATVEC=ours`).
+    Ours,
+}
+
+/// The choice `TESSERA_QUANT_MATVEC` makes, read once.
+fn choice() -> Choice {
+    static CHOICE: OnceLock<Choice> = OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let choice = match std::env::var(SWITCH_VARIABLE).as_deref() {
+            Ok("candle") => Choice::Candle,
+            Ok("ours") => Choice::Ours,
+            Ok(other) if !other.is_empty() => {
+                tracing::warn!(
+                    "{SWITCH_VARIABLE}={other} is not `candle` or `ours`: the measured choice \
+                     stands"
+                );
+                Choice::Measured
+            }
+            _ => Choice::Measured,
+        };
+        if choice != Choice::Measured {
+            tracing::info!("{SWITCH_VARIABLE}: quantized decode products by {choice:?}");
         }
-        on
+        choice
     })
+}
+
+/// Where our kernels beat candle's: the time of both, summed over the Llama-3.1-8B decode
+/// products (4096 x 4096, 14336 x 4096 and 4096 x 14336), on an H200 at commit 136f469
+/// (`tessera-gpu-check quant_matvec::quantized_matvec_timing_against_candle`; the table is
+/// in docs/benchmarks.md). Ours won for Q4_1 and Q4_K at one row (by 8% and 4%) and for
+/// Q4_K and Q6_K at eight (4% and 15%); candle's won everywhere else, by up to 40%.
+pub fn measured_faster(quant: GgufQuant, rows: usize) -> bool {
+    matches!(
+        (quant, rows),
+        (GgufQuant::Q4_1, 1) | (GgufQuant::Q4K, 1) | (GgufQuant::Q4K, 8) | (GgufQuant::Q6K, 8)
+    )
+}
+
+/// The product of [`quant_matvec`] where our kernels are chosen for it (see [`choice`]);
+/// `None` leaves it to candle's matmul.
+pub fn decode_product(gpu: Gpu<'_>, x: &Tensor, w: &QTensor) -> Result<Option<Tensor>> {
+    let Some(quant) = quant_of(w.dtype()) else {
+        return Ok(None);
+    };
+    let take = match choice() {
+        Choice::Candle => false,
+        Choice::Ours => true,
+        Choice::Measured => measured_faster(quant, x.dims2()?.0),
+    };
+    if !take {
+        return Ok(None);
+    }
+    quant_matvec(gpu, x, w)
 }
 
 /// The kernels' name for a GGUF type they take.
@@ -64,7 +116,7 @@ pub fn quant_matvec(gpu: Gpu<'_>, x: &Tensor, w: &QTensor) -> Result<Option<Tens
     };
     let (rows, k) = x.dims2()?;
     let (n, wk) = w.shape().dims2()?;
-    if !enabled() || rows > MAX_ROWS || wk != k || check_matvec(quant, rows.max(1), n, k).is_err() {
+    if rows > MAX_ROWS || wk != k || check_matvec(quant, rows.max(1), n, k).is_err() {
         return Ok(None);
     }
     let y = gpu.output(DType::F32, (rows, n))?;
@@ -170,7 +222,7 @@ mod tests {
     use candle_core::{DType, Device, Tensor};
     use tessera_kernels::gpu::reference::Lcg;
 
-    use super::quant_matvec;
+    use super::{decode_product, quant_matvec};
     use crate::device::buffers::Gpu;
 
     fn rel_l2(a: &[f32], b: &[f32]) -> f32 {
@@ -233,5 +285,20 @@ mod tests {
         assert!(quant_matvec(gpu, &x9, &q4).expect("nine rows").is_none());
         assert!(quant_matvec(gpu, &x1, &q5).expect("q5_0").is_none());
         assert!(quant_matvec(gpu, &x1, &q4).expect("one row").is_some());
+    }
+
+    /// By default the engine's decode products go to our kernels only where they were
+    /// measured faster: Q4_1 at one row, not at two; Q4_0 never.
+    #[test]
+    fn the_engine_takes_ours_only_where_they_were_measured_faster() {
+        let gpu = Gpu::of(&Device::Cpu).expect("emulated GPU");
+        let w = Tensor::from_vec(Lcg(5).values(16 * 256), (16, 256), &Device::Cpu).expect("w");
+        let q4_1 = QTensor::quantize(&w, GgmlDType::Q4_1).expect("q4_1");
+        let q4_0 = QTensor::quantize(&w, GgmlDType::Q4_0).expect("q4_0");
+        let x = |rows| Tensor::zeros((rows, 256), DType::F32, &Device::Cpu).expect("x");
+        assert!(decode_product(gpu, &x(1), &q4_1).expect("q4_1").is_some());
+        assert!(decode_product(gpu, &x(2), &q4_1).expect("q4_1").is_none());
+        assert!(decode_product(gpu, &x(1), &q4_0).expect("q4_0").is_none());
+        assert!(quant_matvec(gpu, &x(1), &q4_0).expect("q4_0").is_some());
     }
 }
