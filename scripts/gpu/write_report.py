@@ -59,9 +59,10 @@ def main():
         for name, figure, bound in rows:
             mark = " **(failed)**" if name.strip() in failed_checks else ""
             out.write(f"| {cell(name)} | {cell(figure)}{mark} | {cell(bound)} |\n")
-        out.write("\nMulti-GPU NCCL (world size above 1) has not run: these machines have one GPU.\n"
-                  "Tensor parallelism on one GPU runs the same sharded code through the same-GPU\n"
-                  "communicator.\n")
+        out.write("\nNCCL with several ranks runs here with the ranks sharing the one GPU (NCCL 2.30's\n"
+                  "several ranks per GPU: threads of one process, and two processes). NCCL between\n"
+                  "distinct GPUs (its peer-to-peer and NVLink transports) and between machines (its\n"
+                  "network transports) has not run: these machines have one GPU.\n")
 
 
 if __name__ == "__main__":
