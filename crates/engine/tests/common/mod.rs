@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+pub mod embedding;
+
 use serde_json::Value;
 use tessera_engine::model::{Batch, ChunkLimits};
 use tessera_engine::{generate, Engine, EngineConfig, GenerateOptions};

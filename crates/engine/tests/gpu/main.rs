@@ -7,10 +7,12 @@
 //!   random inputs.
 //! - `quant_matvec`: our quantized decode kernels against the host reference, and their
 //!   timing against candle's `QMatMul` at the Llama-3.1-8B shapes (lines `QMV-TIMING`).
-//! - `nccl`: the NCCL communicator at world size 1 (the GPU machines have one GPU).
+//! - `nccl`: the NCCL communicator at world size 1, and with 2 to 4 ranks sharing the one
+//!   GPU (NCCL 2.30).
 //! - `models`: random-weight models made by `scripts/gpu/make_models.py` (folder in
 //!   `TESSERA_GPU_MODELS`): CUDA logits against the CPU engine and transformers, greedy
-//!   text against the CPU engine, and tensor parallelism on one GPU against TP = 1.
+//!   text against the CPU engine, tensor parallelism on one GPU against TP = 1, and
+//!   pooled embeddings against the CPU engine.
 #![cfg(feature = "cuda")]
 
 mod attention;

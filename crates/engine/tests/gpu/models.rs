@@ -28,6 +28,7 @@ use crate::gguf_writer::{
 };
 use crate::report::check;
 
+mod embeddings;
 mod fit;
 mod nccl_tp;
 
