@@ -52,7 +52,7 @@ fn nccl_err(what: &str, e: impl std::fmt::Debug) -> EngineError {
 }
 
 /// Shared by the ranks of a group in this process: why the group was aborted, and for
-/// ranks sharing one GPU the gate they pass before each collective.
+/// ranks sharing one GPU the gate they pass before and after queueing each collective.
 #[derive(Default)]
 struct GroupState {
     aborted: Mutex<Option<String>>,
@@ -100,24 +100,27 @@ pub struct NcclEndpoint {
 
 impl NcclEndpoint {
     /// Endpoints for `world` ranks of one node, sharing a fresh unique id. With
-    /// `one_gpu` the ranks share one GPU, and meet at a host gate before each collective
-    /// (see the module's notes).
+    /// `one_gpu` the ranks share one GPU, and meet at a host gate before and after
+    /// queueing each collective (see the module's notes).
     pub fn group(
         world: usize,
         dtype: AllReduceDtype,
         timeout: Duration,
         one_gpu: bool,
     ) -> Result<Vec<Self>> {
-        let mut endpoints =
-            Self::node_group(&Self::new_id_bytes()?, 0..world, world, dtype, timeout);
-        if one_gpu && world > 1 {
-            let group = Arc::new(GroupState {
-                aborted: Mutex::new(None),
-                gate: Some(AbortableBarrier::new(world, timeout)),
-            });
-            endpoints.iter_mut().for_each(|e| e.group = group.clone());
-        }
-        Ok(endpoints)
+        let group = GroupState {
+            aborted: Mutex::new(None),
+            gate: (one_gpu && world > 1).then(|| AbortableBarrier::new(world, timeout)),
+        };
+        let id = Self::new_id_bytes()?;
+        Ok(Self::with_state(
+            &id,
+            0..world,
+            world,
+            dtype,
+            timeout,
+            group,
+        ))
     }
 
     /// The endpoints of `ranks` in a group of `world` ranks from the group's unique id
@@ -130,8 +133,19 @@ impl NcclEndpoint {
         dtype: AllReduceDtype,
         timeout: Duration,
     ) -> Vec<Self> {
+        Self::with_state(id, ranks, world, dtype, timeout, GroupState::default())
+    }
+
+    fn with_state(
+        id: &[u8; 128],
+        ranks: std::ops::Range<usize>,
+        world: usize,
+        dtype: AllReduceDtype,
+        timeout: Duration,
+        group: GroupState,
+    ) -> Vec<Self> {
         let id = Id::uninit(id.map(|b| b as std::ffi::c_char));
-        let group = Arc::new(GroupState::default());
+        let group = Arc::new(group);
         ranks
             .map(|rank| Self {
                 id,
