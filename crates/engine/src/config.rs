@@ -78,6 +78,10 @@ pub struct EngineConfig {
     /// full-attention layers; `false`: one table for all layers
     /// (`--disable-hybrid-kv-cache-manager`).
     pub hybrid_kv_cache: bool,
+    /// Load the model's multi-token-prediction layer, and guess with it where a step asks
+    /// for guesses (`--speculative-config` method `mtp`); tensor parallelism on one node
+    /// only.
+    pub mtp: bool,
 }
 
 impl EngineConfig {
@@ -105,6 +109,7 @@ impl EngineConfig {
             emulate_gpu: false,
             max_model_len: None,
             hybrid_kv_cache: true,
+            mtp: false,
         }
     }
 

@@ -188,6 +188,8 @@ impl Fault {
 
 pub(crate) enum Job {
     Step(Arc<Batch>),
+    /// A pass of the MTP layer after a step ([`MtpJob`]).
+    Mtp(Arc<MtpJob>),
     /// Arm `fault` on `rank` (the worker's own rank, or one of a worker node's).
     Inject {
         rank: usize,
@@ -204,6 +206,67 @@ pub(crate) enum Job {
     },
 }
 
+/// One pass of the model's MTP layer: its batch (each row's token is the one after its
+/// position), and where each row's hidden state comes from.
+#[derive(Debug)]
+pub(crate) struct MtpJob {
+    pub batch: Batch,
+    pub hidden: MtpHidden,
+    /// Per row of `batch`, its row in that source.
+    pub rows: Vec<u32>,
+}
+
+/// Where an MTP pass reads its hidden states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MtpHidden {
+    /// The latest step's decoder output, by its rows (the final norm is applied).
+    Model,
+    /// The previous MTP pass's output at its sampled rows, by their order.
+    Chain,
+}
+
+/// What a worker keeps between a step and the MTP passes after it (a shard with an MTP
+/// layer only).
+#[derive(Default)]
+struct MtpInputs {
+    /// The latest step's decoder output, `[tokens, hidden]`.
+    model: Option<Tensor>,
+    /// The latest MTP pass's output at its sampled rows.
+    chain: Option<Tensor>,
+}
+
+impl MtpInputs {
+    /// The MTP layer over `job`; the logits of its sampled rows.
+    fn run(
+        &mut self,
+        shard: &DecoderShard,
+        job: &MtpJob,
+        cache: &mut RankCache,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
+        let source = match job.hidden {
+            MtpHidden::Model => self.model.as_ref(),
+            MtpHidden::Chain => self.chain.as_ref(),
+        };
+        let source = source.ok_or_else(|| {
+            EngineError::Step(format!(
+                "an MTP pass before any {:?} hidden states",
+                job.hidden
+            ))
+        })?;
+        let rows = Tensor::from_slice(&job.rows, job.rows.len(), source.device())?;
+        let mut hidden = source.index_select(&rows, 0)?;
+        if job.hidden == MtpHidden::Model {
+            hidden = shard.final_norm(&hidden)?;
+        }
+        let (y, logits) = shard.mtp(&job.batch, &hidden, cache, comm)?;
+        let sampled: Vec<u32> = job.batch.sample_rows.iter().map(|r| *r as u32).collect();
+        let sampled = Tensor::from_slice(&sampled, sampled.len(), y.device())?;
+        self.chain = Some(y.index_select(&sampled, 0)?);
+        Ok(logits)
+    }
+}
+
 pub(crate) struct WorkerHandle {
     /// The first rank this worker runs.
     pub rank: usize,
@@ -213,6 +276,12 @@ pub(crate) struct WorkerHandle {
     pub jobs: Sender<Job>,
     pub results: Receiver<StepResult>,
     pub thread: Option<JoinHandle<()>>,
+}
+
+/// What a worker runs for a job that computes.
+enum Work {
+    Step(Arc<Batch>),
+    Mtp(Arc<MtpJob>),
 }
 
 /// Hidden states handed from one pipeline stage to the next, or why they never came.
@@ -249,6 +318,7 @@ fn step(
     comm: &mut dyn Communicator,
     links: &StageLinks,
     returns_logits: bool,
+    kept: &mut Option<Tensor>,
 ) -> Result<Option<(Tensor, Vec<Pooled>)>> {
     let x = match &links.prev {
         None => shard.embed(batch)?,
@@ -272,6 +342,9 @@ fn step(
         },
     };
     let x = shard.layers(x, batch, cache, comm)?;
+    if shard.has_mtp() {
+        *kept = Some(x.clone());
+    }
     match &links.next {
         Some(tx) => {
             comm.settle()?;
@@ -367,9 +440,11 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
     let on_gpu = shard.device().is_cuda();
     let gpu_path = shard.runs_gpu_path();
     let mut fault = None;
+    let mut mtp = MtpInputs::default();
     while let Ok(job) = jobs.recv() {
-        let batch = match job {
-            Job::Step(b) => b,
+        let work = match job {
+            Job::Step(b) => Work::Step(b),
+            Job::Mtp(m) => Work::Mtp(m),
             Job::Inject { fault: f, .. } => {
                 fault = Some(f);
                 continue;
@@ -423,20 +498,30 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
                 None => {}
             }
             let started = std::time::Instant::now();
-            let out = step(
-                &shard,
-                &batch,
-                &mut cache,
-                comm.as_mut(),
-                &links,
-                returns_logits,
-            );
+            let out = match &work {
+                Work::Step(batch) => step(
+                    &shard,
+                    batch,
+                    &mut cache,
+                    comm.as_mut(),
+                    &links,
+                    returns_logits,
+                    &mut mtp.model,
+                ),
+                Work::Mtp(job) => mtp
+                    .run(&shard, job, &mut cache, comm.as_mut())
+                    .map(|logits| Some((logits, Vec::new()))),
+            };
             stats.record_step(started.elapsed());
             out
         }));
+        let batch = match &work {
+            Work::Step(b) => b.as_ref(),
+            Work::Mtp(m) => &m.batch,
+        };
         let result = match outcome {
             Ok(Ok(Some((logits, pooled)))) if returns_logits => {
-                logits_to_host(&logits, &batch, gpu_path).map(|mut l| {
+                logits_to_host(&logits, batch, gpu_path).map(|mut l| {
                     l.pooled = pooled;
                     Some(l)
                 })

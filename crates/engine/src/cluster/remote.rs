@@ -168,6 +168,12 @@ impl Link {
                     self.failure("a worker node sizes its cache at rendezvous".into())
                 ))
             }
+            // Refused at load: the MTP layer runs on one node.
+            Job::Mtp(_) => {
+                return Some(Err(
+                    self.failure("the MTP layer does not run on a group of nodes".into())
+                ))
+            }
         };
         if let Some(why) = &self.broken {
             return Some(Err(self.failure(why.clone())));

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::{auto_map, kv_sizing, nodes, placement, Engine};
+use super::{auto_map, kv_sizing, mtp, nodes, placement, Engine};
 use crate::config::EngineConfig;
 use crate::device::device_spec::DeviceSpec;
 use crate::device::dtype::{kv_cache_dtype, KvCacheDtype};
@@ -42,6 +42,14 @@ impl Engine {
             ));
         }
         check_host_experts(cfg, &config)?;
+        let spans_nodes = cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1);
+        if cfg.mtp && (spans_nodes || cfg.device_layers.is_some()) {
+            return Err(EngineError::Config(
+                "mtp speculation runs the MTP layer with the whole model on each rank's group \
+                 (tensor parallelism on one node), not across a layer map's stages or nodes"
+                    .into(),
+            ));
+        }
         let mut placement = match (&cfg.device_layers, &cfg.nodes) {
             (_, Some(nodes)) if nodes.nnodes > 1 => {
                 nodes::place(source.as_ref(), cfg, &config, input_block, nodes)?
@@ -70,6 +78,13 @@ impl Engine {
                 _ => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
             },
         };
+        if cfg.mtp && !placement.members.iter().all(|m| m.shard.has_mtp()) {
+            return Err(EngineError::Config(
+                "mtp speculation: the model's weights do not fit the devices by tensor \
+                 parallelism, and the MTP layer does not run across a layer map's stages"
+                    .into(),
+            ));
+        }
         tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
         let world = placement.members.len();
 
@@ -116,7 +131,6 @@ impl Engine {
         // profile step; it is resized once the step has measured the activations. Every
         // node of a group must hold the same blocks, and sizes them at rendezvous from
         // the KV budget the nodes agreed on.
-        let spans_nodes = cfg.nodes.as_ref().is_some_and(|n| n.nnodes > 1);
         if spans_nodes && any_gpu && cfg.gpu_memory_utilization.is_some() {
             tracing::warn!(
                 "a group of nodes sizes its KV cache from the KV cache budget ({} MiB per \
@@ -254,6 +268,7 @@ impl Engine {
             stats,
             leader: attached.leader,
             node_loss: attached.node_loss,
+            mtp: cfg.mtp.then(mtp::MtpSeqs::default),
         };
         #[cfg(feature = "cuda")]
         if let Some(utilization) = gpu_sizing {

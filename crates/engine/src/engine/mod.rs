@@ -32,6 +32,7 @@ mod embedding;
 mod kv_calibration;
 mod kv_sizing;
 mod load;
+mod mtp;
 mod nodes;
 mod placement;
 mod verify;
@@ -70,6 +71,8 @@ pub struct Engine {
     pub(crate) leader: Option<crate::cluster::links::LeaderLink>,
     /// On the leader of a group of nodes: word of a worker node lost while idle.
     node_loss: Option<crate::cluster::node_loss::NodeLoss>,
+    /// With the model's MTP layer loaded: the tokens of the sequences it guesses for.
+    mtp: Option<mtp::MtpSeqs>,
 }
 
 impl Engine {
@@ -143,15 +146,21 @@ impl Engine {
     /// Runs the batch on every rank this engine drives; the logits come back when one
     /// of them returns them (on a worker node of a group of nodes, none does).
     pub(crate) fn dispatch(&mut self, batch: Batch) -> Result<Option<worker::StepLogits>> {
+        let batch = Arc::new(batch);
+        self.dispatch_job(|| Job::Step(batch.clone()))
+    }
+
+    /// Runs a job that computes (a step, an MTP pass) on every rank this engine drives,
+    /// each given its own `job()`; the logits come back when one of them returns them.
+    fn dispatch_job(&mut self, job: impl Fn() -> Job) -> Result<Option<worker::StepLogits>> {
         if let Some(reason) = &self.failed {
             return Err(EngineError::GroupFailed {
                 rank: None,
                 message: format!("engine failed earlier: {reason}"),
             });
         }
-        let batch = Arc::new(batch);
         for w in &self.workers {
-            if w.jobs.send(Job::Step(batch.clone())).is_err() {
+            if w.jobs.send(job()).is_err() {
                 return Err(self.fail_group(EngineError::GroupFailed {
                     rank: Some(w.rank),
                     message: "worker thread is gone".into(),
@@ -306,6 +315,9 @@ impl Engine {
         for id in &plan.finished {
             self.sequences.remove(id);
         }
+        if let Some(mtp) = &mut self.mtp {
+            mtp.track(plan);
+        }
         // A sequence that cannot start fails alone; the rest of the step runs.
         let mut failed = Vec::new();
         for new in &plan.new_sequences {
@@ -402,6 +414,7 @@ impl Engine {
                 prompt_rows.push((chunk.id, pos));
             }
         }
+        let token_starts: Vec<usize> = batch.seqs.iter().map(|s| s.token_start).collect();
         let mut logits = self.forward_rows(batch)?;
         self.add_pooled(&pool_chunks, std::mem::take(&mut logits.pooled))?;
         let vocab = self.config.vocab_size;
@@ -504,10 +517,17 @@ impl Engine {
         }
         samples.retain(|s| !incomplete.iter().any(|f| f.id == s.id));
         failed.extend(incomplete);
+        let draft = match self.mtp.is_some() {
+            true => {
+                let chunks: Vec<_> = runnable.iter().copied().zip(token_starts).collect();
+                self.mtp_guesses(&chunks, &mut samples, &limits)?
+            }
+            false => None,
+        };
         Ok(StepOutput {
             samples,
             failed,
-            draft: None,
+            draft,
         })
     }
 }

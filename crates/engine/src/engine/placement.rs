@@ -131,6 +131,7 @@ pub(crate) fn tensor_parallel(
     }
     let parts = ShardParts {
         host_expert_layers: cfg.host_expert_layers.unwrap_or(0),
+        mtp: cfg.mtp,
         ..ShardParts::WHOLE
     };
     let shards = load_shards(source, &plan, &devices, 0..config.num_layers, &parts)?
@@ -227,6 +228,7 @@ pub(crate) fn pipeline(
             embedding: i == 0,
             head: last,
             host_expert_layers: host_experts,
+            mtp: false,
         };
         let shards = load_shards(source, &plan, &devices, stage.layers.clone(), &parts)?;
         settle_uploads(&devices)?;

@@ -76,6 +76,7 @@ pub(crate) fn config_from_content(
         rope_style: row.gguf_rope_style,
         max_position_embeddings: gguf.usize("context_length").unwrap_or(4096),
         moe,
+        prediction_layers,
         ..ModelConfig::default()
     };
     row.layer.apply(&mut config);

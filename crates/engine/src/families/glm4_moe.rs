@@ -49,6 +49,9 @@ pub(super) static ROW: Row = Row {
 fn from_hf(hf: &HfConfig, config: &mut ModelConfig) -> Result<()> {
     config.qk_norm = hf.use_qk_norm.unwrap_or(false);
     config.moe = Some(experts(hf)?);
+    config.prediction_layers = hf
+        .num_nextn_predict_layers
+        .unwrap_or(DEFAULT_PREDICTION_LAYERS);
     Ok(())
 }
 
@@ -66,6 +69,7 @@ const DEFAULT_TOP_K: usize = 8;
 const DEFAULT_SHARED: usize = 1;
 const DEFAULT_DENSE_LAYERS: usize = 1;
 const DEFAULT_SCALE: f32 = 1.0;
+const DEFAULT_PREDICTION_LAYERS: usize = 1;
 
 /// GLM-4.5's mixture: which layers hold it, its sigmoid router and its shared expert.
 fn experts(hf: &HfConfig) -> Result<MoeConfig> {

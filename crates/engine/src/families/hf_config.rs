@@ -130,6 +130,12 @@ pub(crate) struct HfConfig {
     pub(super) routed_scaling_factor: Option<f32>,
     #[serde(default)]
     pub(super) use_qk_norm: Option<bool>,
+    /// GLM-4.5's multi-token-prediction layers, after the decoder layers.
+    #[serde(default)]
+    pub(super) num_nextn_predict_layers: Option<usize>,
+    /// MiniMax-M2's multi-token-prediction modules (its published weights hold none).
+    #[serde(default)]
+    pub(super) num_mtp_modules: Option<usize>,
     // MiniMax-M2.
     /// Dimensions of each head that rotate (transformers 5 turns it into
     /// `partial_rotary_factor`).

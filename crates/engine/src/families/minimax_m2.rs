@@ -53,6 +53,7 @@ fn from_hf(hf: &HfConfig, config: &mut ModelConfig) -> Result<()> {
     check(hf)?;
     config.rotary_dim = rope::rotary_dim(config.head_dim, rotated_share(hf, config.head_dim)?)?;
     config.moe = Some(experts(hf)?);
+    config.prediction_layers = hf.num_mtp_modules.unwrap_or(0);
     Ok(())
 }
 

@@ -107,6 +107,9 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Mixture-of-experts MLPs (Qwen3-MoE), where the model has them.
     pub moe: Option<MoeConfig>,
+    /// Multi-token-prediction layers the checkpoint declares after its decoder layers
+    /// (GLM-4.5's `num_nextn_predict_layers`); read only for `mtp` speculation.
+    pub prediction_layers: usize,
 }
 
 impl ModelConfig {
@@ -311,6 +314,7 @@ impl Default for ModelConfig {
             nope_layers: Vec::new(),
             tie_word_embeddings: false,
             moe: None,
+            prediction_layers: 0,
         }
     }
 }

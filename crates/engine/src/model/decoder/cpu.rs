@@ -3,13 +3,15 @@
 
 use candle_core::Tensor;
 
-use super::shard::{final_logits, DecoderShard, Mlp};
+use super::shard::{final_logits, Block, DecoderShard, Mlp};
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
 use crate::model::cpu_ops;
 use crate::model::head_norms::{norm_across_heads, HeadNorms};
 use crate::model::kv_cache::KvCache;
+use crate::model::kv_groups::LayerSlot;
 use crate::model::kv_write::write_kv;
+use crate::model::linear::Linear;
 use crate::model::paged_attention::{attend, AttentionShape};
 use crate::tp::Communicator;
 
@@ -17,6 +19,19 @@ impl DecoderShard {
     /// The decoder layers on CPU: our SIMD kernels over host buffers.
     pub(super) fn layers_cpu(
         &self,
+        x: Tensor,
+        batch: &Batch,
+        cache: &mut KvCache,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
+        self.blocks_cpu(&self.blocks, &self.kv_slots, x, batch, cache, comm)
+    }
+
+    /// `blocks` over `x` on CPU, block `i` keeping its KV where `slots[i]` says.
+    pub(super) fn blocks_cpu(
+        &self,
+        blocks: &[Block],
+        slots: &[LayerSlot],
         mut x: Tensor,
         batch: &Batch,
         cache: &mut KvCache,
@@ -48,7 +63,7 @@ impl DecoderShard {
         let views = batch.group_views()?;
         let mut layers = std::mem::take(&mut cache.layers);
         let result = (|| -> Result<Tensor> {
-            for (block, at) in self.blocks.iter().zip(&self.kv_slots) {
+            for (block, at) in blocks.iter().zip(slots) {
                 let (Some(layer_cache), Some(kv_batch)) =
                     (layers.get_mut(at.slot), views.get(at.group))
                 else {
@@ -133,12 +148,23 @@ impl DecoderShard {
         batch: &Batch,
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
+        let head = Self::part(&self.lm_head, "LM head")?;
+        self.head_cpu_with(x, batch, (&self.norm, head), comm)
+    }
+
+    /// `norm`, then `head`, over the sampled rows of `x` on the host.
+    pub(super) fn head_cpu_with(
+        &self,
+        x: &Tensor,
+        batch: &Batch,
+        (norm, head): (&Tensor, &Linear),
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
         let eps = self.config.rms_norm_eps as f32;
         let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();
         let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
         let last = x.index_select(&rows, 0)?;
-        let last = cpu_ops::rms_norm(&last, &self.norm, eps)?;
-        let head = Self::part(&self.lm_head, "LM head")?;
+        let last = cpu_ops::rms_norm(&last, norm, eps)?;
         let logits = final_logits(head.forward(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
     }

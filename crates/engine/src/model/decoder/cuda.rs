@@ -9,7 +9,7 @@
 use candle_core::{DType, Tensor};
 
 use super::gpu_parts::GpuParts;
-use super::shard::{final_logits, DecoderShard, Mlp};
+use super::shard::{final_logits, Block, DecoderShard, Mlp};
 use crate::device::buffers::Gpu;
 use crate::device::dtype::{candle_dtype, ACTIVATIONS};
 use crate::error::{EngineError, Result};
@@ -18,6 +18,8 @@ use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention};
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::cuda::{gated_mlp, kv_store, CudaKvCache};
 use crate::model::head_norms::{AcrossHeads, HeadNorms};
+use crate::model::kv_groups::LayerSlot;
+use crate::model::linear::Linear;
 use crate::model::step_meta::PackedMeta;
 use crate::tp::Communicator;
 
@@ -115,6 +117,20 @@ impl DecoderShard {
         cache: &mut CudaKvCache,
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
+        let sinks = &self.gpu()?.sinks;
+        self.blocks_cuda((&self.blocks, &self.kv_slots, sinks), x, batch, cache, comm)
+    }
+
+    /// `blocks` over the f32 hidden states `x` on the GPU, block `i` keeping its KV where
+    /// `slots[i]` says, with `sinks[i]` (none past the slice's end).
+    pub(super) fn blocks_cuda(
+        &self,
+        (blocks, slots, sinks): (&[Block], &[LayerSlot], &[Option<Tensor>]),
+        x: Tensor,
+        batch: &Batch,
+        cache: &mut CudaKvCache,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
         let gpu = self.gpu()?;
         let gpu_dev = Gpu::of(&self.device)?;
         let eps = self.config.rms_norm_eps as f32;
@@ -145,7 +161,7 @@ impl DecoderShard {
                 self.num_kv_slots()
             )));
         }
-        let Some(first) = self.blocks.first() else {
+        let Some(first) = blocks.first() else {
             return Ok(x);
         };
         let x = x.to_dtype(DType::F32)?.contiguous()?;
@@ -162,7 +178,7 @@ impl DecoderShard {
             }
         };
         let (mut x, mut h) = add_norm(&x, None, first.attn_norm.as_ref())?;
-        for (i, block) in self.blocks.iter().enumerate() {
+        for (i, block) in blocks.iter().enumerate() {
             // Attention half, on h = norm(x).
             let mut qkv = block.qkv.forward_fused(&h)?.to_dtype(act)?.contiguous()?;
             match &block.qk_norm {
@@ -181,7 +197,7 @@ impl DecoderShard {
                 (Some(r), true) => r,
                 _ => &gpu.rope,
             };
-            let (slot, meta) = match self.kv_slots.get(i) {
+            let (slot, meta) = match slots.get(i) {
                 Some(at) => (at.slot, metas.get(at.group)),
                 None => (i, None),
             };
@@ -196,7 +212,7 @@ impl DecoderShard {
                     .flatten(),
                 scale,
                 softcap: self.config.attn_logit_softcapping,
-                sinks: gpu.sinks.get(i).and_then(Option::as_ref),
+                sinks: sinks.get(i).and_then(Option::as_ref),
             };
             let kv = cache
                 .layer(slot)
@@ -221,7 +237,7 @@ impl DecoderShard {
                 d = candle_nn::ops::rms_norm(&d.contiguous()?, w, eps)?;
             }
             let d = self.to_residual(d)?;
-            match self.blocks.get(i + 1) {
+            match blocks.get(i + 1) {
                 Some(next) => (x, h) = add_norm(&x, Some(&d), next.attn_norm.as_ref())?,
                 None => x = (x + d)?,
             }
@@ -236,13 +252,24 @@ impl DecoderShard {
         batch: &Batch,
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
+        let head = Self::part(&self.lm_head, "LM head")?;
+        self.head_cuda_with(x, batch, (&self.norm, head), comm)
+    }
+
+    /// `norm`, then `head`, over the sampled rows of `x` on the GPU.
+    pub(super) fn head_cuda_with(
+        &self,
+        x: &Tensor,
+        batch: &Batch,
+        (norm, head): (&Tensor, &Linear),
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
         let eps = self.config.rms_norm_eps as f32;
         let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();
         let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
         let last = x.index_select(&rows, 0)?;
-        let last = candle_nn::ops::rms_norm(&last.contiguous()?, &self.norm, eps)?
+        let last = candle_nn::ops::rms_norm(&last.contiguous()?, norm, eps)?
             .to_dtype(candle_dtype(ACTIVATIONS))?;
-        let head = Self::part(&self.lm_head, "LM head")?;
         let logits = final_logits(head.forward_f32(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
     }

@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 use super::gpu_parts::GpuParts;
+use super::mtp;
 use super::shard::{Block, DecoderShard, Mlp};
 use crate::error::{EngineError, Result};
 use crate::loader::blocks::down_block;
@@ -33,6 +34,9 @@ pub struct ShardParts {
     pub head: bool,
     /// The routed experts of layers `0..n` stay on the host (`--n-cpu-moe`).
     pub host_expert_layers: usize,
+    /// The multi-token-prediction layer after the decoder layers (`mtp` speculation;
+    /// tensor parallelism only).
+    pub mtp: bool,
 }
 
 impl ShardParts {
@@ -41,6 +45,7 @@ impl ShardParts {
         embedding: true,
         head: true,
         host_expert_layers: 0,
+        mtp: false,
     };
 }
 
@@ -120,10 +125,20 @@ pub fn load_rank_shards(
             config.num_layers
         )));
     }
+    // The MTP layer, after the decoder layers, is loaded with them and set apart after.
+    let mtp_layer = match parts.mtp {
+        true => Some(mtp_layer_index(source, &config, &layers, parts)?),
+        false => None,
+    };
+    // The MTP layer has the last decoder layer's kind of MLP (GLM-4.5: a mixture).
+    let is_moe_layer = |l: usize| match Some(l) == mtp_layer {
+        true => config.is_moe_layer(config.num_layers - 1),
+        false => config.is_moe_layer(l),
+    };
     let expert_ranges = match &config.moe {
         Some(m) => {
             let mut block = 1;
-            for layer in layers.clone().filter(|l| config.is_moe_layer(*l)) {
+            for layer in layers.clone().chain(mtp_layer).filter(|l| is_moe_layer(*l)) {
                 block = block.max(down_block(source, m, layer)?);
             }
             Some(moe::expert_split(m, plan, block)?)
@@ -131,7 +146,7 @@ pub fn load_rank_shards(
         None => None,
     };
     let mut bytes_read = 0usize;
-    for layer in layers.clone() {
+    for layer in layers.clone().chain(mtp_layer) {
         let name = |s: &str| layer_name(layer, s);
         let mat = |s: &str, dims: (usize, usize)| -> Result<Matrix> {
             let m = source.matrix(&name(s))?;
@@ -170,7 +185,7 @@ pub fn load_rank_shards(
             .sum::<usize>();
         // Per rank: the dense MLP, or its slice of every expert.
         let mut mlps: Vec<Mlp> = match (&config.moe, &expert_ranges) {
-            (Some(m), Some(ranges)) if config.is_moe_layer(layer) => {
+            (Some(m), Some(ranges)) if is_moe_layer(layer) => {
                 let host = layer < parts.host_expert_layers;
                 moe::load_shards(source, m, layer, ranges, ranks.start, devices, host)?
                     .into_iter()
@@ -291,7 +306,13 @@ pub fn load_rank_shards(
                 mlp,
             });
         }
-        if (layer + 1) % 10 == 0 || layer + 1 == layers.end {
+        if Some(layer) == mtp_layer {
+            tracing::info!(
+                "loaded the multi-token-prediction layer ({}) in {:.2}s",
+                layer_name(layer, "*"),
+                started.elapsed().as_secs_f64()
+            );
+        } else if (layer + 1) % 10 == 0 || layer + 1 == layers.end {
             tracing::info!(
                 "loaded layer {}/{}: {:.1} MiB of weights in {:.2}s",
                 layer + 1,
@@ -301,6 +322,21 @@ pub fn load_rank_shards(
             );
         }
     }
+    let mut mtp_parts = match mtp_layer {
+        Some(layer) => {
+            let blocks = per_rank_blocks
+                .iter_mut()
+                .map(|b| {
+                    b.pop().ok_or_else(|| {
+                        EngineError::Parallel("the MTP layer's block was not loaded".into())
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            mtp::load(source, plan, (ranks.clone(), devices), layer, blocks)?
+        }
+        None => Vec::new(),
+    };
+    mtp_parts.reverse();
     let norm = norm_weight("model.norm.weight")?;
     let head = match parts.head {
         true => {
@@ -341,6 +377,7 @@ pub fn load_rank_shards(
                 .then(|| embedding.to_device(dev))
                 .transpose()?,
             blocks,
+            mtp: mtp_parts.pop(),
             norm: norm.to_device(dev)?,
             lm_head: head
                 .as_ref()
@@ -359,4 +396,62 @@ pub fn load_rank_shards(
         });
     }
     Ok(shards)
+}
+
+/// The MTP layer's index (`num_layers`), once the model and this load can have it: a
+/// GLM-4.5 checkpoint that declares one and holds its weights, loaded whole by tensor
+/// parallelism.
+fn mtp_layer_index(
+    source: &dyn TensorSource,
+    config: &crate::spec::model::ModelConfig,
+    layers: &std::ops::Range<usize>,
+    parts: &ShardParts,
+) -> Result<usize> {
+    let layer = config.num_layers;
+    let refuse = |m: String| Err(EngineError::Config(format!("mtp speculation: {m}")));
+    match config.family.name {
+        "glm4_moe" => {}
+        "minimax_m2" => {
+            return refuse(
+                "MiniMax-M2's published checkpoints hold no weights for the MTP modules its \
+                 config.json names (num_mtp_modules); use ngram or draft_model"
+                    .into(),
+            )
+        }
+        other => {
+            return refuse(format!(
+                "{other} models have no multi-token-prediction layer (GLM-4.5's do); use \
+                 ngram or draft_model"
+            ))
+        }
+    }
+    if config.prediction_layers == 0 {
+        return refuse(
+            "the model's config declares no multi-token-prediction layer \
+                       (num_nextn_predict_layers 0)"
+                .into(),
+        );
+    }
+    let eh_proj = layer_name(layer, mtp::EH_PROJ);
+    if !source.contains(&eh_proj) {
+        return refuse(format!(
+            "the checkpoint holds no weights for its multi-token-prediction layer ({eh_proj} \
+             is missing; quantized copies often leave the layer out)"
+        ));
+    }
+    if *layers != (0..config.num_layers) || !parts.embedding || !parts.head {
+        return refuse(
+            "the MTP layer runs with the whole model on each rank's group (tensor \
+                       parallelism), not across pipeline stages or nodes"
+                .into(),
+        );
+    }
+    if parts.host_expert_layers > layer {
+        return refuse(
+            "--n-cpu-moe covers the MTP layer's experts; give at most the decoder \
+                       layers' count"
+                .into(),
+        );
+    }
+    Ok(layer)
 }

@@ -24,6 +24,7 @@ mod forward;
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 mod gpu_parts;
 mod load;
+mod mtp;
 mod pool;
 mod shard;
 

@@ -9,6 +9,7 @@ use candle_core::{Device, Tensor};
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 use super::gpu_parts::GpuParts;
+use super::mtp::MtpLayer;
 use crate::error::Result;
 use crate::loader::source::Embedding;
 use crate::model::head_norms::HeadNorms;
@@ -75,6 +76,8 @@ pub struct DecoderShard {
     /// Per block, the KV group whose table it reads and the cache slot it uses (see
     /// [`crate::model::kv_groups`]); by default one group, block `i` in slot `i`.
     pub(super) kv_slots: Vec<LayerSlot>,
+    /// The multi-token-prediction layer, where `mtp` speculation loaded it.
+    pub(super) mtp: Option<MtpLayer>,
     pub(super) device: Device,
     /// The RoPE tables and launch facts of a CUDA rank.
     #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
@@ -126,13 +129,19 @@ impl DecoderShard {
                 self.blocks.len()
             )));
         }
+        if let Some(mtp) = &mut self.mtp {
+            mtp.slot = LayerSlot {
+                group: 0,
+                slot: slots_needed(&slots),
+            };
+        }
         self.kv_slots = slots;
         Ok(())
     }
 
-    /// Slot tensors this shard's cache holds.
+    /// Slot tensors this shard's cache holds: its layers', and the MTP layer's.
     pub fn num_kv_slots(&self) -> usize {
-        slots_needed(&self.kv_slots)
+        slots_needed(&self.kv_slots) + usize::from(self.mtp.is_some())
     }
 
     /// The KV cache of `dtype` this shard's layers read and write: one slot tensor per

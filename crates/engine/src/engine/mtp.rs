@@ -1,0 +1,278 @@
+//! `mtp` speculation: after each step the model's own multi-token-prediction layer
+//! (`crate::model::decoder` `mtp`) guesses the tokens after each sequence's latest sample,
+//! and the scheduler has the model score them in its next step, as a draft model's.
+//!
+//! Each step, one pass of the layer runs over every position the step settled (its
+//! chunk's tokens and the guesses the model kept, not those it rejected), each with the
+//! token after it and the model's hidden state there, so the layer's KV always covers the
+//! sequence's settled positions. Where the step asked a sequence for guesses
+//! ([`ScheduledChunk::propose`]) the pass samples its last position, whose token is the
+//! step's new sample: its most likely token is the first guess. Each further guess is one
+//! more pass over that guess alone, with the layer's own output at the position before
+//! in place of the model's hidden state, writing the layer's KV ahead at positions the
+//! scheduler reserved; the next step rewrites the ones it does not keep.
+//!
+//! Every sequence that decodes takes part in the first pass, asked for guesses or not: a
+//! position the layer skipped would leave its KV stale for later guesses. The pass is
+//! one layer over the step's tokens (on GLM-4.5, about 1/93 of the step). The layer's
+//! KV in blocks shared through the prefix cache was written by the sequence that filled
+//! them; its last position reads the token after it in that sequence, so a sequence
+//! going on differently may guess a little worse there, never emit differently.
+//!
+//! The guesses are the layer's arg-max, a function of the context: keeping a guess
+//! exactly when the model's own sample equals it keeps the output distribution under any
+//! sampling (see `verify`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tessera_protocol::{DraftTime, SampledToken, ScheduledChunk, SeqId, StepPlan};
+
+use super::Engine;
+use crate::error::{EngineError, Result};
+use crate::model::batch::RowReduce;
+use crate::model::{Batch, ChunkLimits};
+use crate::worker::{Job, MtpHidden, MtpJob, Reduced, StepLogits};
+
+/// The tokens of each sequence the MTP layer runs for.
+#[derive(Debug, Default)]
+pub(crate) struct MtpSeqs {
+    /// Per sequence, its tokens as far as the engine has seen them (prompt, then each
+    /// token it emitted), by position.
+    tokens: HashMap<SeqId, Vec<u32>>,
+}
+
+impl MtpSeqs {
+    /// Learns the plan's new and finished sequences. Embeddings and prompt scoring never
+    /// decode: the layer does not run for them.
+    pub(super) fn track(&mut self, plan: &StepPlan) {
+        for id in &plan.finished {
+            self.tokens.remove(id);
+        }
+        for s in &plan.new_sequences {
+            if s.sampling.pooling.is_none() && s.sampling.prompt_logprobs.is_none() {
+                self.tokens.insert(s.id, s.prompt_ids.clone());
+            }
+        }
+    }
+}
+
+/// `tokens` written into `known` from position `start` on.
+fn write_at(known: &mut Vec<u32>, start: usize, tokens: &[u32]) {
+    for (i, &t) in tokens.iter().enumerate() {
+        let pos = start + i;
+        if pos < known.len() {
+            known[pos] = t;
+        } else if pos == known.len() {
+            known.push(t);
+        } else {
+            // A gap: nothing is known past it.
+            return;
+        }
+    }
+}
+
+/// A sequence the MTP layer is guessing for in this step.
+struct Guessing {
+    id: SeqId,
+    /// Its chunk, for the block tables.
+    chunk: ScheduledChunk,
+    wanted: usize,
+    guesses: Vec<u32>,
+    /// The position its next pass writes.
+    next_pos: usize,
+    /// Its row among the previous pass's sampled rows.
+    chain_row: u32,
+}
+
+impl Engine {
+    /// Runs the MTP layer after a step whose `chunks` (each with its first row in the
+    /// step's batch) gave `samples`; the guesses go into the samples.
+    pub(super) fn mtp_guesses(
+        &mut self,
+        chunks: &[(&ScheduledChunk, usize)],
+        samples: &mut [SampledToken],
+        limits: &ChunkLimits,
+    ) -> Result<Option<DraftTime>> {
+        let Some(mut seqs) = self.mtp.take() else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let out = self.mtp_passes(&mut seqs, chunks, samples, limits);
+        self.mtp = Some(seqs);
+        let passes = out?;
+        Ok(Some(DraftTime {
+            passes,
+            seconds: started.elapsed().as_secs_f64(),
+        }))
+    }
+
+    /// The first pass, then one per further guess; returns the passes that guessed.
+    fn mtp_passes(
+        &mut self,
+        seqs: &mut MtpSeqs,
+        chunks: &[(&ScheduledChunk, usize)],
+        samples: &mut [SampledToken],
+        limits: &ChunkLimits,
+    ) -> Result<usize> {
+        let mut pass = Vec::new();
+        let mut rows = Vec::new();
+        let mut guessing = Vec::new();
+        for (chunk, token_start) in chunks {
+            let Some(known) = seqs.tokens.get_mut(&chunk.id) else {
+                continue;
+            };
+            let real = chunk.tokens.len() - chunk.num_draft;
+            write_at(known, chunk.start_pos, &chunk.tokens[..real]);
+            let sample = samples.iter().find(|s| s.id == chunk.id);
+            // Positions whose model KV the step settled: the chunk's own tokens, and the
+            // guesses kept (every emitted token but the last equals one).
+            let settled = match (sample, chunk.sample) {
+                (Some(s), _) => {
+                    let emitted: Vec<u32> = std::iter::once(s.token)
+                        .chain(s.accepted.iter().map(|(t, _)| *t))
+                        .collect();
+                    write_at(known, chunk.start_pos + real, &emitted);
+                    real + emitted.len() - 1
+                }
+                // The sequence failed in this step.
+                (None, true) => continue,
+                (None, false) => real,
+            };
+            // Each position with the token after it, where that is known (the last of a
+            // prompt chunk reads the prompt's next token).
+            let count = settled.min(known.len().saturating_sub(chunk.start_pos + 1));
+            if count == 0 {
+                continue;
+            }
+            let wants = sample.is_some() && chunk.propose > 0 && count == settled;
+            let mtp_chunk = ScheduledChunk {
+                id: chunk.id,
+                tokens: known[chunk.start_pos + 1..chunk.start_pos + 1 + count].to_vec(),
+                start_pos: chunk.start_pos,
+                block_table: chunk.block_table.clone(),
+                sample: wants,
+                num_draft: 0,
+                propose: 0,
+                group_tables: chunk.group_tables.clone(),
+            };
+            if let Err(why) = limits.check(&mtp_chunk) {
+                tracing::debug!("the MTP layer skips {}: {why}", chunk.id);
+                continue;
+            }
+            rows.extend((*token_start..token_start + count).map(|r| r as u32));
+            if wants {
+                guessing.push(Guessing {
+                    id: chunk.id,
+                    chunk: mtp_chunk.clone(),
+                    wanted: chunk.propose,
+                    guesses: Vec::new(),
+                    next_pos: chunk.start_pos + count,
+                    chain_row: 0,
+                });
+            }
+            pass.push(mtp_chunk);
+        }
+        if pass.is_empty() {
+            return Ok(0);
+        }
+        let mut passes = 0;
+        let mut hidden = MtpHidden::Model;
+        loop {
+            let tokens = self.mtp_pass(&pass, hidden, rows, limits)?;
+            passes += usize::from(!tokens.is_empty());
+            if tokens.len() != guessing.len() {
+                return Err(EngineError::Step(format!(
+                    "the MTP layer gave {} guesses for {} sequences",
+                    tokens.len(),
+                    guessing.len()
+                )));
+            }
+            for (g, t) in guessing.iter_mut().zip(tokens) {
+                g.guesses.push(t);
+            }
+            // The next pass: each sequence that wants more, its latest guess at the next
+            // position, where its blocks reach.
+            (pass, rows) = (Vec::new(), Vec::new());
+            let mut next = Vec::new();
+            for (i, mut g) in std::mem::take(&mut guessing).into_iter().enumerate() {
+                let chunk = ScheduledChunk {
+                    tokens: g.guesses.last().copied().into_iter().collect(),
+                    start_pos: g.next_pos,
+                    sample: true,
+                    ..g.chunk.clone()
+                };
+                let more = g.guesses.len() < g.wanted && limits.check(&chunk).is_ok();
+                if !more {
+                    if let Some(s) = samples.iter_mut().find(|s| s.id == g.id) {
+                        s.proposed = std::mem::take(&mut g.guesses);
+                    }
+                    continue;
+                }
+                rows.push(i as u32);
+                g.next_pos += 1;
+                pass.push(chunk);
+                next.push(g);
+            }
+            for (i, g) in next.iter_mut().enumerate() {
+                g.chain_row = i as u32;
+            }
+            guessing = next;
+            if pass.is_empty() {
+                return Ok(passes);
+            }
+            hidden = MtpHidden::Chain;
+        }
+    }
+
+    /// One pass of the MTP layer over `chunks`, each row's hidden state from `hidden`'s
+    /// row in `rows`; the arg-max of each sampled row, in order.
+    fn mtp_pass(
+        &mut self,
+        chunks: &[ScheduledChunk],
+        hidden: MtpHidden,
+        rows: Vec<u32>,
+        limits: &ChunkLimits,
+    ) -> Result<Vec<u32>> {
+        let mut batch = Batch::from_chunks(chunks, limits)?;
+        batch.row_reduce = vec![RowReduce::Argmax; batch.sample_rows.len()];
+        let sampled = batch.sample_rows.len();
+        let job = Arc::new(MtpJob {
+            batch,
+            hidden,
+            rows,
+        });
+        let logits = self
+            .dispatch_job(|| Job::Mtp(job.clone()))?
+            .ok_or_else(|| EngineError::Step("no rank returned the MTP layer's logits".into()))?;
+        argmaxes(logits, sampled, self.config.vocab_size)
+    }
+}
+
+/// The arg-max of each of `rows` sampled rows as the rank handed them back.
+fn argmaxes(logits: StepLogits, rows: usize, vocab: usize) -> Result<Vec<u32>> {
+    let mut full = logits.values.chunks_exact(vocab.max(1));
+    (0..rows)
+        .map(|r| match logits.reduced.get(r).cloned().flatten() {
+            Some(Reduced::Token(t)) => Ok(t),
+            Some(Reduced::Scored { argmax, .. }) => Ok(argmax),
+            _ => {
+                let row = full.next().ok_or_else(|| {
+                    EngineError::Step("fewer MTP logit rows than sampled rows".into())
+                })?;
+                Ok(row
+                    .iter()
+                    .enumerate()
+                    .fold((0usize, f32::NEG_INFINITY), |best, (i, &v)| {
+                        if v > best.1 {
+                            (i, v)
+                        } else {
+                            best
+                        }
+                    })
+                    .0 as u32)
+            }
+        })
+        .collect()
+}
