@@ -190,3 +190,44 @@ fn without_mtp_no_guesses_are_made() {
     assert_eq!(s.token, ids(&case["greedy_ids"])[0]);
     assert!(s.proposed.is_empty(), "{:?}", s.proposed);
 }
+
+/// `mtp` is refused at load, naming why, where there is no layer to run: a family
+/// without one, MiniMax-M2 (whose published weights hold none for the modules its config
+/// names), a GLM-4.5 checkpoint without the layer's tensors, and a layer map.
+#[test]
+fn mtp_is_refused_where_there_is_no_layer_to_run() {
+    let refusal = |cfg: EngineConfig| match Engine::load(&cfg) {
+        Ok(_) => panic!("{} loaded with mtp", cfg.model_path.display()),
+        Err(e) => e.to_string(),
+    };
+    let with_mtp = |model: &str| {
+        let mut cfg = EngineConfig::new(fixtures().join(model));
+        cfg.mtp = true;
+        cfg
+    };
+    let cases = [
+        (
+            with_mtp("tiny-llama"),
+            "llama models have no multi-token-prediction layer",
+        ),
+        (
+            with_mtp("tiny-minimax-m2"),
+            "MiniMax-M2's published checkpoints hold no weights",
+        ),
+        (
+            with_mtp("tiny-glm4-moe"),
+            "model.layers.3.eh_proj.weight is missing",
+        ),
+        (
+            EngineConfig {
+                device_layers: Some("0:2;1:1".parse().expect("a map")),
+                ..with_mtp(MODEL).with_cpu_ranks(2)
+            },
+            "not across a layer map's stages or nodes",
+        ),
+    ];
+    for (cfg, want) in cases {
+        let got = refusal(cfg);
+        assert!(got.contains(want), "{got}");
+    }
+}
