@@ -78,6 +78,8 @@ pub fn gpu_shaped(name: &str) -> Result<Dims> {
         // A dense layer, then mixtures with a sigmoid router choosing in groups and a
         // shared expert; half of each head rotating in halves; query/key norms (GLM-4.5).
         "tiny-glm4-moe" => d(192, 4, 2, 128, 160),
+        // The same with its multi-token-prediction layer.
+        "tiny-glm4-moe-mtp" => d(192, 4, 2, 128, 160),
         // Every layer a mixture with a sigmoid router and correction biases; query/key
         // norms across all heads; half of each head of 128 rotating (MiniMax-M2).
         "tiny-minimax-m2" => d(192, 4, 2, 128, 160),
@@ -306,8 +308,15 @@ fn shape_of(
         vec![d.heads]
     } else if any(&["o_proj.bias"]) {
         vec![d.hidden]
-    } else if any(&["embed_tokens.weight", "lm_head.weight"]) {
+    } else if any(&[
+        "embed_tokens.weight",
+        "lm_head.weight",
+        "shared_head.head.weight",
+    ]) {
         vec![vocab, d.hidden]
+    } else if any(&["eh_proj.weight"]) {
+        // GLM-4.5's MTP projection of the embedding and hidden state, side by side.
+        vec![d.hidden, 2 * d.hidden]
     } else if any(&["qkv_proj.weight"]) {
         vec![q + 2 * kv, d.hidden]
     } else if any(&["gate_up_proj.weight"]) {

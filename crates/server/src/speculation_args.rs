@@ -1,6 +1,8 @@
 //! `--speculative-config`, as vLLM takes it: a JSON object whose `method` says how
-//! guesses are made. `ngram` (prompt lookup) and `draft_model` are served; `mtp` and
-//! the EAGLE and Medusa heads are refused by name.
+//! guesses are made. `ngram` (prompt lookup), `draft_model` and `mtp` (the model's own
+//! multi-token-prediction layer: GLM-4.5's) are served; the EAGLE and Medusa heads are
+//! refused by name. The engine makes `draft_model`'s and `mtp`'s guesses, which the
+//! scheduler asks for and weighs alike.
 
 use std::path::PathBuf;
 
@@ -18,6 +20,8 @@ pub struct SpeculationArgs {
     pub speculation: Speculation,
     /// `draft_model`: the draft's file or folder, as `--model` takes a path.
     pub draft_model: Option<PathBuf>,
+    /// `mtp`: the engine loads the model's multi-token-prediction layer.
+    pub mtp: bool,
 }
 
 /// The speculation `text` asks for (`None` when no config is given).
@@ -45,14 +49,18 @@ pub fn speculation(text: Option<&str>) -> Result<Option<SpeculationArgs>> {
             "num_speculative_tokens",
             "disable_by_batch_size",
         ],
-        Some(m @ ("mtp" | "eagle" | "eagle3" | "medusa")) => bail!(
-            "--speculative-config: method `{m}` is not served by this server; `ngram` and \
-             `draft_model` are"
+        Some("mtp") => &["method", "num_speculative_tokens", "disable_by_batch_size"],
+        Some(m @ ("eagle" | "eagle3" | "medusa")) => bail!(
+            "--speculative-config: method `{m}` is not served by this server; `ngram`, \
+             `draft_model` and `mtp` are"
         ),
-        Some(other) => {
-            bail!("--speculative-config: unknown method `{other}` (use `ngram` or `draft_model`)")
+        Some(other) => bail!(
+            "--speculative-config: unknown method `{other}` (use `ngram`, `draft_model` or \
+             `mtp`)"
+        ),
+        None => {
+            bail!("--speculative-config: `method` is required (`ngram`, `draft_model` or `mtp`)")
         }
-        None => bail!("--speculative-config: `method` is required (`ngram` or `draft_model`)"),
     };
     let method = method.unwrap_or_default();
     if let Some(unknown) = config.keys().find(|k| !known.contains(&k.as_str())) {
@@ -79,6 +87,15 @@ pub fn speculation(text: Option<&str>) -> Result<Option<SpeculationArgs>> {
             };
             (Speculation::DraftModel(spec), Some(model))
         }
+        // The model's own layer guesses as a draft model would: after each step, when
+        // asked.
+        "mtp" => {
+            let spec = DraftModelSpeculation {
+                num_speculative_tokens: k,
+                disable_by_batch_size,
+            };
+            (Speculation::DraftModel(spec), None)
+        }
         _ => {
             let max = count(&config, "prompt_lookup_max")?;
             let min = count(&config, "prompt_lookup_min")?;
@@ -104,6 +121,7 @@ pub fn speculation(text: Option<&str>) -> Result<Option<SpeculationArgs>> {
     Ok(Some(SpeculationArgs {
         speculation,
         draft_model,
+        mtp: method == "mtp",
     }))
 }
 
@@ -171,6 +189,22 @@ mod tests {
     }
 
     #[test]
+    fn mtp_guesses_as_a_draft_model_does() {
+        let s = speculation(Some(r#"{"method": "mtp", "num_speculative_tokens": 2}"#))
+            .unwrap()
+            .unwrap();
+        assert!(s.mtp);
+        assert_eq!(s.draft_model, None);
+        assert_eq!(
+            s.speculation,
+            Speculation::DraftModel(DraftModelSpeculation {
+                num_speculative_tokens: 2,
+                disable_by_batch_size: DEFAULT_DISABLE_BY_BATCH_SIZE,
+            })
+        );
+    }
+
+    #[test]
     fn a_bad_config_names_its_field() {
         for (text, names) in [
             ("[1]", "JSON object"),
@@ -192,7 +226,15 @@ mod tests {
                 r#"{"method": "draft_model", "model": "x", "num_speculative_tokens": 17}"#,
                 "num_speculative_tokens",
             ),
-            (r#"{"method": "mtp", "num_speculative_tokens": 1}"#, "mtp"),
+            (
+                r#"{"method": "eagle", "num_speculative_tokens": 1}"#,
+                "eagle",
+            ),
+            (
+                r#"{"method": "mtp", "num_speculative_tokens": 1, "model": "x"}"#,
+                "`model` is not a field of the mtp method",
+            ),
+            (r#"{"method": "mtp"}"#, "num_speculative_tokens"),
             (r#"{"method": "lookahead"}"#, "lookahead"),
             (r#"{"method": "ngram"}"#, "num_speculative_tokens"),
             (

@@ -93,8 +93,10 @@ pub struct ServeArgs {
     /// guesses up to K tokens after each decoding sequence from the latest earlier
     /// occurrence of its last B..A tokens, in steps of at most N decoding sequences
     /// (default 8); {"method": "draft_model", "model": PATH, "num_speculative_tokens": K}
-    /// has a smaller model with the same tokenizer guess them (on the first device).
-    /// Output is unchanged, token for token. Off by default.
+    /// has a smaller model with the same tokenizer guess them (on the first device);
+    /// {"method": "mtp", "num_speculative_tokens": K} has the model's own
+    /// multi-token-prediction layer guess them (GLM-4.5's). Output is unchanged, token
+    /// for token. Off by default.
     #[arg(long, help_heading = LIMITS)]
     pub speculative_config: Option<String>,
 

@@ -150,6 +150,7 @@ pub fn load_state(args: &ServeArgs, lifecycle: Arc<Lifecycle>, front: &Front) ->
     tracing::info!("[2/3] weights: {}", cfg.model_path.display());
     let speculation = crate::speculation_args::speculation(args.speculative_config.as_deref())?;
     let draft = speculation.as_ref().and_then(|s| s.draft_model.as_deref());
+    cfg.mtp = speculation.as_ref().is_some_and(|s| s.mtp);
     let mut engine = ServedEngine::load(&cfg, draft, &tokenizer)?;
     let model_config = engine.target().model_config().clone();
     check_vocabulary(&tokenizer, &model_config).context("checking the tokenizer")?;

@@ -110,7 +110,8 @@ impl DecoderShard {
             &kv_of_q,
             self.blocks.iter().map(|b| b.sinks.as_deref()),
         )?);
-        for block in &mut self.blocks {
+        let mtp_block = self.mtp.as_mut().map(|m| &mut m.block);
+        for block in self.blocks.iter_mut().chain(mtp_block) {
             if let Some(norms) = &mut block.qk_norm {
                 norms.on_device = Some(norms.tensors(&self.device)?);
             }

@@ -1,0 +1,119 @@
+//! Speculation with the model's own multi-token-prediction layer (`mtp`, GLM-4.5's)
+//! through the scheduler and the real engine changes no token: greedy output, and seeded
+//! sampled output draw for draw, with the layer's guesses equals the output without, for
+//! sixteen requests at once and for each alone, on the tiny GLM-4.5 with its layer at
+//! TP = 1 and 2 on CPU ranks and on the emulated GPU path; every KV block comes back.
+//! (Its random layer's guesses are rarely kept: `crates/engine/tests/glm4_moe_mtp.rs`
+//! holds the guesses themselves to the torch reference, after kept tokens too.)
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::engine_loop::{
+    greedy_request, idle_metrics, run_concurrently, run_each_alone, stream_all,
+};
+use tessera_engine::{test_models, Engine, EngineConfig};
+use tessera_protocol::{GenerationRequest, SamplingParams};
+use tessera_scheduler::{DraftModelSpeculation, EngineLoop, SchedulerConfig, SchedulerHandle};
+
+const MODEL: &str = "tiny-glm4-moe-mtp";
+const MAX_TOKENS: usize = 20;
+
+fn spawn(cfg: &EngineConfig, mtp: bool) -> SchedulerHandle {
+    let mut cfg = cfg.clone();
+    cfg.mtp = mtp;
+    let sched = SchedulerConfig {
+        max_batch_tokens: 256,
+        max_num_seqs: 16,
+        speculation: mtp.then(|| {
+            DraftModelSpeculation {
+                num_speculative_tokens: 3,
+                disable_by_batch_size: 16,
+            }
+            .into()
+        }),
+        ..SchedulerConfig::default()
+    };
+    EngineLoop::spawn(sched, Engine::load(&cfg).expect("engine")).expect("loop")
+}
+
+/// The fixture, or on the GPU path a random model of its architecture in the shape the
+/// CUDA kernels take.
+fn fixture(gpu_path: bool) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models");
+    if !gpu_path {
+        return dir.join(MODEL);
+    }
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("mtp-{MODEL}"));
+    let dims = test_models::gpu_shaped(MODEL).expect("dimensions");
+    test_models::write(&dir.join(MODEL), &out, &dims, 20261128).expect("random model");
+    out
+}
+
+fn sampled(prompts: &[Vec<u32>]) -> Vec<GenerationRequest> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut r = greedy_request(p, MAX_TOKENS);
+            r.sampling = SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: Some(11 + i as u64),
+                ..SamplingParams::default()
+            };
+            r
+        })
+        .collect()
+}
+
+fn sampled_tokens(handle: &SchedulerHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    stream_all(handle, &sampled(prompts))
+        .into_iter()
+        .map(|s| s.0)
+        .collect()
+}
+
+#[test]
+fn the_mtp_layer_changes_no_token_at_tp_1_and_2() {
+    // Sixteen prompts of 4 to 64 tokens: several blocks, and chunks of the step's budget.
+    let prompts: Vec<Vec<u32>> = (0..16u32)
+        .map(|i| {
+            (0..4 + 4 * i)
+                .map(|j| 3 + (i * 37 + j * 13) % 500)
+                .collect()
+        })
+        .collect();
+    for (tp, gpu_path) in [(1, false), (2, false), (1, true), (2, true)] {
+        let what = format!("tp={tp}, GPU path: {gpu_path}");
+        let mut cfg = EngineConfig::new(fixture(gpu_path)).with_cpu_ranks(tp);
+        cfg.kv_cache_bytes = 32 << 20;
+        cfg.emulate_gpu = gpu_path;
+        let base = spawn(&cfg, false);
+        let want = run_concurrently(&base, &prompts, MAX_TOKENS);
+        let want_sampled = sampled_tokens(&base, &prompts[..6]);
+        drop(base);
+        let guessing = spawn(&cfg, true);
+        assert_eq!(
+            run_concurrently(&guessing, &prompts, MAX_TOKENS),
+            want,
+            "{what}: sixteen at once"
+        );
+        assert_eq!(
+            run_each_alone(&guessing, &prompts[..4], MAX_TOKENS),
+            want[..4],
+            "{what}: alone"
+        );
+        let m = idle_metrics(&guessing);
+        println!("{what}: {:?}", m.speculation);
+        assert!(m.speculation.draft_tokens > 0, "{what}: no guesses");
+        assert_eq!(
+            sampled_tokens(&guessing, &prompts[..6]),
+            want_sampled,
+            "{what}: seeded samples"
+        );
+        let m = idle_metrics(&guessing);
+        assert_eq!(m.kv_blocks_in_use, 0, "{what}: blocks leaked");
+    }
+}
