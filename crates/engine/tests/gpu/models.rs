@@ -30,6 +30,7 @@ use crate::report::check;
 
 mod embeddings;
 mod fit;
+mod mtp;
 mod nccl_tp;
 
 const MIN_COMPARED: usize = 8;
