@@ -14,7 +14,9 @@
 //!
 //! Every sequence that decodes takes part in the first pass, asked for guesses or not: a
 //! position the layer skipped would leave its KV stale for later guesses. The pass is
-//! one layer over the step's tokens (on GLM-4.5, about 1/93 of the step). The layer's
+//! one layer over the step's tokens (on GLM-4.5, about 1/93 of the step) and counts as
+//! the step's own time; the further passes are what the scheduler weighs a guess by
+//! ([`DraftTime`]). The layer's
 //! KV in blocks shared through the prefix cache was written by the sequence that filled
 //! them; its last position reads the token after it in that sequence, so a sequence
 //! going on differently may guess a little worse there, never emit differently.
@@ -98,24 +100,21 @@ impl Engine {
         let Some(mut seqs) = self.mtp.take() else {
             return Ok(None);
         };
-        let started = Instant::now();
         let out = self.mtp_passes(&mut seqs, chunks, samples, limits);
         self.mtp = Some(seqs);
-        let passes = out?;
-        Ok(Some(DraftTime {
-            passes,
-            seconds: started.elapsed().as_secs_f64(),
-        }))
+        out.map(Some)
     }
 
-    /// The first pass, then one per further guess; returns the passes that guessed.
+    /// The first pass, then one per further guess. What the guesses cost beyond the step
+    /// is the further passes: the first runs every step (it keeps the layer's KV
+    /// whole), guessing or not, so it counts as the step's own time.
     fn mtp_passes(
         &mut self,
         seqs: &mut MtpSeqs,
         chunks: &[(&ScheduledChunk, usize)],
         samples: &mut [SampledToken],
         limits: &ChunkLimits,
-    ) -> Result<usize> {
+    ) -> Result<DraftTime> {
         let mut pass = Vec::new();
         let mut rows = Vec::new();
         let mut guessing = Vec::new();
@@ -174,14 +173,21 @@ impl Engine {
             }
             pass.push(mtp_chunk);
         }
+        let mut further = DraftTime {
+            passes: 0,
+            seconds: 0.0,
+        };
         if pass.is_empty() {
-            return Ok(0);
+            return Ok(further);
         }
-        let mut passes = 0;
         let mut hidden = MtpHidden::Model;
         loop {
+            let started = Instant::now();
             let tokens = self.mtp_pass(&pass, hidden, rows, limits)?;
-            passes += usize::from(!tokens.is_empty());
+            if hidden == MtpHidden::Chain {
+                further.passes += 1;
+                further.seconds += started.elapsed().as_secs_f64();
+            }
             if tokens.len() != guessing.len() {
                 return Err(EngineError::Step(format!(
                     "the MTP layer gave {} guesses for {} sequences",
@@ -220,7 +226,7 @@ impl Engine {
             }
             guessing = next;
             if pass.is_empty() {
-                return Ok(passes);
+                return Ok(further);
             }
             hidden = MtpHidden::Chain;
         }
