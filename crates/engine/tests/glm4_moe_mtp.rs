@@ -7,7 +7,7 @@
 //! every settled position, its first pass reading the model's hidden states and the next
 //! two its own output), and the tokens emitted equal transformers' greedy continuation,
 //! the guesses rejected. At TP = 1..3 (the layer's heads, experts and head split as the
-//! model's are).
+//! model's are), and from the same weights in a GGUF file.
 
 mod common;
 
@@ -22,7 +22,11 @@ const MODEL: &str = "tiny-glm4-moe-mtp";
 const GUESSES: usize = 3;
 
 fn engine(tp: usize, mtp: bool) -> Engine {
-    let mut cfg = EngineConfig::new(fixtures().join(MODEL)).with_cpu_ranks(tp);
+    engine_of(&fixtures().join(MODEL), tp, mtp)
+}
+
+fn engine_of(path: &std::path::Path, tp: usize, mtp: bool) -> Engine {
+    let mut cfg = EngineConfig::new(path).with_cpu_ranks(tp);
     cfg.kv_cache_bytes = 16 << 20;
     cfg.mtp = mtp;
     Engine::load(&cfg).unwrap_or_else(|e| panic!("TP={tp}: {e}"))
@@ -147,6 +151,32 @@ fn mtp_guesses_match_the_torch_reference_at_every_tp_size() {
     }
 }
 
+/// The same weights as llama.cpp's converter writes them (`tiny-glm4-moe-mtp.gguf`, the
+/// layer's own tensors under `blk.3.nextn.*`, its decoder layer under `blk.3.*`, all
+/// f32): the same guesses.
+#[test]
+fn mtp_guesses_from_the_gguf_file_match_the_reference() {
+    let reference = reference();
+    let path = fixtures().join("tiny-glm4-moe-mtp.gguf");
+    for tp in [1, 2] {
+        let mut engine = engine_of(&path, tp, true);
+        for case in reference["cases"].as_array().expect("cases") {
+            let label = format!("GGUF TP={tp} {}", case["name"]);
+            let checked = follow_case(&mut engine, case, Scored::OwnGuesses, &label);
+            assert_eq!(
+                checked,
+                case["steps"].as_array().map_or(0, Vec::len),
+                "{label}"
+            );
+            let done = StepPlan {
+                finished: vec![SeqId(1)],
+                ..StepPlan::default()
+            };
+            engine.step(&done).expect("finish");
+        }
+    }
+}
+
 /// Steps that keep 1 to 3 scored tokens each: the layer runs over every position the
 /// step settled, so its guesses after each step still equal the reference's (which
 /// assumes every earlier position was run with the model's hidden state there).
@@ -176,19 +206,21 @@ fn mtp_guesses_after_kept_tokens_match_the_reference() {
 fn without_mtp_no_guesses_are_made() {
     let reference = reference();
     let case = &reference["cases"][0];
-    let mut engine = engine(1, false);
-    let plan = StepPlan {
-        new_sequences: vec![NewSequence {
-            id: SeqId(1),
-            sampling: SamplingParams::greedy(),
-            prompt_ids: ids(&case["input_ids"]),
-        }],
-        scheduled: vec![chunk(ids(&case["input_ids"]), 0, 0)],
-        finished: Vec::new(),
-    };
-    let s = only_sample(&mut engine, &plan);
-    assert_eq!(s.token, ids(&case["greedy_ids"])[0]);
-    assert!(s.proposed.is_empty(), "{:?}", s.proposed);
+    for path in [MODEL, "tiny-glm4-moe-mtp.gguf"].map(|m| fixtures().join(m)) {
+        let mut engine = engine_of(&path, 1, false);
+        let plan = StepPlan {
+            new_sequences: vec![NewSequence {
+                id: SeqId(1),
+                sampling: SamplingParams::greedy(),
+                prompt_ids: ids(&case["input_ids"]),
+            }],
+            scheduled: vec![chunk(ids(&case["input_ids"]), 0, 0)],
+            finished: Vec::new(),
+        };
+        let s = only_sample(&mut engine, &plan);
+        assert_eq!(s.token, ids(&case["greedy_ids"])[0]);
+        assert!(s.proposed.is_empty(), "{:?}", s.proposed);
+    }
 }
 
 /// `mtp` is refused at load, naming why, where there is no layer to run: a family

@@ -60,6 +60,13 @@ pub fn gguf_name(canonical: &str) -> Option<String> {
         "mlp.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
         "mlp.shared_experts.up_proj.weight" => "ffn_up_shexp.weight",
         "mlp.shared_experts.down_proj.weight" => "ffn_down_shexp.weight",
+        // GLM-4.5's multi-token-prediction layer, after the decoder layers.
+        "eh_proj.weight" => "nextn.eh_proj.weight",
+        "enorm.weight" => "nextn.enorm.weight",
+        "hnorm.weight" => "nextn.hnorm.weight",
+        "shared_head.norm.weight" => "nextn.shared_head_norm.weight",
+        "shared_head.head.weight" => "nextn.shared_head_head.weight",
+        "embed_tokens.weight" => "nextn.embed_tokens.weight",
         _ => return None,
     };
     Some(format!("blk.{layer}.{mapped}"))
