@@ -37,7 +37,7 @@ pub(crate) fn config_from_content(
         },
     };
     // GLM-4.5's files count their multi-token-prediction layers among the blocks (after
-    // the others); Tessera reads the others only.
+    // the others); they are read only for `mtp` speculation.
     let blocks = gguf.usize("block_count")?;
     let prediction_layers = gguf.usize_opt("nextn_predict_layers")?.unwrap_or(0);
     let Some(num_layers) = blocks.checked_sub(prediction_layers) else {
