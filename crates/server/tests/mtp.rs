@@ -2,7 +2,8 @@
 //! through the scheduler and the real engine changes no token: greedy output, and seeded
 //! sampled output draw for draw, with the layer's guesses equals the output without, for
 //! sixteen requests at once and for each alone, on the tiny GLM-4.5 with its layer at
-//! TP = 1 and 2 on CPU ranks and on the emulated GPU path; every KV block comes back.
+//! TP = 1 and 2 on CPU ranks and on the emulated GPU path (there with an fp8 KV cache
+//! too); every KV block comes back.
 //! (Its random layer's guesses are rarely kept: `crates/engine/tests/glm4_moe_mtp.rs`
 //! holds the guesses themselves to the torch reference, after kept tokens too.)
 
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 use common::engine_loop::{
     greedy_request, idle_metrics, run_concurrently, run_each_alone, stream_all,
 };
+use tessera_engine::device::dtype::{KvCacheDtype, KvCacheDtypeChoice};
 use tessera_engine::{test_models, Engine, EngineConfig};
 use tessera_protocol::{GenerationRequest, SamplingParams};
 use tessera_scheduler::{DraftModelSpeculation, EngineLoop, SchedulerConfig, SchedulerHandle};
@@ -85,11 +87,20 @@ fn the_mtp_layer_changes_no_token_at_tp_1_and_2() {
                 .collect()
         })
         .collect();
-    for (tp, gpu_path) in [(1, false), (2, false), (1, true), (2, true)] {
-        let what = format!("tp={tp}, GPU path: {gpu_path}");
+    // The fp8 cache sets each slot's scales in a warm-up step, the MTP layer's included.
+    let fp8 = Some(KvCacheDtypeChoice::Fixed(KvCacheDtype::Fp8E4m3));
+    for (tp, gpu_path, kv_dtype) in [
+        (1, false, None),
+        (2, false, None),
+        (1, true, None),
+        (2, true, None),
+        (1, true, fp8),
+    ] {
+        let what = format!("tp={tp}, GPU path: {gpu_path}, KV {kv_dtype:?}");
         let mut cfg = EngineConfig::new(fixture(gpu_path)).with_cpu_ranks(tp);
         cfg.kv_cache_bytes = 32 << 20;
         cfg.emulate_gpu = gpu_path;
+        cfg.kv_cache_dtype = kv_dtype;
         let base = spawn(&cfg, false);
         let want = run_concurrently(&base, &prompts, MAX_TOKENS);
         let want_sampled = sampled_tokens(&base, &prompts[..6]);

@@ -50,6 +50,10 @@ impl Engine {
             vocab_rows: self.config.vocab_size,
         };
         self.forward(Batch::from_plan(&plan, &limits)?)?;
+        if self.mtp.is_some() {
+            // The MTP layer's slot too, from the same tokens.
+            self.mtp_calibration_pass(&plan.scheduled, &limits)?;
+        }
         tracing::info!("fp8 KV cache: scales set by a warm-up step of {tokens} tokens");
         Ok(())
     }

@@ -232,6 +232,35 @@ impl Engine {
         }
     }
 
+    /// After the fp8 KV cache's calibration step over `chunks` (one sequence, from
+    /// position 0), one pass of the MTP layer over the same positions, each with the
+    /// step's next token, so that its slot's scales come from that step too.
+    pub(super) fn mtp_calibration_pass(
+        &mut self,
+        chunks: &[ScheduledChunk],
+        limits: &ChunkLimits,
+    ) -> Result<()> {
+        let mut pass = Vec::new();
+        let mut rows = Vec::new();
+        let mut first_row = 0u32;
+        for c in chunks {
+            let n = c.tokens.len();
+            if n > 1 {
+                pass.push(ScheduledChunk {
+                    tokens: c.tokens[1..].to_vec(),
+                    sample: false,
+                    ..c.clone()
+                });
+                rows.extend(first_row..first_row + n as u32 - 1);
+            }
+            first_row += n as u32;
+        }
+        if !pass.is_empty() {
+            self.mtp_pass(&pass, MtpHidden::Model, rows, limits)?;
+        }
+        Ok(())
+    }
+
     /// One pass of the MTP layer over `chunks`, each row's hidden state from `hidden`'s
     /// row in `rows`; the arg-max of each sampled row, in order.
     fn mtp_pass(

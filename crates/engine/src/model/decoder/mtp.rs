@@ -17,30 +17,13 @@
 
 use candle_core::{DType, Tensor};
 
-use super::shard::{Block, DecoderShard};
+use super::shard::{Block, DecoderShard, MtpLayer};
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
 use crate::model::kv_cache::RankCache;
 use crate::model::kv_groups::LayerSlot;
 use crate::model::linear::Linear;
 use crate::tp::Communicator;
-
-/// One rank's part of the MTP layer.
-#[derive(Debug)]
-pub(crate) struct MtpLayer {
-    pub(super) enorm: Tensor,
-    pub(super) hnorm: Tensor,
-    /// `[hidden, 2·hidden]`, whole on every rank.
-    pub(super) eh_proj: Linear,
-    pub(super) block: Block,
-    /// Where the layer keeps its KV: the slot after the decoder layers', group 0's
-    /// tables.
-    pub(super) slot: LayerSlot,
-    /// `shared_head.norm`.
-    pub(super) norm: Tensor,
-    /// `shared_head.head`, this rank's rows of the vocabulary; `None`: the model's head.
-    pub(super) head: Option<Linear>,
-}
 
 /// The layer's tensors beyond its decoder block, as GLM-4.5's checkpoints name them
 /// under `model.layers.{num_layers}.`.

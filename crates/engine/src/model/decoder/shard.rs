@@ -9,7 +9,6 @@ use candle_core::{Device, Tensor};
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 use super::gpu_parts::GpuParts;
-use super::mtp::MtpLayer;
 use crate::error::Result;
 use crate::loader::source::Embedding;
 use crate::model::head_norms::HeadNorms;
@@ -56,6 +55,23 @@ pub(super) enum Mlp {
         down: Linear,
     },
     Experts(MoeShard),
+}
+
+/// One rank's part of the multi-token-prediction layer (`super::mtp`).
+#[derive(Debug)]
+pub(crate) struct MtpLayer {
+    pub(super) enorm: Tensor,
+    pub(super) hnorm: Tensor,
+    /// `[hidden, 2·hidden]`, whole on every rank.
+    pub(super) eh_proj: Linear,
+    pub(super) block: Block,
+    /// Where the layer keeps its KV: the slot after the decoder layers', group 0's
+    /// tables.
+    pub(super) slot: LayerSlot,
+    /// `shared_head.norm`.
+    pub(super) norm: Tensor,
+    /// `shared_head.head`, this rank's rows of the vocabulary; `None`: the model's head.
+    pub(super) head: Option<Linear>,
 }
 
 /// One rank's part of the model. Owned by that rank's worker thread.
