@@ -10,14 +10,15 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::engine_loop::{
-    greedy_request, idle_metrics, run_concurrently, run_each_alone, stream_all, test_model,
+    idle_metrics, run_concurrently, run_each_alone, seeded_tokens, test_model,
 };
 use tessera_engine::{load_drafted, load_tokenizer, test_models, Engine, EngineConfig};
-use tessera_protocol::{GenerationRequest, SamplingParams};
 use tessera_scheduler::{
     DraftModelSpeculation, EngineLoop, SchedulerConfig, SchedulerHandle, SchedulerMetrics,
 };
 
+/// The first seed of the sampled requests.
+const SEED: u64 = 7;
 const MAX_TOKENS: usize = 24;
 
 fn scheduler(draft: bool) -> SchedulerConfig {
@@ -44,24 +45,6 @@ fn drafted(cfg: &EngineConfig, draft: &Path) -> SchedulerHandle {
     EngineLoop::spawn(scheduler(true), ex).expect("loop")
 }
 
-/// Sampled requests with seeds: the same draws with guesses as without.
-fn sampled(prompts: &[Vec<u32>]) -> Vec<GenerationRequest> {
-    prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let mut r = greedy_request(p, MAX_TOKENS);
-            r.sampling = SamplingParams {
-                temperature: 0.8,
-                top_p: 0.95,
-                seed: Some(7 + i as u64),
-                ..SamplingParams::default()
-            };
-            r
-        })
-        .collect()
-}
-
 /// The tiny fixture `name`, in the shape the CUDA kernels take on the GPU path.
 fn fixture(name: &str, gpu_path: bool) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models");
@@ -72,14 +55,6 @@ fn fixture(name: &str, gpu_path: bool) -> PathBuf {
     let dims = test_models::gpu_shaped(name).expect("dimensions");
     test_models::write(&dir.join(name), &out, &dims, 20261127).expect("random model");
     out
-}
-
-/// Each prompt's tokens when sampled with a seed (see [`sampled`]).
-fn sampled_tokens(handle: &SchedulerHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
-    stream_all(handle, &sampled(prompts))
-        .into_iter()
-        .map(|s| s.0)
-        .collect()
 }
 
 fn acceptance(m: &SchedulerMetrics) -> f64 {
@@ -107,7 +82,7 @@ fn smollm2_as_its_own_draft_keeps_its_output_and_has_its_guesses_kept() {
     let cfg = EngineConfig::new(&model);
     let base = plain(&cfg);
     let want = run_each_alone(&base, &prompts, MAX_TOKENS);
-    let want_sampled = sampled_tokens(&base, &prompts);
+    let want_sampled = seeded_tokens(&base, &prompts, MAX_TOKENS, SEED);
     drop(base);
 
     let guessing = drafted(&cfg, &model);
@@ -130,7 +105,7 @@ fn smollm2_as_its_own_draft_keeps_its_output_and_has_its_guesses_kept() {
         "guesses changed a request in a batch"
     );
     assert_eq!(together[8..], want[..]);
-    let got_sampled = sampled_tokens(&guessing, &prompts);
+    let got_sampled = seeded_tokens(&guessing, &prompts, MAX_TOKENS, SEED);
     assert_eq!(got_sampled, want_sampled, "guesses changed seeded samples");
     let m = idle_metrics(&guessing);
     assert_eq!(m.kv_blocks_in_use, 0, "blocks leaked: {m:?}");
@@ -168,7 +143,7 @@ fn tiny_models_keep_their_output_with_a_draft_at_tp_1_and_2() {
             cfg.emulate_gpu = gpu_path;
             let base = plain(&cfg);
             let want = run_concurrently(&base, &prompts, MAX_TOKENS);
-            let want_sampled = sampled_tokens(&base, &prompts);
+            let want_sampled = seeded_tokens(&base, &prompts, MAX_TOKENS, SEED);
             drop(base);
             let guessing = drafted(&cfg, &fixture(draft, gpu_path));
             assert_eq!(
@@ -187,7 +162,7 @@ fn tiny_models_keep_their_output_with_a_draft_at_tp_1_and_2() {
                 (false, false) => assert!(acceptance(&m) < 0.5, "{what}: {:?}", m.speculation),
                 (false, true) => {}
             }
-            let got_sampled = sampled_tokens(&guessing, &prompts);
+            let got_sampled = seeded_tokens(&guessing, &prompts, MAX_TOKENS, SEED);
             assert_eq!(got_sampled, want_sampled, "{what}: seeded samples");
             let m = idle_metrics(&guessing);
             assert_eq!(m.kv_blocks_in_use, 0, "{what}");

@@ -11,15 +11,14 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::engine_loop::{
-    greedy_request, idle_metrics, run_concurrently, run_each_alone, stream_all,
-};
+use common::engine_loop::{idle_metrics, run_concurrently, run_each_alone, seeded_tokens};
 use tessera_engine::device::dtype::{KvCacheDtype, KvCacheDtypeChoice};
 use tessera_engine::{test_models, Engine, EngineConfig};
-use tessera_protocol::{GenerationRequest, SamplingParams};
 use tessera_scheduler::{DraftModelSpeculation, EngineLoop, SchedulerConfig, SchedulerHandle};
 
 const MODEL: &str = "tiny-glm4-moe-mtp";
+/// The first seed of the sampled requests.
+const SEED: u64 = 11;
 const MAX_TOKENS: usize = 20;
 
 fn spawn(cfg: &EngineConfig, mtp: bool) -> SchedulerHandle {
@@ -53,30 +52,6 @@ fn fixture(gpu_path: bool) -> PathBuf {
     out
 }
 
-fn sampled(prompts: &[Vec<u32>]) -> Vec<GenerationRequest> {
-    prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let mut r = greedy_request(p, MAX_TOKENS);
-            r.sampling = SamplingParams {
-                temperature: 0.8,
-                top_p: 0.95,
-                seed: Some(11 + i as u64),
-                ..SamplingParams::default()
-            };
-            r
-        })
-        .collect()
-}
-
-fn sampled_tokens(handle: &SchedulerHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
-    stream_all(handle, &sampled(prompts))
-        .into_iter()
-        .map(|s| s.0)
-        .collect()
-}
-
 #[test]
 fn the_mtp_layer_changes_no_token_at_tp_1_and_2() {
     // Sixteen prompts of 4 to 64 tokens: several blocks, and chunks of the step's budget.
@@ -103,7 +78,7 @@ fn the_mtp_layer_changes_no_token_at_tp_1_and_2() {
         cfg.kv_cache_dtype = kv_dtype;
         let base = spawn(&cfg, false);
         let want = run_concurrently(&base, &prompts, MAX_TOKENS);
-        let want_sampled = sampled_tokens(&base, &prompts[..6]);
+        let want_sampled = seeded_tokens(&base, &prompts[..6], MAX_TOKENS, SEED);
         drop(base);
         let guessing = spawn(&cfg, true);
         assert_eq!(
@@ -120,7 +95,7 @@ fn the_mtp_layer_changes_no_token_at_tp_1_and_2() {
         println!("{what}: {:?}", m.speculation);
         assert!(m.speculation.draft_tokens > 0, "{what}: no guesses");
         assert_eq!(
-            sampled_tokens(&guessing, &prompts[..6]),
+            seeded_tokens(&guessing, &prompts[..6], MAX_TOKENS, SEED),
             want_sampled,
             "{what}: seeded samples"
         );

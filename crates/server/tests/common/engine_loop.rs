@@ -32,6 +32,34 @@ pub fn greedy_request(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
     }
 }
 
+/// Each prompt's tokens when sampled at temperature 0.8 and top-p 0.95 with the seeds
+/// `first_seed`, `first_seed + 1`, ...: speculation must keep them draw for draw.
+pub fn seeded_tokens(
+    handle: &SchedulerHandle,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    first_seed: u64,
+) -> Vec<Vec<u32>> {
+    let requests: Vec<GenerationRequest> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut r = greedy_request(p, max_tokens);
+            r.sampling = SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: Some(first_seed + i as u64),
+                ..SamplingParams::default()
+            };
+            r
+        })
+        .collect();
+    stream_all(handle, &requests)
+        .into_iter()
+        .map(|s| s.0)
+        .collect()
+}
+
 /// Loads `cfg` and runs the scheduler's engine loop over it, at most 16 sequences and
 /// `max_batch_tokens` tokens a step.
 pub fn spawn_loop(cfg: &EngineConfig, max_batch_tokens: usize) -> SchedulerHandle {

@@ -140,20 +140,9 @@ impl DecoderShard {
         result
     }
 
-    /// Final norm and LM head on the host over the sampled rows of `x`: logits
+    /// `norm`, then `head`, over the sampled rows of `x` on the host: logits
     /// `[rows, vocab]`.
     pub(super) fn head_cpu(
-        &self,
-        x: &Tensor,
-        batch: &Batch,
-        comm: &mut dyn Communicator,
-    ) -> Result<Tensor> {
-        let head = Self::part(&self.lm_head, "LM head")?;
-        self.head_cpu_with(x, batch, (&self.norm, head), comm)
-    }
-
-    /// `norm`, then `head`, over the sampled rows of `x` on the host.
-    pub(super) fn head_cpu_with(
         &self,
         x: &Tensor,
         batch: &Batch,

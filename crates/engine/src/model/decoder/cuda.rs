@@ -245,19 +245,9 @@ impl DecoderShard {
         Ok(x)
     }
 
-    /// Final norm and LM head on the GPU: f32 logits `[rows, vocab]` of the sampled rows.
+    /// `norm`, then `head`, over the sampled rows of `x` on the GPU: f32 logits
+    /// `[rows, vocab]`.
     pub(crate) fn head_cuda(
-        &self,
-        x: &Tensor,
-        batch: &Batch,
-        comm: &mut dyn Communicator,
-    ) -> Result<Tensor> {
-        let head = Self::part(&self.lm_head, "LM head")?;
-        self.head_cuda_with(x, batch, (&self.norm, head), comm)
-    }
-
-    /// `norm`, then `head`, over the sampled rows of `x` on the GPU.
-    pub(super) fn head_cuda_with(
         &self,
         x: &Tensor,
         batch: &Batch,

@@ -7,6 +7,7 @@ use super::shard::DecoderShard;
 use crate::error::Result;
 use crate::model::batch::Batch;
 use crate::model::kv_cache::RankCache;
+use crate::model::linear::Linear;
 use crate::tp::Communicator;
 
 impl DecoderShard {
@@ -39,6 +40,19 @@ impl DecoderShard {
 
     /// Final norm and LM head over the sampled rows of `x`: logits `[rows, vocab]`.
     pub fn head(&self, x: &Tensor, batch: &Batch, comm: &mut dyn Communicator) -> Result<Tensor> {
+        let head = Self::part(&self.lm_head, "LM head")?;
+        self.head_with(x, batch, (&self.norm, head), comm)
+    }
+
+    /// `norm`, then `head` (this rank's rows of the vocabulary, gathered), over the
+    /// sampled rows of `x`: logits `[rows, vocab]`.
+    pub(super) fn head_with(
+        &self,
+        x: &Tensor,
+        batch: &Batch,
+        head: (&Tensor, &Linear),
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
         if batch.sample_rows.is_empty() {
             return Ok(Tensor::zeros(
                 (0, self.config.vocab_size),
@@ -48,8 +62,8 @@ impl DecoderShard {
         }
         if self.runs_gpu_path() {
             #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-            return self.head_cuda(x, batch, comm);
+            return self.head_cuda(x, batch, head, comm);
         }
-        self.head_cpu(x, batch, comm)
+        self.head_cpu(x, batch, head, comm)
     }
 }

@@ -86,44 +86,20 @@ impl DecoderShard {
             Some(h) => h,
             None => Self::part(&self.lm_head, "LM head")?,
         };
-        match cache {
+        let y = match cache {
             RankCache::Cpu(cache) => {
                 let x = mtp.eh_proj.forward(&eh)?;
-                let y = self.blocks_cpu(blocks, slots, x, batch, cache, comm)?;
-                let logits = self.mtp_logits(&y, batch, (&mtp.norm, head), comm)?;
-                Ok((y, logits))
+                self.blocks_cpu(blocks, slots, x, batch, cache, comm)?
             }
             #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
             RankCache::Cuda(cache) => {
                 let act = crate::device::dtype::candle_dtype(crate::device::dtype::ACTIVATIONS);
                 let x = mtp.eh_proj.forward_f32(&eh.to_dtype(act)?)?;
-                let y = self.blocks_cuda((blocks, slots, &[]), x, batch, cache, comm)?;
-                let logits = self.mtp_logits(&y, batch, (&mtp.norm, head), comm)?;
-                Ok((y, logits))
+                self.blocks_cuda((blocks, slots, &[]), x, batch, cache, comm)?
             }
-        }
-    }
-
-    /// The MTP head's logits of the sampled rows of `y`.
-    fn mtp_logits(
-        &self,
-        y: &Tensor,
-        batch: &Batch,
-        head: (&Tensor, &Linear),
-        comm: &mut dyn Communicator,
-    ) -> Result<Tensor> {
-        if batch.sample_rows.is_empty() {
-            return Ok(Tensor::zeros(
-                (0, self.config.vocab_size),
-                DType::F32,
-                &self.device,
-            )?);
-        }
-        if self.runs_gpu_path() {
-            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-            return self.head_cuda_with(y, batch, head, comm);
-        }
-        self.head_cpu_with(y, batch, head, comm)
+        };
+        let logits = self.head_with(&y, batch, (&mtp.norm, head), comm)?;
+        Ok((y, logits))
     }
 }
 
