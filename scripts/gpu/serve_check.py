@@ -6,12 +6,14 @@ network to install a client.
 
   python3 serve_check.py TESSERA_BINARY MODEL_DIR DEVICES PORT [SERVE_FLAG...]
 
-SERVE_FLAGs go to `tessera serve` (e.g. `--same-gpu-comm nccl`). The texts each prompt got
+SERVE_FLAGs go to `tessera serve` (e.g. `--same-gpu-comm nccl`). SERVE_CHECK_BUILD, when
+set, names the binary's build in the checks (scripts/test-gpu: the CUDA image's). The texts each prompt got
 alone are written to texts-PORT.json, for scripts/gpu/nodes_check.py to compare with.
 
 Prints `GPU-CHECK | ... | ... | ...` lines; exits 1 when a check fails.
 """
 import json
+import os
 import sys
 import threading
 import time
@@ -61,6 +63,9 @@ def main():
     binary, model, devices, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     extra = sys.argv[5:]
     label = " ".join([devices, *extra])
+    # Which build of the binary, where it is not scripts/build-gpu's.
+    if os.environ.get("SERVE_CHECK_BUILD"):
+        label += f" ({os.environ['SERVE_CHECK_BUILD']})"
     ok = True
     proc = None
     try:
