@@ -103,3 +103,34 @@ fn the_mtp_layer_changes_no_token_at_tp_1_and_2() {
         assert_eq!(m.kv_blocks_in_use, 0, "{what}: blocks leaked");
     }
 }
+
+/// A cache too small for sixteen sequences at once: sequences are preempted and their
+/// KV recomputed, the MTP layer's with it, and no token changes. Shared prompt prefixes
+/// hit the prefix cache, whose blocks hold the layer's KV as their first sequence wrote
+/// it.
+#[test]
+fn the_mtp_layer_changes_no_token_under_preemption_and_prefix_hits() {
+    // Sixteen prompts of 40 to 70 tokens, sharing their first 32 (two blocks).
+    let shared: Vec<u32> = (0..32u32).map(|j| 5 + (j * 29) % 480).collect();
+    let prompts: Vec<Vec<u32>> = (0..16u32)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend((0..8 + 2 * i).map(|j| 3 + (i * 41 + j * 11) % 500));
+            p
+        })
+        .collect();
+    let mut cfg = EngineConfig::new(fixture(false));
+    // About 30 blocks of 16 tokens: fewer than sixteen sequences of up to 90 tokens need.
+    cfg.kv_cache_bytes = 1 << 20;
+    let base = spawn(&cfg, false);
+    let want = run_concurrently(&base, &prompts, MAX_TOKENS);
+    drop(base);
+    let guessing = spawn(&cfg, true);
+    assert_eq!(run_concurrently(&guessing, &prompts, MAX_TOKENS), want);
+    let m = idle_metrics(&guessing);
+    println!("{m:?}");
+    assert!(m.preemptions_total > 0, "no sequence was preempted: {m:?}");
+    assert!(m.prefix_cache_hits_tokens > 0, "no prefix hit: {m:?}");
+    assert!(m.speculation.draft_tokens > 0, "no guesses: {m:?}");
+    assert_eq!(m.kv_blocks_in_use, 0, "blocks leaked");
+}
