@@ -1,7 +1,8 @@
 //! GLM-4.5's multi-token-prediction layer on CUDA ranks (`--speculative-config` method
 //! `mtp`): a random GLM-4.5 with its layer in the shape the CUDA kernels take
-//! (`tessera_engine::test_models`, from the names of the fixture
-//! `tests/fixtures/models/tiny-glm4-moe-mtp`, whose file must travel whole), on `cuda:0`
+//! (`tessera_engine::test_models`, from the tensor names of the fixture
+//! `tests/fixtures/models/tiny-glm4-moe-mtp`, whose `model.safetensors` must reach the GPU
+//! machine whole), on `cuda:0`
 //! and at TP = 2 on one GPU, against the CPU engine on the same weights (which
 //! `tests/glm4_moe_mtp.rs` holds to the torch reference). One sequence per prompt runs
 //! step after step, each step scoring the previous step's three guesses and asking for
@@ -16,7 +17,7 @@ use tessera_protocol::{
     Executor, NewSequence, SampledToken, SamplingParams, ScheduledChunk, SeqId, StepPlan,
 };
 
-use super::{devices, selected};
+use super::{devices, models_dir, selected};
 use crate::common::fixtures;
 use crate::report::check;
 
@@ -26,10 +27,14 @@ const STEPS: usize = 24;
 const MIN_AGREEING: f64 = 0.9;
 const MIN_COMPARED: usize = 16;
 
+/// The model, written beside the other check models. The fixture's folder is the
+/// repository's as `scripts/test-gpu` names it (`TESSERA_GPU_FIXTURES`), else the one
+/// this binary was built from.
 fn model() -> PathBuf {
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("gpu-{FIXTURE}"));
+    let out = models_dir().join(FIXTURE);
+    let fixtures = std::env::var("TESSERA_GPU_FIXTURES").map_or_else(|_| fixtures(), PathBuf::from);
     let dims = test_models::gpu_shaped(FIXTURE).expect("dimensions");
-    test_models::write(&fixtures().join(FIXTURE), &out, &dims, 20261128)
+    test_models::write(&fixtures.join(FIXTURE), &out, &dims, 20261128)
         .unwrap_or_else(|e| panic!("{FIXTURE}: {e}"));
     out
 }
