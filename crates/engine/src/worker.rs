@@ -244,9 +244,11 @@ impl MtpInputs {
         cache: &mut RankCache,
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
+        // Each source is read by one pass (the step's output by the first pass after it,
+        // each pass's output by the next) and held no longer.
         let source = match job.hidden {
-            MtpHidden::Model => self.model.as_ref(),
-            MtpHidden::Chain => self.chain.as_ref(),
+            MtpHidden::Model => self.model.take(),
+            MtpHidden::Chain => self.chain.take(),
         };
         let source = source.ok_or_else(|| {
             EngineError::Step(format!(

@@ -49,6 +49,15 @@ fn chunk(tokens: Vec<u32>, start_pos: usize, num_draft: usize) -> ScheduledChunk
     }
 }
 
+/// Ends the sequence: the next case starts afresh.
+fn finish(engine: &mut Engine) {
+    let done = StepPlan {
+        finished: vec![SeqId(1)],
+        ..StepPlan::default()
+    };
+    engine.step(&done).expect("finish");
+}
+
 fn only_sample(engine: &mut Engine, plan: &StepPlan) -> SampledToken {
     let out = engine.step(plan).expect("step");
     assert!(out.failed.is_empty(), "{:?}", out.failed);
@@ -140,12 +149,7 @@ fn mtp_guesses_match_the_torch_reference_at_every_tp_size() {
             let checked = follow_case(&mut engine, case, Scored::OwnGuesses, &label);
             let want = case["steps"].as_array().map_or(0, Vec::len);
             assert_eq!(checked, want, "{label}: steps checked");
-            // The next case starts afresh.
-            let done = StepPlan {
-                finished: vec![SeqId(1)],
-                ..StepPlan::default()
-            };
-            engine.step(&done).expect("finish");
+            finish(&mut engine);
             println!("{label}: {checked} steps of {GUESSES} guesses agree (case {i})");
         }
     }
@@ -168,11 +172,7 @@ fn mtp_guesses_from_the_gguf_file_match_the_reference() {
                 case["steps"].as_array().map_or(0, Vec::len),
                 "{label}"
             );
-            let done = StepPlan {
-                finished: vec![SeqId(1)],
-                ..StepPlan::default()
-            };
-            engine.step(&done).expect("finish");
+            finish(&mut engine);
         }
     }
 }
@@ -191,11 +191,7 @@ fn mtp_guesses_after_kept_tokens_match_the_reference() {
             // Steps keep 1, 2, 3, 1, ... tokens: 8 positions hold 3 or 4 checks.
             assert!(checked >= 3, "{label}: {checked} steps checked");
             println!("{label}: {checked} steps agree");
-            let done = StepPlan {
-                finished: vec![SeqId(1)],
-                ..StepPlan::default()
-            };
-            engine.step(&done).expect("finish");
+            finish(&mut engine);
         }
     }
 }
