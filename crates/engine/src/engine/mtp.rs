@@ -16,10 +16,10 @@
 //! position the layer skipped would leave its KV stale for later guesses. The pass is
 //! one layer over the step's tokens (on GLM-4.5, about 1/93 of the step) and counts as
 //! the step's own time; the further passes are what the scheduler weighs a guess by
-//! ([`DraftTime`]). The layer's
-//! KV in blocks shared through the prefix cache was written by the sequence that filled
-//! them; its last position reads the token after it in that sequence, so a sequence
-//! going on differently may guess a little worse there, never emit differently.
+//! ([`DraftTime`]). The layer's KV in blocks shared through the prefix cache was written
+//! by the sequence that filled them; its last position reads the token after it in that
+//! sequence, so a sequence going on differently may guess a little worse there, never
+//! emit differently.
 //!
 //! The guesses are the layer's arg-max, a function of the context: keeping a guess
 //! exactly when the model's own sample equals it keeps the output distribution under any
@@ -78,14 +78,13 @@ fn write_at(known: &mut Vec<u32>, start: usize, tokens: &[u32]) {
 /// A sequence the MTP layer is guessing for in this step.
 struct Guessing {
     id: SeqId,
-    /// Its chunk, for the block tables.
-    chunk: ScheduledChunk,
+    /// Its chunk's block tables (group 0's, then the others').
+    block_table: Vec<u32>,
+    group_tables: Vec<Vec<u32>>,
     wanted: usize,
     guesses: Vec<u32>,
     /// The position its next pass writes.
     next_pos: usize,
-    /// Its row among the previous pass's sampled rows.
-    chain_row: u32,
 }
 
 impl Engine {
@@ -164,11 +163,11 @@ impl Engine {
             if wants {
                 guessing.push(Guessing {
                     id: chunk.id,
-                    chunk: mtp_chunk.clone(),
+                    block_table: chunk.block_table.clone(),
+                    group_tables: chunk.group_tables.clone(),
                     wanted: chunk.propose,
                     guesses: Vec::new(),
                     next_pos: chunk.start_pos + count,
-                    chain_row: 0,
                 });
             }
             pass.push(mtp_chunk);
@@ -199,15 +198,20 @@ impl Engine {
                 g.guesses.push(t);
             }
             // The next pass: each sequence that wants more, its latest guess at the next
-            // position, where its blocks reach.
+            // position, where its blocks reach; its hidden state is its row among this
+            // pass's sampled rows, which are in `guessing`'s order.
             (pass, rows) = (Vec::new(), Vec::new());
             let mut next = Vec::new();
             for (i, mut g) in std::mem::take(&mut guessing).into_iter().enumerate() {
                 let chunk = ScheduledChunk {
+                    id: g.id,
                     tokens: g.guesses.last().copied().into_iter().collect(),
                     start_pos: g.next_pos,
+                    block_table: g.block_table.clone(),
                     sample: true,
-                    ..g.chunk.clone()
+                    num_draft: 0,
+                    propose: 0,
+                    group_tables: g.group_tables.clone(),
                 };
                 let more = g.guesses.len() < g.wanted && limits.check(&chunk).is_ok();
                 if !more {
@@ -220,9 +224,6 @@ impl Engine {
                 g.next_pos += 1;
                 pass.push(chunk);
                 next.push(g);
-            }
-            for (i, g) in next.iter_mut().enumerate() {
-                g.chain_row = i as u32;
             }
             guessing = next;
             if pass.is_empty() {
@@ -296,17 +297,7 @@ fn argmaxes(logits: StepLogits, rows: usize, vocab: usize) -> Result<Vec<u32>> {
                 let row = full.next().ok_or_else(|| {
                     EngineError::Step("fewer MTP logit rows than sampled rows".into())
                 })?;
-                Ok(row
-                    .iter()
-                    .enumerate()
-                    .fold((0usize, f32::NEG_INFINITY), |best, (i, &v)| {
-                        if v > best.1 {
-                            (i, v)
-                        } else {
-                            best
-                        }
-                    })
-                    .0 as u32)
+                Ok(crate::sampler::argmax(row))
             }
         })
         .collect()
