@@ -67,6 +67,14 @@ impl Engine {
             }
             (Some(DeviceLayers::Auto), _) => fitted(source.as_ref(), cfg, &config, input_block)?,
             (None, _) => match auto_map::tensor_parallel_fits(source.as_ref(), cfg, &config)? {
+                Some(false) if cfg.mtp => {
+                    return Err(EngineError::Config(format!(
+                        "mtp speculation: the model's weights do not fit the devices given \
+                         ({}) by tensor parallelism, and the MTP layer does not run across a \
+                         layer map's stages",
+                        device_list(&cfg.devices)
+                    )))
+                }
                 Some(false) => {
                     tracing::info!(
                         "the model's weights do not fit the devices given ({}) by tensor \
@@ -78,13 +86,6 @@ impl Engine {
                 _ => placement::tensor_parallel(source.as_ref(), cfg, &config, input_block)?,
             },
         };
-        if cfg.mtp && !placement.members.iter().all(|m| m.shard.has_mtp()) {
-            return Err(EngineError::Config(
-                "mtp speculation: the model's weights do not fit the devices by tensor \
-                 parallelism, and the MTP layer does not run across a layer map's stages"
-                    .into(),
-            ));
-        }
         tracing::info!("weights loaded in {:.2}s", started.elapsed().as_secs_f64());
         let world = placement.members.len();
 

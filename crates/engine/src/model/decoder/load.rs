@@ -428,7 +428,7 @@ fn mtp_layer_index(
     if config.prediction_layers == 0 {
         return refuse(
             "the model's config declares no multi-token-prediction layer \
-                       (num_nextn_predict_layers 0)"
+             (num_nextn_predict_layers 0)"
                 .into(),
         );
     }
@@ -442,14 +442,14 @@ fn mtp_layer_index(
     if *layers != (0..config.num_layers) || !parts.embedding || !parts.head {
         return refuse(
             "the MTP layer runs with the whole model on each rank's group (tensor \
-                       parallelism), not across pipeline stages or nodes"
+             parallelism), not across pipeline stages or nodes"
                 .into(),
         );
     }
     if parts.host_expert_layers > layer {
         return refuse(
             "--n-cpu-moe covers the MTP layer's experts; give at most the decoder \
-                       layers' count"
+             layers' count"
                 .into(),
         );
     }
