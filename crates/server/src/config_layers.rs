@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{ArgAction, ArgMatches, Command};
 
+use crate::config_values;
+
 /// Flags that steer the layering itself and are not configuration keys.
 const NOT_KEYS: &[&str] = &["config", "print-config", "help", "version"];
 
@@ -176,88 +178,13 @@ fn file_flags(path: &Path, keys: &[Key]) -> Result<Vec<(String, Vec<String>)>, C
             path: path.to_path_buf(),
             message: message.to_string(),
         };
-        // A key that takes a JSON object also takes a TOML table, written as JSON.
-        if JSON_OBJECT_KEYS.contains(&name) {
-            if let Some(json) = table_as_json(item) {
-                let json = json.map_err(|m| bad(&m))?;
-                out.push((key.long.clone(), vec![json.to_string()]));
-                continue;
-            }
-        }
-        let value = item
-            .as_value()
-            .ok_or_else(|| bad("expected a value, not a table"))?;
-        let values = match value.as_array() {
-            Some(_) if !key.multiple => return Err(bad("takes one value, not a list")),
-            Some(array) => array.iter().map(scalar).collect::<Option<Vec<_>>>(),
-            None => scalar(value).map(|v| vec![v]),
-        }
-        .ok_or_else(|| bad("expected a string, number or boolean"))?;
+        let values = config_values::flag_values(name, item, key.multiple).map_err(|m| bad(&m))?;
         for v in &values {
             check_value(key, v).map_err(|m| bad(&m))?;
         }
         out.push((key.long.clone(), values));
     }
     Ok(out)
-}
-
-/// Keys whose value is a JSON object (vLLM's `--speculative-config`): a config file may
-/// give them as a TOML table instead of a JSON string.
-const JSON_OBJECT_KEYS: &[&str] = &["speculative_config"];
-
-/// `item` as a JSON object, when it is a table (`[key]` or `key = { ... }`).
-fn table_as_json(item: &toml_edit::Item) -> Option<Result<serde_json::Value, String>> {
-    let pairs: Vec<(&str, &toml_edit::Value)> = match item {
-        toml_edit::Item::Table(t) => {
-            let mut pairs = Vec::new();
-            for (k, v) in t.iter() {
-                match v.as_value() {
-                    Some(v) => pairs.push((k, v)),
-                    None => return Some(Err(format!("`{k}`: expected a value, not a table"))),
-                }
-            }
-            pairs
-        }
-        toml_edit::Item::Value(toml_edit::Value::InlineTable(t)) => t.iter().collect(),
-        _ => return None,
-    };
-    let mut object = serde_json::Map::new();
-    for (k, v) in pairs {
-        match toml_to_json(v) {
-            Some(v) => object.insert(k.to_string(), v),
-            None => return Some(Err(format!("`{k}`: a date has no JSON form"))),
-        };
-    }
-    Some(Ok(serde_json::Value::Object(object)))
-}
-
-fn toml_to_json(v: &toml_edit::Value) -> Option<serde_json::Value> {
-    use toml_edit::Value as T;
-    Some(match v {
-        T::String(s) => serde_json::Value::from(s.value().as_str()),
-        T::Integer(i) => serde_json::Value::from(*i.value()),
-        T::Float(f) => serde_json::Value::from(*f.value()),
-        T::Boolean(b) => serde_json::Value::from(*b.value()),
-        T::Array(a) => serde_json::Value::Array(a.iter().map(toml_to_json).collect::<Option<_>>()?),
-        T::InlineTable(t) => serde_json::Value::Object(
-            t.iter()
-                .map(|(k, v)| Some((k.to_string(), toml_to_json(v)?)))
-                .collect::<Option<_>>()?,
-        ),
-        T::Datetime(_) => return None,
-    })
-}
-
-fn scalar(v: &toml_edit::Value) -> Option<String> {
-    if let Some(s) = v.as_str() {
-        Some(s.to_string())
-    } else if let Some(i) = v.as_integer() {
-        Some(i.to_string())
-    } else if let Some(f) = v.as_float() {
-        Some(f.to_string())
-    } else {
-        v.as_bool().map(|b| b.to_string())
-    }
 }
 
 /// The environment variable of a key: `TESSERA_` and the key in capitals.
@@ -437,27 +364,22 @@ mod tests {
         path
     }
 
+    /// A table in a file reaches the flag as its JSON (every form: `config_values`).
     #[test]
     fn speculative_config_is_a_table_or_a_json_string() {
-        let speculation = |name: &str, text: &str| {
-            let path = write(name, text);
-            let (cli, _) = parse(
-                &["tessera", "serve", "--config", path.to_str().unwrap()],
-                &[],
-            )
-            .unwrap();
-            let text = serve(cli).speculative_config.expect("a speculative config");
-            serde_json::from_str::<serde_json::Value>(&text).unwrap()
-        };
-        let want = serde_json::json!({"method": "mtp", "num_speculative_tokens": 2});
         let section =
             "port = 9000\n[speculative_config]\nmethod = \"mtp\"\nnum_speculative_tokens = 2\n";
-        assert_eq!(speculation("section.toml", section), want);
-        let inline = "speculative_config = { method = \"mtp\", num_speculative_tokens = 2 }\n";
-        assert_eq!(speculation("inline.toml", inline), want);
-        let string =
-            "speculative_config = '{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'\n";
-        assert_eq!(speculation("string.toml", string), want);
+        let path = write("section.toml", section);
+        let (cli, _) = parse(
+            &["tessera", "serve", "--config", path.to_str().unwrap()],
+            &[],
+        )
+        .unwrap();
+        let text = serve(cli).speculative_config.expect("a speculative config");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            serde_json::json!({"method": "mtp", "num_speculative_tokens": 2})
+        );
         // Other keys take no table.
         let path = write("table.toml", "[port]\nvalue = 1\n");
         let err = parse(

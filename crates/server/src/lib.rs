@@ -9,6 +9,7 @@ pub mod api;
 pub mod chat_cmd;
 pub mod cli;
 pub mod config_layers;
+mod config_values;
 pub mod generate_cmd;
 pub mod help_headings;
 pub mod hub;
