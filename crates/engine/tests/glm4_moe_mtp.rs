@@ -11,12 +11,11 @@
 
 mod common;
 
+use common::one_sequence::{self, finish, only_sample, SEQ};
 use common::*;
 use serde_json::Value;
 use tessera_engine::{Engine, EngineConfig};
-use tessera_protocol::{
-    Executor, NewSequence, SampledToken, SamplingParams, ScheduledChunk, SeqId, StepPlan,
-};
+use tessera_protocol::{NewSequence, SamplingParams, ScheduledChunk, StepPlan};
 
 const MODEL: &str = "tiny-glm4-moe-mtp";
 const GUESSES: usize = 3;
@@ -37,32 +36,8 @@ fn reference() -> Value {
 }
 
 fn chunk(tokens: Vec<u32>, start_pos: usize, num_draft: usize) -> ScheduledChunk {
-    ScheduledChunk {
-        id: SeqId(1),
-        tokens,
-        start_pos,
-        block_table: (0..8).collect(),
-        sample: true,
-        num_draft,
-        propose: GUESSES,
-        group_tables: Vec::new(),
-    }
-}
-
-/// Ends the sequence: the next case starts afresh.
-fn finish(engine: &mut Engine) {
-    let done = StepPlan {
-        finished: vec![SeqId(1)],
-        ..StepPlan::default()
-    };
-    engine.step(&done).expect("finish");
-}
-
-fn only_sample(engine: &mut Engine, plan: &StepPlan) -> SampledToken {
-    let out = engine.step(plan).expect("step");
-    assert!(out.failed.is_empty(), "{:?}", out.failed);
-    assert_eq!(out.samples.len(), 1);
-    out.samples.into_iter().next().expect("a sample")
+    let blocks: Vec<u32> = (0..8).collect();
+    one_sequence::chunk(tokens, start_pos, num_draft, GUESSES, &blocks)
 }
 
 /// What each step scores after the sequence's last token.
@@ -82,7 +57,7 @@ fn follow_case(engine: &mut Engine, case: &Value, scored: Scored, label: &str) -
     let steps = case["steps"].as_array().expect("steps");
     let first = StepPlan {
         new_sequences: vec![NewSequence {
-            id: SeqId(1),
+            id: SEQ,
             sampling: SamplingParams::greedy(),
             prompt_ids: prompt.clone(),
         }],
@@ -206,7 +181,7 @@ fn without_mtp_no_guesses_are_made() {
         let mut engine = engine_of(&path, 1, false);
         let plan = StepPlan {
             new_sequences: vec![NewSequence {
-                id: SeqId(1),
+                id: SEQ,
                 sampling: SamplingParams::greedy(),
                 prompt_ids: ids(&case["input_ids"]),
             }],

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 pub mod embedding;
+pub mod one_sequence;
 
 use serde_json::Value;
 use tessera_engine::model::{Batch, ChunkLimits};

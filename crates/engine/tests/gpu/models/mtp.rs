@@ -13,12 +13,11 @@
 use std::path::PathBuf;
 
 use tessera_engine::{test_models, Engine, EngineConfig};
-use tessera_protocol::{
-    Executor, NewSequence, SampledToken, SamplingParams, ScheduledChunk, SeqId, StepPlan,
-};
+use tessera_protocol::{NewSequence, SamplingParams, StepPlan};
 
 use super::{devices, models_dir, selected};
 use crate::common::fixtures;
+use crate::common::one_sequence::{self, finish, only_sample, SEQ};
 use crate::report::check;
 
 const FIXTURE: &str = "tiny-glm4-moe-mtp";
@@ -47,29 +46,16 @@ fn engine(path: &std::path::Path, spec: &str) -> Engine {
     Engine::load(&cfg).unwrap_or_else(|e| panic!("{spec}: {e}"))
 }
 
-fn only_sample(engine: &mut Engine, plan: &StepPlan) -> SampledToken {
-    let out = engine.step(plan).expect("step");
-    assert!(out.failed.is_empty(), "{:?}", out.failed);
-    out.samples.into_iter().next().expect("a sample")
-}
-
 /// Each step's emitted tokens and guesses, the sequence `prompt` alone.
 fn steps(engine: &mut Engine, prompt: &[u32]) -> Vec<(Vec<u32>, Vec<u32>)> {
     let blocks: Vec<u32> =
         (0..(prompt.len() + STEPS * (GUESSES + 1)).div_ceil(16) as u32 + 1).collect();
-    let chunk = |tokens: Vec<u32>, start_pos, num_draft| ScheduledChunk {
-        id: SeqId(1),
-        tokens,
-        start_pos,
-        block_table: blocks.clone(),
-        sample: true,
-        num_draft,
-        propose: GUESSES,
-        group_tables: Vec::new(),
+    let chunk = |tokens: Vec<u32>, start_pos, num_draft| {
+        one_sequence::chunk(tokens, start_pos, num_draft, GUESSES, &blocks)
     };
     let first = StepPlan {
         new_sequences: vec![NewSequence {
-            id: SeqId(1),
+            id: SEQ,
             sampling: SamplingParams::greedy(),
             prompt_ids: prompt.to_vec(),
         }],
@@ -94,11 +80,7 @@ fn steps(engine: &mut Engine, prompt: &[u32]) -> Vec<(Vec<u32>, Vec<u32>)> {
         };
         s = only_sample(engine, &plan);
     }
-    let done = StepPlan {
-        finished: vec![SeqId(1)],
-        ..StepPlan::default()
-    };
-    engine.step(&done).expect("finish");
+    finish(engine);
     out
 }
 
