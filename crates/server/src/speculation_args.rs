@@ -74,6 +74,12 @@ pub fn speculation(text: Option<&str>) -> Result<Option<SpeculationArgs>> {
     })?;
     let disable_by_batch_size =
         count(&config, "disable_by_batch_size")?.unwrap_or(DEFAULT_DISABLE_BY_BATCH_SIZE);
+    // The engine's guesses (a draft model's, or the model's own MTP layer's): made after
+    // each step that asks for them.
+    let by_engine = Speculation::DraftModel(DraftModelSpeculation {
+        num_speculative_tokens: k,
+        disable_by_batch_size,
+    });
     let (speculation, draft_model) = match method {
         "draft_model" => {
             let model = match config.get("model") {
@@ -81,21 +87,9 @@ pub fn speculation(text: Option<&str>) -> Result<Option<SpeculationArgs>> {
                 Some(v) => bail!("--speculative-config: `model` must be a path, not {v}"),
                 None => bail!("--speculative-config: `model` is required for draft_model"),
             };
-            let spec = DraftModelSpeculation {
-                num_speculative_tokens: k,
-                disable_by_batch_size,
-            };
-            (Speculation::DraftModel(spec), Some(model))
+            (by_engine, Some(model))
         }
-        // The model's own layer guesses as a draft model would: after each step, when
-        // asked.
-        "mtp" => {
-            let spec = DraftModelSpeculation {
-                num_speculative_tokens: k,
-                disable_by_batch_size,
-            };
-            (Speculation::DraftModel(spec), None)
-        }
+        "mtp" => (by_engine, None),
         _ => {
             let max = count(&config, "prompt_lookup_max")?;
             let min = count(&config, "prompt_lookup_min")?;
