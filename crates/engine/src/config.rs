@@ -82,6 +82,12 @@ pub struct EngineConfig {
     /// for guesses (`--speculative-config` method `mtp`); tensor parallelism on one node
     /// only.
     pub mtp: bool,
+    /// CUDA ranks replay decode steps from CUDA graphs recorded at load, one per
+    /// batch-size bucket up to `max_num_seqs` and context bound (`false`:
+    /// `--enforce-eager`). Models a graph cannot record (mixtures of experts, pipeline
+    /// stages, hybrid KV groups, the MTP layer, collectives that synchronize with the
+    /// host) run eagerly, and the log says why.
+    pub decode_graphs: bool,
 }
 
 impl EngineConfig {
@@ -110,6 +116,7 @@ impl EngineConfig {
             max_model_len: None,
             hybrid_kv_cache: true,
             mtp: false,
+            decode_graphs: false,
         }
     }
 

@@ -14,6 +14,7 @@ use crate::tp::Communicator;
 #[derive(Debug, Default)]
 pub struct RankStats {
     steps: AtomicU64,
+    graph_steps: AtomicU64,
     step_nanos: AtomicU64,
     collectives: AtomicU64,
     collective_nanos: AtomicU64,
@@ -23,6 +24,8 @@ pub struct RankStats {
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RankSnapshot {
     pub steps: u64,
+    /// Of those, steps replayed from a CUDA graph.
+    pub graph_steps: u64,
     pub step_seconds: f64,
     pub collectives: u64,
     pub collective_seconds: f64,
@@ -34,6 +37,10 @@ impl RankStats {
         self.step_nanos.fetch_add(nanos(took), Ordering::Relaxed);
     }
 
+    pub(crate) fn record_graph_step(&self) {
+        self.graph_steps.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn record_collective(&self, took: Duration) {
         self.collectives.fetch_add(1, Ordering::Relaxed);
         self.collective_nanos
@@ -43,6 +50,7 @@ impl RankStats {
     pub fn snapshot(&self) -> RankSnapshot {
         RankSnapshot {
             steps: self.steps.load(Ordering::Relaxed),
+            graph_steps: self.graph_steps.load(Ordering::Relaxed),
             step_seconds: self.step_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
             collectives: self.collectives.load(Ordering::Relaxed),
             collective_seconds: self.collective_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
@@ -119,6 +127,10 @@ impl Communicator for TimedComm {
 
     fn abort(&self, reason: &str) {
         self.inner.abort(reason);
+    }
+
+    fn graph_refusal(&self) -> Option<String> {
+        self.inner.graph_refusal()
     }
 
     /// Not counted as collective time: on a GPU it waits for the whole step's work.

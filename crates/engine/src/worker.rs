@@ -198,6 +198,13 @@ pub(crate) enum Job {
     /// Join a fresh communicator after a failed step (the old one is aborted) and drop
     /// hidden states a stage sent for that step but nobody took.
     Reconnect(Box<dyn Endpoint>),
+    /// Record the decode steps of this plan as CUDA graphs (answered once recorded, or
+    /// with why not: an [`EngineError::Config`] when the rank cannot record them at all).
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+    RecordGraphs(crate::model::cuda::graph_plan::GraphPlan),
+    /// Drop the recorded graphs (another rank could not record them); no answer.
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+    DropGraphs,
     /// Replace the KV cache with one of this many blocks (after sizing it to the device).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     ResizeCache {
@@ -312,7 +319,35 @@ pub(crate) struct WorkerState {
     pub stats: Arc<RankStats>,
 }
 
+/// The rank's recorded decode graphs, where it has them.
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+type Graphs = Option<crate::model::cuda::graphs::DecodeGraphs>;
+#[cfg(not(any(feature = "cuda", feature = "gpu-emulation")))]
+type Graphs = Option<std::convert::Infallible>;
+
+/// The step replayed from a recorded graph, when one serves it: its logits.
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "gpu-emulation")),
+    allow(unused_variables)
+)]
+fn replayed(
+    graphs: &Graphs,
+    shard: &DecoderShard,
+    batch: &Batch,
+    cache: &mut RankCache,
+    comm: &mut dyn Communicator,
+) -> Result<Option<Tensor>> {
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+    if let (Some(g), RankCache::Cuda(cache)) = (graphs, cache) {
+        if let Some(key) = g.key_for(batch) {
+            return g.replay(key, batch, shard, cache, comm).map(Some);
+        }
+    }
+    Ok(None)
+}
+
 /// One step on one worker: the whole model, or this stage's part of it.
+#[allow(clippy::too_many_arguments)]
 fn step(
     shard: &DecoderShard,
     batch: &Batch,
@@ -321,7 +356,14 @@ fn step(
     links: &StageLinks,
     returns_logits: bool,
     kept: &mut Option<Tensor>,
+    (graphs, stats): (&Graphs, &RankStats),
 ) -> Result<Option<(Tensor, Vec<Pooled>)>> {
+    // Graphs are recorded only by a rank that runs the whole model.
+    if let Some(logits) = replayed(graphs, shard, batch, cache, comm)? {
+        comm.settle()?;
+        stats.record_graph_step();
+        return Ok(Some((logits, Vec::new())));
+    }
     let x = match &links.prev {
         None => shard.embed(batch)?,
         Some(rx) => match rx.recv_timeout(links.timeout) {
@@ -443,15 +485,36 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
     let gpu_path = shard.runs_gpu_path();
     let mut fault = None;
     let mut mtp = MtpInputs::default();
+    let mut graphs: Graphs = None;
     while let Ok(job) = jobs.recv() {
         let work = match job {
             Job::Step(b) => Work::Step(b),
             Job::Mtp(m) => Work::Mtp(m),
+            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+            Job::RecordGraphs(plan) => {
+                graphs = None;
+                let recorded = record_graphs(plan, &shard, &mut cache, comm.as_mut(), rank);
+                let answer = recorded.map(|g| {
+                    graphs = Some(g);
+                    None
+                });
+                if results.send(answer).is_err() {
+                    break;
+                }
+                continue;
+            }
+            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+            Job::DropGraphs => {
+                graphs = None;
+                continue;
+            }
             Job::Inject { fault: f, .. } => {
                 fault = Some(f);
                 continue;
             }
             Job::Reconnect(endpoint) => {
+                // The graphs hold the old communicator's collectives.
+                graphs = None;
                 if let Some(prev) = &links.prev {
                     while prev.try_recv().is_ok() {}
                 }
@@ -475,6 +538,8 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
                 // The new one starts uncalibrated (fp8): the engine's warm-up step, after
                 // every resize, sets its scales.
                 let dtype = cache.dtype();
+                // The graphs write into the old cache.
+                graphs = None;
                 cache = RankCache::Cpu(crate::model::KvCache::empty(dtype, block_size));
                 let resized = RankCache::new(&shard.cache_shape(dtype), num_blocks, block_size)
                     .map(|c| {
@@ -509,6 +574,7 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
                     &links,
                     returns_logits,
                     &mut mtp.model,
+                    (&graphs, &stats),
                 ),
                 Work::Mtp(job) => mtp
                     .run(&shard, job, &mut cache, comm.as_mut())
@@ -570,6 +636,62 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
         });
         if results.send(result).is_err() {
             break;
+        }
+    }
+}
+
+/// Records `plan`'s decode graphs on this rank, or says why it cannot. A failure while
+/// recording aborts the group's communicator, as a failed step does.
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+fn record_graphs(
+    plan: crate::model::cuda::graph_plan::GraphPlan,
+    shard: &DecoderShard,
+    cache: &mut RankCache,
+    comm: &mut dyn Communicator,
+    rank: usize,
+) -> Result<crate::model::cuda::graphs::DecodeGraphs> {
+    use crate::model::cuda::graphs::DecodeGraphs;
+    let refusal = shard.graph_refusal().or_else(|| comm.graph_refusal());
+    let cache = match (refusal, cache) {
+        (Some(why), _) => return Err(EngineError::Config(why)),
+        (None, RankCache::Cuda(c)) => c,
+        (None, RankCache::Cpu(_)) => {
+            return Err(EngineError::Config(
+                "the rank's KV cache is on the host".into(),
+            ))
+        }
+    };
+    let started = std::time::Instant::now();
+    let recorded = catch_unwind(AssertUnwindSafe(|| {
+        DecodeGraphs::record(plan, shard, cache, comm)
+    }))
+    .unwrap_or_else(|_| Err(EngineError::Step("panicked while recording graphs".into())));
+    match recorded {
+        Ok(graphs) => {
+            #[cfg(feature = "cuda")]
+            if let candle_core::Device::Cuda(dev) = shard.device() {
+                let bytes = crate::model::cuda::graphs::graph_memory_bytes(dev).unwrap_or(0);
+                tracing::info!(
+                    "rank {rank}: {} decode graphs recorded in {:.2}s; graph memory {} MiB",
+                    graphs.len(),
+                    started.elapsed().as_secs_f64(),
+                    bytes >> 20
+                );
+                return Ok(graphs);
+            }
+            tracing::debug!(
+                "rank {rank}: {} decode graphs prepared in {:.2}s",
+                graphs.len(),
+                started.elapsed().as_secs_f64()
+            );
+            Ok(graphs)
+        }
+        Err(e) => {
+            comm.abort(&format!("rank {rank} failed to record decode graphs: {e}"));
+            Err(EngineError::Rank {
+                rank,
+                message: format!("recording decode graphs: {e}"),
+            })
         }
     }
 }

@@ -135,6 +135,15 @@ pub struct ModelArgs {
     #[arg(long, help_heading = DEVICES)]
     pub disable_hybrid_kv_cache_manager: bool,
 
+    /// Run every step eagerly on CUDA ranks. By default each rank records its decode step
+    /// as CUDA graphs at start-up, one per batch size (1, 2, 4, … and --max-num-seqs)
+    /// and context bound, and replays them, padding a batch to its graph's size; prefill
+    /// runs eagerly. Models a graph cannot hold (mixtures of experts, layer maps, hybrid
+    /// KV groups, MTP, ranks joined by the same-GPU communicator or NCCL) run eagerly
+    /// anyway, and the log says why.
+    #[arg(long, help_heading = DEVICES)]
+    pub enforce_eager: bool,
+
     /// Share of the memory available after the weights that the KV cache of CPU ranks
     /// takes, less 1 GiB and the chat-template sandboxes' limits, which always stay free,
     /// and at most what --max-num-seqs sequences of the longest context use. Its pages
@@ -317,6 +326,7 @@ impl ModelArgs {
         cfg.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(DEFAULT_CPU_KV_CACHE_MIB) << 20;
         cfg.kv_cache_dtype = Some(self.kv_cache_dtype);
         cfg.hybrid_kv_cache = !self.disable_hybrid_kv_cache_manager;
+        cfg.decode_graphs = !self.enforce_eager;
         let utilization = self.cpu_kv_cache_utilization;
         if !(utilization > 0.0 && utilization <= 1.0) {
             bail!("--cpu-kv-cache-utilization must be above 0 and at most 1, not {utilization}");

@@ -439,6 +439,25 @@ impl AttentionPlan {
         plan.decode.wanted_partitions = wanted;
         plan
     }
+
+    /// The plan of every step of `num_seqs` decoding tokens (token `i` of sequence `i`)
+    /// whose contexts are at most `context` keys: one set of launches for all of them, as
+    /// a replayed CUDA graph needs. Partitions past a shorter context are empty, and the
+    /// merge skips them.
+    pub fn decode_only(
+        num_seqs: usize,
+        context: usize,
+        num_q_heads: usize,
+        target_blocks: usize,
+    ) -> Self {
+        let spans: Vec<SeqSpan> = (0..num_seqs)
+            .map(|i| SeqSpan {
+                tokens: i..i + 1,
+                start_pos: context.max(1) - 1,
+            })
+            .collect();
+        Self::new(&spans, num_q_heads, target_blocks)
+    }
 }
 
 #[cfg(test)]
@@ -510,6 +529,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_decode_only_plan_serves_every_shorter_context() {
+        // Four decoding sequences, contexts up to 2048, 8 heads, 264 blocks wanted.
+        let bound = AttentionPlan::decode_only(4, 2048, 8, 264);
+        assert_eq!(bound.decode.start, vec![0, 1, 2, 3]);
+        assert_eq!(bound.decode.len, vec![1; 4]);
+        assert!(bound.prefill.is_empty());
+        let covered = bound.decode.partitions * bound.decode.partition_size;
+        assert!(covered >= 2048);
+        // The same tiles as a real step of four decoding tokens; only the split differs.
+        let real = AttentionPlan::new(
+            &[
+                span(0..1, 9),
+                span(1..2, 700),
+                span(2..3, 0),
+                span(3..4, 2047),
+            ],
+            8,
+            264,
+        );
+        assert_eq!(
+            (real.decode.start, real.decode.len),
+            (bound.decode.start, bound.decode.len)
+        );
     }
 
     #[test]

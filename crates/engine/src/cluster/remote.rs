@@ -168,6 +168,15 @@ impl Link {
                     self.failure("a worker node sizes its cache at rendezvous".into())
                 ))
             }
+            // Not sent: graphs are recorded on one node only.
+            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+            Job::RecordGraphs(_) => {
+                return Some(Err(EngineError::Config(
+                    "decode graphs are recorded on one node only".into(),
+                )))
+            }
+            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+            Job::DropGraphs => return None,
             // Refused at load: the MTP layer runs on one node.
             Job::Mtp(_) => {
                 return Some(Err(

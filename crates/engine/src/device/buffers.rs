@@ -145,6 +145,50 @@ impl<'a> Gpu<'a> {
     }
 }
 
+impl Gpu<'_> {
+    /// Writes `values` over the first elements of the contiguous u32 tensor `dst`, in
+    /// place: on CUDA a copy queued on the rank's stream (after every kernel queued before
+    /// it, before every kernel queued after), on the host at once. The buffers a replayed
+    /// CUDA graph reads are filled this way.
+    pub(crate) fn write_u32(&self, dst: &Tensor, values: &[u32]) -> Result<()> {
+        expect_dtype(dst, DType::U32, "static buffer")?;
+        let held = Held::new(dst, "static buffer")?;
+        // Checks the range before any address is formed.
+        held.arg_range(0..values.len())?;
+        if values.is_empty() {
+            return Ok(());
+        }
+        match self.device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(dev) => {
+                use candle_core::cuda::cudarc::driver::result;
+                let stream = dev.cuda_stream();
+                stream
+                    .context()
+                    .bind_to_thread()
+                    .map_err(|e| launch_err("copy to a static buffer", e))?;
+                // SAFETY: the range was checked against the tensor above; a copy from
+                // pageable memory has read `values` before it returns.
+                unsafe { result::memcpy_htod_async(held.address()?, values, stream.cu_stream()) }
+                    .map_err(|e| launch_err("copy to a static buffer", e))
+            }
+            #[cfg(feature = "gpu-emulation")]
+            Device::Cpu => {
+                let KernelArg::Ptr(at) = held.arg()? else {
+                    return Err(not_gpu("static buffer"));
+                };
+                // SAFETY: the range was checked against the tensor above; as for the
+                // emulated kernels' writes, no Rust code reads the buffer meanwhile.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(values.as_ptr(), at as *mut u32, values.len())
+                };
+                Ok(())
+            }
+            _ => Err(not_gpu("static buffer")),
+        }
+    }
+}
+
 pub(crate) fn launch_err(what: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::Step(format!("CUDA kernel {what}: {e}"))
 }

@@ -116,6 +116,24 @@ impl Engine {
             };
             let budget = kv_budget_per_rank(&usage, utilization, *ranks_here)
                 .map_err(|e| EngineError::Config(format!("cuda:{ordinal}: {e}")))?;
+            // Each rank's decode graphs: their buffers and the activations they keep.
+            let graph_reserve = self.graphs.rows.map_or(0, |rows| {
+                use crate::model::cuda::graph_plan::{reserve_bytes, GraphPlan};
+                let plan = GraphPlan::new(rows, self.config.max_position_embeddings, 0, bs);
+                reserve_bytes(
+                    &plan,
+                    self.config.vocab_size,
+                    usage.activation_peak_bytes,
+                    max_batch_tokens,
+                )
+            });
+            if graph_reserve > 0 {
+                tracing::info!(
+                    "cuda:{ordinal}: {} MiB for each rank's decode graphs (--enforce-eager: none)",
+                    graph_reserve >> 20
+                );
+            }
+            let budget = budget.saturating_sub(graph_reserve);
             tracing::info!(
                 "cuda:{ordinal}: {} MiB total; model, workspaces and context {} MiB; activation peak {} MiB; \
                  KV cache {} MiB for each of its {ranks_here} rank(s) (utilization {utilization})",
@@ -184,6 +202,11 @@ impl Engine {
         );
         if self.kv_fp8 && self.leader.is_none() {
             self.calibrate_kv_scales()?;
+        }
+        // The ranks dropped their graphs with the old cache.
+        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+        if self.graphs.recorded.take().is_some() {
+            self.record_decode_graphs()?;
         }
         Ok(())
     }

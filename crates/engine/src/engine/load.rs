@@ -270,6 +270,15 @@ impl Engine {
             leader: attached.leader,
             node_loss: attached.node_loss,
             mtp: cfg.mtp.then(mtp::MtpSeqs::default),
+            #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+            graphs: super::graphs::EngineGraphs {
+                rows: (cfg.decode_graphs
+                    && (any_gpu || cfg.emulates_gpu())
+                    && !spans_nodes
+                    && cfg.device_layers.is_none())
+                .then_some(cfg.max_num_seqs),
+                recorded: None,
+            },
         };
         #[cfg(feature = "cuda")]
         if let Some(utilization) = gpu_sizing {
@@ -288,6 +297,8 @@ impl Engine {
         if engine.leader.is_none() && kv_fp8 {
             engine.calibrate_kv_scales()?;
         }
+        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+        engine.record_decode_graphs()?;
         tracing::info!(
             "engine ready: {world} rank(s), {threads} thread(s) each, loaded in {:.2}s",
             started.elapsed().as_secs_f64()

@@ -29,6 +29,8 @@ use verify::{sample_rows, Row};
 mod auto_map;
 pub mod draft;
 mod embedding;
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+mod graphs;
 mod kv_calibration;
 mod kv_sizing;
 mod load;
@@ -73,6 +75,9 @@ pub struct Engine {
     node_loss: Option<crate::cluster::node_loss::NodeLoss>,
     /// With the model's MTP layer loaded: the tokens of the sequences it guesses for.
     mtp: Option<mtp::MtpSeqs>,
+    /// The ranks' decode graphs.
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+    graphs: graphs::EngineGraphs,
 }
 
 impl Engine {
@@ -251,7 +256,13 @@ impl Engine {
                 message: outcome,
             });
         }
-        first_error.map_or(Ok(()), Err)
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        // The ranks dropped their graphs with the old communicator.
+        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+        self.rerecord_decode_graphs()?;
+        Ok(())
     }
 
     /// Whether a device or collective failure has ended this engine.

@@ -44,7 +44,6 @@ impl PackedMeta {
     /// Packs `batch` for a rank whose query heads read the local KV heads `kv_of_q`;
     /// decode contexts are split for about `target_blocks` thread blocks.
     pub fn new(batch: &Batch, kv_of_q: &[u32], target_blocks: usize) -> Result<Self> {
-        let n = batch.num_tokens();
         let max_blocks = batch
             .seqs
             .iter()
@@ -52,6 +51,33 @@ impl PackedMeta {
             .max()
             .unwrap_or(0)
             .max(1);
+        let spans: Vec<SeqSpan> = batch
+            .seqs
+            .iter()
+            .map(|s| SeqSpan {
+                tokens: s.token_start..s.token_start + s.num_tokens,
+                start_pos: s.start_pos,
+            })
+            .collect();
+        let plan = AttentionPlan::new(&spans, kv_of_q.len(), target_blocks);
+        Self::pack(batch, kv_of_q, max_blocks, plan)
+    }
+
+    /// Packs `batch` with block-table rows of `max_blocks` entries and the attention
+    /// launches of `plan` (a plan that serves the batch: a replayed graph's).
+    pub fn pack(
+        batch: &Batch,
+        kv_of_q: &[u32],
+        max_blocks: usize,
+        plan: AttentionPlan,
+    ) -> Result<Self> {
+        let n = batch.num_tokens();
+        if let Some(s) = batch.seqs.iter().find(|s| s.block_table.len() > max_blocks) {
+            return Err(EngineError::Step(format!(
+                "a block table of {} blocks in rows of {max_blocks}",
+                s.block_table.len()
+            )));
+        }
         let mut values = Vec::with_capacity(4 * n + batch.seqs.len() * max_blocks + kv_of_q.len());
         let mut ranges: [Range<usize>; PARTS] = Default::default();
         let mut push = |part: Part, items: &mut dyn Iterator<Item = Result<u32>>| -> Result<()> {
@@ -84,15 +110,6 @@ impl PackedMeta {
         });
         push(Part::BlockTables, &mut tables.into_iter())?;
         push(Part::KvOfQ, &mut kv_of_q.iter().map(|k| Ok(*k)))?;
-        let spans: Vec<SeqSpan> = batch
-            .seqs
-            .iter()
-            .map(|s| SeqSpan {
-                tokens: s.token_start..s.token_start + s.num_tokens,
-                start_pos: s.start_pos,
-            })
-            .collect();
-        let plan = AttentionPlan::new(&spans, kv_of_q.len(), target_blocks);
         push(
             Part::DecodeStart,
             &mut plan.decode.start.iter().map(|v| Ok(*v)),

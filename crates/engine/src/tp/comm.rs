@@ -92,6 +92,12 @@ pub trait Communicator {
     /// group stays aborted; the engine replaces it with a fresh one (new endpoints for
     /// every rank) when the failure spoilt only the step.
     fn abort(&self, reason: &str);
+    /// Why a CUDA graph cannot record this communicator's collectives, if it cannot. A
+    /// group of one rank has none to record; a host communicator's run again when an
+    /// emulated rank replays a step.
+    fn graph_refusal(&self) -> Option<String> {
+        (self.world_size() > 1).then(|| "its collectives synchronize with the host".to_string())
+    }
     /// Waits until the collectives this rank has queued have completed; fails (and aborts
     /// the group) when they do not within the step timeout or when the group was
     /// aborted meanwhile. Collectives that complete before returning need nothing here.

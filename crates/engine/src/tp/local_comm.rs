@@ -95,6 +95,11 @@ impl Communicator for LocalComm {
         self.rank
     }
 
+    /// Host collectives: an emulated rank's replay runs them again.
+    fn graph_refusal(&self) -> Option<String> {
+        None
+    }
+
     fn world_size(&self) -> usize {
         self.shared.world
     }

@@ -30,6 +30,7 @@ use crate::report::check;
 
 mod embeddings;
 mod fit;
+mod graphs;
 mod mtp;
 mod nccl_tp;
 

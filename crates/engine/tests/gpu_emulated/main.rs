@@ -15,6 +15,7 @@
 mod batched;
 #[path = "../common/mod.rs"]
 mod common;
+mod decode_graphs;
 mod embeddings;
 mod host_experts;
 mod kv_8bit;

@@ -45,6 +45,8 @@ pub fn load_drafted(cfg: &EngineConfig, draft_path: &Path) -> Result<Drafted<Eng
         nodes: None,
         // The draft reads the target's group-0 table, which covers every position.
         hybrid_kv_cache: false,
+        // Both engines address the same blocks; graphs would take one of them.
+        decode_graphs: false,
         ..cfg.clone()
     };
     let mut draft = Engine::load(&draft_cfg).map_err(|e| {
@@ -57,7 +59,13 @@ pub fn load_drafted(cfg: &EngineConfig, draft_path: &Path) -> Result<Drafted<Eng
         "draft model loaded in {:.2}s",
         started.elapsed().as_secs_f64()
     );
-    let mut target = Engine::load(cfg)?;
+    // The target's verification steps are not decode steps, and its blocks are the
+    // draft's: it runs eagerly too.
+    let target_cfg = EngineConfig {
+        decode_graphs: false,
+        ..cfg.clone()
+    };
+    let mut target = Engine::load(&target_cfg)?;
     let (target_kv, draft_kv) = (target.kv_cache_shape(), draft.kv_cache_shape());
     // When every layer of the target slides, blocks behind its window go back to the
     // pool: the draft must not read them, so it must attend to no more than that window.

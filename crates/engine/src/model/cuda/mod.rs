@@ -5,6 +5,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod gemm;
+pub mod graph_plan;
+pub mod graphs;
 pub mod kernels;
 pub mod kv_cache;
 pub mod kv_store;

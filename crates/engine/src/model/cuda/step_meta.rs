@@ -36,6 +36,20 @@ impl StepMeta {
         })
     }
 
+    /// The metadata laid out as `layout` says, in `buffer` (a u32 tensor on the device
+    /// that holds at least `layout.values`): a replayed graph's, whose values are written
+    /// into the same buffer before each replay.
+    pub fn on_buffer(layout: &PackedMeta, block_size: usize, buffer: &Tensor) -> Self {
+        Self {
+            num_tokens: layout.num_tokens,
+            block_size,
+            max_blocks: layout.max_blocks,
+            plan: layout.plan.clone(),
+            ranges: layout.ranges.clone(),
+            packed: buffer.clone(),
+        }
+    }
+
     pub(crate) fn held(&self) -> Result<Held<'_>> {
         Held::new(&self.packed, "step metadata")
     }

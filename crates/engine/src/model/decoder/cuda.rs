@@ -7,6 +7,7 @@
 //! for the all-reduce. Nothing leaves the device but the sampled rows' logits.
 
 use candle_core::{DType, Tensor};
+use tessera_kernels::gpu::launch::AttentionPlan;
 
 use super::gpu_parts::GpuParts;
 use super::shard::{final_logits, Block, DecoderShard, Mlp};
@@ -14,6 +15,7 @@ use crate::device::buffers::Gpu;
 use crate::device::dtype::{candle_dtype, ACTIVATIONS};
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
+use crate::model::cuda::graph_plan::GraphKey;
 use crate::model::cuda::kernels::{self, HeadLayout, LayerAttention};
 use crate::model::cuda::step_meta::StepMeta;
 use crate::model::cuda::{gated_mlp, kv_store, CudaKvCache};
@@ -121,13 +123,42 @@ impl DecoderShard {
         self.blocks_cuda((&self.blocks, &self.kv_slots, sinks), x, batch, cache, comm)
     }
 
+    /// The step's metadata on the device: one upload per KV group, its slots and block
+    /// tables (hybrid groups; one group otherwise). Each layer reads its group's.
+    pub(crate) fn step_metas(&self, batch: &Batch, cache: &CudaKvCache) -> Result<Vec<StepMeta>> {
+        let gpu = self.gpu()?;
+        batch
+            .group_views()?
+            .iter()
+            .map(|view| {
+                let packed = PackedMeta::new(view, &gpu.kv_of_q, gpu.target_blocks)?;
+                StepMeta::upload(packed, cache.block_size, &self.device)
+            })
+            .collect()
+    }
+
     /// `blocks` over the f32 hidden states `x` on the GPU, block `i` keeping its KV where
     /// `slots[i]` says, with `sinks[i]` (none past the slice's end).
     pub(super) fn blocks_cuda(
         &self,
-        (blocks, slots, sinks): (&[Block], &[LayerSlot], &[Option<Tensor>]),
+        parts: (&[Block], &[LayerSlot], &[Option<Tensor>]),
         x: Tensor,
         batch: &Batch,
+        cache: &mut CudaKvCache,
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
+        let metas = self.step_metas(batch, cache)?;
+        self.blocks_with_metas(parts, x, &metas, cache, comm)
+    }
+
+    /// `blocks` over `x` with the step's metadata already on the device (`metas[g]` for
+    /// KV group `g`): nothing here reads the step from the host, so a CUDA graph can
+    /// record it.
+    pub(super) fn blocks_with_metas(
+        &self,
+        (blocks, slots, sinks): (&[Block], &[LayerSlot], &[Option<Tensor>]),
+        x: Tensor,
+        metas: &[StepMeta],
         cache: &mut CudaKvCache,
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
@@ -144,16 +175,6 @@ impl DecoderShard {
             num_kv_heads: self.shard.kv_heads.len(),
             head_dim: self.config.head_dim,
         };
-        // One metadata upload per KV group: its slots and block tables (hybrid groups;
-        // one group otherwise). Each layer reads its group's.
-        let metas = batch
-            .group_views()?
-            .iter()
-            .map(|view| {
-                let packed = PackedMeta::new(view, &gpu.kv_of_q, gpu.target_blocks)?;
-                StepMeta::upload(packed, cache.block_size, &self.device)
-            })
-            .collect::<Result<Vec<_>>>()?;
         if cache.k.len() != self.num_kv_slots() {
             return Err(EngineError::Step(format!(
                 "the cache has {} layer slots, the shard's layers use {}",
@@ -251,16 +272,93 @@ impl DecoderShard {
         &self,
         x: &Tensor,
         batch: &Batch,
+        head: (&Tensor, &Linear),
+        comm: &mut dyn Communicator,
+    ) -> Result<Tensor> {
+        let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();
+        let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
+        let last = x.index_select(&rows, 0)?;
+        self.head_on_rows(&last, head, comm)
+    }
+
+    /// `norm`, then `head`, over every row of `rows` (f32 hidden states): f32 logits.
+    fn head_on_rows(
+        &self,
+        rows: &Tensor,
         (norm, head): (&Tensor, &Linear),
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
         let eps = self.config.rms_norm_eps as f32;
-        let rows: Vec<u32> = batch.sample_rows.iter().map(|r| *r as u32).collect();
-        let rows = Tensor::from_slice(&rows, rows.len(), &self.device)?;
-        let last = x.index_select(&rows, 0)?;
-        let last = candle_nn::ops::rms_norm(&last.contiguous()?, norm, eps)?
+        let last = candle_nn::ops::rms_norm(&rows.contiguous()?, norm, eps)?
             .to_dtype(candle_dtype(ACTIVATIONS))?;
         let logits = final_logits(head.forward_f32(&last)?, &self.config)?;
         comm.all_gather(&logits, 1)
+    }
+
+    /// Why a CUDA graph cannot record this shard's decode step, if it cannot: the step
+    /// must run on the device alone, from buffers written before it.
+    pub(crate) fn graph_refusal(&self) -> Option<String> {
+        if self.gpu.is_none() {
+            return Some("the shard does not take the GPU path".into());
+        }
+        if self.embedding.is_none() || self.lm_head.is_none() {
+            return Some("the model is split into pipeline stages".into());
+        }
+        if self.blocks.iter().any(|b| matches!(b.mlp, Mlp::Experts(_))) {
+            return Some("a mixture of experts routes its tokens on the host".into());
+        }
+        if self.has_mtp() {
+            return Some("the MTP layer reads the step's hidden states".into());
+        }
+        if self.kv_slots.iter().any(|s| s.group > 0) {
+            return Some("layers keep KV in more than one group of block tables".into());
+        }
+        None
+    }
+
+    /// The vocabulary's size: the width of the logits.
+    pub(crate) fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// `batch` (a padded decode step) packed as graph `key` reads it: block-table rows of
+    /// `max_blocks`, and the attention launches of every step the graph serves.
+    pub(crate) fn graph_meta(
+        &self,
+        batch: &Batch,
+        max_blocks: usize,
+        key: GraphKey,
+    ) -> Result<PackedMeta> {
+        let gpu = self.gpu()?;
+        let heads = gpu.kv_of_q.len();
+        let plan = AttentionPlan::decode_only(key.rows, key.context, heads, gpu.target_blocks);
+        PackedMeta::pack(batch, &gpu.kv_of_q, max_blocks, plan)
+    }
+
+    /// One decode step as a CUDA graph records it: the tokens in `tokens` (`[rows]`),
+    /// the metadata in `meta`, the logits of every row written to the first rows of
+    /// `out` (`[rows or more, vocab]`, f32). Everything it reads from the step is in those
+    /// device buffers.
+    pub(crate) fn decode_graph_body(
+        &self,
+        tokens: &Tensor,
+        meta: &StepMeta,
+        cache: &mut CudaKvCache,
+        comm: &mut dyn Communicator,
+        out: &Tensor,
+    ) -> Result<()> {
+        let x = self.embed_ids(tokens)?;
+        let sinks = &self.gpu()?.sinks;
+        let x = self.blocks_with_metas(
+            (&self.blocks, &self.kv_slots, sinks),
+            x,
+            std::slice::from_ref(meta),
+            cache,
+            comm,
+        )?;
+        let head = Self::part(&self.lm_head, "LM head")?;
+        let logits = self.head_on_rows(&x, (&self.norm, head), comm)?;
+        out.slice_set(&logits, 0, 0)?;
+        Ok(())
     }
 }

@@ -14,8 +14,13 @@ impl DecoderShard {
     /// Token embeddings of the batch, `[tokens, hidden]`.
     pub fn embed(&self, batch: &Batch) -> Result<Tensor> {
         let ids = Tensor::from_slice(&batch.token_ids, batch.num_tokens(), &self.device)?;
+        self.embed_ids(&ids)
+    }
+
+    /// Token embeddings of `ids` (u32 on the shard's device), `[tokens, hidden]`.
+    pub(crate) fn embed_ids(&self, ids: &Tensor) -> Result<Tensor> {
         let x = Self::part(&self.embedding, "token embedding")?
-            .forward(&ids)?
+            .forward(ids)?
             .to_dtype(DType::F32)?;
         Ok(match self.config.embed_scale {
             Some(scale) => (x * f64::from(scale))?,
