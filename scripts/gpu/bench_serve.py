@@ -78,6 +78,8 @@ def main():
     else:
         binary, model, devices, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
         extra = ["--tokenizer", sys.argv[5]] if len(sys.argv) > 5 else []
+        # More flags for tessera serve (the benchmark's A/B rows), split on spaces.
+        extra += os.environ.get("TESSERA_BENCH_SERVE_ARGS", "").split()
         server = "tessera"
         proc = start_server(binary, model, devices, port, f"bench-{port}.log", extra)
     load_s = time.time() - started
