@@ -21,11 +21,16 @@ fn config(path: &std::path::Path, local_ranks: usize) -> EngineConfig {
     cfg
 }
 
+/// A free port for a rendezvous, below the ephemeral range (32768 and up on Linux): the
+/// nodes' own listeners take ephemeral ports, and one of them may otherwise be handed the
+/// rendezvous port before the leader binds it.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 4_000) as u16;
+    (0..8_000u16)
+        .map(|_| base + NEXT.fetch_add(7, std::sync::atomic::Ordering::Relaxed) % 8_000)
+        .find(|p| TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port below the ephemeral range")
 }
 
 fn topology(nnodes: usize, node_rank: usize, port: u16) -> NodeTopology {

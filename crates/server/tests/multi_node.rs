@@ -29,11 +29,17 @@ const PROMPTS: [&str; 4] = [
 ];
 const MAX_TOKENS: u64 = 12;
 
+/// A free port for a rendezvous, below the ephemeral range (32768 and up on Linux): the
+/// nodes' HTTP servers take ephemeral ports, and one of them may otherwise be handed the
+/// rendezvous port before the leader binds it.
 fn free_port() -> String {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port().to_string())
-        .unwrap()
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 4_000) as u16;
+    (0..8_000u16)
+        .map(|_| base + NEXT.fetch_add(7, std::sync::atomic::Ordering::Relaxed) % 8_000)
+        .find(|p| TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port below the ephemeral range")
+        .to_string()
 }
 
 /// Node `rank` of `nnodes` with `tp` ranks in all, rendezvous at 127.0.0.1:`port`.
