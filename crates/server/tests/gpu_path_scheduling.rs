@@ -13,10 +13,10 @@ use std::path::PathBuf;
 use common::engine_loop::{
     greedy_request, idle_metrics, run_concurrently, spawn_loop, stream_all, Streamed,
 };
-use tessera_engine::{test_models, EngineConfig};
+use tessera_engine::{test_models, Engine, EngineConfig};
 use tessera_kernels::gpu::reference::Lcg;
 use tessera_protocol::{GenerationRequest, SamplingParams, TokenLogprobs};
-use tessera_scheduler::SchedulerHandle;
+use tessera_scheduler::{EngineLoop, SchedulerConfig, SchedulerHandle};
 
 const MAX_TOKENS: usize = 10;
 /// Bytes of one KV block on the GPU path: K and V, 2 layers, 2 KV heads of 64, bf16, 16
@@ -86,6 +86,50 @@ fn sixteen_concurrent_requests_on_the_gpu_path_equal_each_alone() {
     assert!(m.preemptions_total >= 4, "expected preemptions: {m:?}");
     assert_eq!(squeezed, alone, "preemption changed the tokens");
     assert_eq!(m.kv_blocks_in_use, 0, "blocks leaked: {m:?}");
+}
+
+/// The same sixteen requests with decode graphs (`EngineConfig::decode_graphs`; on an
+/// emulated rank a replay runs the recorded step body from the graph's buffers, padded to
+/// its bucket): each gets the tokens it gets alone without graphs, roomy and under
+/// preemption, the decode steps were replayed, and every block comes back. The padding
+/// rows' block is not the scheduler's: 9 blocks hold what 8 held without graphs.
+#[test]
+fn sixteen_concurrent_requests_replayed_from_graphs_equal_eager_ones() {
+    let prompts = prompts();
+    let eager = spawn(512 * BLOCK_BYTES, 2048);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| run_concurrently(&eager, std::slice::from_ref(p), MAX_TOKENS).remove(0))
+        .collect();
+    drop(eager);
+    for (blocks, max_batch_tokens, preempts) in [(512, 2048, false), (9, 48, true)] {
+        let mut cfg = EngineConfig::new(model());
+        cfg.kv_cache_bytes = blocks * BLOCK_BYTES;
+        cfg.emulate_gpu = true;
+        cfg.decode_graphs = true;
+        cfg.max_num_seqs = 16;
+        let engine = Engine::load(&cfg).expect("engine");
+        let stats = engine.stats();
+        let sched = SchedulerConfig {
+            max_batch_tokens,
+            max_num_seqs: 16,
+            ..SchedulerConfig::default()
+        };
+        let handle = EngineLoop::spawn(sched, engine).expect("engine loop");
+        let together = run_concurrently(&handle, &prompts, MAX_TOKENS);
+        assert_eq!(
+            together, alone,
+            "{blocks} blocks: graphs changed the tokens"
+        );
+        let m = idle_metrics(&handle);
+        assert_eq!(m.kv_blocks_in_use, 0, "blocks leaked: {m:?}");
+        assert!(
+            !preempts || m.preemptions_total >= 4,
+            "expected preemptions: {m:?}"
+        );
+        let replayed = stats.snapshot()[0].graph_steps;
+        assert!(replayed >= 5, "{blocks} blocks: {replayed} steps replayed");
+    }
 }
 
 /// The largest difference between two lists of log-probabilities, which must name the

@@ -11,9 +11,10 @@
 //!
 //! On a CUDA rank each graph is recorded by stream capture after one eager run of the
 //! same step (which loads every kernel and fills candle's cache of layout parameters, so
-//! the capture copies nothing from the host). In emulated test builds a replay runs that
-//! same step body from the same buffers, so everything but the capture itself is tested
-//! on the host.
+//! the capture copies nothing from the host), then replayed once over the same inputs:
+//! its logits must be the eager run's, bit for bit, or the rank refuses its graphs. In
+//! emulated test builds a replay runs that same step body from the same buffers, so
+//! everything but the capture itself is tested on the host.
 
 use std::collections::BTreeMap;
 
@@ -91,6 +92,7 @@ impl DecodeGraphs {
             #[cfg(feature = "cuda")]
             if let candle_core::Device::Cuda(dev) = shard.device() {
                 let graph = capture(dev, || graphs.body(key, shard, cache, comm))?;
+                graphs.check_replay(key, &graph)?;
                 graphs.recorded.insert(key, graph);
                 continue;
             }
@@ -157,6 +159,35 @@ impl DecodeGraphs {
         }
         gpu.write_u32(&self.tokens, &batch.token_ids)?;
         gpu.write_u32(&self.meta, &packed.values)
+    }
+
+    /// Replays `graph` once over the inputs its recording ran eagerly (still in the
+    /// buffers, as are that run's logits): the same kernels on the same inputs, so the
+    /// same bits, or the graph is refused before it serves anything.
+    #[cfg(feature = "cuda")]
+    fn check_replay(
+        &self,
+        key: GraphKey,
+        graph: &candle_core::cuda::cudarc::driver::CudaGraph,
+    ) -> Result<()> {
+        use crate::device::buffers::prefix_to_host;
+        let n = key.rows * self.out.dim(1)?;
+        let eager = prefix_to_host::<f32>(&self.out, n)?;
+        graph
+            .launch()
+            .map_err(|e| EngineError::Step(format!("CUDA graph replay: {e}")))?;
+        let replayed = prefix_to_host::<f32>(&self.out, n)?;
+        let differ = eager
+            .iter()
+            .zip(&replayed)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        if differ > 0 {
+            return Err(EngineError::Step(format!(
+                "graph {key:?}: a replay gave {differ} of {n} logits other than its eager run"
+            )));
+        }
+        Ok(())
     }
 
     fn layout(&self, key: GraphKey) -> Result<&PackedMeta> {

@@ -266,6 +266,11 @@ pub fn render(app: &AppState) -> String {
         let ranks = stats.snapshot();
         let per_rank = [
             ("tessera_rank_steps_total", "Steps each rank ran.", 0),
+            (
+                "tessera_rank_graph_steps_total",
+                "Of those, steps each rank replayed from a CUDA graph (decode steps; 0 with --enforce-eager).",
+                3,
+            ),
             ("tessera_rank_step_seconds_total", "Seconds each rank spent in steps.", 1),
             (
                 "tessera_rank_collective_seconds_total",
@@ -278,6 +283,7 @@ pub fn render(app: &AppState) -> String {
             for (rank, s) in ranks.iter().enumerate() {
                 let value = match field {
                     0 => s.steps as f64,
+                    3 => s.graph_steps as f64,
                     1 => s.step_seconds,
                     _ => s.collective_seconds,
                 };

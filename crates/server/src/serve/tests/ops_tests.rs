@@ -342,6 +342,11 @@ async fn metrics_parse_and_move_after_real_requests() {
     let name = "tessera_step_duration_seconds_count";
     let steps = after[name] - before.get(name).copied().unwrap_or(0.0);
     assert!((9.0..=10.0).contains(&steps), "{name}: {steps}");
+    // CPU ranks replay no graph.
+    assert_eq!(
+        after.get("tessera_rank_graph_steps_total{rank=\"0\"}"),
+        Some(&0.0)
+    );
     grew_some("tessera_rank_step_seconds_total{rank=\"0\"}");
     grew_some("tessera_rank_collective_seconds_total{rank=\"0\"}");
     grew(
