@@ -8,7 +8,7 @@ use std::path::Path;
 
 use tessera_engine::{Engine, EngineConfig};
 
-use super::{greedy_with_gaps, model, prompts, TP_BOUND};
+use super::{model, prompts, served_greedy_with_gaps, TP_BOUND};
 use crate::common::{agree_until_tie, last_logits, rel_l2};
 
 fn gpu_path(path: &Path, host_expert_layers: Option<usize>) -> Engine {
@@ -36,7 +36,7 @@ fn experts_on_the_host_give_the_logits_of_experts_on_the_device() {
             .iter()
             .map(|p| last_logits(&mut device, p))
             .collect();
-        let greedy = greedy_with_gaps(&mut device, &prompts[1], 8);
+        let greedy = served_greedy_with_gaps(&mut device, &prompts[1], 8);
         drop(device);
         // Every layer's experts (--cpu-moe), then those of the first mixture layer only
         // (--n-cpu-moe: GLM-4.5's first layer is dense).
@@ -53,7 +53,7 @@ fn experts_on_the_host_give_the_logits_of_experts_on_the_device() {
                 // Not the device's own numbers: the host's f32 experts really ran.
                 assert!(err > 1e-5, "{what}");
             }
-            let tokens = greedy_with_gaps(&mut e, &prompts[1], 8).0;
+            let tokens = served_greedy_with_gaps(&mut e, &prompts[1], 8).0;
             let (n, same) = agree_until_tie(&greedy, &tokens, 0.02);
             assert!(same, "{fixture} {label}: {tokens:?} against {:?}", greedy.0);
             assert!(n > 0, "{fixture}: no token compared");

@@ -21,7 +21,7 @@ use tessera_protocol::Executor;
 use super::common::{
     agree_until_tie, greedy_opts, last_logits, logits_at_every_position, rel_l2, top_logprob_error,
 };
-use super::{greedy_with_gaps, model, prompts};
+use super::{model, prompts, served_greedy_with_gaps};
 
 /// The fidelity bounds of `docs/fidelity.md` for the random-weight families: the mean
 /// top-5 log-probability error against a 16-bit cache (0.45 nats int8, 1.4 fp8). These
@@ -91,7 +91,7 @@ fn gpu_path_8_bit_kv_follows_bf16_kv_and_the_cpu_ranks() {
         let p = prompts(vocab);
         let (decoded, prefilled) = (&p[1], &p[2]);
         let reference = logits(&mut bf16, decoded, prefilled);
-        let text = greedy_with_gaps(&mut bf16, prefilled, 8);
+        let text = served_greedy_with_gaps(&mut bf16, prefilled, 8);
         drop(bf16);
         let cpu_bf16 = logits(
             &mut engine(&path, false, KvCacheDtype::Bf16),

@@ -98,6 +98,32 @@ fn greedy_with_gaps(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>,
     (tokens, gaps)
 }
 
+/// The tokens `engine` generates greedily over its KV cache, with the top-2 logit gap
+/// before each: the difference of the two most likely tokens' log-probabilities, which is
+/// their logits'. One prefill and a decode step per token, where [`greedy_with_gaps`]
+/// runs a whole forward pass per token (too slow on an emulated rank's long prompts).
+fn served_greedy_with_gaps(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let opts = GenerateOptions {
+        sampling: SamplingParams {
+            logprobs: Some(2),
+            ..SamplingParams::greedy()
+        },
+        ..greedy_opts(n, 0)
+    };
+    let mut gaps = Vec::new();
+    let tokens = generate_sampled(engine, prompt, &opts, |s| {
+        if let Some(l) = &s.logprobs {
+            gaps.push(match l.top.as_slice() {
+                [a, b, ..] => a.1 - b.1,
+                _ => f32::INFINITY,
+            });
+        }
+    })
+    .expect("generate");
+    assert_eq!(gaps.len(), tokens.len(), "a gap before every token");
+    (tokens, gaps)
+}
+
 #[test]
 fn gpu_path_logits_and_greedy_text_match_the_cpu_engine() {
     // Random mixtures of experts meet near ties early: count compared tokens overall.
@@ -117,9 +143,12 @@ fn gpu_path_logits_and_greedy_text_match_the_cpu_engine() {
                 "{fixture}, prompt of {}: GPU-path logits {err:.2e} from the CPU engine's",
                 prompt.len()
             );
-            // The serving path: prefill in chunks of 7, the arg-max reduced by the kernel.
+            // The serving path: prefill in chunks (of 7, crossing KV blocks at odd places;
+            // of 64 for the long prompt, whose decoding splits its context), the arg-max
+            // reduced by the kernel.
             let reference = greedy_with_gaps(&mut cpu, &prompt, 8);
-            let served = generate(&mut gpu, &prompt, &greedy_opts(8, 7), |_| {})
+            let chunk = if prompt.len() > 100 { 64 } else { 7 };
+            let served = generate(&mut gpu, &prompt, &greedy_opts(8, chunk), |_| {})
                 .unwrap_or_else(|e| panic!("{fixture}: generate: {e}"));
             let (n, same) = agree_until_tie(&reference, &served, 0.1);
             assert!(
