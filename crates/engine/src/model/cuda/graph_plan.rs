@@ -73,13 +73,9 @@ impl GraphPlan {
         })
     }
 
-    /// Block-table entries per sequence: enough for the longest context.
-    pub fn max_blocks(&self) -> usize {
-        self.contexts
-            .last()
-            .copied()
-            .unwrap_or(1)
-            .div_ceil(self.block_size)
+    /// Block-table entries per sequence in the graphs of context bound `context`.
+    pub fn max_blocks(&self, context: usize) -> usize {
+        context.div_ceil(self.block_size).max(1)
     }
 
     /// The graph that serves `batch`, if one does: every sequence decodes one token (row
@@ -101,15 +97,14 @@ impl GraphPlan {
             return None;
         }
         let longest = batch.seqs.iter().map(|s| s.start_pos + 1).max()?;
+        let tables = batch.seqs.iter().map(|s| s.block_table.len()).max()?;
         let rows = self.buckets.iter().copied().find(|b| *b >= n)?;
-        let context = self.contexts.iter().copied().find(|c| *c >= longest)?;
-        if batch
-            .seqs
+        // The smallest bound whose contexts and block-table rows hold the batch's.
+        let context = self
+            .contexts
             .iter()
-            .any(|s| s.block_table.len() > self.max_blocks())
-        {
-            return None;
-        }
+            .copied()
+            .find(|c| *c >= longest && self.max_blocks(*c) >= tables)?;
         Some(GraphKey { rows, context })
     }
 
@@ -152,7 +147,8 @@ pub fn reserve_bytes(
     profile_tokens: usize,
 ) -> usize {
     let rows = plan.buckets.last().copied().unwrap_or(0);
-    let buffers = rows * (vocab * 4 + 4) + 4 * rows * (plan.max_blocks() + 8) + 4096;
+    let longest = plan.contexts.last().copied().unwrap_or(1);
+    let buffers = rows * (vocab * 4 + 4) + 4 * rows * (plan.max_blocks(longest) + 8) + 4096;
     let activations = activation_peak / profile_tokens.max(1) * rows;
     buffers + activations.min(activation_peak)
 }
@@ -184,7 +180,8 @@ mod tests {
         assert_eq!(plan.buckets, vec![1, 2, 4, 8, 16, 32, 48]);
         assert_eq!(plan.contexts, vec![2048, 8192, 32_768]);
         assert_eq!(plan.keys().count(), 21);
-        assert_eq!(plan.max_blocks(), 2048);
+        assert_eq!(plan.max_blocks(32_768), 2048);
+        assert_eq!(plan.max_blocks(2048), 128);
         // Short models have one bound; one sequence has one bucket.
         let small = GraphPlan::new(1, 600, 7, 16);
         assert_eq!((small.buckets, small.contexts), (vec![1], vec![600]));
@@ -219,6 +216,18 @@ mod tests {
         // Past the largest bucket, or past the longest context: eager.
         assert_eq!(key(&[5; 17]), None);
         assert_eq!(key(&[8193]), None);
+        // A table longer than its context needs takes the bound whose rows hold it.
+        let mut ahead = decoding(&[100], 16);
+        ahead.seqs[0].block_table = (0..200).collect();
+        assert_eq!(
+            plan.key_for(&ahead),
+            Some(GraphKey {
+                rows: 1,
+                context: 8192
+            })
+        );
+        ahead.seqs[0].block_table = (0..513).collect();
+        assert_eq!(plan.key_for(&ahead), None);
     }
 
     #[test]

@@ -72,7 +72,10 @@ impl DecodeGraphs {
         let mut layouts = BTreeMap::new();
         for key in plan.keys() {
             let warm = plan.warm_up_batch(key.rows);
-            layouts.insert(key, shard.graph_meta(&warm, plan.max_blocks(), key)?);
+            layouts.insert(
+                key,
+                shard.graph_meta(&warm, plan.max_blocks(key.context), key)?,
+            );
         }
         let meta_len = layouts.values().map(|l| l.values.len()).max().unwrap_or(1);
         #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
@@ -150,7 +153,7 @@ impl DecodeGraphs {
         key: GraphKey,
     ) -> Result<()> {
         let layout = self.layout(key)?;
-        let packed = shard.graph_meta(batch, self.plan.max_blocks(), key)?;
+        let packed = shard.graph_meta(batch, self.plan.max_blocks(key.context), key)?;
         if packed.ranges != layout.ranges {
             return Err(EngineError::Step(format!(
                 "a step of {} rows does not fit the layout of graph {key:?}",
