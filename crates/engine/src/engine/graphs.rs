@@ -111,14 +111,12 @@ impl Engine {
         for w in &self.workers {
             let _ = w.jobs.send(Job::DropGraphs);
         }
-        match (refusal, failure) {
-            (_, Some(why)) => {
-                tracing::warn!("decode steps run eagerly: recording their graphs failed: {why}");
-                self.graphs.rows = None;
-                self.reconnect()?;
-            }
-            (Some(why), None) => tracing::info!("decode steps run eagerly: {why}"),
-            (None, None) => {}
+        if let Some(why) = failure {
+            tracing::warn!("decode steps run eagerly: recording their graphs failed: {why}");
+            self.graphs.rows = None;
+            self.reconnect()?;
+        } else if let Some(why) = refusal {
+            tracing::info!("decode steps run eagerly: {why}");
         }
         Ok(false)
     }

@@ -26,7 +26,7 @@ use super::CudaKvCache;
 use crate::device::buffers::Gpu;
 use crate::error::{EngineError, Result};
 use crate::model::batch::Batch;
-use crate::model::step_meta::PackedMeta;
+use crate::model::step_meta::{PackedMeta, Part};
 use crate::model::DecoderShard;
 use crate::tp::Communicator;
 
@@ -91,7 +91,7 @@ impl DecodeGraphs {
         let keys: Vec<GraphKey> = graphs.layouts.keys().copied().collect();
         for key in keys {
             let warm = graphs.plan.warm_up_batch(key.rows);
-            graphs.write_inputs(gpu, shard, &warm, key)?;
+            graphs.write_inputs(gpu, &warm, key)?;
             #[cfg(feature = "cuda")]
             if let candle_core::Device::Cuda(dev) = shard.device() {
                 let graph = capture(dev, || graphs.body(key, shard, cache, comm))?;
@@ -131,7 +131,7 @@ impl DecodeGraphs {
     ) -> Result<Tensor> {
         let gpu = Gpu::of(shard.device())?;
         let padded = self.plan.padded(batch, key.rows);
-        self.write_inputs(gpu, shard, &padded, key)?;
+        self.write_inputs(gpu, &padded, key)?;
         #[cfg(feature = "cuda")]
         if let Some(graph) = self.recorded.get(&key) {
             graph
@@ -145,15 +145,11 @@ impl DecodeGraphs {
     }
 
     /// Writes the padded step `batch` into the buffers graph `key` reads.
-    fn write_inputs(
-        &self,
-        gpu: Gpu<'_>,
-        shard: &DecoderShard,
-        batch: &Batch,
-        key: GraphKey,
-    ) -> Result<()> {
+    fn write_inputs(&self, gpu: Gpu<'_>, batch: &Batch, key: GraphKey) -> Result<()> {
         let layout = self.layout(key)?;
-        let packed = shard.graph_meta(batch, self.plan.max_blocks(key.context), key)?;
+        // The recording's layout holds the graph's launches and the rank's KV heads.
+        let kv_of_q = &layout.values[layout.range(Part::KvOfQ)];
+        let packed = PackedMeta::pack(batch, kv_of_q, layout.max_blocks, layout.plan.clone())?;
         if packed.ranges != layout.ranges {
             return Err(EngineError::Step(format!(
                 "a step of {} rows does not fit the layout of graph {key:?}",
