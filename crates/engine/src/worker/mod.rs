@@ -16,140 +16,20 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::error::{EngineError, Result};
 use candle_core::Tensor;
 
-#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-use crate::model::batch::RowReduce;
 use crate::model::decoder::Pooled;
 use crate::model::{Batch, DecoderShard, RankCache};
 use crate::stats::{RankStats, TimedComm};
 use crate::tp::{Communicator, Endpoint};
 
-/// One sampled row as the device reduced it (only a GPU rank reduces rows).
-#[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(
-    not(any(feature = "cuda", feature = "gpu-emulation")),
-    allow(dead_code)
-)]
-pub(crate) enum Reduced {
-    /// Its arg-max.
-    Token(u32),
-    /// Its sampling candidates: `(token, logit)` by token.
-    Candidates(Vec<(u32, f32)>),
-    /// Its arg-max, candidates and log-sum-exp ([`RowReduce::Scored`]).
-    Scored {
-        argmax: u32,
-        candidates: Vec<(u32, f32)>,
-        log_sum_exp: f32,
-    },
-}
+mod graphs;
+mod logits;
+mod mtp;
 
-/// What the rank that returns logits hands back for the step's sampled rows.
-#[derive(Debug, Default)]
-pub(crate) struct StepLogits {
-    /// The logits of the rows that need them (`reduced[i]` is `None`), in row order,
-    /// `vocab` values each.
-    pub values: Vec<f32>,
-    /// Per sampled row, what the device reduced it to, if it did.
-    pub reduced: Vec<Option<Reduced>>,
-    /// Per `batch.pool` span, in order, what it gives its sequence's embedding.
-    pub pooled: Vec<Pooled>,
-}
-
-/// `Some` from the rank that returns logits, `None` from the others.
-pub(crate) type StepResult = Result<Option<StepLogits>>;
-
-/// The sampled rows' logits on the host. On a GPU, rows that need only their arg-max or
-/// their sampling candidates (`batch.row_reduce`) are reduced there: copying every row's
-/// logits (64 rows of a 128k vocabulary are 33 MB a step) and scanning them on one host
-/// thread cost more than the forward pass itself.
-fn logits_to_host(logits: &Tensor, batch: &Batch, gpu_path: bool) -> Result<StepLogits> {
-    let rows = logits.dim(0)?;
-    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-    if gpu_path {
-        let gpu = crate::device::buffers::Gpu::of(logits.device())?;
-        let modes: Vec<RowReduce> = (0..rows)
-            .map(|r| {
-                batch
-                    .row_reduce
-                    .get(r)
-                    .copied()
-                    .unwrap_or(RowReduce::Logits)
-            })
-            .collect();
-        if modes.iter().any(|m| *m != RowReduce::Logits) {
-            return reduce_on_device(gpu, logits, &modes);
-        }
-    }
-    #[cfg(not(any(feature = "cuda", feature = "gpu-emulation")))]
-    let _ = (batch, gpu_path);
-    Ok(StepLogits {
-        values: logits.flatten_all()?.to_vec1::<f32>()?,
-        reduced: vec![None; rows],
-        pooled: Vec::new(),
-    })
-}
-
-/// The rows reduced on the GPU as `modes` ask, and the whole rows of the others (and of
-/// candidate rows the device could not reduce).
-#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-fn reduce_on_device(
-    gpu: crate::device::buffers::Gpu<'_>,
-    logits: &Tensor,
-    modes: &[RowReduce],
-) -> Result<StepLogits> {
-    // 0 for a row without candidates: the kernel skips it.
-    let temperatures: Vec<f32> = modes.iter().map(RowReduce::candidate_temperature).collect();
-    let wants_candidates = temperatures.iter().any(|t| *t > 0.0);
-    let wants_lse = modes.iter().any(|m| matches!(m, RowReduce::Scored { .. }));
-    let r = crate::model::cuda::reductions::reduce_rows(
-        gpu,
-        logits,
-        wants_candidates.then_some(&temperatures[..]),
-        wants_lse,
-    )?;
-    let mut candidates = r.candidates.into_iter();
-    let lse = r.log_sum_exp.unwrap_or_default();
-    let reduced: Vec<Option<Reduced>> = modes
-        .iter()
-        .zip(&r.argmax)
-        .enumerate()
-        .map(|(row, (m, id))| {
-            let cand = candidates.next().flatten();
-            match m {
-                RowReduce::Logits => None,
-                RowReduce::Argmax => Some(Reduced::Token(*id)),
-                RowReduce::Candidates { .. } => cand.map(Reduced::Candidates),
-                // Fewer candidates than the most likely tokens asked for (a peaked row),
-                // or no finite log-sum-exp: the host takes the row.
-                RowReduce::Scored { top, .. } => {
-                    let log_sum_exp = lse.get(row).copied().filter(|l| l.is_finite())?;
-                    let candidates = cand.filter(|c| c.len() >= *top)?;
-                    Some(Reduced::Scored {
-                        argmax: *id,
-                        candidates,
-                        log_sum_exp,
-                    })
-                }
-            }
-        })
-        .collect();
-    let full: Vec<u32> = (0..reduced.len() as u32)
-        .filter(|r| reduced[*r as usize].is_none())
-        .collect();
-    let values = if full.is_empty() {
-        Vec::new()
-    } else {
-        let index = Tensor::from_slice(&full, full.len(), logits.device())?;
-        logits
-            .index_select(&index, 0)?
-            .flatten_all()?
-            .to_vec1::<f32>()?
-    };
-    Ok(StepLogits {
-        values,
-        reduced,
-        pooled: Vec::new(),
-    })
-}
+use graphs::{replayed, Graphs};
+use logits::logits_to_host;
+pub(crate) use logits::{Reduced, StepLogits, StepResult};
+use mtp::MtpInputs;
+pub(crate) use mtp::{MtpHidden, MtpJob};
 
 /// Test-only fault injection: make a rank fail in a chosen way on a chosen step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,69 +93,6 @@ pub(crate) enum Job {
     },
 }
 
-/// One pass of the model's MTP layer: its batch (each row's token is the one after its
-/// position), and where each row's hidden state comes from.
-#[derive(Debug)]
-pub(crate) struct MtpJob {
-    pub batch: Batch,
-    pub hidden: MtpHidden,
-    /// Per row of `batch`, its row in that source.
-    pub rows: Vec<u32>,
-}
-
-/// Where an MTP pass reads its hidden states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MtpHidden {
-    /// The latest step's decoder output, by its rows (the final norm is applied).
-    Model,
-    /// The previous MTP pass's output at its sampled rows, by their order.
-    Chain,
-}
-
-/// What a worker keeps between a step and the MTP passes after it (a shard with an MTP
-/// layer only).
-#[derive(Default)]
-struct MtpInputs {
-    /// The latest step's decoder output, `[tokens, hidden]`.
-    model: Option<Tensor>,
-    /// The latest MTP pass's output at its sampled rows.
-    chain: Option<Tensor>,
-}
-
-impl MtpInputs {
-    /// The MTP layer over `job`; the logits of its sampled rows.
-    fn run(
-        &mut self,
-        shard: &DecoderShard,
-        job: &MtpJob,
-        cache: &mut RankCache,
-        comm: &mut dyn Communicator,
-    ) -> Result<Tensor> {
-        // Each source is read by one pass (the step's output by the first pass after it,
-        // each pass's output by the next) and held no longer.
-        let source = match job.hidden {
-            MtpHidden::Model => self.model.take(),
-            MtpHidden::Chain => self.chain.take(),
-        };
-        let source = source.ok_or_else(|| {
-            EngineError::Step(format!(
-                "an MTP pass before any {:?} hidden states",
-                job.hidden
-            ))
-        })?;
-        let rows = Tensor::from_slice(&job.rows, job.rows.len(), source.device())?;
-        let mut hidden = source.index_select(&rows, 0)?;
-        if job.hidden == MtpHidden::Model {
-            hidden = shard.final_norm(&hidden)?;
-        }
-        let (y, logits) = shard.mtp(&job.batch, &hidden, cache, comm)?;
-        let sampled: Vec<u32> = job.batch.sample_rows.iter().map(|r| *r as u32).collect();
-        let sampled = Tensor::from_slice(&sampled, sampled.len(), y.device())?;
-        self.chain = Some(y.index_select(&sampled, 0)?);
-        Ok(logits)
-    }
-}
-
 pub(crate) struct WorkerHandle {
     /// The first rank this worker runs.
     pub rank: usize,
@@ -317,33 +134,6 @@ pub(crate) struct WorkerState {
     /// This worker hands the step's logits to the engine (TP rank 0, or the last stage).
     pub returns_logits: bool,
     pub stats: Arc<RankStats>,
-}
-
-/// The rank's recorded decode graphs, where it has them.
-#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-type Graphs = Option<crate::model::cuda::graphs::DecodeGraphs>;
-#[cfg(not(any(feature = "cuda", feature = "gpu-emulation")))]
-type Graphs = Option<std::convert::Infallible>;
-
-/// The step replayed from a recorded graph, when one serves it: its logits.
-#[cfg_attr(
-    not(any(feature = "cuda", feature = "gpu-emulation")),
-    allow(unused_variables)
-)]
-fn replayed(
-    graphs: &Graphs,
-    shard: &DecoderShard,
-    batch: &Batch,
-    cache: &mut RankCache,
-    comm: &mut dyn Communicator,
-) -> Result<Option<Tensor>> {
-    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-    if let (Some(g), RankCache::Cuda(cache)) = (graphs, cache) {
-        if let Some(key) = g.key_for(batch) {
-            return g.replay(key, batch, shard, cache, comm).map(Some);
-        }
-    }
-    Ok(None)
 }
 
 /// One step on one worker: the whole model, or this stage's part of it.
@@ -493,7 +283,7 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
             #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
             Job::RecordGraphs(plan) => {
                 graphs = None;
-                let recorded = record_graphs(plan, &shard, &mut cache, comm.as_mut(), rank);
+                let recorded = graphs::record(plan, &shard, &mut cache, comm.as_mut(), rank);
                 let answer = recorded.map(|g| {
                     graphs = Some(g);
                     None
@@ -636,62 +426,6 @@ fn run(st: WorkerState, jobs: Receiver<Job>, results: Sender<StepResult>) {
         });
         if results.send(result).is_err() {
             break;
-        }
-    }
-}
-
-/// Records `plan`'s decode graphs on this rank, or says why it cannot. A failure while
-/// recording aborts the group's communicator, as a failed step does.
-#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
-fn record_graphs(
-    plan: crate::model::cuda::graph_plan::GraphPlan,
-    shard: &DecoderShard,
-    cache: &mut RankCache,
-    comm: &mut dyn Communicator,
-    rank: usize,
-) -> Result<crate::model::cuda::graphs::DecodeGraphs> {
-    use crate::model::cuda::graphs::DecodeGraphs;
-    let refusal = shard.graph_refusal().or_else(|| comm.graph_refusal());
-    let cache = match (refusal, cache) {
-        (Some(why), _) => return Err(EngineError::Config(why)),
-        (None, RankCache::Cuda(c)) => c,
-        (None, RankCache::Cpu(_)) => {
-            return Err(EngineError::Config(
-                "the rank's KV cache is on the host".into(),
-            ))
-        }
-    };
-    let started = std::time::Instant::now();
-    let recorded = catch_unwind(AssertUnwindSafe(|| {
-        DecodeGraphs::record(plan, shard, cache, comm)
-    }))
-    .unwrap_or_else(|_| Err(EngineError::Step("panicked while recording graphs".into())));
-    match recorded {
-        Ok(graphs) => {
-            #[cfg(feature = "cuda")]
-            if let candle_core::Device::Cuda(dev) = shard.device() {
-                let bytes = crate::model::cuda::graphs::graph_memory_bytes(dev).unwrap_or(0);
-                tracing::info!(
-                    "rank {rank}: {} decode graphs recorded in {:.2}s; graph memory {} MiB",
-                    graphs.len(),
-                    started.elapsed().as_secs_f64(),
-                    bytes >> 20
-                );
-                return Ok(graphs);
-            }
-            tracing::debug!(
-                "rank {rank}: {} decode graphs prepared in {:.2}s",
-                graphs.len(),
-                started.elapsed().as_secs_f64()
-            );
-            Ok(graphs)
-        }
-        Err(e) => {
-            comm.abort(&format!("rank {rank} failed to record decode graphs: {e}"));
-            Err(EngineError::Rank {
-                rank,
-                message: format!("recording decode graphs: {e}"),
-            })
         }
     }
 }
