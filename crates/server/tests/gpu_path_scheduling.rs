@@ -53,21 +53,31 @@ fn prompts() -> Vec<Vec<u32>> {
     out
 }
 
-fn spawn(kv_cache_bytes: usize, max_batch_tokens: usize) -> SchedulerHandle {
+/// The model on emulated GPU ranks with a cache of `kv_cache_bytes`.
+fn config(kv_cache_bytes: usize) -> EngineConfig {
     let mut cfg = EngineConfig::new(model());
     cfg.kv_cache_bytes = kv_cache_bytes;
     cfg.emulate_gpu = true;
-    spawn_loop(&cfg, max_batch_tokens)
+    cfg
+}
+
+fn spawn(kv_cache_bytes: usize, max_batch_tokens: usize) -> SchedulerHandle {
+    spawn_loop(&config(kv_cache_bytes), max_batch_tokens)
+}
+
+/// Each prompt's tokens, run alone.
+fn each_alone(handle: &SchedulerHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    prompts
+        .iter()
+        .map(|p| run_concurrently(handle, std::slice::from_ref(p), MAX_TOKENS).remove(0))
+        .collect()
 }
 
 #[test]
 fn sixteen_concurrent_requests_on_the_gpu_path_equal_each_alone() {
     let prompts = prompts();
     let roomy = spawn(512 * BLOCK_BYTES, 2048);
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| run_concurrently(&roomy, std::slice::from_ref(p), MAX_TOKENS).remove(0))
-        .collect();
+    let alone = each_alone(&roomy, &prompts);
     let together = run_concurrently(&roomy, &prompts, MAX_TOKENS);
     assert_eq!(together, alone, "batching changed the tokens");
     let m = idle_metrics(&roomy);
@@ -96,16 +106,9 @@ fn sixteen_concurrent_requests_on_the_gpu_path_equal_each_alone() {
 #[test]
 fn sixteen_concurrent_requests_replayed_from_graphs_equal_eager_ones() {
     let prompts = prompts();
-    let eager = spawn(512 * BLOCK_BYTES, 2048);
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| run_concurrently(&eager, std::slice::from_ref(p), MAX_TOKENS).remove(0))
-        .collect();
-    drop(eager);
+    let alone = each_alone(&spawn(512 * BLOCK_BYTES, 2048), &prompts);
     for (blocks, max_batch_tokens, preempts) in [(512, 2048, false), (9, 48, true)] {
-        let mut cfg = EngineConfig::new(model());
-        cfg.kv_cache_bytes = blocks * BLOCK_BYTES;
-        cfg.emulate_gpu = true;
+        let mut cfg = config(blocks * BLOCK_BYTES);
         cfg.decode_graphs = true;
         cfg.max_num_seqs = 16;
         let engine = Engine::load(&cfg).expect("engine");
