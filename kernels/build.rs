@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: [&str; 7] = [
+const SOURCES: [&str; 8] = [
     "attention",
     "kv_write",
     "activations",
@@ -16,6 +16,7 @@ const SOURCES: [&str; 7] = [
     "argmax",
     "candidates",
     "quant_matvec",
+    "moe",
 ];
 
 fn main() {

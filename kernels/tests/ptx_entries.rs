@@ -7,6 +7,7 @@ use tessera_kernels::gpu::launch::{
     attention_kernel, merge_kernel, KvDtype, ARGMAX_KERNEL, CANDIDATES_KERNEL, EXP_SUMS_KERNEL,
     HEAD_DIMS, PREFILL_TILE,
 };
+use tessera_kernels::gpu::moe::{moe_matvec_kernels, MOE_COMBINE_KERNEL, MOE_ROUTE_KERNEL};
 use tessera_kernels::gpu::ptx;
 use tessera_kernels::gpu::quant_matvec::{
     quant_matvec_kernel, quantize_act_kernel, ActDtype, GgufQuant, MAX_ROWS,
@@ -62,6 +63,17 @@ fn every_kernel_the_planner_names_is_compiled() {
     assert!(entries(ptx::CANDIDATES).contains(&EXP_SUMS_KERNEL));
     // 2 dtypes x 5 head dims x (2 tiles x (16-bit, int8, fp8 caches) + merge).
     assert_eq!(attention.len(), 70);
+}
+
+#[test]
+fn every_mixture_of_experts_kernel_is_compiled() {
+    let module = entries(ptx::MOE);
+    let mut names = moe_matvec_kernels();
+    names.extend([MOE_ROUTE_KERNEL.to_string(), MOE_COMBINE_KERNEL.to_string()]);
+    for name in &names {
+        assert!(module.contains(&name.as_str()), "{name} missing");
+    }
+    assert_eq!(module.len(), names.len());
 }
 
 #[test]

@@ -81,6 +81,23 @@ extern "C" void quantize_q8_act_bf16(const __nv_bfloat16*, q8_act*, int);
 #define FOR_QMV(M) FOR_QMV_ROWS(M, q4_0) FOR_QMV_ROWS(M, q4_1) FOR_QMV_ROWS(M, q8_0) \
     FOR_QMV_ROWS(M, q4_k) FOR_QMV_ROWS(M, q5_k) FOR_QMV_ROWS(M, q6_k)
 FOR_QMV(DECLARE_QMV)
+extern "C" void moe_route_f32(unsigned*, float*, const float*, int, int, int, const float*, int,
+                              int, float);
+#define DECLARE_MOE_MATVEC(NAME, W, X, O)                                                   \
+    extern "C" void NAME(O*, const unsigned long long*, const unsigned*, const X*, int, int,  \
+                         int, int);
+#define FOR_MOE_MATVEC(M)                                                                   \
+    M(moe_matvec_wbf16_xbf16_obf16, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16)            \
+    M(moe_matvec_wbf16_xbf16_of32, __nv_bfloat16, __nv_bfloat16, float)                     \
+    M(moe_matvec_wf16_xf16_of16, __half, __half, __half)                                    \
+    M(moe_matvec_wf16_xf16_of32, __half, __half, float)                                     \
+    M(moe_matvec_wf32_xbf16_obf16, float, __nv_bfloat16, __nv_bfloat16)                     \
+    M(moe_matvec_wf32_xbf16_of32, float, __nv_bfloat16, float)                              \
+    M(moe_matvec_wf32_xf16_of16, float, __half, __half)                                     \
+    M(moe_matvec_wf32_xf16_of32, float, __half, float)
+FOR_MOE_MATVEC(DECLARE_MOE_MATVEC)
+extern "C" void moe_combine_f32(float*, const float*, const unsigned*, const float*, int, int,
+                                int);
 
 extern "C" {
 
@@ -162,5 +179,9 @@ extern "C" int tessera_emu_launch(const char* name, const EmuGrid* g, void** par
     LAUNCH(quantize_q8_act_bf16)
 #define LAUNCH_QMV(NAME, R) LAUNCH(quant_matvec_##NAME##_r##R)
     FOR_QMV(LAUNCH_QMV)
+    LAUNCH(moe_route_f32)
+#define LAUNCH_MOE_MATVEC(NAME, W, X, O) LAUNCH(NAME)
+    FOR_MOE_MATVEC(LAUNCH_MOE_MATVEC)
+    LAUNCH(moe_combine_f32)
     return -1;
 }

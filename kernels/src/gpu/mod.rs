@@ -3,6 +3,7 @@
 //! engine loads the PTX into each rank's device and launches it on the rank's stream.
 
 pub mod launch;
+pub mod moe;
 pub mod quant_matvec;
 pub mod quant_reference;
 pub mod quantized;
@@ -30,4 +31,7 @@ pub mod ptx {
     /// `quantize_q8_act_{f32,bf16}` and `quant_matvec_{type}_r{rows}`: products over GGUF
     /// blocks for decode (`quant_matvec`).
     pub const QUANT_MATVEC: &str = include_str!(concat!(env!("OUT_DIR"), "/quant_matvec.ptx"));
+    /// `moe_route_f32`, `moe_matvec_*` and `moe_combine_f32`: a mixture-of-experts layer of
+    /// a few tokens on the device (`moe`).
+    pub const MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));
 }
