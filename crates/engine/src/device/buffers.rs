@@ -41,6 +41,7 @@ pub(crate) enum Module {
     Argmax,
     Candidates,
     QuantMatvec,
+    Moe,
 }
 
 #[cfg(feature = "cuda")]
@@ -55,6 +56,7 @@ impl Module {
             Module::Argmax => ("tessera_argmax", ptx::ARGMAX),
             Module::Candidates => ("tessera_candidates", ptx::CANDIDATES),
             Module::QuantMatvec => ("tessera_quant_matvec", ptx::QUANT_MATVEC),
+            Module::Moe => ("tessera_moe", ptx::MOE),
         }
     }
 }
@@ -262,7 +264,7 @@ impl<'a> Held<'a> {
     }
 
     /// The address of the tensor's first element.
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
     pub(crate) fn address(&self) -> Result<u64> {
         self.address_of(0..self.end - self.start)
     }

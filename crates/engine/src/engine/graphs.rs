@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, Result};
 use crate::model::cuda::graph_plan::GraphPlan;
+use crate::model::moe::DEVICE_ROUTED_ROWS;
+use crate::spec::model::ModelConfig;
 use crate::worker::Job;
 
 use super::Engine;
@@ -22,6 +24,15 @@ pub(crate) struct EngineGraphs {
     pub rows: Option<usize>,
     /// The plan every rank recorded, while they hold it.
     pub recorded: Option<GraphPlan>,
+}
+
+/// The most rows a decode graph of `config` serves: `max_num_seqs`, or for a mixture of
+/// experts the steps its experts take on the device alone (larger ones route on the host).
+pub(crate) fn graph_rows(max_num_seqs: usize, config: &ModelConfig) -> usize {
+    match config.moe {
+        Some(_) => max_num_seqs.min(DEVICE_ROUTED_ROWS),
+        None => max_num_seqs,
+    }
 }
 
 impl Engine {

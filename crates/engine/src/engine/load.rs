@@ -253,6 +253,12 @@ impl Engine {
         let kv_fp8 = member_blocks
             .iter()
             .any(|(d, _)| *d == KvCacheDtype::Fp8E4m3);
+        #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+        let graph_rows = (cfg.decode_graphs
+            && (any_gpu || cfg.emulates_gpu())
+            && !spans_nodes
+            && cfg.device_layers.is_none())
+        .then(|| super::graphs::graph_rows(cfg.max_num_seqs, &config));
         let mut engine = Engine {
             workers,
             layers,
@@ -272,11 +278,7 @@ impl Engine {
             mtp: cfg.mtp.then(mtp::MtpSeqs::default),
             #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
             graphs: super::graphs::EngineGraphs {
-                rows: (cfg.decode_graphs
-                    && (any_gpu || cfg.emulates_gpu())
-                    && !spans_nodes
-                    && cfg.device_layers.is_none())
-                .then_some(cfg.max_num_seqs),
+                rows: graph_rows,
                 recorded: None,
             },
         };

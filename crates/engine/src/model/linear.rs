@@ -36,6 +36,15 @@ impl Linear {
         Ok(self)
     }
 
+    /// The dense weight candle multiplies by (`[out, in]`), where the layer has one and
+    /// no bias.
+    pub(crate) fn dense_weight(&self) -> Option<&Tensor> {
+        match (&self.weight, &self.bias) {
+            (LinearWeight::Candle(QMatMul::Tensor(w)), None) => Some(w),
+            _ => None,
+        }
+    }
+
     /// `x · Wᵀ` in f32 (`[tokens, out]`), whatever the weights: on CUDA a bf16 product
     /// accumulates and returns f32 (cuBLAS GemmEx) and quantized weights read f32
     /// activations; on CPU this is [`Linear::forward`].
@@ -188,6 +197,15 @@ impl ColumnParallel {
             }
         };
         Ok(Self { parts, widths })
+    }
+
+    /// The segments' weights as one dense matrix (`[Σ width_i, in]`), where they are one
+    /// and have no bias.
+    pub(crate) fn fused_dense_weight(&self) -> Option<&Tensor> {
+        match self.parts.as_slice() {
+            [fused] => fused.dense_weight(),
+            _ => None,
+        }
     }
 
     /// Outputs of each segment, `[tokens, width_i]`.

@@ -30,13 +30,20 @@ fn graph_steps(e: &Engine) -> u64 {
         .unwrap_or(0)
 }
 
-/// Dense, GQA with query/key norms, and sliding-window layers (Gemma 3 with one block
-/// table), at TP = 1 and 2: every row of the scheduler-like schedule (prefill beside
-/// decoding, blocks reused) equals the eager engine's, and the decode-only steps were
-/// replayed.
+/// Dense, GQA with query/key norms, sliding-window layers (Gemma 3 with one block
+/// table), and mixtures of experts routed on the device (Qwen3-MoE's softmax router at
+/// TP = 2, GLM-4.5's sigmoid router over groups with a shared expert), at TP = 1 and 2:
+/// every row of the scheduler-like schedule (prefill beside decoding, blocks reused)
+/// equals the eager engine's, and the decode-only steps were replayed.
 #[test]
 fn replayed_decode_steps_equal_eager_ones() {
-    for (fixture, ranks) in [("tiny-llama", 1), ("tiny-qwen3", 2), ("tiny-gemma3", 1)] {
+    for (fixture, ranks) in [
+        ("tiny-llama", 1),
+        ("tiny-qwen3", 2),
+        ("tiny-gemma3", 1),
+        ("tiny-qwen3-moe", 2),
+        ("tiny-glm4-moe", 1),
+    ] {
         let path = model(fixture);
         let mut replayed = engine(&path, ranks, true, false);
         let mut eager = engine(&path, ranks, false, false);
@@ -91,11 +98,11 @@ fn a_single_stream_decodes_the_same_text_from_its_graph() {
     }
 }
 
-/// Models a graph cannot hold run eagerly and keep every block: a mixture of experts
-/// (routed on the host) and hybrid KV groups.
+/// Models a graph cannot hold run eagerly and keep every block: a mixture whose experts
+/// have biases (gpt-oss: routed on the host) and hybrid KV groups.
 #[test]
 fn models_graphs_cannot_hold_run_eagerly() {
-    for (fixture, hybrid) in [("tiny-qwen3-moe", false), ("tiny-gemma3", true)] {
+    for (fixture, hybrid) in [("tiny-gpt-oss", false), ("tiny-gemma3", true)] {
         let path = model(fixture);
         let mut with = engine(&path, 1, true, hybrid);
         let without = engine(&path, 1, false, hybrid);

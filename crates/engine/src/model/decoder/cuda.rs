@@ -304,8 +304,11 @@ impl DecoderShard {
         if self.embedding.is_none() || self.lm_head.is_none() {
             return Some("the model is split into pipeline stages".into());
         }
-        if self.blocks.iter().any(|b| matches!(b.mlp, Mlp::Experts(_))) {
-            return Some("a mixture of experts routes its tokens on the host".into());
+        if let Some(why) = self.blocks.iter().find_map(|b| match &b.mlp {
+            Mlp::Experts(experts) => experts.graph_refusal(),
+            Mlp::Dense { .. } => None,
+        }) {
+            return Some(why);
         }
         if self.has_mtp() {
             return Some("the MTP layer reads the step's hidden states".into());

@@ -1,12 +1,16 @@
-//! The mixture of experts on a CUDA rank. The router's logits (`[tokens, experts]`, f32)
-//! come to the host, which routes as CPU ranks do; each chosen expert then runs once over
-//! the rows of its tokens, gathered on the device, and each token's weighted outputs are
-//! added there in expert order (the CPU's order), then the shared expert's output where
-//! the family has one. Experts kept on the host (`--cpu-moe`) run there instead, on the
-//! hidden states copied over once per layer, while the device runs the shared expert.
+//! The mixture of experts on a CUDA rank. A step of a few tokens runs on the device
+//! alone where the experts allow it (`device.rs`): routing, products and the weighted sum
+//! are kernels, and a decode graph can record them. Otherwise the router's logits
+//! (`[tokens, experts]`, f32) come to the host, which routes as CPU ranks do; each chosen
+//! expert then runs once over the rows of its tokens, gathered on the device, and each
+//! token's weighted outputs are added there in expert order (the CPU's order), then the
+//! shared expert's output where the family has one. Experts kept on the host
+//! (`--cpu-moe`) run there instead, on the hidden states copied over once per layer, while
+//! the device runs the shared expert.
 
 use candle_core::{DType, Device, Tensor};
 
+use super::device::{DeviceExperts, DEVICE_ROUTED_ROWS};
 use super::MoeShard;
 use crate::error::Result;
 use crate::model::cuda::gated_mlp;
@@ -19,12 +23,7 @@ impl MoeShard {
     pub(crate) fn forward_cuda(&self, h: &Tensor) -> Result<Tensor> {
         let device = h.device();
         let (n, hidden) = h.dims2()?;
-        let logits = self
-            .router
-            .forward_f32(h)?
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let logits = self.router.forward_f32(h)?.to_dtype(DType::F32)?;
         let gate = self
             .clamped_swiglu
             .map_or(MlpGate::Plain(Activation::Silu), MlpGate::Clamped);
@@ -43,6 +42,12 @@ impl MoeShard {
                 None => routed,
             })
         };
+        if n <= DEVICE_ROUTED_ROWS && !self.host_experts {
+            if let Ok(experts) = self.device_experts() {
+                return with_shared(experts.forward(h, &logits, &self.routing, gate)?);
+            }
+        }
+        let logits = logits.flatten_all()?.to_vec1::<f32>()?;
         let groups = self.groups(&logits);
         if self.host_experts {
             // The hidden states cross to the host once, the experts' sum comes back once.
@@ -115,6 +120,28 @@ fn token_slots(ids: &[u32], tokens: usize) -> Vec<u32> {
         *j += 1;
     }
     slots
+}
+
+impl MoeShard {
+    /// The routed experts as the device kernels take them, made on first use; or why
+    /// they cannot take them.
+    fn device_experts(&self) -> std::result::Result<&DeviceExperts, &str> {
+        self.device_experts
+            .get_or_init(|| DeviceExperts::new(&self.experts, &self.routing, self.hidden))
+            .as_deref()
+            .map_err(String::as_str)
+    }
+
+    /// Why a decode graph cannot record this layer's step, if it cannot: its experts must
+    /// run on the device alone.
+    pub(crate) fn graph_refusal(&self) -> Option<String> {
+        if self.host_experts {
+            return Some("the mixture's experts run on the host".into());
+        }
+        self.device_experts()
+            .err()
+            .map(|why| format!("the mixture's experts cannot run on the device alone: {why}"))
+    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,10 @@ use crate::model::moe::routing::Routing;
 
 #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
 mod cuda;
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+mod device;
+#[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+pub(crate) use device::DEVICE_ROUTED_ROWS;
 pub(crate) mod routing;
 
 /// One rank's slice of one expert.
@@ -58,6 +62,10 @@ pub struct MoeShard {
         allow(dead_code)
     )]
     host_experts: bool,
+    /// The routed experts as the device kernels take them, made at a GPU-path rank's
+    /// first step (or why they cannot take them).
+    #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+    device_experts: std::sync::OnceLock<std::result::Result<Box<device::DeviceExperts>, String>>,
 }
 
 /// Each rank's intermediate columns of every routed expert, and of the shared expert
@@ -207,6 +215,8 @@ pub fn load_shards(
                 hidden: h,
                 clamped_swiglu: moe.clamped_swiglu,
                 host_experts,
+                #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
+                device_experts: std::sync::OnceLock::new(),
             })
         })
         .collect()
