@@ -5,6 +5,7 @@
 //! replay, the logits read back from the graph's own buffer — against the same engine
 //! run eagerly.
 
+use tessera_engine::device::dtype::{KvCacheDtype, KvCacheDtypeChoice};
 use tessera_engine::{generate, Engine, EngineConfig};
 use tessera_protocol::Executor;
 
@@ -12,12 +13,23 @@ use crate::common::greedy_opts;
 use crate::{batched, model, prompts};
 
 fn engine(path: &std::path::Path, ranks: usize, graphs: bool, hybrid: bool) -> Engine {
+    engine_with_kv(path, ranks, graphs, hybrid, None)
+}
+
+fn engine_with_kv(
+    path: &std::path::Path,
+    ranks: usize,
+    graphs: bool,
+    hybrid: bool,
+    kv: Option<KvCacheDtype>,
+) -> Engine {
     let mut cfg = EngineConfig::new(path).with_cpu_ranks(ranks);
     cfg.emulate_gpu = true;
     cfg.kv_cache_bytes = 32 << 20;
     cfg.max_num_seqs = 8;
     cfg.decode_graphs = graphs;
     cfg.hybrid_kv_cache = hybrid;
+    cfg.kv_cache_dtype = kv.map(KvCacheDtypeChoice::Fixed);
     Engine::load(&cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -72,6 +84,29 @@ fn replayed_decode_steps_equal_eager_ones() {
             graph_steps(&replayed)
         );
         assert_eq!(graph_steps(&eager), 0, "{fixture}");
+    }
+}
+
+/// An 8-bit KV cache (int8 with a scale per block and head, fp8 with scales calibrated
+/// at load) is written and read by the replayed steps as by eager ones: every row of the
+/// schedule equals the eager engine's with the same cache type.
+#[test]
+fn replayed_steps_over_an_8_bit_cache_equal_eager_ones() {
+    let path = model("tiny-llama");
+    for dtype in [KvCacheDtype::Int8, KvCacheDtype::Fp8E4m3] {
+        let mut replayed = engine_with_kv(&path, 1, true, false, Some(dtype));
+        let mut eager = engine_with_kv(&path, 1, false, false, Some(dtype));
+        let c = batched::run(&path, &mut replayed, &mut eager);
+        let worst = c.errors.iter().copied().fold(0f32, f32::max);
+        println!(
+            "{dtype:?}: {} rows, worst rel L2 {worst:.2e}, {} graph steps",
+            c.errors.len(),
+            graph_steps(&replayed)
+        );
+        assert!(c.errors.len() >= 30, "{dtype:?}: {} rows", c.errors.len());
+        assert!(worst < 1e-5, "{dtype:?}: worst row {worst:.2e} from eager");
+        assert_eq!(c.differ, 0, "{dtype:?}");
+        assert!(graph_steps(&replayed) >= 3, "{dtype:?}: too few replays");
     }
 }
 
