@@ -42,19 +42,27 @@ fn graph_steps(e: &Engine) -> u64 {
         .unwrap_or(0)
 }
 
+/// Replayed rows of a mixture of experts against eager ones: a graph's step routes on
+/// the device (`kernels/cuda/moe.cu`), an eager step on the host, and the two sum each
+/// expert's products in another order, which a bf16 rounding of the gate/up output can
+/// carry into the logits. A wrong expert or weight moves rows by far more (1e-1 and up).
+const MOE_ROUTING_BOUND: f32 = 1e-3;
+
 /// Dense, GQA with query/key norms, sliding-window layers (Gemma 3 with one block
-/// table), and mixtures of experts routed on the device (Qwen3-MoE's softmax router at
-/// TP = 2, GLM-4.5's sigmoid router over groups with a shared expert), at TP = 1 and 2:
-/// every row of the scheduler-like schedule (prefill beside decoding, blocks reused)
-/// equals the eager engine's, and the decode-only steps were replayed.
+/// table), at TP = 1 and 2: every row of the scheduler-like schedule (prefill beside
+/// decoding, blocks reused) equals the eager engine's, and the decode-only steps were
+/// replayed. Mixtures of experts (Qwen3-MoE's softmax router at TP = 2, GLM-4.5's sigmoid
+/// router over groups with a shared expert), whose replayed steps route on the device:
+/// within [`MOE_ROUTING_BOUND`] of the eager rows routed on the host, no clear greedy
+/// choice different.
 #[test]
 fn replayed_decode_steps_equal_eager_ones() {
-    for (fixture, ranks) in [
-        ("tiny-llama", 1),
-        ("tiny-qwen3", 2),
-        ("tiny-gemma3", 1),
-        ("tiny-qwen3-moe", 2),
-        ("tiny-glm4-moe", 1),
+    for (fixture, ranks, bound) in [
+        ("tiny-llama", 1, 1e-5),
+        ("tiny-qwen3", 2, 1e-5),
+        ("tiny-gemma3", 1, 1e-5),
+        ("tiny-qwen3-moe", 2, MOE_ROUTING_BOUND),
+        ("tiny-glm4-moe", 1, MOE_ROUTING_BOUND),
     ] {
         let path = model(fixture);
         let mut replayed = engine(&path, ranks, true, false);
@@ -74,7 +82,7 @@ fn replayed_decode_steps_equal_eager_ones() {
         );
         assert!(c.errors.len() >= 30, "{fixture}: {} rows", c.errors.len());
         assert!(
-            worst < 1e-5,
+            worst < bound,
             "{fixture} TP={ranks}: worst row {worst:.2e} from eager"
         );
         assert_eq!(c.differ, 0, "{fixture} TP={ranks}");

@@ -148,12 +148,14 @@ impl DecoderShard {
         comm: &mut dyn Communicator,
     ) -> Result<Tensor> {
         let metas = self.step_metas(batch, cache)?;
-        self.blocks_with_metas(parts, x, &metas, cache, comm)
+        self.blocks_with_metas(parts, x, &metas, cache, comm, false)
     }
 
     /// `blocks` over `x` with the step's metadata already on the device (`metas[g]` for
-    /// KV group `g`): nothing here reads the step from the host, so a CUDA graph can
-    /// record it.
+    /// KV group `g`). With `graphed` (a decode graph's step) mixtures of experts route on
+    /// the device, so that nothing here reads the step from the host and a CUDA graph can
+    /// record it; eager steps route on the host, whose grouped products give a token the
+    /// same result whatever else is in the step.
     pub(super) fn blocks_with_metas(
         &self,
         (blocks, slots, sinks): (&[Block], &[LayerSlot], &[Option<Tensor>]),
@@ -161,6 +163,7 @@ impl DecoderShard {
         metas: &[StepMeta],
         cache: &mut CudaKvCache,
         comm: &mut dyn Communicator,
+        graphed: bool,
     ) -> Result<Tensor> {
         let gpu = self.gpu()?;
         let gpu_dev = Gpu::of(&self.device)?;
@@ -251,7 +254,7 @@ impl DecoderShard {
                 Mlp::Dense { gate_up, down } => {
                     gated_mlp(gate_up, down, &h, self.config.activation.into())?
                 }
-                Mlp::Experts(experts) => experts.forward_cuda(&h)?,
+                Mlp::Experts(experts) => experts.forward_cuda(&h, graphed)?,
             };
             let mut d = comm.all_reduce_sum(&partial)?;
             if let Some(w) = &block.post_ffn_norm {
@@ -358,6 +361,7 @@ impl DecoderShard {
             std::slice::from_ref(meta),
             cache,
             comm,
+            true,
         )?;
         let head = Self::part(&self.lm_head, "LM head")?;
         let logits = self.head_on_rows(&x, (&self.norm, head), comm)?;

@@ -1,6 +1,6 @@
-//! The mixture of experts on a CUDA rank. A step of a few tokens runs on the device
-//! alone where the experts allow it (`device.rs`): routing, products and the weighted sum
-//! are kernels, and a decode graph can record them. Otherwise the router's logits
+//! The mixture of experts on a CUDA rank. A decode graph's step (a few tokens) runs on
+//! the device alone where the experts allow it (`device.rs`): routing, products and the
+//! weighted sum are kernels, which the graph records. Otherwise the router's logits
 //! (`[tokens, experts]`, f32) come to the host, which routes as CPU ranks do; each chosen
 //! expert then runs once over the rows of its tokens, gathered on the device, and each
 //! token's weighted outputs are added there in expert order (the CPU's order), then the
@@ -19,8 +19,9 @@ use crate::spec::model::Activation;
 
 impl MoeShard {
     /// `h`: the normed activations `[tokens, hidden]` → this rank's partial sum of the
-    /// mixture, f32 `[tokens, hidden]` (all-reduced by the caller).
-    pub(crate) fn forward_cuda(&self, h: &Tensor) -> Result<Tensor> {
+    /// mixture, f32 `[tokens, hidden]` (all-reduced by the caller). `on_device`: route
+    /// on the device where the experts allow it (a decode graph's step).
+    pub(crate) fn forward_cuda(&self, h: &Tensor, on_device: bool) -> Result<Tensor> {
         let device = h.device();
         let (n, hidden) = h.dims2()?;
         let logits = self.router.forward_f32(h)?.to_dtype(DType::F32)?;
@@ -42,7 +43,7 @@ impl MoeShard {
                 None => routed,
             })
         };
-        if n <= DEVICE_ROUTED_ROWS && !self.host_experts {
+        if on_device && n <= DEVICE_ROUTED_ROWS && !self.host_experts {
             if let Ok(experts) = self.device_experts() {
                 return with_shared(experts.forward(h, &logits, &self.routing, gate)?);
             }

@@ -1,12 +1,13 @@
-//! A mixture's routed experts on the device alone, for steps of a few tokens: the router's
-//! choice, each chosen expert's gate/up and down products (through tables of the experts'
-//! weight addresses) and the weighted sum per token are kernels of `kernels/cuda/moe.cu`,
-//! so nothing of the step crosses to the host and a decode graph can record the layer.
+//! A mixture's routed experts on the device alone, for the steps of a few tokens that
+//! decode graphs replay: the router's choice, each chosen expert's gate/up and down
+//! products (through tables of the experts' weight addresses) and the weighted sum per
+//! token are kernels of `kernels/cuda/moe.cu`, so nothing of the step crosses to the host
+//! and the graph records the layer.
 //!
 //! It takes experts whose weights are dense (bf16 on a GPU, f32 where the host emulates
 //! one), with one fused gate/up matrix and no biases, and routers of at most
-//! [`MOE_MAX_EXPERTS`] experts; other mixtures, and steps of more than
-//! [`DEVICE_ROUTED_ROWS`] tokens, take the grouped path of `cuda.rs`, whose products read
+//! [`MOE_MAX_EXPERTS`] experts; other mixtures, eager steps, and steps of more than
+//! [`DEVICE_ROUTED_ROWS`] tokens take the grouped path of `cuda.rs`, whose products read
 //! each chosen expert once for all its tokens.
 
 use candle_core::{DType, Tensor};
@@ -24,8 +25,9 @@ use crate::model::cuda::kernels::{self, i32_of};
 use crate::model::cuda::MlpGate;
 use tessera_kernels::gpu::launch::KernelArg;
 
-/// Most tokens of a step the device path takes: it reads an expert once per token that
-/// chose it, which pays while tokens rarely share experts.
+/// Most tokens of a step the device path takes (and so the rows of a mixture's decode
+/// graphs): it reads an expert once per token that chose it, which pays while tokens
+/// rarely share experts.
 pub(crate) const DEVICE_ROUTED_ROWS: usize = 8;
 
 /// The variable that keeps every mixture's routing on the host (`host`), to measure the
