@@ -18,7 +18,7 @@ use tessera_kernels::gpu::moe::{
 
 use super::routing::Routing;
 use super::Expert;
-use crate::device::buffers::{Gpu, Held, Module};
+use crate::device::buffers::{expect_dtype, Gpu, Held, Module};
 use crate::device::dtype::{candle_dtype, ACTIVATIONS};
 use crate::error::{EngineError, Result};
 use crate::model::cuda::kernels::{self, i32_of};
@@ -32,12 +32,12 @@ pub(crate) const DEVICE_ROUTED_ROWS: usize = 8;
 
 /// The variable that keeps every mixture's routing on the host (`host`), to measure the
 /// device path against it.
-pub(crate) const SWITCH_VARIABLE: &str = "TESSERA_MOE_ROUTING";
+const SWITCH_VARIABLE: &str = "TESSERA_MOE_ROUTING";
 
-/// Why the device path is switched off by [`SWITCH_VARIABLE`], if it is (read once).
-fn switched_off() -> Option<&'static str> {
+/// Whether [`SWITCH_VARIABLE`] switches the device path off (read once).
+fn switched_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| match std::env::var(SWITCH_VARIABLE).as_deref() {
+    *OFF.get_or_init(|| match std::env::var(SWITCH_VARIABLE).as_deref() {
         Ok("host") => {
             tracing::info!("{SWITCH_VARIABLE}=host: mixtures of experts route on the host");
             true
@@ -49,8 +49,7 @@ fn switched_off() -> Option<&'static str> {
             false
         }
         _ => false,
-    });
-    off.then_some("TESSERA_MOE_ROUTING=host")
+    })
 }
 
 /// A layer's routed experts as the device kernels read them.
@@ -79,8 +78,8 @@ impl DeviceExperts {
         routing: &Routing,
         hidden: usize,
     ) -> std::result::Result<Box<Self>, String> {
-        if let Some(why) = switched_off() {
-            return Err(why.into());
+        if switched_off() {
+            return Err(format!("{SWITCH_VARIABLE}=host"));
         }
         let first = experts.first().ok_or("the mixture has no experts")?;
         if experts.len() > MOE_MAX_EXPERTS {
@@ -110,12 +109,6 @@ impl DeviceExperts {
             }
         }
         let width = first.gate_up.widths().first().copied().unwrap_or(0);
-        let device = first
-            .gate_up
-            .fused_dense_weight()
-            .ok_or("the experts' weights are quantized, biased or not fused")?
-            .device()
-            .clone();
         let mut weights = Vec::with_capacity(2 * experts.len());
         let (mut gate_up, mut down) = (Vec::new(), Vec::new());
         let mut dtype = None;
@@ -148,9 +141,13 @@ impl DeviceExperts {
         if moe_matvec_kernel(weight, ACTIVATIONS, false).is_none() {
             return Err(format!("experts' weights in {dtype:?}"));
         }
-        let table = |v: Vec<i64>| Tensor::from_vec(v, experts.len(), &device);
+        let device = weights
+            .first()
+            .ok_or("the mixture has no experts")?
+            .device();
+        let table = |v: Vec<i64>| Tensor::from_vec(v, experts.len(), device);
         let bias = match &routing.sigmoid {
-            Some((_, b)) => Some(Tensor::new(b.as_slice(), &device).map_err(|e| e.to_string())?),
+            Some((_, b)) => Some(Tensor::new(b.as_slice(), device).map_err(|e| e.to_string())?),
             None => None,
         };
         Ok(Box::new(Self {
@@ -186,7 +183,7 @@ impl DeviceExperts {
                 self.hidden
             )));
         }
-        let logits = logits.to_dtype(DType::F32)?.contiguous()?;
+        let logits = logits.contiguous()?;
         let h = h.to_dtype(candle_dtype(ACTIVATIONS))?.contiguous()?;
         let (ids, weights) = route(gpu, &logits, routing, self.bias.as_ref())?;
         let slots = tokens * k;
@@ -282,6 +279,7 @@ fn route(
     bias: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     let (tokens, experts) = logits.dims2()?;
+    expect_dtype(logits, DType::F32, "router logits")?;
     let k = routing.top_k;
     let ids = gpu.output(DType::U32, (tokens, k))?;
     let weights = gpu.output(DType::F32, (tokens, k))?;

@@ -62,8 +62,8 @@ pub struct MoeShard {
         allow(dead_code)
     )]
     host_experts: bool,
-    /// The routed experts as the device kernels take them, made at a GPU-path rank's
-    /// first step (or why they cannot take them).
+    /// The routed experts as the device kernels take them (or why they cannot take
+    /// them), made when the rank's decode graphs are recorded.
     #[cfg(any(feature = "cuda", feature = "gpu-emulation"))]
     device_experts: std::sync::OnceLock<std::result::Result<Box<device::DeviceExperts>, String>>,
 }
